@@ -1,0 +1,350 @@
+"""The snapshot data model: frozen dataclasses for nodes, ranks, threads and frames, and their JSON form.
+
+Pure data: no I/O beyond (de)serialising, never imports Textual. Every layer above (session, analysis, UI,
+reports) reads these types; the worker's raw dicts are turned into them by app/parse.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Tuple, Union
+
+SCHEMA_NAME = "hangscope.snapshot"
+SCHEMA_VERSION = 1
+
+NodeState = Literal["pending", "connecting", "discovering", "collecting", "done", "partial", "failed"]
+ProcState = str  # one letter from /proc/PID/stat: R S D T t Z X I, or "" when unknown
+
+
+@dataclass(frozen=True)
+class Local:
+    """One local variable as py-spy shows it (repr is remote text: display literally)."""
+
+    name: str
+    repr: str
+    arg: bool = False
+
+
+@dataclass(frozen=True)
+class LoopInfo:
+    """A loop that encloses a frame's current line, found by the worker from the frame's source (ast)."""
+
+    kind: Literal["for", "async for", "while"]
+    line: int  # the loop header's line
+    end_line: int
+    header: str  # the loop header as written, e.g. "for step, batch in enumerate(loader):"
+    variables: Tuple[str, ...] = ()  # names bound by the loop target: ("step", "batch")
+    counters: Tuple[str, ...] = ()  # names incremented in the body: i += 1
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One stack frame. Python frames carry locals and loops when collected; native frames carry a module."""
+
+    function: str
+    filename: str
+    line: int
+    module: Optional[str] = None
+    native: bool = False
+    locals: Tuple[Local, ...] = ()
+    loops: Tuple[LoopInfo, ...] = ()  # enclosing loops, outermost first
+    # iteration coordinate: (name, value repr) for each loop variable/counter whose value is known,
+    # outermost loop first, e.g. (("epoch", "0"), ("step", "1203"))
+    iteration: Tuple[Tuple[str, str], ...] = ()
+    source: Tuple[Tuple[int, str], ...] = ()  # (line number, text) around the current line, when readable
+
+    @property
+    def location(self) -> str:
+        short = self.filename.rsplit("/", 1)[-1] if self.filename else "?"
+        return f"{short}:{self.line}" if self.line else short
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread of a rank: py-spy's frames (innermost first) plus what /proc says about it."""
+
+    tid: int
+    name: str = ""
+    active: bool = False
+    owns_gil: bool = False
+    frames: Tuple[Frame, ...] = ()  # innermost first, as py-spy prints them
+    state: ProcState = ""
+    wchan: str = ""
+    syscall: str = ""  # first field of /proc/PID/task/TID/syscall, as a syscall name when known
+    kernel_stack: Tuple[str, ...] = ()  # /proc/PID/task/TID/stack (root only)
+    is_main: bool = False
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """A GPU the rank holds, from nvidia-smi."""
+
+    index: Optional[int]
+    uuid: str
+    name: str = ""
+    used_mib: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A classified failure: a code from workers.protocol.ERROR_HINTS, the detail, and the remedy."""
+
+    code: str
+    message: str
+    hint: str = ""
+    phase: str = ""  # for node errors: connect, login, start, discover, collect
+
+
+@dataclass(frozen=True)
+class StraceThread:
+    """What one thread did while strace watched it."""
+
+    tid: int
+    blocked_in: str = ""  # the syscall still unfinished when strace detached, e.g. "futex(FUTEX_WAIT_BITSET)"
+    calls: int = 0
+    top: Tuple[Tuple[str, int], ...] = ()  # most frequent syscalls with counts
+
+
+@dataclass(frozen=True)
+class StraceResult:
+    seconds: float
+    output: str  # capped raw output
+    truncated: bool = False
+    threads: Tuple[StraceThread, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
+
+    node: str  # the node's name as given in the hosts input
+    pid: int
+    start_time: int  # clock ticks after boot (/proc/PID/stat field 22): detects pid reuse
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    group_rank: Optional[int] = None
+    local_world_size: Optional[int] = None
+    master_addr: str = ""
+    master_port: Optional[int] = None
+    launcher: str = ""  # torchrun, deepspeed, accelerate, srun, mpirun, python, ...
+    launcher_pid: Optional[int] = None
+    ppid: Optional[int] = None
+    cmdline: Tuple[str, ...] = ()  # redacted on the node
+    exe: str = ""
+    uid: Optional[int] = None
+    user: str = ""
+    state: ProcState = ""
+    wchan: str = ""
+    num_threads: int = 0
+    cpu_time: float = 0.0  # user + system seconds consumed so far
+    rss: int = 0  # bytes
+    gpus: Tuple[GpuUse, ...] = ()
+    env: Tuple[Tuple[str, str], ...] = ()  # allowlisted names only
+    nspid: Optional[int] = None  # pid inside its own PID namespace, when it differs
+    in_container: bool = False  # PID or mount namespace differs from the worker's
+    children: Tuple[int, ...] = ()  # helper processes (data-loader workers) of this rank
+    threads: Tuple[ThreadStack, ...] = ()
+    collected: bool = False  # stacks were dumped
+    partial: bool = False  # only part of the data arrived (connection lost, cancelled)
+    error: Optional[ErrorInfo] = None
+    resumed: bool = False  # hangscope found the rank stopped after a tool and resumed it
+    strace: Optional[StraceResult] = None
+    gdb: Optional[str] = None
+    elapsed: float = 0.0  # seconds the dump took on the node
+
+    @property
+    def main_thread(self) -> Optional[ThreadStack]:
+        for t in self.threads:
+            if t.is_main:
+                return t
+        return self.threads[0] if self.threads else None
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+    def env_value(self, name: str) -> Optional[str]:
+        for k, v in self.env:
+            if k == name:
+                return v
+        return None
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    name: str
+    path: str
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the worker's hello said about the node."""
+
+    hostname: str = ""
+    python: str = ""
+    python_exe: str = ""
+    kernel: str = ""
+    uid: Optional[int] = None
+    user: str = ""
+    ptrace_scope: Optional[int] = None
+    cpus: int = 0
+    psutil: bool = False
+    tools: Tuple[ToolInfo, ...] = ()
+    searched: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # tool -> paths searched when missing
+
+    def tool(self, name: str) -> Optional[ToolInfo]:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node of the investigation: where it is, how far collection got, and why it failed if it did."""
+
+    name: str  # as in the hosts input
+    address: str = ""
+    user: str = ""
+    port: Optional[int] = None
+    slots: Optional[int] = None  # expected ranks on this node
+    state: NodeState = "pending"
+    error: Optional[ErrorInfo] = None
+    info: Optional[NodeInfo] = None
+    ranks_found: int = 0
+    timings: Tuple[Tuple[str, float], ...] = ()  # (phase, seconds)
+    warnings: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    native: bool = False
+    locals: bool = False
+    nonblocking: bool = False
+    strace_seconds: float = 0.0
+    gdb: bool = False
+    sudo: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one collection pass produced: per-node status and per-rank data."""
+
+    taken_at: float  # epoch seconds when collection started
+    duration: float = 0.0
+    hangscope_version: str = ""
+    options: CollectOptions = field(default_factory=CollectOptions)
+    nodes: Tuple[NodeStatus, ...] = ()
+    ranks: Tuple[RankSnapshot, ...] = ()
+    interrupted: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """All nodes done and every found rank collected."""
+        return (not self.interrupted and all(n.state == "done" for n in self.nodes)
+                and all(r.collected and not r.partial for r in self.ranks))
+
+    def rank_by_number(self, rank: int) -> Optional[RankSnapshot]:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON (de)serialisation: generic over the dataclasses above, driven by their type hints.
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain JSON-able data (tuples become lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+_HINTS_CACHE: dict = {}
+
+
+def _hints(cls: type) -> dict:
+    hints = _HINTS_CACHE.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+        _HINTS_CACHE[cls] = hints
+    return hints
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if value is None:
+        return None
+    if origin is Union:
+        non_none = [a for a in args if a is not type(None)]
+        return _convert(non_none[0], value) if len(non_none) == 1 else value
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{value!r} is not one of {args}")
+        return value
+    if origin in (tuple, Tuple):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(args, value))
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+T = typing.TypeVar("T")
+
+
+def from_dict(cls: typing.Type[T], data: dict) -> T:
+    """Build a dataclass from to_dict()'s output; unknown keys (from newer versions) are ignored."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def snapshot_to_json(snapshot: Snapshot, analysis: Optional[dict] = None) -> str:
+    """The snapshot file format: schema header, the snapshot, and the analysis results when given."""
+    doc = {"schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "snapshot": to_dict(snapshot)}
+    if analysis is not None:
+        doc["analysis"] = analysis
+    return json.dumps(doc, indent=1, ensure_ascii=False)
+
+
+class SnapshotFormatError(ValueError):
+    """A file that is not a hangscope snapshot, or of an unsupported version."""
+
+
+def snapshot_from_json(text: str) -> Tuple[Snapshot, Optional[dict]]:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SnapshotFormatError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_NAME:
+        raise SnapshotFormatError("not a hangscope snapshot (missing \"schema\": \"hangscope.snapshot\")")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SnapshotFormatError(f"snapshot schema version {version!r}; this hangscope reads {SCHEMA_VERSION}")
+    try:
+        snap = from_dict(Snapshot, doc["snapshot"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotFormatError(f"malformed snapshot: {exc}") from exc
+    return snap, doc.get("analysis")

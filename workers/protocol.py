@@ -1,0 +1,134 @@
+"""The one definition of the JSON-lines protocol between the login node (app/) and the worker (workers/).
+
+Stdlib only and Python 3.9 compatible: this module runs on compute nodes and is imported by app/ too.
+
+Wire format: one JSON object per line, UTF-8, on the worker's stdin/stdout. The worker's stderr is a log
+side channel, never parsed as protocol.
+
+Worker -> login, first and once:
+    {"type": "hello", "protocol": 1, "worker_version": str, "python": "3.11.7", "python_exe": str,
+     "pid": int, "uid": int, "euid": int, "user": str, "hostname": str, "kernel": str,
+     "ptrace_scope": int | None, "cpus": int, "psutil": bool, "pid_ns": str | None,
+     "tools": {"py-spy": {"path": str, "version": str} | None, "strace": ..., "gdb": ...,
+               "nsenter": ..., "nvidia-smi": ..., "sudo": ...},
+     "searched": {"py-spy": [paths searched], ...}}
+
+Login -> worker, requests:
+    {"id": int, "op": str, "args": {...}}
+
+Worker -> login, replies (each echoes the request id):
+    {"type": "item", "id": int, "data": {...}}        zero or more, streamed as results arrive
+    {"type": "done", "id": int, "data": {...}}        exactly one of done/error ends a request
+    {"type": "error", "id": int | None, "code": str, "message": str, "hint": str}
+A line that is not valid protocol is answered with an error (id None, code "bad_request") and the worker
+exits. EOF on stdin: the worker kills everything it started and exits.
+
+Ops (args -> items / done):
+    ping      {}                                  -> done {"pong": true, "time": float}
+    discover  {"pids": [int] | None}              -> item per rank: RankInfo dict (see workers/discover.py)
+                                                  -> done {"count", "scanned", "unreadable", "notes": [str]}
+    dump      {"targets": [{"pid", "start_time"}], "native": bool, "locals": bool,
+               "nonblocking": bool, "timeout": float, "concurrency": int | None,
+               "loops": bool, "source_context": int, "sudo": bool}
+              -> item per target: {"pid", "start_time", "ok": bool,
+                                   "pyspy": <py-spy --json output, parsed JSON> | None,
+                                   "pyspy_stderr": str,
+                                   "procfs": {...} (see workers/collect/procfs.py),
+                                   "loops": {"<file>:<line>": [LoopInfo dict]},
+                                   "source": {"<file>": {"<line>": "text"}},
+                                   "state_before": str, "state_after": str, "resumed": bool,
+                                   "elapsed": float, "error": ErrorDict | None}
+              -> done {"count": int, "elapsed": float}
+    strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool}
+              -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float}
+    gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
+              -> done {"pid", "output": str, "resumed": bool, "elapsed": float}
+    push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
+              -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
+    cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends
+                                                     with error code "cancelled"
+    shutdown  {}                                  -> done {}, then the worker exits
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Optional
+
+PROTOCOL_VERSION = 1
+
+# The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
+# this table so that every layer speaks one vocabulary.
+ERROR_HINTS: Dict[str, str] = {
+    # worker-side, per request or per rank
+    "bad_request": "hangscope sent something the worker did not understand; report this as a bug",
+    "unknown_op": "the worker is older or newer than hangscope; use matching versions",
+    "tool_missing": "install the tool on the node (e.g. `pip install py-spy`), or let hangscope push its own",
+    "ptrace_denied": (
+        "ptrace is not allowed: run as the ranks' user, set kernel.yama.ptrace_scope=0, "
+        "grant CAP_SYS_PTRACE, or use --sudo (sudo -n, never a password)"
+    ),
+    "target_exited": "the process exited before or during collection; it is no longer part of the job",
+    "target_changed": "the pid now belongs to another process (pid reuse); rediscover ranks",
+    "already_traced": "another tracer (strace, gdb, a debugger) is attached; detach it and retry",
+    "timeout": "the tool did not finish within its deadline and was killed; the target was checked and resumed",
+    "sudo_password": "sudo on the node needs a password; hangscope only uses `sudo -n`: add a NOPASSWD rule",
+    "cancelled": "cancelled by the user",
+    "tool_failed": "the tool ran but failed; its message is shown",
+    "internal": "an unexpected error in the worker; report this as a bug with the message",
+    # login-side, per node
+    "unreachable": "the node did not answer: check that it is up and that the network path to it works",
+    "dns": "the node name does not resolve: check the hosts file or your DNS / ~/.ssh/config HostName",
+    "refused": "nothing listens on the SSH port: check the port and that sshd runs on the node",
+    "connect_timeout": "no answer within the connect deadline: the node may be down or firewalled",
+    "host_key_unknown": (
+        "the node's host key is not in known_hosts: verify the fingerprint, then ssh to it once "
+        "or pass --accept-new-host-keys"
+    ),
+    "host_key_changed": (
+        "the node's host key differs from known_hosts: possible man-in-the-middle, or the node was reinstalled; "
+        "verify, then remove the old key with `ssh-keygen -R HOST`"
+    ),
+    "auth_failed": "SSH authentication failed: check your key, ssh-agent and the user name",
+    "throttled": "the node's sshd refused new connections (MaxStartups); lower --fanout",
+    "lost": "the connection dropped during collection; data collected so far is kept and marked partial",
+    "no_python": "no python3 >= 3.9 on the node: install one or pass --python PATH",
+    "protocol": "the worker spoke an unexpected protocol: hangscope and worker versions differ",
+    "worker_crashed": "the worker exited unexpectedly; its stderr is shown",
+    "ssh_error": "an SSH error; its message is shown",
+}
+
+
+class ProtocolError(Exception):
+    """A line that is not valid protocol."""
+
+
+def encode(msg: Dict[str, Any]) -> bytes:
+    """One message as one line of UTF-8 JSON (non-ASCII escaped, so a line is always valid UTF-8)."""
+    return json.dumps(msg, ensure_ascii=True, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def decode(line: bytes) -> Dict[str, Any]:
+    """Parse one line; raise ProtocolError for anything that is not a JSON object."""
+    try:
+        msg = json.loads(line.decode("utf-8", errors="replace"))
+    except ValueError as exc:
+        raise ProtocolError("not JSON: %r" % (line[:200],)) from exc
+    if not isinstance(msg, dict):
+        raise ProtocolError("not a JSON object: %r" % (line[:200],))
+    return msg
+
+
+def error(req_id: Optional[int], code: str, message: str, hint: Optional[str] = None) -> Dict[str, Any]:
+    """An error reply; the hint defaults to the code's remedy."""
+    if code not in ERROR_HINTS:
+        code, message = "internal", "unknown error code %r: %s" % (code, message)
+    return {"type": "error", "id": req_id, "code": code, "message": message,
+            "hint": hint if hint is not None else ERROR_HINTS[code]}
+
+
+def error_dict(code: str, message: str, hint: Optional[str] = None) -> Dict[str, str]:
+    """A per-rank error carried inside an item (a rank's failure is data, not a failed request)."""
+    if code not in ERROR_HINTS:
+        code, message = "internal", "unknown error code %r: %s" % (code, message)
+    return {"code": code, "message": message, "hint": hint if hint is not None else ERROR_HINTS[code]}
