@@ -118,6 +118,23 @@ class StraceResult:
 
 
 @dataclass(frozen=True)
+class TcpSocket:
+    """One TCP connection of a rank (from /proc/PID/net/tcp* and, when present, `ss -tin`)."""
+
+    local: str  # "addr:port"
+    peer: str
+    state: str  # ESTABLISHED, SYN_SENT, ...
+    send_q: int = 0  # bytes sent and not yet acknowledged
+    recv_q: int = 0
+    retransmits: int = 0  # unacknowledged retransmissions in flight (/proc/net/tcp "retrnsmt")
+    backoff: int = 0  # RTO backoff exponent (ss -i "backoff:")
+    total_retrans: Optional[int] = None
+    last_send_ms: Optional[int] = None  # ss -i lastsnd
+    last_recv_ms: Optional[int] = None  # ss -i lastrcv
+    last_ack_ms: Optional[int] = None  # ss -i lastack
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
 
@@ -149,6 +166,7 @@ class RankSnapshot:
     in_container: bool = False  # PID or mount namespace differs from the worker's
     children: Tuple[int, ...] = ()  # helper processes (data-loader workers) of this rank
     threads: Tuple[ThreadStack, ...] = ()
+    sockets: Tuple[TcpSocket, ...] = ()
     collected: bool = False  # stacks were dumped
     partial: bool = False  # only part of the data arrived (connection lost, cancelled)
     error: Optional[ErrorInfo] = None
