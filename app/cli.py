@@ -1,0 +1,194 @@
+"""Command line: argument parsing, the headless modes (--snapshot, --load, summary) and exit codes.
+
+Exit codes: 0 every rank collected, 1 partial (a node failed or a rank could not be dumped), 2 bad input,
+130 interrupted (Ctrl+C). The TUI has its own module; this one only decides which mode runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from typing import List, Optional, Sequence
+
+from app import __version__
+from app.errors import HangscopeError, InputError
+
+EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+EXAMPLES = """\
+examples:
+  hangscope hosts.txt                      investigate the job on the nodes listed in hosts.txt
+  hangscope -w 'gpu[001-004]' --locals     nodes from a SLURM/pdsh node list, with loop variables
+  hangscope hosts.txt --snapshot out.json  headless: collect once, print the summary, write the snapshot
+  hangscope --load out.json                print the summary of a saved snapshot
+  hangscope                                investigate ranks on this machine (no SSH)
+  hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
+  scontrol show hostnames | hangscope -    hosts from stdin
+
+hosts file: one node per line: node01 | node01 slots=8 | node01:8 (8 slots) | user@node01:2222 |
+  10.0.0.5 | [fe80::1]:22 | gpu[001-004,010]; '#' comments. ~/.ssh/config and /etc/ssh/ssh_config apply.
+exit codes: 0 all ranks collected, 1 partial, 2 bad input, 130 interrupted
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hangscope",
+        description="Investigate a hung multi-node PyTorch job while it is still hung: connect to every "
+        "node over SSH, find the ranks, dump their stacks and show which rank is the odd one out.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("hosts", nargs="?", metavar="HOSTS",
+                   help="hosts file ('-' for stdin); without HOSTS or -w, this machine is investigated")
+    p.add_argument("-w", dest="nodelist", action="append", default=[], metavar="NODELIST",
+                   help="comma-separated nodes or node lists, e.g. 'gpu[001-004],login1' (repeatable)")
+    p.add_argument("--version", action="store_true", help="print versions of hangscope and its tools")
+    mode = p.add_argument_group("headless modes")
+    mode.add_argument("--snapshot", metavar="FILE", help="collect once, write the snapshot JSON to FILE")
+    mode.add_argument("--load", metavar="FILE", help="read a snapshot JSON instead of collecting")
+    mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file")
+    col = p.add_argument_group("collection")
+    col.add_argument("--locals", action="store_true",
+                     help="collect local variables (py-spy --locals): tells loop iterations apart")
+    col.add_argument("--native", action="store_true",
+                     help="include native (C/C++) frames (py-spy --native; pauses each rank ~0.5 s)")
+    col.add_argument("--nonblocking", action="store_true",
+                     help="sample without pausing the ranks (py-spy --nonblocking; not with --native)")
+    col.add_argument("--strace", type=float, metavar="SECONDS", default=0.0,
+                     help="also strace every rank for SECONDS (traces the rank; capped output)")
+    col.add_argument("--gdb", action="store_true",
+                     help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
+    col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
+    col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
+    ssh = p.add_argument_group("ssh")
+    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE",
+                     help="ssh config file(s) instead of ~/.ssh/config and /etc/ssh/ssh_config")
+    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", help="identity file")
+    ssh.add_argument("--accept-new-host-keys", action="store_true",
+                     help="add UNKNOWN host keys to ~/.ssh/known_hosts (a CHANGED key is always refused)")
+    ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
+    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="connect deadline (10)")
+    ssh.add_argument("--python", metavar="PATH", help="python3 on the nodes (default: python3 on PATH)")
+    ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
+    return p
+
+
+def versions_text() -> str:
+    """hangscope's version and those of the tools it drives (what a bug report needs)."""
+    from importlib import metadata
+
+    from app.tools import pyspy_version
+
+    parts = [f"hangscope {__version__}"]
+    for dist in ("asyncssh", "textual", "psutil", "ClusterShell"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    parts.append(f"py-spy {pyspy_version() or '(not found)'}")
+    parts.append(f"python {sys.version.split()[0]}")
+    return "\n".join(parts)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:
+        from app.demo import demo_main
+
+        return demo_main(args_list[1:])
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.version:
+        print(versions_text())
+        return EXIT_OK
+    try:
+        return _run(args)
+    except InputError as exc:
+        _error(exc)
+        return EXIT_INPUT
+    except HangscopeError as exc:
+        _error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hangscope: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _error(exc: HangscopeError) -> None:
+    print(f"hangscope: {exc.title}: {exc}", file=sys.stderr)
+    if exc.hint:
+        print(textwrap.indent(textwrap.fill(exc.hint, 96), "  hint: "), file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from app import headless
+
+    if args.load:
+        if args.hosts or args.nodelist:
+            raise InputError("--load reads a saved snapshot; do not also give hosts")
+        return headless.show_loaded(args.load)
+    if args.nonblocking and args.native:
+        raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
+    if args.fanout < 1 or args.timeout <= 0 or args.connect_timeout <= 0 or args.strace < 0:
+        raise InputError("--fanout, --timeout and --connect-timeout must be positive, --strace >= 0")
+    hosts = _read_hosts(args)
+    if args.snapshot and os.path.lexists(args.snapshot) and not args.force:
+        raise InputError(f"{args.snapshot} exists; pass --force to overwrite it")
+    return headless.collect_and_report(hosts, args)
+
+
+def _read_hosts(args: argparse.Namespace):
+    """The HostSpecs from HOSTS and -w, or None for this machine; raises InputError before any connection."""
+    from app.hosts import merge, parse_nodelist, read_hosts
+
+    lists = []
+    if args.hosts:
+        lists.append(read_hosts(args.hosts, stdin=sys.stdin.buffer, max_hosts=args.max_hosts))
+    for nl in args.nodelist:
+        lists.append(parse_nodelist(nl))
+    if not lists:
+        return None
+    merged = merge(*lists)
+    if len(merged.hosts) > args.max_hosts:
+        raise InputError(f"{len(merged.hosts)} hosts is more than --max-hosts {args.max_hosts}")
+    for w in merged.warnings:
+        print(f"hangscope: warning: {w}", file=sys.stderr)
+    if not merged.hosts:
+        raise InputError("no hosts given")
+    return list(merged.hosts)
+
+
+def run_interruptible(coro_factory, on_first_interrupt) -> object:
+    """Run an asyncio coroutine; the first Ctrl+C calls on_first_interrupt (cancel, keep partial data),
+    a second one aborts at once with exit code 130."""
+    loop = asyncio.new_event_loop()
+    interrupts: List[int] = []
+
+    def handler() -> None:
+        interrupts.append(1)
+        if len(interrupts) == 1:
+            print("\nhangscope: cancelling collection (Ctrl+C again to abort)", file=sys.stderr)
+            on_first_interrupt()
+        else:
+            print("\nhangscope: aborted", file=sys.stderr)
+            os._exit(EXIT_INTERRUPTED)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        return loop.run_until_complete(coro_factory())
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError):
+            pass
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -1,0 +1,56 @@
+"""`hangscope demo`: start a local 4-rank gloo job that hangs, investigate it, stop the job on exit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from typing import Sequence
+
+SCENARIOS = ("skip", "dataloader", "die", "healthy")
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hangscope demo",
+        description="Start a local torch.distributed (gloo, CPU) training job that hangs, then investigate it "
+        "with hangscope. The job is stopped when hangscope exits.")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="skip",
+                        help="skip: one rank is one loop iteration ahead on the same line (default); "
+                        "dataloader: one rank blocks in data loading; die: one rank exits; "
+                        "healthy: the job keeps making progress")
+    parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
+    args = parser.parse_args(list(argv))
+    if importlib.util.find_spec("torch") is None:
+        print("hangscope demo needs PyTorch in this Python environment to run the demo job:\n"
+              "  pip install torch==2.13.0\n(a CPU build is enough; the job uses the gloo backend)",
+              file=sys.stderr)
+        return 2
+    if args.nproc < 2:
+        print("hangscope demo: --nproc must be at least 2", file=sys.stderr)
+        return 2
+
+    from app.cli import build_parser
+    from app.demo.runner import JobFailed, start_local_job
+    from app.headless import collect_and_report
+
+    print(f"hangscope demo: starting a {args.nproc}-rank gloo job (scenario {args.scenario!r}); "
+          "importing torch takes ~20 s on 2 cores ...", file=sys.stderr, flush=True)
+    job = start_local_job(args.scenario, args.nproc)
+    try:
+        try:
+            job.wait_hung(args.timeout, expected=args.nproc - 1 if args.scenario == "die" else None)
+        except JobFailed as exc:
+            print(f"hangscope demo: {exc}", file=sys.stderr)
+            return 1
+        state = "running" if args.scenario == "healthy" else "hung"
+        print(f"hangscope demo: the job is {state} (launcher pid {job.proc.pid}); investigating this machine",
+              file=sys.stderr, flush=True)
+        options = build_parser().parse_args(["--locals"])
+        return collect_and_report(None, options)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        job.stop()
+        print("hangscope demo: job stopped", file=sys.stderr)

@@ -1,0 +1,123 @@
+"""Start the demo job (app/demo/job.py) locally with torchrun and wait until every rank is hung.
+
+Used by `hangscope demo`; nothing here imports torch (the job runs in its own processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+JOB_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.py")
+
+
+class JobFailed(RuntimeError):
+    """The job exited or did not reach its hang within the deadline; the message carries its output tail."""
+
+
+@dataclass
+class LocalJob:
+    """A torchrun job on this machine, in its own process group so that stop() takes all of it."""
+
+    scenario: str
+    nproc: int
+    proc: subprocess.Popen
+    workdir: str
+    ready: Dict[int, dict] = field(default_factory=dict)  # rank -> the rank's ready line
+
+    @property
+    def ready_file(self) -> str:
+        return os.path.join(self.workdir, "ready.jsonl")
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.workdir, "job.log")
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            with open(self.log_file, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _read_ready(self) -> None:
+        try:
+            with open(self.ready_file) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue  # a line being written right now
+                    self.ready[int(rec["rank"])] = rec
+        except FileNotFoundError:
+            pass
+
+    def wait_hung(self, timeout: float = 240.0, expected: Optional[int] = None) -> Dict[int, dict]:
+        """Wait until `expected` ranks (default all) reported reaching their hang point and are blocked."""
+        want = self.nproc if expected is None else expected
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read_ready()
+            if len(self.ready) >= want and all(_blocked(int(r["pid"])) for r in self.ready.values()
+                                               if _alive(int(r["pid"]))):
+                return self.ready
+            if self.proc.poll() is not None:
+                raise JobFailed(f"the job exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.2)  # polling a file another process writes; there is nothing to block on
+        raise JobFailed(f"the job did not hang within {timeout:.0f} s ({len(self.ready)}/{want} ranks "
+                        f"ready):\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """Terminate the whole process group (launcher and ranks), then kill what is left."""
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # ranks may outlive a launcher that died first
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def start_local_job(scenario: str = "skip", nproc: int = 4, python: str = sys.executable,
+                    extra_args: Optional[List[str]] = None, workdir: Optional[str] = None) -> LocalJob:
+    workdir = workdir or tempfile.mkdtemp(prefix="hangscope-demo-")
+    env = dict(os.environ, HANGSCOPE_READY_FILE=os.path.join(workdir, "ready.jsonl"),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            JOB_SCRIPT, "--scenario", scenario, *(extra_args or [])]
+    log = open(os.path.join(workdir, "job.log"), "wb")
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        log.close()
+    return LocalJob(scenario=scenario, nproc=nproc, proc=proc, workdir=workdir)
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _blocked(pid: int) -> bool:
+    """The rank's main thread sleeps in the kernel (state S or D), i.e. it is inside its blocking call."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("S", "D")

@@ -1,0 +1,146 @@
+"""Headless mode: collect once (or load a snapshot), analyse, print the summary, write the snapshot JSON."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Optional, Sequence, TextIO
+
+from app.errors import HangscopeError, InputError
+from app.model import (CollectOptions, Snapshot, SnapshotFormatError, snapshot_from_json,
+                       snapshot_to_json)
+
+EXIT_OK, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 130
+
+
+class WriteError(HangscopeError):
+    title = "could not write"
+    hint = "choose another path (the data is still printed above)"
+
+
+def session_options(args: argparse.Namespace):
+    from app.session import SessionOptions
+
+    collect = CollectOptions(native=args.native, locals=args.locals, nonblocking=args.nonblocking,
+                             strace_seconds=args.strace, gdb=args.gdb, sudo=args.sudo)
+    return SessionOptions(
+        collect=collect, fanout=args.fanout, connect_timeout=args.connect_timeout, dump_timeout=args.timeout,
+        python=args.python, accept_new_host_keys=args.accept_new_host_keys,
+        ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
+    )
+
+
+def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> int:
+    """Run one collection over hosts (None = this machine) and report it; returns the exit code."""
+    from app.cli import run_interruptible
+    from app.session import NodeUpdate, Session
+
+    progress = None if args.quiet else _NodeProgress(sys.stderr)
+
+    def on_event(event) -> None:
+        if progress is not None and isinstance(event, NodeUpdate):
+            progress.update(event.node)
+
+    session = Session(hosts, session_options(args), on_event=on_event)
+
+    async def collect() -> Snapshot:
+        try:
+            snap = await session.snapshot()
+            wanted = [(r.node, r.pid) for r in snap.ranks if r.collected]
+            if args.strace and wanted:
+                await session.strace(wanted, args.strace)
+            if args.gdb and wanted:
+                await session.gdb(wanted)
+            if (args.strace or args.gdb) and wanted:
+                snap = session.current()
+            return snap
+        finally:
+            await session.close()
+
+    snap = run_interruptible(collect, session.cancel)
+    assert isinstance(snap, Snapshot)
+    return report(snap, snapshot_path=args.snapshot, force=args.force)
+
+
+def report(snap: Snapshot, *, snapshot_path: Optional[str] = None, force: bool = False,
+           out: TextIO = sys.stdout) -> int:
+    """Analyse, print the summary, write the snapshot file; the exit code says how complete the data is."""
+    from app.analysis import analyze
+    from app.analysis.text import summary_text
+
+    analysis = analyze(snap)
+    out.write(summary_text(snap, analysis) + "\n")
+    out.flush()
+    if snapshot_path:
+        write_private(snapshot_path, snapshot_to_json(snap, analysis.to_dict()), force=force)
+        print(f"hangscope: snapshot written to {snapshot_path}", file=sys.stderr)
+    if snap.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if snap.complete and snap.ranks else EXIT_PARTIAL
+
+
+def show_loaded(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InputError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not a hangscope snapshot (not UTF-8 text)") from exc
+    try:
+        snap, _ = snapshot_from_json(text)
+    except SnapshotFormatError as exc:
+        raise InputError(f"{path}: {exc}") from exc
+    report(snap)
+    return EXIT_OK
+
+
+def write_private(path: str, text: str, *, force: bool = False) -> None:
+    """Write a file 0600 atomically (temp file + rename); never follow a symlink at the destination."""
+    if os.path.islink(path):
+        raise WriteError(f"{path} is a symlink; refusing to write through it")
+    if os.path.exists(path) and not force:
+        raise InputError(f"{path} exists; pass --force to overwrite it")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hangscope-", dir=directory)
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class _NodeProgress:
+    """One stderr line per node when it finishes or fails, so a long collection shows it is alive."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.reported: dict = {}
+
+    def update(self, node) -> None:
+        if node.state not in ("done", "partial", "failed") or self.reported.get(node.name) == node.state:
+            return
+        self.reported[node.name] = node.state
+        if node.state == "failed" and node.error is not None:
+            line = f"{node.name}: failed: {node.error.message}"
+        else:
+            total = sum(sec for _, sec in node.timings)
+            line = f"{node.name}: {node.state}, {node.ranks_found} rank(s) in {total:.2f} s"
+        self.stream.write(_printable(line) + "\n")
+        self.stream.flush()
+
+
+def _printable(text: str) -> str:
+    """Remote text reaches a terminal: drop control characters so it cannot move the cursor or retitle."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else "\ufffd" for ch in text)
