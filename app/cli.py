@@ -151,7 +151,7 @@ def _read_hosts(args: argparse.Namespace):
     if args.hosts:
         lists.append(read_hosts(args.hosts, stdin=sys.stdin.buffer, max_hosts=args.max_hosts))
     for nl in args.nodelist:
-        lists.append(parse_nodelist(nl))
+        lists.append(parse_nodelist(nl, max_hosts=args.max_hosts))
     if not lists:
         return None
     merged = merge(*lists)
