@@ -1,0 +1,402 @@
+"""One connection to one worker over a byte reader/writer pair: hello, requests routed by id, deadlines.
+
+Shared by the local and SSH transports. It never imports asyncssh: a transport hands over its streams and a
+coroutine that says how the worker ended (ExitInfo); the transport alone translates its library's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
+
+from app.errors import TransportError
+from app.transport import bootstrap
+from workers import protocol
+
+MAX_LINE = 256 * 1024 * 1024  # a dump with locals of many threads is large; anything bigger is broken
+MAX_NOISE_LINES = 200  # lines a chatty login shell may print before the worker's hello
+STDERR_TAIL = 4000  # characters of the worker's stderr kept for error messages
+EXIT_WAIT = 5.0  # seconds to wait for the worker's exit status once its output ended
+
+
+class ByteReader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def write_eof(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a worker ended, as its transport saw it."""
+
+    returncode: Optional[int] = None  # None: unknown (killed by a signal, or the connection dropped)
+    signal: Optional[str] = None
+    lost: Optional[str] = None  # set when the connection dropped: why
+
+
+class WorkerRequestError(TransportError):
+    """The worker answered a request with an error (a code from protocol.ERROR_HINTS)."""
+
+    title = "request failed"
+
+
+class Request:
+    """One request in flight: iterate it for its items; `done` holds the final data once iteration ends."""
+
+    def __init__(self, conn: WorkerConnection, req_id: int, op: str, deadline: Optional[float]) -> None:
+        self.conn = conn
+        self.id = req_id
+        self.op = op
+        self.deadline = deadline  # loop time
+        self.done: Optional[dict] = None
+        self.finished = False
+        self.queue: asyncio.Queue[dict | TransportError] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncIterator[dict]:
+        return self
+
+    async def __anext__(self) -> dict:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            msg = await self._get()
+        except BaseException:
+            # Timed out, cancelled by our caller, or the iteration was abandoned: the worker must stop too.
+            self.abandon()
+            raise
+        if isinstance(msg, TransportError):
+            self._finish()
+            raise msg
+        kind = msg.get("type")
+        if kind == "item":
+            data = msg.get("data")
+            return data if isinstance(data, dict) else {"value": data}
+        self._finish()
+        if kind == "done":
+            data = msg.get("data")
+            self.done = data if isinstance(data, dict) else {}
+            raise StopAsyncIteration
+        code = str(msg.get("code") or "internal")
+        raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
+                                 hint=str(msg.get("hint") or protocol.ERROR_HINTS.get(code, "")))
+
+    async def _get(self) -> dict | TransportError:
+        if self.deadline is None:
+            return await self.queue.get()
+        remaining = self.deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(self.queue.get(), max(remaining, 0.0))
+        except asyncio.TimeoutError:
+            raise TransportError("timeout", f"{self.conn.name}: no answer to {self.op} within its deadline",
+                                 hint="the worker or the node is overloaded or stuck; try again") from None
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.conn._requests.pop(self.id, None)
+
+    def abandon(self) -> None:
+        """Stop waiting; tell the worker to stop (best effort, nothing awaited)."""
+        if self.finished:
+            return
+        self._finish()
+        self.conn.send_nowait({"id": next(self.conn._ids), "op": "cancel", "args": {"target": self.id}})
+
+    async def collect(self) -> tuple[list[dict], dict]:
+        items = [item async for item in self]
+        return items, self.done or {}
+
+
+class WorkerConnection:
+    """A started worker: `start()` sends the payload and waits for hello, then `request()`/`call()`."""
+
+    def __init__(self, name: str, stdout: ByteReader, stdin: ByteWriter, stderr: Optional[ByteReader],
+                 wait_exit: Callable[[], Awaitable[ExitInfo]], *,
+                 kill: Optional[Callable[[], None]] = None,
+                 on_close: Optional[Callable[[], Awaitable[None]]] = None) -> None:
+        self.name = name
+        self._stdout = stdout
+        self._stdin = stdin
+        self._stderr = stderr
+        self._wait_exit = wait_exit
+        self._kill = kill
+        self._on_close = on_close
+        self._ids = itertools.count(1)
+        self._requests: dict[int, Request] = {}
+        self._stderr_tail: deque[str] = deque()
+        self._stderr_len = 0
+        self._hello: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self.hello: dict = {}
+        self.error: Optional[TransportError] = None  # why the worker is gone, once it is
+        self.exit: Optional[ExitInfo] = None
+        self.noise: list[str] = []  # what the login shell printed before hello
+        self.warnings: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.pid: Optional[int] = None  # the worker's pid on its node, from hello
+
+    @property
+    def closed(self) -> bool:
+        return self.exit is not None or self._closing
+
+    @property
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail)[-STDERR_TAIL:]
+
+    async def start(self, payload: bytes, timeout: float) -> dict:
+        """Send the payload, wait for hello and check its protocol version."""
+        t0 = time.monotonic()
+        self._tasks.append(asyncio.create_task(self._read_stdout(), name=f"hangscope-stdout-{self.name}"))
+        if self._stderr is not None:
+            self._tasks.append(asyncio.create_task(self._read_stderr(), name=f"hangscope-stderr-{self.name}"))
+        try:
+            try:
+                self._stdin.write(payload)
+                await asyncio.wait_for(self._stdin.drain(), timeout)
+            except asyncio.TimeoutError:
+                raise
+            except Exception:
+                pass  # the channel is already gone: the stdout reader finds out why and fails the hello
+            hello = await asyncio.wait_for(asyncio.shield(self._hello), max(0.0, t0 + timeout - time.monotonic()))
+        except asyncio.TimeoutError:
+            err = TransportError("timeout", f"{self.name}: the worker did not start within {timeout:g} s"
+                                 f"{self._stderr_note()}", phase="start",
+                                 hint="the node is overloaded or its login shell is slow; retry or raise the deadline")
+            await self.close(kill=True)
+            raise err from None
+        if hello.get("protocol") != protocol.PROTOCOL_VERSION:
+            err = TransportError("protocol", f"{self.name}: the worker speaks protocol {hello.get('protocol')!r}, "
+                                 f"this hangscope speaks {protocol.PROTOCOL_VERSION}", phase="start")
+            await self.close(kill=True)
+            raise err
+        if self.noise:
+            shown = "; ".join(line[:120] for line in self.noise[:3])
+            self.warnings.append(f"the login shell printed {len(self.noise)} line(s) before the worker "
+                                 f"started: {shown!r}")
+        self.hello = hello
+        self.pid = hello.get("pid") if isinstance(hello.get("pid"), int) else None
+        self.timings["start"] = time.monotonic() - t0
+        return hello
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    def request(self, op: str, args: Optional[dict] = None, *, timeout: Optional[float] = None) -> Request:
+        """Send one request; iterate the result for its items. Raises at once if the worker is gone."""
+        if self.error is not None:
+            raise self.error
+        if self.closed:
+            raise TransportError("lost", f"{self.name}: the worker connection is closed")
+        loop = asyncio.get_running_loop()
+        req_id = next(self._ids)
+        req = Request(self, req_id, op, None if timeout is None else loop.time() + timeout)
+        self._requests[req_id] = req
+        self.send_nowait({"id": req_id, "op": op, "args": args or {}})
+        return req
+
+    async def call(self, op: str, args: Optional[dict] = None, *, timeout: Optional[float] = None) -> dict:
+        """A request whose items do not matter: returns the `done` data."""
+        _, done = await self.request(op, args, timeout=timeout).collect()
+        return done
+
+    async def cancel(self, req_id: int) -> None:
+        """Ask the worker to end request `req_id`; it then ends with error code "cancelled"."""
+        self.send_nowait({"id": next(self._ids), "op": "cancel", "args": {"target": req_id}})
+        await self._drain(EXIT_WAIT)
+
+    def send_nowait(self, msg: dict) -> None:
+        if self.closed:
+            return
+        try:
+            self._stdin.write(protocol.encode(msg))
+        except Exception:  # the channel is already gone; the stdout reader reports why
+            return
+        # request() stays synchronous; the drain (flow control, with a deadline) runs beside it.
+        task = asyncio.get_running_loop().create_task(self._drain(EXIT_WAIT))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drain(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._stdin.drain(), timeout)
+        except Exception:  # a dead channel or a node that stopped reading: the reader task decides
+            pass
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    async def _read_stdout(self) -> None:
+        buf = b""
+        try:
+            while True:
+                chunk = await self._stdout.read(1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    line, buf = buf[:nl], buf[nl + 1:]
+                    if not self._on_line(line):
+                        return await self._violation(None)
+                if len(buf) > MAX_LINE:
+                    return await self._violation(TransportError(
+                        "protocol", f"{self.name}: a line from the worker exceeds {MAX_LINE} bytes"))
+        except Exception:
+            pass  # the transport's wait_exit says what happened to the channel
+        await self._ended(None)
+
+    def _on_line(self, line: bytes) -> bool:
+        """Handle one line; False ends the connection (a protocol violation)."""
+        if not line.strip():
+            return True
+        if not self._hello.done():
+            try:
+                msg = protocol.decode(line)
+            except protocol.ProtocolError:
+                msg = {}
+            if msg.get("type") == "hello":
+                self._hello.set_result(msg)
+                return True
+            # A login shell's rc file may print to stdout before exec; tolerate a little of it.
+            self.noise.append(line.decode("utf-8", errors="replace"))
+            if len(self.noise) > MAX_NOISE_LINES:
+                self._fail(TransportError("protocol", f"{self.name}: no hello from the worker after "
+                                          f"{MAX_NOISE_LINES} lines of other output", phase="start"))
+                return False
+            return True
+        try:
+            msg = protocol.decode(line)
+        except protocol.ProtocolError as exc:
+            self._fail(TransportError("protocol", f"{self.name}: malformed line from the worker: {exc}"))
+            return False
+        req_id = msg.get("id")
+        if msg.get("type") == "error" and req_id is None:
+            code = str(msg.get("code") or "internal")
+            self._fail(WorkerRequestError(code, f"{self.name}: the worker gave up: {msg.get('message', '')}"))
+            return False
+        req = self._requests.get(req_id) if isinstance(req_id, int) else None
+        if req is not None:  # replies to abandoned requests are dropped
+            req.queue.put_nowait(msg)
+        return True
+
+    async def _read_stderr(self) -> None:
+        assert self._stderr is not None
+        try:
+            while True:
+                chunk = await self._stderr.read(1 << 14)
+                if not chunk:
+                    return
+                text = chunk.decode("utf-8", errors="replace")
+                self._stderr_tail.append(text)
+                self._stderr_len += len(text)
+                while self._stderr_len > 2 * STDERR_TAIL and len(self._stderr_tail) > 1:
+                    self._stderr_len -= len(self._stderr_tail.popleft())
+        except Exception:
+            return
+
+    def _stderr_note(self) -> str:
+        tail = self.stderr_tail.strip()
+        return f"; its stderr ends with: {tail[-1500:]}" if tail else ""
+
+    async def _violation(self, error: Optional[TransportError]) -> None:
+        """The worker broke the protocol: nothing it says can be trusted any more, so stop it now."""
+        if error is not None:
+            self._fail(error)
+        self._closing = True
+        try:
+            self._stdin.write_eof()
+        except Exception:
+            pass
+        if self._kill is not None:
+            self._kill()
+        await self._ended(None)
+
+    async def _ended(self, error: Optional[TransportError]) -> None:
+        """The worker's output is over: find out how it ended and fail whatever still waits."""
+        if len(self._tasks) > 1:  # let stderr drain so that the message can quote it
+            await asyncio.wait(self._tasks[1:], timeout=1.0)
+        try:
+            info = await asyncio.wait_for(self._wait_exit(), EXIT_WAIT)
+        except Exception:
+            if self._kill is not None:
+                self._kill()
+            info = ExitInfo(lost="the worker closed its output but did not exit")
+        self.exit = info
+        if error is None and not self._closing:
+            error = self._classify(info)
+        if error is not None:
+            self._fail(error)
+        elif self._requests:
+            self._fail(TransportError("lost", f"{self.name}: the worker connection was closed"))
+
+    def _classify(self, info: ExitInfo) -> Optional[TransportError]:
+        phase = "" if self._hello.done() else "start"
+        if info.lost:
+            return TransportError("lost", f"{self.name}: connection lost: {info.lost}", phase=phase)
+        tail = self.stderr_tail
+        if not self._hello.done():
+            if info.returncode == bootstrap.EXIT_OLD_PYTHON or bootstrap.MARK_OLD_PYTHON in tail:
+                found = tail.split(bootstrap.MARK_OLD_PYTHON, 1)[-1].strip().splitlines()[0:1]
+                return TransportError("no_python", f"{self.name}: python is too old: {''.join(found)}",
+                                      phase="start")
+            if info.returncode in (126, 127):
+                return TransportError("no_python", f"{self.name}: could not run python (exit {info.returncode})"
+                                      f"{self._stderr_note()}", phase="start")
+        if info.returncode == 0 and not self._requests and self._hello.done():
+            return None  # a clean exit after shutdown
+        how = f"exit status {info.returncode}" if info.returncode is not None else f"signal {info.signal or '?'}"
+        return TransportError("worker_crashed", f"{self.name}: the worker ended ({how}){self._stderr_note()}",
+                              phase=phase)
+
+    def _fail(self, error: TransportError) -> None:
+        if self.error is None:
+            self.error = error
+        if not self._hello.done():
+            self._hello.set_exception(error)
+            self._hello.exception()  # mark retrieved: start() may already have given up waiting
+        for req in list(self._requests.values()):
+            req.queue.put_nowait(error)
+        self._requests.clear()
+
+    # -- closing -------------------------------------------------------------------------------------------
+
+    async def close(self, *, kill: bool = False, timeout: float = EXIT_WAIT) -> None:
+        """EOF on the worker's stdin (it stops everything and exits); kill it if it does not go in time."""
+        if not self._closing:
+            self._closing = True
+            for req in list(self._requests.values()):
+                req.queue.put_nowait(TransportError("cancelled", f"{self.name}: the session closed"))
+            self._requests.clear()
+            try:
+                if kill and self._kill is not None:
+                    self._kill()
+                self._stdin.write_eof()
+            except Exception:
+                pass
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=timeout)
+            if pending and self._kill is not None:
+                self._kill()
+                await asyncio.wait(pending, timeout=timeout)
+            for task in pending:
+                task.cancel()
+        try:
+            self._stdin.close()
+        except Exception:
+            pass
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            await on_close()

@@ -1,0 +1,131 @@
+"""Ship the worker to a node with nothing installed there: a payload of workers/**.py and a tiny first stage.
+
+The first stage is passed as `python3 -c '<stage>'`: it checks the Python version, reads exactly N bytes of
+payload from stdin, installs an in-memory importer for the `workers` package and calls
+`workers.__main__.main(options)`; the worker then keeps using the same stdin for the protocol. Nothing is
+written on the node unless a debug copy is asked for. No I/O here beyond reading the worker sources once.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import shlex
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+# Exit codes the stage uses for its own failures, distinct from the shell's 126/127 and from Python's 1/2.
+EXIT_OLD_PYTHON = 97
+EXIT_SHORT_PAYLOAD = 98
+# The first words of the stage's own stderr lines, so that the login side recognises them.
+MARK_OLD_PYTHON = "hangscope-stage: old python"
+MARK_SHORT_PAYLOAD = "hangscope-stage: short payload"
+
+WORKERS_DIR = Path(__file__).resolve().parents[2] / "workers"
+
+# The stage must parse under any Python (2.7 included) so that the version check can run and report: no
+# f-strings, no annotations, nothing newer than 2.7 syntax. It never writes files unless keep_dir is set.
+_STAGE = r'''import sys
+if sys.version_info<(3,9):
+ sys.stderr.write("@MARK_OLD@ %s at %s; hangscope needs >= 3.9\n"%(sys.version.split()[0],sys.executable))
+ sys.stderr.flush();sys.exit(@EXIT_OLD@)
+if sys.path and sys.path[0]=="":
+ del sys.path[0]
+import json,zlib,importlib.abc,importlib.util
+n=@SIZE@
+r=sys.stdin.buffer
+b=b""
+while len(b)<n:
+ c=r.read(n-len(b))
+ if not c:
+  sys.stderr.write("@MARK_SHORT@ %d of %d bytes\n"%(len(b),n));sys.stderr.flush();sys.exit(@EXIT_SHORT@)
+ b+=c
+M=json.loads(zlib.decompress(b).decode("utf-8"))
+O=json.loads(@OPTS@)
+class L(importlib.abc.MetaPathFinder,importlib.abc.Loader):
+ def find_spec(self,name,path=None,target=None):
+  if name in M:
+   return importlib.util.spec_from_loader(name,self,origin="<hangscope>/"+name,is_package=M[name][0])
+ def create_module(self,spec):
+  return None
+ def exec_module(self,m):
+  n=m.__spec__.name
+  exec(compile(M[n][1],"<hangscope>/"+n.replace(".","/")+("/__init__.py" if M[n][0] else ".py"),"exec"),m.__dict__)
+ def get_source(self,name):
+  return M[name][1]
+sys.meta_path.insert(0,L())
+@KEEP@import workers.__main__
+sys.exit(workers.__main__.main(O) or 0)
+'''
+
+# Optional debug copy on the node: written only when asked for (keep_dir), private to the user.
+_KEEP = r'''import os
+for k in M:
+ p=os.path.join(O["keep_dir"],*k.split("."))
+ if M[k][0]:
+  p=os.path.join(p,"__init__")
+ os.makedirs(os.path.dirname(p),mode=0o700,exist_ok=True)
+ with open(p+".py","w") as f:
+  f.write(M[k][1])
+'''
+
+
+@dataclass(frozen=True)
+class Payload:
+    """The compressed worker sources and the first stage that loads them."""
+
+    data: bytes  # what is written to the worker's stdin before any request
+    modules: tuple[str, ...]
+
+    def stage(self, options: Optional[Mapping[str, Any]] = None) -> str:
+        """The `-c` argument: base64 inside the shell's single quotes survives any login shell's quoting."""
+        opts = dict(options or {})
+        code = (_STAGE.replace("@MARK_OLD@", MARK_OLD_PYTHON).replace("@EXIT_OLD@", str(EXIT_OLD_PYTHON))
+                .replace("@MARK_SHORT@", MARK_SHORT_PAYLOAD).replace("@EXIT_SHORT@", str(EXIT_SHORT_PAYLOAD))
+                .replace("@SIZE@", str(len(self.data)))
+                .replace("@OPTS@", repr(json.dumps(opts, sort_keys=True)))
+                .replace("@KEEP@", _KEEP if opts.get("keep_dir") else ""))
+        packed = base64.b64encode(zlib.compress(code.encode("ascii"), 9)).decode("ascii")
+        return 'import base64,zlib;exec(zlib.decompress(base64.b64decode("%s")))' % packed
+
+
+def _module_name(rel: Path) -> tuple[str, bool]:
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+@functools.lru_cache(maxsize=4)
+def build_payload(root: Path = WORKERS_DIR) -> Payload:
+    """Pack every `<root>/**/*.py` (root is the `workers` package) into one payload; built once, cached."""
+    modules: dict[str, list[Any]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent)
+        if "__pycache__" in rel.parts:
+            continue
+        name, is_pkg = _module_name(rel)
+        modules[name] = [is_pkg, path.read_text(encoding="utf-8")]
+    # A directory of modules without __init__.py is still importable as a package on the node.
+    for name in list(modules):
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            modules.setdefault(".".join(parts[:i]), [True, ""])
+    raw = json.dumps(modules, sort_keys=True, ensure_ascii=True).encode("ascii")
+    return Payload(data=zlib.compress(raw, 9), modules=tuple(sorted(modules)))
+
+
+def python_argv(python: str) -> list[str]:
+    """`--python` may carry flags (`python3 -I -S`): split it like a shell would, never run it through one."""
+    words = shlex.split(python)
+    if not words:
+        raise ValueError("empty python command")
+    return words
+
+
+def remote_command(python: str, stage: str) -> str:
+    """The command line an SSH server hands to the user's login shell; every word is quoted."""
+    return "exec " + " ".join(shlex.quote(w) for w in python_argv(python)) + " -c " + shlex.quote(stage)
