@@ -1,0 +1,113 @@
+"""Test helper (engineer B's worker tests): drive `python3 -m workers` as a subprocess over the real protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# `-I` ignores PYTHONPATH, so an isolated worker is started the way the bootstrap starts it: the repo put
+# on sys.path by code, then main() called.
+ISOLATED = ("import sys; sys.path.insert(0, %r); from workers.__main__ import main; "
+            "sys.exit(main({'log': True}))" % REPO)
+
+
+class WorkerProc:
+    """One worker subprocess; replies are read by a thread so every wait has a deadline."""
+
+    def __init__(self, python: str = sys.executable, isolated: bool = False,
+                 env: Optional[Dict[str, str]] = None, args: Sequence[str] = ("--log",)) -> None:
+        argv = [python, "-I", "-S", "-c", ISOLATED] if isolated else [python, "-m", "workers", *args]
+        full_env = dict(os.environ, PYTHONPATH=REPO)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=full_env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._stderr: List[bytes] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+        self._next_id = 1
+        self._pending: List[Dict[str, Any]] = []
+        self.hello = self.read(timeout=20)
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _pump_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def read(self, timeout: float = 30) -> Dict[str, Any]:
+        """The next message; raises EOFError at end of stream, TimeoutError at the deadline."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError("no message from the worker within %ss; stderr: %s" % (timeout, self.stderr))
+        if line is None:
+            raise EOFError("worker closed stdout; stderr: %s" % self.stderr)
+        return json.loads(line)
+
+    def send_raw(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def send(self, op: str, args: Optional[Dict[str, Any]] = None) -> int:
+        req_id = self._next_id
+        self._next_id += 1
+        self.send_raw(json.dumps({"id": req_id, "op": op, "args": args or {}}).encode() + b"\n")
+        return req_id
+
+    def wait(self, req_id: int, timeout: float = 60) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+        """Items and the final done/error of one request (other requests' messages are kept for later)."""
+        deadline = time.monotonic() + timeout
+        items: List[Dict[str, Any]] = []
+        while True:
+            for msg in list(self._pending):
+                if msg.get("id") == req_id:
+                    self._pending.remove(msg)
+                    if msg["type"] == "item":
+                        items.append(msg["data"])
+                    else:
+                        return items, msg
+            msg = self.read(timeout=max(0.01, deadline - time.monotonic()))
+            self._pending.append(msg)
+
+    def call(self, op: str, args: Optional[Dict[str, Any]] = None,
+             timeout: float = 60) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+        return self.wait(self.send(op, args), timeout)
+
+    def close(self, timeout: float = 10) -> int:
+        """Close stdin (EOF) and wait for the worker to exit; returns its status."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> "WorkerProc":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()

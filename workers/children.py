@@ -1,0 +1,222 @@
+"""Every child process the worker starts: one registry, parent-death signal, process groups and deadlines.
+
+The worker must never leave anything behind on a node: each child runs in its own process group (so a
+deadline kills its helpers too), carries PR_SET_PDEATHSIG=SIGKILL (so a SIGKILLed worker still takes it
+along), and is listed here until reaped so that EOF on stdin can kill whatever is still running.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl():  # type: ignore[no-untyped-def]
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+        prctl.restype = ctypes.c_int
+        return prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+# Resolved once in the parent: the preexec hook must do as little as possible between fork and exec.
+_PRCTL = _load_prctl()
+
+
+def _preexec(parent_pid: int) -> None:
+    """Runs in the child between fork and exec."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # The worker may have died between fork and prctl: then no signal will ever come, so go now.
+    if os.getppid() != parent_pid:
+        os._exit(127)
+
+
+class Result:
+    """What a finished child left: exit status, captured (capped) output and how it ended."""
+
+    def __init__(self) -> None:
+        self.returncode: Optional[int] = None
+        self.stdout = b""
+        self.stderr = b""
+        self.stdout_dropped = 0  # bytes beyond the cap, discarded
+        self.stderr_dropped = 0
+        self.timed_out = False  # killed at the hard deadline
+        self.stopped = False  # stop_signal was sent at stop_after
+        self.killed = False  # killed by the registry (cancel, shutdown)
+        self.elapsed = 0.0
+
+
+class Children:
+    """The registry of running children, keyed by pid, each tagged with the request that owns it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: Dict[int, "tuple[subprocess.Popen[bytes], object]"] = {}
+        self._killed: "set[int]" = set()
+        self._closed = False
+
+    def spawn(self, argv: Sequence[str], owner: object = None, pass_fds: Sequence[int] = (),
+              env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[bytes]":
+        """Start argv with piped stdout/stderr and no stdin.
+
+        PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so call this from the thread
+        that also waits for the child (every op does: one thread per request).
+        """
+        with self._lock:
+            if self._closed:
+                raise OSError("the worker is shutting down")
+            parent = os.getpid()
+            proc = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                close_fds=True, pass_fds=tuple(pass_fds), env=env, start_new_session=True,
+                preexec_fn=lambda: _preexec(parent),
+            )
+            self._procs[proc.pid] = (proc, owner)
+        return proc
+
+    def forget(self, proc: "subprocess.Popen[bytes]") -> None:
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+
+    def was_killed(self, proc: "subprocess.Popen[bytes]") -> bool:
+        with self._lock:
+            return proc.pid in self._killed
+
+    def kill_owner(self, owner: object) -> int:
+        """Kill every child of one request (cancel); returns how many were running."""
+        with self._lock:
+            victims = [p for p, o in self._procs.values() if o is owner]
+        for proc in victims:
+            self._kill(proc)
+        return len(victims)
+
+    def kill_all(self) -> None:
+        """Kill every child and refuse new ones: the worker is exiting."""
+        with self._lock:
+            self._closed = True
+            victims = [p for p, _ in self._procs.values()]
+        for proc in victims:
+            self._kill(proc)
+        for proc in victims:
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def running(self) -> List[int]:
+        with self._lock:
+            return [pid for pid, (p, _) in self._procs.items() if p.poll() is None]
+
+    def _kill(self, proc: "subprocess.Popen[bytes]") -> None:
+        with self._lock:
+            self._killed.add(proc.pid)
+        kill_group(proc)
+
+
+def kill_group(proc: "subprocess.Popen[bytes]") -> None:
+    """SIGKILL the child's whole process group (it leads one: start_new_session), then the child itself."""
+    if proc.poll() is not None:
+        # Helpers of an exited leader may still hold the group; the pgid equals the leader's pid.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.kill()
+    except OSError:
+        pass
+
+
+def run(children: Children, argv: Sequence[str], timeout: float, owner: object = None,
+        pass_fds: Sequence[int] = (), env: Optional[Dict[str, str]] = None,
+        stop_after: Optional[float] = None, stop_signal: int = signal.SIGINT,
+        max_stdout: int = 16 << 20, max_stderr: int = 1 << 20) -> Result:
+    """Run a child to completion under a hard deadline, capturing capped output.
+
+    At stop_after seconds the child gets stop_signal (strace detaches cleanly on SIGINT); at timeout seconds
+    its whole process group is SIGKILLed and the result says timed_out. Raises OSError when it cannot start.
+    """
+    res = Result()
+    start = time.monotonic()
+    proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env)
+    try:
+        _pump(proc, res, start, timeout, stop_after, stop_signal, max_stdout, max_stderr)
+        remaining = max(0.0, timeout - (time.monotonic() - start))
+        try:
+            res.returncode = proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            res.timed_out = True
+            kill_group(proc)
+            res.returncode = proc.wait()
+        # Even a child that exited by itself may have left helpers in its group (pipe holders are gone).
+        kill_group(proc)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        res.killed = children.was_killed(proc)
+        children.forget(proc)
+    res.elapsed = time.monotonic() - start
+    return res
+
+
+def _pump(proc: "subprocess.Popen[bytes]", res: Result, start: float, timeout: float,
+          stop_after: Optional[float], stop_signal: int, max_stdout: int, max_stderr: int) -> None:
+    """Read both pipes until EOF or the deadline, sending stop_signal once at stop_after."""
+    sel = selectors.DefaultSelector()
+    bufs = {"out": bytearray(), "err": bytearray()}
+    caps = {"out": max_stdout, "err": max_stderr}
+    dropped = {"out": 0, "err": 0}
+    assert proc.stdout is not None and proc.stderr is not None
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    try:
+        while sel.get_map():
+            now = time.monotonic() - start
+            if stop_after is not None and not res.stopped and now >= stop_after:
+                res.stopped = True
+                try:
+                    proc.send_signal(stop_signal)
+                except OSError:
+                    pass
+            if now >= timeout:
+                res.timed_out = True
+                kill_group(proc)
+                break
+            wake = timeout - now
+            if stop_after is not None and not res.stopped:
+                wake = min(wake, stop_after - now)
+            for key, _ in sel.select(max(0.0, wake)):
+                chunk = os.read(key.fd, 65536)
+                name = key.data
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                room = caps[name] - len(bufs[name])
+                if room > 0:
+                    bufs[name] += chunk[:room]
+                dropped[name] += max(0, len(chunk) - max(room, 0))
+    finally:
+        sel.close()
+    res.stdout, res.stderr = bytes(bufs["out"]), bytes(bufs["err"])
+    res.stdout_dropped, res.stderr_dropped = dropped["out"], dropped["err"]

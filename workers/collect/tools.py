@@ -1,0 +1,217 @@
+"""Finding the node's tools (py-spy, strace, gdb, nsenter, nvidia-smi, sudo) and holding pushed ones.
+
+A pushed tool lives in an anonymous memfd (nothing on disk, gone with the worker) or, where memfd cannot be
+executed, in a 0700 temp dir removed at exit. Lookups record every path tried, for the hello's `searched`
+and for tool_missing messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from workers import children
+
+TOOL_NAMES = ("py-spy", "strace", "gdb", "nsenter", "nvidia-smi", "sudo")
+# How each tool tells its version (first line of output). gdb (~0.17 s to start) and nvidia-smi (driver
+# initialisation, up to seconds) are not probed: the hello is on every node's critical path.
+_VERSION_ARGS = {"py-spy": ["--version"], "strace": ["-V"], "nsenter": ["--version"], "sudo": ["-V"]}
+_FD_LOCK = threading.Lock()
+_MFD_EXEC = 0x0010  # kernels >= 6.3 with vm.memfd_noexec may refuse exec of a memfd created without it
+
+
+class Tool:
+    """A tool ready to exec: the path to use and the fds the child must inherit for that path to work."""
+
+    def __init__(self, name: str, path: str, fd: Optional[int] = None) -> None:
+        self.name = name
+        self.path = path
+        self.fd = fd  # an open fd holding the binary (pushed tools; also opened for nsenter use)
+
+    def exec_path(self, inside_ns: bool) -> Tuple[str, Tuple[int, ...]]:
+        """The path to exec and fds to pass. inside_ns: the child enters other mount namespaces first, so
+        the binary goes as an inherited fd (/proc/self/fd/N) and need not exist inside the container."""
+        if not inside_ns:
+            # A pushed memfd's path is /proc/<worker pid>/fd/N: valid node-wide while the worker lives,
+            # also through sudo (which closes inherited fds).
+            return self.path, ()
+        with _FD_LOCK:
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # kept for the worker's lifetime
+        return "/proc/self/fd/%d" % self.fd, (self.fd,)
+
+
+def _is_wrapper(path: str) -> bool:
+    # pyenv shims re-dispatch by the *caller's* python version and fail for other versions; the real binary
+    # next to an interpreter is searched as well.
+    return "/.pyenv/shims/" in path
+
+
+def _executable(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
+
+
+class Tools:
+    """Where each tool is; thread-safe; pushed tools take precedence over the node's own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pushed: Dict[str, Tool] = {}
+        self._nspath: Dict[str, Tool] = {}
+        self._tmpdir: Optional[str] = None
+
+    def candidates(self, name: str, target_pid: Optional[int] = None) -> List[str]:
+        """Every path looked at, in order: PATH, next to this interpreter and the rank's, ~/.local/bin."""
+        dirs: List[str] = []
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            if d:
+                dirs.append(d)
+        dirs.append(os.path.dirname(os.path.realpath(sys.executable)) if sys.executable else "")
+        if target_pid is not None:
+            try:
+                exe = os.readlink("/proc/%d/exe" % target_pid)
+                # /proc/PID/root makes the rank's own view work when it runs in another mount namespace.
+                dirs.append("/proc/%d/root%s" % (target_pid, os.path.dirname(exe)))
+            except OSError:
+                pass
+        dirs.append(os.path.expanduser("~/.local/bin"))
+        dirs += ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+        seen: List[str] = []
+        for d in dirs:
+            p = os.path.join(d, name) if d else ""
+            if p and p not in seen:
+                seen.append(p)
+        return seen
+
+    def find(self, name: str, target_pid: Optional[int] = None) -> Tuple[Optional[Tool], List[str]]:
+        """The tool to use, and the paths searched (all of them when it was not found)."""
+        with self._lock:
+            pushed = self._pushed.get(name)
+        if pushed is not None:
+            return pushed, []
+        searched = []
+        for path in self.candidates(name, target_pid):
+            searched.append(path)
+            if not _is_wrapper(path) and _executable(path):
+                with self._lock:
+                    known = self._nspath.get(path)
+                    if known is None:
+                        known = self._nspath[path] = Tool(name, path)
+                return known, searched
+        return None, searched
+
+    def describe(self) -> Tuple[Dict[str, Optional[Dict[str, str]]], Dict[str, List[str]]]:
+        """The hello's tools and searched fields; versions are probed concurrently under a deadline."""
+        found: Dict[str, Optional[Tool]] = {}
+        searched: Dict[str, List[str]] = {}
+        for name in TOOL_NAMES:
+            tool, paths = self.find(name)
+            found[name] = tool
+            if tool is None:
+                searched[name] = paths
+        versions: Dict[str, str] = {}
+        reg = children.Children()
+
+        def probe(name: str, tool: Tool) -> None:
+            path, fds = tool.exec_path(inside_ns=False)
+            try:
+                res = children.run(reg, [path] + _VERSION_ARGS[name], timeout=3.0, pass_fds=fds,
+                                   max_stdout=4096, max_stderr=4096)
+            except OSError:
+                return
+            text = (res.stdout or res.stderr).decode("utf-8", "replace").strip().splitlines()
+            versions[name] = text[0][:200] if text else ""
+
+        threads = [threading.Thread(target=probe, args=(n, t), daemon=True)
+                   for n, t in found.items() if t is not None and n in _VERSION_ARGS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(4.0)
+        reg.kill_all()
+        tools = {n: (None if t is None else {"path": t.path, "version": versions.get(n, "")})
+                 for n, t in found.items()}
+        return tools, searched
+
+    def push(self, name: str, data: bytes, sha256: str) -> Tool:
+        """Keep a pushed binary executable for this worker's lifetime; ValueError on a checksum mismatch."""
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256.lower():
+            raise ValueError("sha256 mismatch for %s: got %s, expected %s" % (name, digest, sha256))
+        tool = self._push_memfd(name, data) or self._push_file(name, data)
+        with self._lock:
+            old = self._pushed.get(name)
+            self._pushed[name] = tool
+        if old is not None and old.fd is not None:
+            os.close(old.fd)
+        return tool
+
+    def _push_memfd(self, name: str, data: bytes) -> Optional[Tool]:
+        create = getattr(os, "memfd_create", None)
+        if create is None:
+            return None
+        fd = -1
+        for flags in (os.MFD_CLOEXEC | _MFD_EXEC, os.MFD_CLOEXEC):  # older kernels reject MFD_EXEC
+            try:
+                fd = create("hangscope-" + name, flags)
+                break
+            except OSError:
+                continue
+        if fd < 0:
+            return None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o700)
+        except OSError:
+            os.close(fd)
+            return None
+        path = "/proc/%d/fd/%d" % (os.getpid(), fd)
+        # noexec-sealed memfds (vm.memfd_noexec=2) cannot run: fall back to a file then.
+        if not os.access(path, os.X_OK):
+            os.close(fd)
+            return None
+        return Tool(name, path, fd)
+
+    def _push_file(self, name: str, data: bytes) -> Tool:
+        with self._lock:
+            if self._tmpdir is None:
+                self._tmpdir = tempfile.mkdtemp(prefix="hangscope-")  # mkdtemp makes it 0700
+            tmpdir = self._tmpdir
+        path = os.path.join(tmpdir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o700)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return Tool(name, path)
+
+    def cleanup(self) -> None:
+        """Close pushed memfds and remove the temp dir (the worker is exiting)."""
+        with self._lock:
+            tools = list(self._pushed.values()) + list(self._nspath.values())
+            self._pushed.clear()
+            self._nspath.clear()
+            tmpdir, self._tmpdir = self._tmpdir, None
+        for t in tools:
+            if t.fd is not None:
+                try:
+                    os.close(t.fd)
+                except OSError:
+                    pass
+                t.fd = None
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)

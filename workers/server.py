@@ -1,0 +1,196 @@
+"""The request loop: a reader thread feeds a queue, each request runs in its own thread, replies are
+serialised under one lock and flushed per message; EOF or shutdown kills every child and returns."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import IO, Any, Callable, Dict, Optional
+
+from workers.protocol import ProtocolError, decode, encode, error
+from workers.request import Cancelled, OpError, Request, Worker
+
+Handler = Callable[[Request], Dict[str, Any]]
+
+# How long exiting waits for request threads to finish their after-tool checks (resume a stopped target).
+_WIND_DOWN = 3.0
+
+
+def _take_buffered(stdin: IO[bytes], fd: int) -> bytes:
+    """Bytes the bootstrap's buffered reader already pulled from the fd, taken without blocking."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        out = b""
+        while True:
+            # read1 serves the buffer first; with an empty buffer its one raw read returns b"" (EAGAIN).
+            chunk = stdin.read1(1 << 20)  # type: ignore[attr-defined]
+            if not chunk:
+                return out
+            out += chunk
+    except BlockingIOError:
+        return out
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+def log(options: Dict[str, Any], text: str) -> None:
+    if options.get("log"):
+        sys.stderr.write("hangscope-worker: %s\n" % text)
+        sys.stderr.flush()
+
+
+class Server:
+    def __init__(self, stdin: IO[bytes], stdout: IO[bytes], options: Dict[str, Any],
+                 handlers: Dict[str, Handler]) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._out_lock = threading.Lock()
+        self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._handlers = handlers
+        self._active: Dict[int, Request] = {}
+        self._active_lock = threading.Lock()
+        self._threads: "list[threading.Thread]" = []
+        self._closed = False
+        self.options = options
+        self.worker = Worker(self.send, options)
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        data = encode(msg)
+        with self._out_lock:
+            if self._closed:
+                return
+            try:
+                self._stdout.write(data)
+                self._stdout.flush()
+            except (OSError, ValueError):
+                # The login side is gone: nobody reads replies any more, so stop as if stdin hit EOF.
+                self._closed = True
+                self._lines.put(None)
+
+    def _read(self) -> None:
+        try:
+            fd = self._stdin.fileno()
+            pending = bytearray(_take_buffered(self._stdin, fd))
+            scanned = 0  # bytes of pending known to hold no newline: a 7 MB push_tool line is scanned once
+            while True:
+                nl = pending.find(b"\n", scanned)
+                if nl >= 0:
+                    self._lines.put(bytes(pending[:nl + 1]))
+                    del pending[:nl + 1]
+                    scanned = 0
+                    continue
+                scanned = len(pending)
+                # The raw fd, not the buffered object: a daemon thread blocked inside BufferedReader holds
+                # its lock, and interpreter shutdown then aborts trying to take it.
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                pending += chunk
+            if pending.strip():
+                self._lines.put(bytes(pending))
+        except (OSError, ValueError) as exc:
+            log(self.options, "stdin: %s" % exc)
+        self._lines.put(None)
+
+    def serve(self, hello: Dict[str, Any]) -> int:
+        """Send hello, answer requests until EOF, shutdown or a malformed line; return the exit status."""
+        self.send(hello)
+        threading.Thread(target=self._read, name="stdin", daemon=True).start()
+        status = 0
+        try:
+            while True:
+                line = self._lines.get()
+                if line is None:
+                    log(self.options, "stdin closed")
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    req = self._parse(line)
+                except ProtocolError as exc:
+                    self.send(error(None, "bad_request", str(exc)))
+                    status = 2
+                    break
+                if req.op == "shutdown":
+                    with self._active_lock:
+                        pending = list(self._active.values())
+                    for other in pending:  # each still gets its one final reply
+                        other.cancel()
+                    req.done({})
+                    break
+                self._start(req)
+        finally:
+            self._exit()
+        return status
+
+    def _parse(self, line: bytes) -> Request:
+        msg = decode(line)
+        req_id, op, args = msg.get("id"), msg.get("op"), msg.get("args", {})
+        if isinstance(req_id, bool) or not isinstance(req_id, int):
+            raise ProtocolError("request without an integer id: %r" % (line[:200],))
+        if not isinstance(op, str):
+            raise ProtocolError("request %d without an op" % req_id)
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ProtocolError("request %d: args must be an object" % req_id)
+        with self._active_lock:
+            if req_id in self._active:
+                raise ProtocolError("request id %d is already in use" % req_id)
+        return Request(self.worker, req_id, op, args)
+
+    def _start(self, req: Request) -> None:
+        handler = self._handlers.get(req.op)
+        if handler is None and req.op != "cancel":
+            req.error("unknown_op", "unknown op %r; this worker knows %s"
+                      % (req.op, ", ".join(sorted(list(self._handlers) + ["cancel", "shutdown"]))))
+            return
+        with self._active_lock:
+            self._active[req.id] = req
+        t = threading.Thread(target=self._run, args=(req, handler), name="req-%d" % req.id, daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def _run(self, req: Request, handler: Optional[Handler]) -> None:
+        started = time.monotonic()
+        try:
+            if handler is None:
+                req.done(self._cancel(req))
+            else:
+                req.done(handler(req))
+        except OpError as exc:
+            req.error(exc.code, exc.message, exc.hint)
+        except Cancelled:
+            pass
+        except Exception as exc:  # a bug must not take the other requests down: report it as internal
+            log(self.options, traceback.format_exc())
+            req.error("internal", "%s: %s" % (type(exc).__name__, exc))
+        finally:
+            with self._active_lock:
+                self._active.pop(req.id, None)
+            log(self.options, "%s %d took %.3fs" % (req.op, req.id, time.monotonic() - started))
+
+    def _cancel(self, req: Request) -> Dict[str, Any]:
+        target = req.arg_int("target", required=True)
+        with self._active_lock:
+            victim = self._active.get(target) if target != req.id else None
+        return {"cancelled": bool(victim is not None and victim.cancel())}
+
+    def _exit(self) -> None:
+        with self._active_lock:
+            pending = list(self._active.values())
+        for req in pending:
+            req.cancelled.set()
+        self.worker.children.kill_all()
+        deadline = time.monotonic() + _WIND_DOWN
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._out_lock:
+            self._closed = True
+        self.worker.tools.cleanup()
