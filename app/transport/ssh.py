@@ -1,0 +1,275 @@
+"""Workers on nodes over SSH (asyncssh): one connection per node, a fan-out window, deadlines per phase.
+
+The only module that knows asyncssh's and the OS's connection errors: each is translated here into a
+TransportError with a code from workers.protocol.ERROR_HINTS and a sentence naming the node and the phase.
+Never prompts (no passwords, no passphrases) and never weakens host key checking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import getpass
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import asyncssh
+
+from app.errors import TransportError
+from app.transport import bootstrap
+from app.transport.auth import auth_failure
+from app.transport.base import ExitInfo, WorkerConnection
+from app.transport.hostkeys import HostKeyCheck, KnownHostsCache, known_hosts_paths
+from app.transport.push import ensure_pyspy
+
+DEFAULT_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
+THROTTLE_BACKOFF = 0.25  # seconds before the first retry; doubled each time, with jitter
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    user: Optional[str] = None  # default: the hosts entry's user, then ssh config, then the local user
+    port: Optional[int] = None
+    config_paths: Optional[tuple[str, ...]] = None  # None: ~/.ssh/config then /etc/ssh/ssh_config
+    known_hosts: Optional[tuple[str, ...]] = None  # None: UserKnownHostsFile + GlobalKnownHostsFile
+    identity: tuple[str, ...] = ()
+    python: str = "python3"
+    connect_timeout: float = 10.0  # until the TCP connection (through any ProxyJump) is up
+    login_timeout: float = 20.0  # key exchange and authentication
+    start_timeout: float = 30.0  # the command starts and the worker says hello
+    keepalive_interval: float = 10.0
+    keepalive_count_max: int = 3
+    accept_new_host_keys: bool = False
+    fanout: int = 64
+    throttle_retries: int = 4
+    push_pyspy: bool = True
+    worker_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _Throttled(Exception):
+    """sshd closed the connection before its banner: MaxStartups is dropping new connections."""
+
+
+class _Client(asyncssh.SSHClient):
+    """Watches one connection: when TCP came up, the host key offered, and why the connection ended."""
+
+    def __init__(self, check: HostKeyCheck) -> None:
+        self.check = check
+        self.made = asyncio.Event()
+        self.conn: Optional[asyncssh.SSHClientConnection] = None
+        self.lost: Optional[Exception] = None
+        self.ended = False
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        self.conn = conn
+        self.made.set()
+
+    @property
+    def banner_seen(self) -> bool:
+        return bool(self.conn is not None and self.conn.get_extra_info("server_version"))
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.ended = True
+        self.lost = exc
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        return self.check.decide(host, addr, port, key)
+
+
+class SshTransport:
+    """Opens workers on nodes; at most `fanout` nodes are between connect and hello at any time."""
+
+    def __init__(self, options: SshOptions = SshOptions()) -> None:
+        self.options = options
+        self._sem: Optional[asyncio.Semaphore] = None
+        self._known = KnownHostsCache()
+        paths = DEFAULT_CONFIGS if options.config_paths is None else options.config_paths
+        self.config_paths = [p for p in (os.path.expanduser(x) for x in paths) if os.access(p, os.R_OK)]
+
+    def host_config(self, host: str, user: Optional[str], port: Optional[int]) -> asyncssh.config.SSHClientConfig:
+        """The ssh config as it applies to this host (first value wins across files, as in OpenSSH)."""
+        return asyncssh.config.SSHClientConfig.load(
+            None, self.config_paths, False, False, False, getpass.getuser(),
+            user if user else (), host, port if port else ())
+
+    async def open(self, host: str, *, name: Optional[str] = None, user: Optional[str] = None,
+                   port: Optional[int] = None) -> WorkerConnection:
+        """Connect, log in, start the worker and wait for its hello; raises TransportError."""
+        name = name or host
+        user = user or self.options.user
+        port = port or self.options.port
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(max(1, self.options.fanout))
+        async with self._sem:
+            t0 = time.monotonic()
+            conn, client, timings, warnings = await self._connect(host, name, user, port)
+            try:
+                worker = await self._start(conn, client, name)
+            except BaseException:
+                conn.abort()
+                raise
+            worker.timings.update(timings)
+            worker.warnings[:0] = warnings
+            if self.options.push_pyspy:
+                t1 = time.monotonic()
+                note = await ensure_pyspy(worker)
+                if note:
+                    worker.warnings.append(note)
+                    worker.timings["push"] = time.monotonic() - t1
+            worker.timings["total"] = time.monotonic() - t0
+            return worker
+
+    # -- connecting ----------------------------------------------------------------------------------------
+
+    async def _connect(self, host: str, name: str, user: Optional[str], port: Optional[int]
+                       ) -> tuple[asyncssh.SSHClientConnection, _Client, dict[str, float], list[str]]:
+        try:
+            cfg = self.host_config(host, user, port)
+        except (OSError, ValueError) as exc:
+            raise TransportError("ssh_error", f"{name}: cannot read ssh config: {exc}", phase="connect") from None
+        known = self._known.get(known_hosts_paths(cfg, self.options.known_hosts))
+        warnings = list(self._known.warnings)
+        delay = THROTTLE_BACKOFF
+        for attempt in range(self.options.throttle_retries + 1):
+            client = _Client(HostKeyCheck(known, self.options.accept_new_host_keys))
+            try:
+                conn, timings = await self._connect_once(host, name, user, port, client, known, cfg)
+            except _Throttled:
+                if attempt == self.options.throttle_retries:
+                    break
+                await asyncio.sleep(delay * (0.5 + random.random()))  # backoff: sshd is overloaded
+                delay *= 2
+                continue
+            if attempt:
+                warnings.append(f"sshd dropped {attempt} connection attempt(s) (MaxStartups); retried")
+            if client.check.accepted:
+                written = client.check.append_accepted()
+                warnings.append(f"accepted the new host key {client.check.fingerprint} and added it to {written}")
+            return conn, client, timings, warnings
+        raise TransportError("throttled", f"{name}: sshd closed the connection before its banner "
+                             f"{self.options.throttle_retries + 1} times (MaxStartups)", phase="connect")
+
+    async def _connect_once(self, host: str, name: str, user: Optional[str], port: Optional[int],
+                            client: _Client, known: asyncssh.SSHKnownHosts, cfg: Any
+                            ) -> tuple[asyncssh.SSHClientConnection, dict[str, float]]:
+        o = self.options
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(asyncssh.connect(
+            host, port if port else (), username=user if user else (), config=self.config_paths,
+            known_hosts=known, client_factory=lambda: client, connect_timeout=None,
+            login_timeout=o.login_timeout, keepalive_interval=o.keepalive_interval,
+            keepalive_count_max=o.keepalive_count_max, client_keys=list(o.identity) if o.identity else (),
+            ignore_encrypted=True, password_auth=False, kbdint_auth=False))
+        made = asyncio.ensure_future(client.made.wait())
+        phase = "connect"
+        timings: dict[str, float] = {}
+        try:
+            await asyncio.wait({task, made}, timeout=o.connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not made.done() and not task.done():
+                raise asyncio.TimeoutError
+            timings["connect"] = time.monotonic() - t0
+            phase = "login"
+            conn = await asyncio.wait_for(asyncio.shield(task), o.login_timeout)
+            timings["login"] = time.monotonic() - t0 - timings["connect"]
+            return conn, timings
+        except BaseException as exc:
+            task.cancel()
+            made.cancel()
+            await asyncio.gather(task, made, return_exceptions=True)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            if isinstance(exc, asyncssh.PermissionDenied) and client.check.accepted:
+                client.check.append_accepted()  # the key exchange proved the key before auth failed
+            raise self._translate(exc, name, host, port, phase, client, cfg) from None
+
+    def _translate(self, exc: BaseException, name: str, host: str, port: Optional[int], phase: str,
+                   client: _Client, cfg: Any) -> BaseException:
+        o = self.options
+        where = f"{host}:{port or cfg.get('Port', 22)}"
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            # asyncssh's own timeouts carry an empty message: always say which node and which phase
+            if phase == "connect":
+                return TransportError("connect_timeout", f"{name}: no TCP connection to {where} within "
+                                      f"{o.connect_timeout:g} s", phase="connect")
+            return TransportError("connect_timeout", f"{name}: connected to {where}, but the SSH key exchange "
+                                  f"and login did not finish within {o.login_timeout:g} s", phase="login")
+        if isinstance(exc, socket.gaierror):
+            return TransportError("dns", f"{name}: cannot resolve {host!r}: {exc.strerror or exc}", phase="connect")
+        if isinstance(exc, ConnectionRefusedError):
+            return TransportError("refused", f"{name}: connection to {where} refused", phase="connect")
+        if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+            return client.check.error(name, exc.reason)
+        if isinstance(exc, asyncssh.PermissionDenied):
+            return auth_failure(name, cfg, o.identity, exc.reason)
+        pre_banner = phase == "login" and not client.banner_seen
+        if isinstance(exc, (asyncssh.ConnectionLost, ConnectionResetError, BrokenPipeError)) and pre_banner:
+            return _Throttled()
+        if isinstance(exc, asyncssh.DisconnectError):
+            return TransportError("ssh_error", f"{name}: {where} ended the SSH session during {phase}: "
+                                  f"{exc.reason or type(exc).__name__}", phase=phase)
+        if isinstance(exc, OSError):
+            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
+                return TransportError("unreachable", f"{name}: {where} is unreachable: {exc.strerror}",
+                                      phase="connect")
+            if exc.filename:
+                return TransportError("auth_failed", f"{name}: cannot read {exc.filename}: {exc.strerror}",
+                                      phase="login")
+            return TransportError("ssh_error", f"{name}: {where}: {exc.strerror or exc}", phase=phase)
+        if isinstance(exc, asyncssh.KeyImportError):
+            return TransportError("auth_failed", f"{name}: cannot use an identity file: {exc}", phase="login")
+        if isinstance(exc, (asyncssh.Error, ValueError)):
+            return TransportError("ssh_error", f"{name}: {where}: {exc}", phase=phase)
+        return TransportError("ssh_error", f"{name}: {where}: {type(exc).__name__}: {exc}", phase=phase)
+
+    # -- starting the worker -------------------------------------------------------------------------------
+
+    async def _start(self, conn: asyncssh.SSHClientConnection, client: _Client, name: str) -> WorkerConnection:
+        payload = bootstrap.build_payload()
+        command = bootstrap.remote_command(self.options.python, payload.stage(self.options.worker_options))
+        t0 = time.monotonic()
+        try:
+            process = await asyncio.wait_for(conn.create_process(command, encoding=None),
+                                             self.options.start_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TransportError("ssh_error", f"{name}: the node did not start a session within "
+                                 f"{self.options.start_timeout:g} s", phase="start") from None
+        except (asyncssh.Error, OSError) as exc:
+            if client.ended:
+                raise TransportError("lost", f"{name}: connection lost while starting the worker: "
+                                     f"{client.lost or exc}", phase="start") from None
+            raise TransportError("ssh_error", f"{name}: cannot start a session: {exc}", phase="start") from None
+
+        async def wait_exit() -> ExitInfo:
+            await process.wait_closed()
+            status, sig = process.exit_status, process.exit_signal
+            if sig:
+                return ExitInfo(None, signal=str(sig[0]))
+            if status is None or client.lost is not None:
+                reason = str(client.lost) if client.lost else "the channel closed without an exit status"
+                return ExitInfo(None, lost=reason or type(client.lost).__name__)
+            return ExitInfo(status)
+
+        def kill() -> None:
+            # Closing the channel makes sshd close the worker's stdin: it kills what it started and exits.
+            process.close()
+
+        async def on_close() -> None:
+            conn.close()
+            try:
+                await asyncio.wait_for(conn.wait_closed(), 5.0)
+            except (asyncio.TimeoutError, TimeoutError, asyncssh.Error, OSError):
+                conn.abort()
+
+        worker = WorkerConnection(name, process.stdout, process.stdin, process.stderr, wait_exit,
+                                  kill=kill, on_close=on_close)
+        try:
+            await worker.start(payload.data, max(0.1, self.options.start_timeout - (time.monotonic() - t0)))
+        except BaseException:
+            await worker.close(kill=True, timeout=1.0)
+            raise
+        worker.timings["start"] = time.monotonic() - t0
+        return worker

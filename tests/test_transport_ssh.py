@@ -1,0 +1,274 @@
+"""The SSH transport against the real test cluster (network namespaces, each with its own sshd): every
+failure class a user meets is produced for real and must arrive as its own code with a useful sentence."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import asyncssh
+import pytest
+
+from app.errors import TransportError
+from app.transport.ssh import SshOptions, SshTransport
+
+cluster_mod = pytest.importorskip("cluster")
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def ssh_cluster(request: pytest.FixtureRequest) -> Iterator[object]:
+    problem = cluster_mod.support_problem()
+    if problem:
+        pytest.skip(problem)
+    try:
+        yield request.getfixturevalue("cluster")  # the shared session cluster (tests/conftest.py)
+        return
+    except pytest.FixtureLookupError:
+        pass
+    c = cluster_mod.build_cluster(4)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _opts(c: object, **kw: object) -> SshOptions:
+    base: dict = dict(config_paths=(str(c.ssh_config),), connect_timeout=3.0, login_timeout=5.0,
+                      start_timeout=20.0, keepalive_interval=2.0, keepalive_count_max=2)
+    base.update(kw)
+    return SshOptions(**base)
+
+
+def _fingerprint(pub: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()[1]
+
+
+async def _open(t: SshTransport, name: str, **kw: object):
+    return await t.open(name, **kw)
+
+
+async def test_hello_from_every_node_with_the_users_own_ssh_config(ssh_cluster, monkeypatch) -> None:
+    c = ssh_cluster
+    # ~/.ssh/config (HostName, User, IdentityFile, UserKnownHostsFile) is read by default, as ssh does
+    monkeypatch.setenv("HOME", str(c.home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    t = SshTransport(SshOptions(connect_timeout=5))
+    workers = await asyncio.gather(*(t.open(n) for n in c.names))
+    try:
+        assert [w.hello["hostname"] for w in workers] == c.names
+        for w in workers:
+            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert {"connect", "login", "start"} <= set(w.timings)
+            assert w.pid in c[w.name].pids()
+    finally:
+        await asyncio.gather(*(w.close() for w in workers))
+    for w in workers:  # closing the channel ends the worker: nothing is left running on the node
+        cluster_mod.poll(lambda: w.pid not in c[w.name].pids(), 10, f"worker on {w.name} to exit")
+
+
+async def test_unknown_host_key_names_the_fingerprint_and_changes_nothing(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    before = c.known_hosts.read_bytes()
+    with pytest.raises(TransportError) as err:
+        await SshTransport(_opts(c, known_hosts=(str(empty),))).open("node01")
+    e = err.value
+    assert e.code == "host_key_unknown" and e.phase == "connect"
+    assert "node01" in e.message and _fingerprint(c["node01"].dir / "ssh_host_ed25519_key.pub") in e.message
+    assert empty.read_bytes() == b"" and c.known_hosts.read_bytes() == before
+
+
+async def test_changed_host_key_is_a_different_error_and_is_never_accepted(ssh_cluster, tmp_path,
+                                                                           monkeypatch) -> None:
+    c = ssh_cluster
+    monkeypatch.setenv("HOME", str(tmp_path))
+    node = c["node02"]
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{node.ip} {other}\n")
+    before = known.read_bytes()
+    for accept in (False, True):  # --accept-new-host-keys never accepts a CHANGED key
+        with pytest.raises(TransportError) as err:
+            await SshTransport(_opts(c, known_hosts=(str(known),), accept_new_host_keys=accept)).open("node02")
+        e = err.value
+        assert e.code == "host_key_changed", e.message
+        assert "CHANGED" in e.message and _fingerprint(node.dir / "ssh_host_ed25519_key.pub") in e.message
+        assert known.read_bytes() == before
+    assert not (tmp_path / ".ssh" / "known_hosts").exists()
+
+
+async def test_accept_new_host_keys_adds_an_unknown_key_once(ssh_cluster, tmp_path, monkeypatch) -> None:
+    c = ssh_cluster
+    monkeypatch.setenv("HOME", str(tmp_path))
+    user_known = tmp_path / ".ssh" / "known_hosts"
+    opts = _opts(c, known_hosts=(str(user_known),))
+    with pytest.raises(TransportError) as err:
+        await SshTransport(opts).open("node03")
+    assert err.value.code == "host_key_unknown"
+    w = await SshTransport(_opts(c, known_hosts=(str(user_known),), accept_new_host_keys=True)).open("node03")
+    await w.close()
+    assert any("accepted the new host key" in x for x in w.warnings)
+    lines = user_known.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(c["node03"].ip + " ssh-ed25519 ")
+    w = await SshTransport(opts).open("node03")  # now known: no flag needed, nothing appended
+    await w.close()
+    assert user_known.read_text().splitlines() == lines
+
+
+async def test_rejected_key_is_auth_failed_without_prompting(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    stranger = tmp_path / "id_stranger"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+    locked = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    t0 = time.monotonic()
+    with pytest.raises(TransportError) as err:
+        await SshTransport(_opts(c, identity=(str(stranger), str(locked)))).open("node01")
+    e = err.value
+    assert e.code == "auth_failed" and e.phase == "login"
+    assert str(stranger) in e.message and "root" in e.message
+    assert str(locked) in e.message and "encrypted" in e.message  # skipped: never a passphrase prompt
+    assert time.monotonic() - t0 < 5
+
+
+async def test_closed_port_is_refused_fast(ssh_cluster) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(TransportError) as err:
+        await SshTransport(_opts(ssh_cluster)).open("node01", port=2)
+    assert err.value.code == "refused" and "node01" in err.value.message
+    assert time.monotonic() - t0 < 2
+
+
+async def test_unknown_name_is_dns(ssh_cluster) -> None:
+    with pytest.raises(TransportError) as err:
+        await SshTransport(_opts(ssh_cluster)).open("no-such-node.invalid")
+    assert err.value.code == "dns" and "no-such-node.invalid" in err.value.message
+
+
+async def test_no_python_on_the_node(ssh_cluster) -> None:
+    with pytest.raises(TransportError) as err:
+        await SshTransport(_opts(ssh_cluster, python="/nonexistent/python3")).open("node02")
+    e = err.value
+    assert e.code == "no_python" and e.phase == "start" and "/nonexistent/python3" in e.message
+
+
+async def test_black_holed_node_times_out_while_the_others_complete(ssh_cluster) -> None:
+    c = ssh_cluster
+    node = c["node04"]
+    rule = ("INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP")
+    node.iptables("-A", *rule)
+    try:
+        t = SshTransport(_opts(c, connect_timeout=1.5))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        finished: dict[str, float] = {}
+
+        async def one(name: str):
+            try:
+                return await t.open(name)
+            finally:
+                finished[name] = loop.time() - t0
+
+        results = await asyncio.gather(*(one(n) for n in c.names), return_exceptions=True)
+        try:
+            err = results[c.names.index("node04")]
+            assert isinstance(err, TransportError) and err.code == "connect_timeout", err
+            assert err.phase == "connect" and "node04" in err.message and "1.5 s" in err.message
+            assert 1.5 <= finished["node04"] < 4
+            others = [r for n, r in zip(c.names, results) if n != "node04"]
+            assert all(not isinstance(r, BaseException) for r in others)
+            assert max(finished[n] for n in c.names if n != "node04") < finished["node04"]
+        finally:
+            await asyncio.gather(*(r.close() for r in results if not isinstance(r, BaseException)))
+    finally:
+        node.iptables("-D", *rule)
+
+
+async def test_sshd_killed_mid_session_is_lost(ssh_cluster) -> None:
+    c = ssh_cluster
+    node = c["node03"]
+    w = await SshTransport(_opts(c)).open("node03")
+    try:
+        node.kill_sshd(sessions=True)
+        with pytest.raises(TransportError) as err:
+            for _ in range(100):  # the loss is noticed at the latest by the next request
+                await w.call("ping", timeout=10)
+        assert err.value.code == "lost" and "node03" in err.value.message
+    finally:
+        await w.close(kill=True)
+        node.start_sshd()
+
+
+async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    node = c["node02"]
+    config = tmp_path / "sshd_config_throttled"
+    config.write_text((node.dir / "sshd_config").read_text()
+                      .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
+                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}"))
+    sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
+    holder = None
+    try:
+        cluster_mod.poll(lambda: node.listening(2222), 10, "the throttled sshd to listen")
+        # one unauthenticated connection fills MaxStartups 1: sshd drops every new one before its banner
+        holder = socket.create_connection((node.ip, 2222), timeout=5)
+        holder.recv(100)  # its banner: the slot is really taken
+        with pytest.raises(TransportError) as err:
+            await SshTransport(_opts(c, throttle_retries=2)).open("node02", port=2222)
+        assert err.value.code == "throttled" and "node02" in err.value.message
+        t = SshTransport(_opts(c, throttle_retries=6))
+        opening = asyncio.ensure_future(t.open("node02", port=2222))
+        await asyncio.sleep(0.3)  # let it be dropped at least once, then free the slot
+        holder.close()
+        holder = None
+        w = await opening
+        await w.close()
+        assert any("MaxStartups" in x for x in w.warnings)
+    finally:
+        if holder is not None:
+            holder.close()
+        sshd.kill()
+        sshd.wait(timeout=10)
+
+
+async def test_proxyjump_from_ssh_config(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    config = tmp_path / "config"
+    config.write_text(f"Host via01\n    HostName {c['node02'].ip}\n    ProxyJump node01\n\n"
+                      + c.ssh_config.read_text().replace(f"Host node02\n", f"Host node02 via01\n"))
+    w = await SshTransport(_opts(c, config_paths=(str(config),))).open("via01")
+    try:
+        assert w.hello["hostname"] == "node02"
+    finally:
+        await w.close()
+
+
+async def test_missing_pyspy_is_pushed_from_the_login_node(ssh_cluster) -> None:
+    c = ssh_cluster
+    node = c["node04"]
+    link = node.bin_dir / "py-spy"
+    target = os.readlink(link) if link.is_symlink() else None
+    if target is None or shutil.which("py-spy") is None:
+        pytest.skip("the cluster node has no py-spy to take away")
+    link.unlink()
+    try:
+        w = await SshTransport(_opts(c)).open("node04")
+        try:
+            assert any("py-spy was missing" in x for x in w.warnings), w.warnings
+            assert w.hello["tools"]["py-spy"]["path"]
+        finally:
+            await w.close()
+    finally:
+        link.symlink_to(target)
