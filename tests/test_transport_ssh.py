@@ -10,7 +10,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import asyncssh
 import pytest
@@ -18,26 +17,15 @@ import pytest
 from app.errors import TransportError
 from app.transport.ssh import SshOptions, SshTransport
 
-cluster_mod = pytest.importorskip("cluster")
+import cluster as cluster_mod  # noqa: E402  (tests/ helpers, put on sys.path by conftest)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def ssh_cluster(request: pytest.FixtureRequest) -> Iterator[object]:
-    problem = cluster_mod.support_problem()
-    if problem:
-        pytest.skip(problem)
-    try:
-        yield request.getfixturevalue("cluster")  # the shared session cluster (tests/conftest.py)
-        return
-    except pytest.FixtureLookupError:
-        pass
-    c = cluster_mod.build_cluster(4)
-    try:
-        yield c
-    finally:
-        c.close()
+@pytest.fixture
+def ssh_cluster(cluster):
+    """The shared session cluster; each test restores whatever it breaks (iptables rules, sshd, py-spy)."""
+    return cluster
 
 
 def _opts(c: object, **kw: object) -> SshOptions:
