@@ -1,0 +1,214 @@
+"""The demo training job: torch.distributed (gloo, CPU) that hangs in a chosen, realistic way.
+
+Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scenario S`); used by
+`hangscope demo` and by the test suite's hung jobs. Scenarios (the culprit defaults to the last rank):
+  dataloader  at step K the culprit blocks reading its next batch (a socket read that never returns) while
+              the other ranks block in that step's all_reduce
+  skip        at step K the culprit's batch gives a non-finite loss and it skips the step; the all_reduce
+              alternates between two process groups, so it cannot silently pair with the wrong step: every
+              rank ends up on the same line, the culprit at step K+1 and the others at step K
+  die         the culprit exits (os._exit) at step K; the others wait in that step's all_reduce. With NCCL
+              that is what peers of a dead rank do; gloo would notice the closed connections and fail, so
+              the dying rank leaves its TCP sockets open in a small child (as a subprocess that inherited
+              them does) and exits with status 0, so torchrun does not tear the others down either
+  healthy     trains forever, slowly (a short pause per step keeps the CPU free)
+  netcut      trains like healthy; a test cuts a node's network and every rank then waits in all_reduce
+Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
+step, where} just before the call it will hang in (healthy/netcut: after a few steps), flushed and fsynced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut")
+FEATURES = 16
+BATCH = 8
+READY_AFTER = 3  # healthy/netcut report ready after this many steps
+
+
+def report_ready(where: str, step: int) -> None:
+    """Append this rank's ready line (one write, O_APPEND: lines of concurrent ranks never interleave)."""
+    path = os.environ.get("HANGSCOPE_READY_FILE")
+    if not path:
+        return
+    line = json.dumps({"rank": dist.get_rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                       "pid": os.getpid(), "host": socket.gethostname(), "step": step, "where": where})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class TinyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class StreamingLoader:
+    """Batches streamed over a socket by a shard-reader thread, like a loader fed by a remote storage client.
+
+    `stall_at`: the reader's storage request for that batch never completes, so the training loop's next()
+    blocks in a real socket read. `poison_at`: that batch holds NaNs (a corrupt sample).
+    """
+
+    _HEADER = struct.Struct("!qI")  # batch index, payload bytes
+
+    def __init__(self, seed: int, stall_at: Optional[int] = None, poison_at: Optional[int] = None) -> None:
+        self._sock, peer = socket.socketpair()
+        self._index = 0
+        self._stall_at = stall_at
+        self._poison_at = poison_at
+        self._seed = seed
+        self._storage_stalled = threading.Event()  # never set: the storage request that never returns
+        threading.Thread(target=self._read_shards, args=(peer,), name="shard-reader", daemon=True).start()
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._index == self._stall_at:
+            report_ready("data_loading", self._index)
+        index, size = self._HEADER.unpack(self._recv_exact(self._HEADER.size))
+        payload = self._recv_exact(size)
+        self._index = index + 1
+        rows = torch.frombuffer(payload, dtype=torch.float32).view(BATCH, FEATURES + 1)
+        return rows[:, :FEATURES], rows[:, FEATURES:]
+
+    def _recv_exact(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = self._sock.recv_into(view[got:])
+            if n == 0:
+                raise EOFError("the shard reader closed its stream")
+            got += n
+        return buf
+
+    def _read_shards(self, sock: socket.socket) -> None:
+        gen = torch.Generator().manual_seed(self._seed)
+        index = 0
+        while True:
+            if index == self._stall_at:
+                self._storage_stalled.wait()
+            x = torch.randn(BATCH, FEATURES, generator=gen)
+            y = x.sum(dim=1, keepdim=True) * 0.1
+            if index == self._poison_at:
+                x[0, 0] = float("nan")
+            payload = torch.cat([x, y], dim=1).numpy().tobytes()
+            sock.sendall(self._HEADER.pack(index, len(payload)) + payload)
+            index += 1
+
+
+def keep_sockets_open(seconds: float) -> None:
+    """Hand this process's TCP sockets to a child that outlives it, so peers see no connection close."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.append(int(name))
+        except OSError:
+            continue
+    holder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "socket_holder.py")
+    # no RANK/LOCAL_RANK in its environment: it is not a rank, and must not be found as one
+    env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("HANGSCOPE_")}
+    subprocess.Popen([sys.executable, holder, str(seconds), *map(str, fds)], pass_fds=fds, env=env,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """Average gradients over all ranks: one flat all_reduce per step."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None:
+    rank = dist.get_rank()
+    culprit = rank == args.culprit
+    hang_step = args.hang_step + 1 if (culprit and args.scenario == "skip") else args.hang_step
+    torch.manual_seed(0)
+    model = TinyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = StreamingLoader(seed=rank,
+                             stall_at=args.hang_step if culprit and args.scenario == "dataloader" else None,
+                             poison_at=args.hang_step if culprit and args.scenario == "skip" else None)
+    forever = args.scenario in ("healthy", "netcut")
+    for step, batch in enumerate(loader):
+        inputs, targets = batch
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(inputs), targets)
+        if not torch.isfinite(loss):
+            # the bug the skip scenario shows: a rank-local decision to skip a step, and with it a collective
+            continue
+        loss.backward()
+        if culprit and args.scenario == "die" and step == args.hang_step:
+            report_ready("exit", step)
+            keep_sockets_open(args.timeout_hours * 3600)
+            os._exit(0)
+        if not forever and step == hang_step:
+            report_ready("all_reduce", step)
+        sync_gradients(model, groups[step % len(groups)])
+        optimizer.step()
+        if forever:
+            if step == READY_AFTER:
+                report_ready("training", step)
+            time.sleep(args.step_delay)  # a slow but progressing job, without burning the machine's CPU
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--scenario", choices=SCENARIOS, default="skip")
+    parser.add_argument("--culprit", type=int, default=None, help="rank that misbehaves (default: the last)")
+    parser.add_argument("--hang-step", type=int, default=3, help="step at which the job hangs (default 3)")
+    parser.add_argument("--step-delay", type=float, default=0.05, help="healthy/netcut: seconds per step")
+    parser.add_argument("--timeout-hours", type=float, default=2.0,
+                        help="process-group timeout: long, so a hang stays hung while it is investigated")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    timeout = timedelta(hours=args.timeout_hours)
+    dist.init_process_group("gloo", timeout=timeout)
+    world = dist.get_world_size()
+    if args.culprit is None:
+        args.culprit = world - 1
+    if not 0 <= args.culprit < world:
+        print(f"--culprit {args.culprit} is not a rank of this {world}-rank job", file=sys.stderr)
+        return 2
+    # two groups over the same ranks, used on alternate steps (see "skip" above)
+    groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
+    train(args, groups)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Session fixtures: the network-namespace SSH test cluster, extra clusters to break, and one shared hung job.
+
+Without root or a required tool, cluster tests are skipped with the reason; with env CI set they fail
+instead, so a machine that cannot run them never hides a failure in CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
+
+import cluster as cluster_mod  # noqa: E402
+import jobs as jobs_mod  # noqa: E402
+
+HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (env CI is set: cluster tests must run here, not be skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_cluster() -> None:
+    problem = cluster_mod.support_problem()
+    if problem:
+        _unavailable(problem)
+
+
+def require_torch() -> None:
+    if importlib.util.find_spec("torch") is None:
+        _unavailable(f"torch is not installed in {sys.executable} (pip install torch==2.13.0)")
+
+
+@pytest.fixture(scope="session")
+def cluster_support() -> None:
+    """Skips (fails in CI) when no cluster can be built here; for tests that build clusters themselves."""
+    require_cluster()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[cluster_mod.Cluster]:
+    """4 nodes, node01..node04, sshd on each; shared by the whole session: restore what you break."""
+    require_cluster()
+    built = cluster_mod.build_cluster(4)
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_factory() -> Iterator[Callable[..., cluster_mod.Cluster]]:
+    """make(n=2, prefix="node") -> a separate cluster; close it when done (the session closes leftovers)."""
+    built: list[cluster_mod.Cluster] = []
+
+    def make(n: int = 2, prefix: str = "node") -> cluster_mod.Cluster:
+        require_cluster()
+        built.append(cluster_mod.build_cluster(n, prefix=prefix))
+        return built[-1]
+
+    try:
+        yield make
+    finally:
+        for c in built:
+            c.close()
+
+
+@pytest.fixture
+def make_cluster(cluster_factory: Callable[..., cluster_mod.Cluster]) -> Iterator[Callable[..., cluster_mod.Cluster]]:
+    """make_cluster(n=2, prefix="node") -> a separate cluster for this test only, for tests that break nodes."""
+    built: list[cluster_mod.Cluster] = []
+
+    def make(n: int = 2, prefix: str = "node") -> cluster_mod.Cluster:
+        built.append(cluster_factory(n, prefix))
+        return built[-1]
+
+    try:
+        yield make
+    finally:
+        for c in built:
+            c.close()
+
+
+@pytest.fixture(scope="session")
+def hung_job(cluster: cluster_mod.Cluster) -> Iterator[jobs_mod.Job]:
+    """4 nodes x 2 ranks, scenario dataloader: rank 5 (node03, local rank 1) blocks reading its next batch at
+    step 3, the other 7 block in that step's all_reduce. Shared by the session: never stop or unblock it."""
+    require_torch()
+    job = jobs_mod.start_job(cluster, "dataloader", nodes=4, ranks_per_node=2, culprit=HUNG_JOB_CULPRIT)
+    try:
+        yield job
+    finally:
+        job.stop()
