@@ -260,3 +260,21 @@ async def test_missing_pyspy_is_pushed_from_the_login_node(ssh_cluster) -> None:
             await w.close()
     finally:
         link.symlink_to(target)
+
+
+async def test_network_cut_mid_session_is_lost_within_the_keepalive_deadline(ssh_cluster) -> None:
+    c = ssh_cluster
+    node = c["node01"]
+    w = await SshTransport(_opts(c, keepalive_interval=0.5, keepalive_count_max=2)).open("node01")
+    rule = ("INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP")
+    node.iptables("-I", *rule)
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TransportError) as err:
+            await w.call("ping", timeout=30)  # the request itself never gets an answer: keepalives decide
+        assert err.value.code == "lost" and "node01" in err.value.message
+        assert loop.time() - t0 < 5
+    finally:
+        node.iptables("-D", *rule)
+        await w.close(kill=True)
