@@ -20,12 +20,13 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import cluster_sweep as sweep
-from cluster_node import NODE_PATH, Node, NodeCommandError
+from cluster_node import NODE_PATH, Node, NodeCommandError, wait_until
 
-__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "NODE_PATH"]
+__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login", "poll", "NODE_PATH",
+           "SSHD"]
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
 SSHD = "/usr/sbin/sshd"  # sshd refuses to re-exec itself unless started by an absolute path
@@ -322,3 +323,11 @@ def run_login(argv: Sequence[str], cluster: Cluster, timeout: float = 60,
     """Run a login-side command (ssh, hangscope) with the cluster's environment; output captured as text."""
     return subprocess.run(list(argv), env=cluster.env(), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, **kw)
+
+
+T = TypeVar("T")
+
+
+def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll check() until truthy (returned), or TimeoutError naming `what`: tests wait this way, never sleep."""
+    return wait_until(check, timeout, what, interval)
