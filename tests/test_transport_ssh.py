@@ -278,3 +278,21 @@ async def test_network_cut_mid_session_is_lost_within_the_keepalive_deadline(ssh
     finally:
         node.iptables("-D", *rule)
         await w.close(kill=True)
+
+
+async def test_config_cannot_give_the_worker_a_pty_an_agent_or_our_environment(ssh_cluster, tmp_path,
+                                                                               monkeypatch) -> None:
+    c = ssh_cluster
+    monkeypatch.setenv("HANGSCOPE_TEST_SECRET", "do-not-send")
+    config = tmp_path / "config"
+    config.write_text("Host *\n    RequestTTY force\n    ForwardAgent yes\n    SendEnv *\n\n"
+                      + c.ssh_config.read_text())
+    w = await SshTransport(_opts(c, config_paths=(str(config),))).open("node02")
+    try:
+        assert (await w.call("ping", timeout=10))["pong"] is True  # a pty would have mangled the protocol
+        environ = Path(f"/proc/{c['node02'].host_pid(w.pid)}/environ").read_bytes().split(b"\0")
+        names = {e.split(b"=", 1)[0] for e in environ}
+        assert b"HANGSCOPE_TEST_SECRET" not in names and b"SSH_AUTH_SOCK" not in names
+        assert os.readlink(f"/proc/{c['node02'].host_pid(w.pid)}/fd/0").startswith("pipe:")
+    finally:
+        await w.close()

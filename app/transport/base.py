@@ -172,7 +172,7 @@ class WorkerConnection:
                 pass  # the channel is already gone: the stdout reader finds out why and fails the hello
             hello = await asyncio.wait_for(asyncio.shield(self._hello), max(0.0, t0 + timeout - time.monotonic()))
         except asyncio.TimeoutError:
-            err = TransportError("timeout", f"{self.name}: the worker did not start within {timeout:g} s"
+            err = TransportError("timeout", f"{self.name}: the worker did not start within {timeout:.1f} s"
                                  f"{self._stderr_note()}", phase="start",
                                  hint="the node is overloaded or its login shell is slow; retry or raise the deadline")
             await self.close(kill=True)

@@ -163,7 +163,9 @@ class SshTransport:
             known_hosts=known, client_factory=lambda: client, connect_timeout=None,
             login_timeout=o.login_timeout, keepalive_interval=o.keepalive_interval,
             keepalive_count_max=o.keepalive_count_max, client_keys=list(o.identity) if o.identity else (),
-            ignore_encrypted=True, password_auth=False, kbdint_auth=False))
+            ignore_encrypted=True, password_auth=False, kbdint_auth=False,
+            # the worker needs none of the user's agent, X11 or environment on the node, whatever the config
+            agent_forwarding=False, x11_forwarding=False))
         made = asyncio.ensure_future(client.made.wait())
         phase = "connect"
         timings: dict[str, float] = {}
@@ -232,7 +234,9 @@ class SshTransport:
         command = bootstrap.remote_command(self.options.python, payload.stage(self.options.worker_options))
         t0 = time.monotonic()
         try:
-            process = await asyncio.wait_for(conn.create_process(command, encoding=None),
+            # never a pty (RequestTTY in a config would mangle the binary protocol) and no SendEnv
+            process = await asyncio.wait_for(conn.create_process(command, encoding=None, request_pty=False,
+                                                                 term_type=None, send_env=None),
                                              self.options.start_timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise TransportError("ssh_error", f"{name}: the node did not start a session within "
