@@ -23,8 +23,10 @@ class WorkerProc:
     """One worker subprocess; replies are read by a thread so every wait has a deadline."""
 
     def __init__(self, python: str = sys.executable, isolated: bool = False,
-                 env: Optional[Dict[str, str]] = None, args: Sequence[str] = ("--log",)) -> None:
+                 env: Optional[Dict[str, str]] = None, args: Sequence[str] = ("--log",),
+                 prefix: Sequence[str] = ()) -> None:
         argv = [python, "-I", "-S", "-c", ISOLATED] if isolated else [python, "-m", "workers", *args]
+        argv = [*prefix, *argv]
         full_env = dict(os.environ, PYTHONPATH=REPO)
         full_env.update(env or {})
         self.proc = subprocess.Popen(argv, cwd=REPO, env=full_env, stdin=subprocess.PIPE,

@@ -7,6 +7,9 @@ import binascii
 import time
 from typing import Any, Dict
 
+from workers import discover as discovery
+from workers import procinfo
+from workers.collect import gpus
 from workers.request import OpError, Request
 
 
@@ -31,7 +34,23 @@ def push_tool(req: Request) -> Dict[str, Any]:
     return {"name": name, "path": tool.path}
 
 
+def discover(req: Request) -> Dict[str, Any]:
+    pids = req.arg_list("pids")
+    if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
+        raise OpError("bad_request", "discover: pids must be integers")
+    scan = discovery.Scan(procinfo.source(prefer_psutil=not req.worker.options.get("no_psutil")))
+    ranks = scan.ranks(pids)
+    req.check()
+    notes = scan.notes
+    use = gpus.query(req, notes) if ranks else {}
+    for rank in ranks:
+        rank["gpus"] = use.get(rank["pid"], [])
+        req.item(rank)
+    return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
+
+
 HANDLERS = {
+    "discover": discover,
     "ping": ping,
     "push_tool": push_tool,
 }

@@ -1,0 +1,124 @@
+"""Discovery through the real worker: ranks by environment and parentage, helpers, launchers, secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from worker_client import WorkerProc
+from worker_targets import PROG, Target, copy_as, rank_env, start_rank, wait_blocked
+from workers import discover, procinfo
+
+SECRET_TOKEN = "hf_" + "Q" * 34
+SECRET_PASSWORD = "hunter2-very-secret"
+
+
+def discover_all(w: WorkerProc, **args: object) -> tuple:
+    items, done = w.call("discover", dict(args))
+    assert done["type"] == "done", done
+    return {i["pid"]: i for i in items}, done["data"]
+
+
+def test_rank_found_and_data_loader_child_is_not_a_rank() -> None:
+    with start_rank(1, ["--helper"]) as t, WorkerProc() as w:
+        rank_pid, helper_pid = int(t.ready[0]), int(t.ready[1])
+        ranks, done = discover_all(w)
+        assert rank_pid in ranks and helper_pid not in ranks
+        r = ranks[rank_pid]
+        assert (r["rank"], r["local_rank"], r["world_size"]) == (1, 1, 2)
+        assert r["children"] == [helper_pid]
+        assert r["start_time"] == procinfo.start_time(rank_pid)
+        assert r["state"] == "S" and r["num_threads"] == 2 and r["rss"] > 1 << 20
+        assert r["exe"] == os.path.realpath(sys.executable) and r["uid"] == os.getuid()
+        assert r["cmdline"][1:] == [PROG, "rank", "--helper"]
+        assert ("RANK", "1") in [tuple(e) for e in r["env"]]
+        assert r["in_container"] is False and r["nspid"] is None
+        assert done["count"] == len(ranks) and done["scanned"] > 0 and done["unreadable"] == 0
+
+
+def test_launcher_is_named_and_not_counted(tmp_path: str) -> None:
+    # torchrun started by srun carries SLURM_PROCID like its ranks; it is the launcher, not a rank.
+    script = copy_as(str(tmp_path), "torchrun")
+    env = dict(os.environ, SLURM_PROCID="0")
+    with Target([sys.executable, script, "launcher", "2"], env=env) as t, WorkerProc() as w:
+        launcher_pid, kids = int(t.ready[0]), [int(p) for p in t.ready[1:]]
+        for k in kids:
+            wait_blocked(k)
+        ranks, _ = discover_all(w)
+        assert launcher_pid not in ranks
+        assert sorted(r["rank"] for p, r in ranks.items() if p in kids) == [0, 1]
+        for k in kids:
+            r = ranks[k]
+            assert r["launcher"] == "torchrun" and r["launcher_pid"] == launcher_pid
+            assert (r["master_addr"], r["master_port"], r["local_world_size"]) == ("127.0.0.1", 29555, 2)
+
+
+def test_secrets_in_argv_and_environment_never_leave_the_node() -> None:
+    env = {"HF_TOKEN": SECRET_TOKEN, "NCCL_IB_AUTH_TOKEN": SECRET_PASSWORD, "NCCL_DEBUG": "INFO",
+           "AWS_SECRET_ACCESS_KEY": SECRET_PASSWORD}
+    with start_rank(0, ["--password", SECRET_PASSWORD, "--hf_token=" + SECRET_TOKEN, "--lr", "0.1"], **env) \
+            as t, WorkerProc() as w:
+        items, done = w.call("discover")
+        text = json.dumps(items) + json.dumps(done)
+        assert SECRET_PASSWORD not in text and SECRET_TOKEN not in text
+        r = {i["pid"]: i for i in items}[int(t.ready[0])]
+        assert r["cmdline"][-6:] == ["rank", "--password", "***", "--hf_token=***", "--lr", "0.1"]
+        env_out = dict(tuple(e) for e in r["env"])
+        assert env_out["NCCL_IB_AUTH_TOKEN"] == "***" and env_out["NCCL_DEBUG"] == "INFO"
+        assert "HF_TOKEN" not in env_out and "AWS_SECRET_ACCESS_KEY" not in env_out  # not allowlisted
+
+
+def test_the_workers_own_tree_is_skipped_even_with_rank_variables() -> None:
+    # e.g. the worker run by hand inside an srun allocation: its shell and itself carry SLURM_PROCID.
+    with WorkerProc(env={"RANK": "0", "SLURM_PROCID": "0"}) as w:
+        ranks, _ = discover_all(w)
+        assert w.proc.pid not in ranks
+
+
+def test_pids_argument_reports_exactly_those() -> None:
+    with start_rank(0, ["--helper"]) as t, WorkerProc() as w:
+        helper_pid = int(t.ready[1])
+        ranks, done = discover_all(w, pids=[helper_pid, 999999999])
+        assert list(ranks) == [helper_pid] and done["count"] == 1
+
+
+def test_psutil_and_procfs_find_the_same_ranks() -> None:
+    with start_rank(0, ["--helper"]) as t0, start_rank(1) as t1:
+        by_source = []
+        for src in (procinfo.PsutilSource(), procinfo.ProcfsSource()):
+            found = discover.Scan(src, me=-1).ranks()  # the targets are in this test's own tree
+            by_source.append({r["pid"]: r for r in found if r["pid"] in (t0.pid, t1.pid)})
+        assert len(by_source[0]) == 2
+        assert by_source[0] == by_source[1]
+        # and through the worker: a stdlib-only worker (no psutil) reports what a psutil one does
+        with WorkerProc() as w, WorkerProc(python="/usr/bin/python3", isolated=True) as wi:
+            assert w.hello["psutil"] and not wi.hello["psutil"]
+            a, _ = discover_all(w)
+            b, _ = discover_all(wi)
+            for pid in (t0.pid, t1.pid):
+                assert {k: v for k, v in a[pid].items() if k != "cpu_time"} == \
+                    {k: v for k, v in b[pid].items() if k != "cpu_time"}
+
+
+def test_a_process_gone_mid_scan_is_gone_for_both_sources() -> None:
+    t = start_rank(0)
+    pid = t.pid
+    t.kill()
+    for src in (procinfo.PsutilSource(), procinfo.ProcfsSource()):
+        with pytest.raises(procinfo.Gone):
+            src.read(pid)
+
+
+def test_other_users_processes_are_counted_as_unreadable() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the worker as another user")
+    with start_rank(0) as t, WorkerProc(python="/usr/bin/python3", isolated=True,
+                                        prefix=["setpriv", "--reuid=65534", "--regid=65534",
+                                                "--clear-groups"]) as w:
+        ranks, done = discover_all(w)
+        assert t.pid not in ranks
+        assert done["unreadable"] >= 1
+        assert any("could not be inspected" in n and "--sudo" in n for n in done["notes"])

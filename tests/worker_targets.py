@@ -1,0 +1,116 @@
+"""Test helper (engineer B's worker tests): start stand-in rank processes and wait, with deadlines, until
+they are blocked; every one is killed (with its whole process group) when the context ends."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROG = os.path.join(HERE, "worker_target_prog.py")
+READ_SYSCALLS = {"0", "63"}  # read(2) on x86_64, aarch64
+
+
+class Target:
+    """A process group started from argv; `ready` holds the words after "ready" on its first line."""
+
+    def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 30) -> None:
+        self.proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        try:
+            self.ready = self._ready_line(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _ready_line(self, timeout: float) -> List[str]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("target %r not ready in %ss" % (self.proc.args, timeout))
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("target exited before it was ready: %r" % (self.proc.args,))
+            buf += chunk
+        words = buf.split(b"\n", 1)[0].decode().split()
+        assert words[0] == "ready", words
+        return words[1:]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def rank_env(rank: int, **extra: str) -> Dict[str, str]:
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    env.update(extra)
+    return env
+
+
+def start_rank(rank: int = 0, args: Sequence[str] = (), python: str = sys.executable,
+               prefix: Sequence[str] = (), **env: str) -> Target:
+    t = Target([*prefix, python, PROG, "rank", *args], env=rank_env(rank, **env))
+    wait_blocked(int(t.ready[0]))
+    return t
+
+
+def proc_state(pid: int) -> str:
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def tracer_pid(pid: int) -> int:
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    return 0
+
+
+def wait_blocked(pid: int, timeout: float = 20) -> None:
+    """Poll until every thread of pid sits in read(2): then its stacks are deterministic."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+            calls = []
+            for tid in tids:
+                with open("/proc/%d/task/%s/syscall" % (pid, tid)) as f:
+                    calls.append(f.read().split()[0])
+            if calls and all(c in READ_SYSCALLS for c in calls):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("pid %d never blocked in read" % pid)
+        time.sleep(0.01)
+
+
+def copy_as(tmp: str, name: str) -> str:
+    """The target program under another file name (a launcher recognised by its script name)."""
+    path = os.path.join(tmp, name)
+    shutil.copy(PROG, path)
+    return path

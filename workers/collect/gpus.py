@@ -1,0 +1,61 @@
+"""Which GPUs each process holds, from nvidia-smi (when the node has it), under a deadline."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from workers.request import Request
+
+_TIMEOUT = 5.0
+
+
+def parse_apps(text: str) -> List[Dict[str, Any]]:
+    """`--query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits` lines."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or not parts[0].isdigit():
+            continue
+        used: Optional[int] = int(parts[2]) if parts[2].isdigit() else None
+        out.append({"pid": int(parts[0]), "uuid": parts[1], "used_mib": used})
+    return out
+
+
+def parse_gpus(text: str) -> Dict[str, Dict[str, Any]]:
+    """`--query-gpu=index,uuid,name --format=csv,noheader` lines, by uuid."""
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",", 2)]
+        if len(parts) < 3:
+            continue
+        out[parts[1]] = {"index": int(parts[0]) if parts[0].isdigit() else None, "name": parts[2]}
+    return out
+
+
+def by_pid(apps_text: str, gpus_text: str) -> Dict[int, List[Dict[str, Any]]]:
+    """GpuUse dicts per pid."""
+    gpus = parse_gpus(gpus_text)
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for app in parse_apps(apps_text):
+        info = gpus.get(app["uuid"], {})
+        out.setdefault(app["pid"], []).append({"index": info.get("index"), "uuid": app["uuid"],
+                                               "name": info.get("name", ""), "used_mib": app["used_mib"]})
+    return out
+
+
+def query(req: Request, notes: List[str]) -> Dict[int, List[Dict[str, Any]]]:
+    """GPU use per pid; empty without nvidia-smi. A failing or hanging nvidia-smi becomes a note."""
+    tool, _ = req.worker.tools.find("nvidia-smi")
+    if tool is None:
+        return {}
+    texts = []
+    for query_args in (["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+                       ["--query-gpu=index,uuid,name", "--format=csv,noheader"]):
+        res = req.run([tool.path] + query_args, _TIMEOUT, max_stdout=1 << 20)
+        if res.timed_out or res.returncode != 0:
+            why = "timed out after %.0fs" % _TIMEOUT if res.timed_out else \
+                res.stderr.decode("utf-8", "replace").strip()[:200] or res.stdout.decode("utf-8", "replace")[:200]
+            notes.append("nvidia-smi failed, GPU use not shown: %s" % why)
+            return {}
+        texts.append(res.stdout.decode("utf-8", "replace"))
+    return by_pid(texts[0], texts[1])

@@ -1,0 +1,238 @@
+"""Finding the ranks of a distributed job on this node by environment and parentage, never by name patterns.
+
+A rank is a Python process whose environment carries a rank variable (RANK, LOCAL_RANK, OMPI_COMM_WORLD_RANK,
+PMI_RANK, SLURM_PROCID). Helpers that inherit a rank's environment (data-loader workers, compile workers) are
+listed as that rank's children, and a launcher that itself carries SLURM_PROCID (torchrun under srun) is not
+a rank. The worker's own process tree (its shell, its tools) is never considered.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from workers import procinfo
+from workers.procinfo import Gone, Proc
+from workers.redact import redact_argv, redact_env_value, secret_name
+
+RANK_VARS = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+ENV_ALLOW = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+             "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+             "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
+             "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_DISTRIBUTED_DEBUG")
+ENV_ALLOW_PREFIXES = ("TORCHELASTIC_", "NCCL_")
+
+# Launchers recognised in an ancestor's command line: (argv[0] basename or script basename, -m module).
+_LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelerate": "accelerate",
+                     "srun": "srun", "slurmstepd": "srun", "mpirun": "mpirun", "mpiexec": "mpirun",
+                     "orterun": "mpirun", "prterun": "mpirun", "orted": "mpirun", "prted": "mpirun",
+                     "hydra_pmi_proxy": "mpirun", "mpiexec.hydra": "mpirun"}
+_LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+                     "deepspeed.launcher.launch": "deepspeed", "deepspeed.launcher.runner": "deepspeed",
+                     "accelerate.commands.launch": "accelerate", "accelerate.commands.accelerate_cli":
+                     "accelerate"}
+
+
+def is_python(p: Proc) -> bool:
+    names = [os.path.basename(p.exe)] if p.exe else []
+    if p.cmdline:
+        names.append(os.path.basename(p.cmdline[0]))
+    return any(n.startswith("python") for n in names)
+
+
+def identity(env: Dict[str, str]) -> Tuple[Optional[str], ...]:
+    return tuple(env.get(v) for v in RANK_VARS)
+
+
+def is_rank_env(env: Optional[Dict[str, str]]) -> bool:
+    return bool(env) and any(v in env for v in RANK_VARS)  # type: ignore[operator]
+
+
+def launcher_name(p: Proc) -> Optional[str]:
+    argv = p.cmdline
+    for arg in argv[:2]:  # `torchrun ...` or `python3 /usr/bin/torchrun ...`
+        name = _LAUNCHER_SCRIPTS.get(os.path.basename(arg))
+        if name:
+            return name
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m":
+            return _LAUNCHER_MODULES.get(argv[i + 1])
+    exe = _LAUNCHER_SCRIPTS.get(os.path.basename(p.exe)) if p.exe else None
+    return exe
+
+
+def _int(env: Dict[str, str], *names: str) -> Optional[int]:
+    for n in names:
+        try:
+            return int(env[n])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def allowed_env(env: Dict[str, str]) -> List[Tuple[str, str]]:
+    out = []
+    for name in sorted(env):
+        if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES):
+            out.append((name, redact_env_value(name, env[name]) if name.startswith("NCCL_")
+                        or secret_name(name) else env[name]))
+    return out
+
+
+def own_tree(procs: Dict[int, Proc], me: int) -> Set[int]:
+    """The worker, its ancestors (the shell that started it) and all its descendants (its tools)."""
+    tree = {me}
+    pid = me
+    while pid in procs and procs[pid].ppid and pid not in (0, 1):
+        pid = procs[pid].ppid
+        tree.add(pid)
+    kids: Dict[int, List[int]] = {}
+    for p in procs.values():
+        kids.setdefault(p.ppid, []).append(p.pid)
+    stack = [me]
+    while stack:
+        for child in kids.get(stack.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                stack.append(child)
+    return tree
+
+
+class Scan:
+    """One pass over the node's processes."""
+
+    def __init__(self, source: Any = None, me: Optional[int] = None) -> None:
+        self.source = source or procinfo.source()
+        self.me = os.getpid() if me is None else me
+        self.procs: Dict[int, Proc] = {}
+        self.unreadable = 0
+        self.notes: List[str] = []
+
+    def _load(self) -> None:
+        for pid in self.source.pids():
+            try:
+                p = self.source.read(pid, with_environ=False)
+            except (Gone, OSError):
+                continue  # exited mid-scan, or unreadable stat (hidepid): not ours to inspect
+            self.procs[pid] = p
+        skip = own_tree(self.procs, self.me)
+        for pid in list(self.procs):
+            if pid in skip:
+                del self.procs[pid]
+                continue
+            p = self.procs[pid]
+            if not is_python(p):
+                continue
+            try:
+                full = self.source.read(pid, with_environ=True)
+            except (Gone, OSError):
+                del self.procs[pid]
+                continue
+            if full.start_time != p.start_time:  # pid reused between the two reads
+                del self.procs[pid]
+                continue
+            self.procs[pid] = full
+            if full.environ_denied:
+                self.unreadable += 1
+
+    def ranks(self, pids: Optional[Iterable[int]] = None) -> List[Dict[str, Any]]:
+        """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not."""
+        self._load()
+        ranks = {pid for pid, p in self.procs.items() if is_python(p) and is_rank_env(p.environ)}
+        helpers: Dict[int, List[int]] = {}
+        for pid in sorted(ranks):
+            owner = self._helper_of(pid, ranks)
+            if owner is not None:
+                helpers.setdefault(owner, []).append(pid)
+        for kids in helpers.values():
+            ranks.difference_update(kids)
+        # A launcher started by srun carries SLURM_PROCID like its ranks: a rank child with the same value.
+        for pid in list(ranks):
+            env = self.procs[pid].environ or {}
+            procid = env.get("SLURM_PROCID")
+            if procid is not None and any(
+                    self.procs[c].ppid == pid and (self.procs[c].environ or {}).get("SLURM_PROCID") == procid
+                    for c in ranks if c != pid):
+                ranks.discard(pid)
+        if pids is not None:
+            wanted = set(pids)
+            ranks = {p for p in wanted if p in self.procs}
+        if self.unreadable:
+            self.notes.append("%d python processes of other users could not be inspected: run as their user "
+                              "or with --sudo" % self.unreadable)
+        return [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+
+    def _helper_of(self, pid: int, ranks: Set[int]) -> Optional[int]:
+        """The rank this process helps: its nearest rank ancestor, when that one has the same identity."""
+        me = identity(self.procs[pid].environ or {})
+        cur = self.procs[pid].ppid
+        owner = None
+        for _ in range(64):
+            p = self.procs.get(cur)
+            if p is None:
+                break
+            if cur in ranks:
+                if identity(p.environ or {}) != me:
+                    break
+                owner = cur  # keep climbing: a helper's helper belongs to the top rank process
+            cur = p.ppid
+        return owner
+
+    def _launcher(self, p: Proc) -> Tuple[str, Optional[int]]:
+        cur = p.ppid
+        for _ in range(64):
+            a = self.procs.get(cur)
+            if a is None:
+                a = self._peek(cur)
+            if a is None:
+                break
+            name = launcher_name(a)
+            if name:
+                return name, cur
+            cur = a.ppid
+        parent = self.procs.get(p.ppid) or self._peek(p.ppid)
+        if parent is not None and is_python(parent):
+            return "python", p.ppid
+        return "", None
+
+    def _peek(self, pid: int) -> Optional[Proc]:
+        if pid <= 0:
+            return None
+        try:
+            p = self.source.read(pid, with_environ=False)
+        except (Gone, OSError):
+            return None
+        self.procs[pid] = p
+        return p
+
+    def _describe(self, pid: int, children: List[int]) -> Dict[str, Any]:
+        p = self.procs[pid]
+        env = p.environ or {}
+        launcher, launcher_pid = self._launcher(p)
+        status = procinfo.status_lines(pid)
+        nspids = status.get("NSpid", "").split()
+        nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() and int(nspids[-1]) != pid else None
+        return {
+            "pid": pid, "start_time": p.start_time,
+            "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+            "local_rank": _int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                               "SLURM_LOCALID"),
+            "world_size": _int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+            "group_rank": _int(env, "GROUP_RANK"),
+            "local_world_size": _int(env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+            "master_addr": env.get("MASTER_ADDR", ""),
+            "master_port": _int(env, "MASTER_PORT"),
+            "launcher": launcher, "launcher_pid": launcher_pid, "ppid": p.ppid,
+            "cmdline": redact_argv(p.cmdline), "exe": p.exe, "uid": p.uid, "user": procinfo.user_name(p.uid),
+            "state": p.state, "wchan": procinfo.wchan(pid), "num_threads": p.num_threads,
+            "cpu_time": p.cpu_time, "rss": p.rss, "gpus": [], "env": allowed_env(env),
+            "nspid": nspid, "in_container": in_container(pid, self.me), "children": sorted(children),
+        }
+
+
+def in_container(pid: int, me: int) -> bool:
+    for kind in ("pid", "mnt"):
+        theirs = procinfo.namespace(pid, kind)
+        if theirs is not None and theirs != procinfo.namespace(me, kind):
+            return True
+    return False
