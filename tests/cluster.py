@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -30,7 +31,8 @@ __all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_prob
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
 SSHD = "/usr/sbin/sshd"  # sshd refuses to re-exec itself unless started by an absolute path
-PYSPY = Path(os.path.dirname(os.path.realpath(shutil.which("python3") or "/usr/bin/python3"))) / "py-spy"
+# py-spy as pip installs it next to the test's python (a static binary); nodes get it on their PATH
+PYSPY = Path(sys.executable).resolve().parent / "py-spy"
 
 # Runs as the node's first process (PID 1 of the new PID namespace, in its new mount namespace; mount
 # propagation is private, so none of this is seen outside the node). $1 hostname, $2 the node's directory.

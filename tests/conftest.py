@@ -46,6 +46,12 @@ def cluster_support() -> None:
 
 
 @pytest.fixture(scope="session")
+def torch_support() -> None:
+    """Skips (fails in CI) when torch, which the demo job's ranks need, is not installed."""
+    require_torch()
+
+
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[cluster_mod.Cluster]:
     """4 nodes, node01..node04, sshd on each; shared by the whole session: restore what you break."""
     require_cluster()

@@ -128,7 +128,7 @@ class Job:
 
     def wait_blocked(self, timeout: float = 60) -> None:
         """Wait until every live rank's main thread sleeps in one syscall, unchanged, and exited ranks are gone."""
-        first_seen: dict[int, tuple[tuple[str, str, int], float]] = {}
+        first_seen: dict[int, tuple[tuple[str, str, int, int], float]] = {}
 
         def all_blocked() -> bool:
             now, done = time.monotonic(), True
@@ -143,7 +143,7 @@ class Job:
                 if seen is None or seen[0] != sample:
                     first_seen[rank] = (sample, now)
                     seen = first_seen[rank]
-                state, syscall, _ = sample
+                state, syscall = sample[0], sample[1]
                 done = done and state in "SD" and syscall != "running" and now - seen[1] >= BLOCKED_FOR
             return done
 
@@ -180,16 +180,23 @@ def _host_pid(place: Place, pid: int) -> int:
     raise ProcessLookupError(pid)
 
 
-def _main_thread(host_pid: int) -> tuple[str, str, int] | None:
-    """(state, syscall or "running", user+system ticks) of a process's main thread; None once it is gone."""
+def _main_thread(host_pid: int) -> tuple[str, str, int, int] | None:
+    """(state, syscall or "running", cpu ticks, context switches) of a process's main thread; None once gone.
+
+    A thread blocked in one call keeps all four unchanged; a thread that keeps waking up (a healthy job's
+    sleep between steps) changes its context-switch count every time, however short its work.
+    """
+    task = f"/proc/{host_pid}/task/{host_pid}"
     try:
-        stat = Path(f"/proc/{host_pid}/task/{host_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        syscall = Path(f"/proc/{host_pid}/task/{host_pid}/syscall").read_text().split()[0]
+        stat = Path(f"{task}/stat").read_text().rsplit(")", 1)[1].split()
+        syscall = Path(f"{task}/syscall").read_text().split()[0]
+        status = Path(f"{task}/status").read_text()
     except (OSError, IndexError):
         return None
     if stat[0] in "ZX":
         return None
-    return stat[0], syscall, int(stat[11]) + int(stat[12])
+    switches = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return stat[0], syscall, int(stat[11]) + int(stat[12]), switches
 
 
 def _alive(host_pid: int) -> bool:

@@ -183,7 +183,7 @@ def test_hung_job_ranks_are_blocked_where_the_scenario_says(hung_job: Job, clust
         assert loc.node == f"node{rank // 2 + 1:02d}" and loc.local_rank == rank % 2
         assert loc.step == 3
         assert loc.where == ("data_loading" if rank == hung_job.culprit else "all_reduce")
-        state, syscall, _ = _main_thread(loc.host_pid) or ("gone", "", 0)
+        state, syscall, *_ = _main_thread(loc.host_pid) or ("gone", "")
         assert state == "S" and syscall != "running", (rank, state, syscall)
         dump = cluster[loc.node].run(["py-spy", "dump", "--pid", str(loc.pid)], timeout=30).stdout
         assert "train (app/demo/job.py:" in dump
