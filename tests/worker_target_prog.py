@@ -44,6 +44,19 @@ def rank(args):
     train(["a", "b", "c", "d", "e"])
 
 
+def busy(args):
+    """A rank whose second thread polls with a 1 ms timeout forever: a steady stream of syscalls for strace."""
+    import select
+
+    def poll_forever():
+        while True:
+            select.select([BLOCK_R], [], [], 0.001)
+
+    threading.Thread(target=poll_forever, name="poller", daemon=True).start()
+    print("ready %d" % os.getpid(), flush=True)
+    wait_forever("busy")
+
+
 def launcher(args):
     """Starts N rank children with RANK/LOCAL_RANK set, like torchrun; reports their pids once ready."""
     import subprocess
@@ -61,4 +74,4 @@ def launcher(args):
 
 
 if __name__ == "__main__":
-    {"rank": rank, "launcher": launcher}[sys.argv[1]](sys.argv[2:])
+    {"rank": rank, "launcher": launcher, "busy": busy}[sys.argv[1]](sys.argv[2:])

@@ -114,3 +114,27 @@ def copy_as(tmp: str, name: str) -> str:
     path = os.path.join(tmp, name)
     shutil.copy(PROG, path)
     return path
+
+
+def wait_until(predicate, timeout: float = 20, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll predicate() until it returns something truthy (returned), or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s not reached within %ss" % (what, timeout))
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return proc_state(pid) not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def untouched(pid: int) -> bool:
+    """Not stopped and not traced: what every tool must leave behind."""
+    return proc_state(pid) not in ("T", "t") and tracer_pid(pid) == 0

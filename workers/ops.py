@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+import queue
+import threading
 import time
 from typing import Any, Dict
 
 from workers import discover as discovery
 from workers import procinfo
-from workers.collect import gpus
-from workers.request import OpError, Request
+from workers.collect import gpus, pyspy, sockets, traced
+from workers.hello import cpu_count
+from workers.protocol import error_dict
+from workers.request import Cancelled, OpError, Request
 
 
 def ping(req: Request) -> Dict[str, Any]:
@@ -43,13 +48,88 @@ def discover(req: Request) -> Dict[str, Any]:
     req.check()
     notes = scan.notes
     use = gpus.query(req, notes) if ranks else {}
+    ss_by_ns: Dict[str, Any] = {}
     for rank in ranks:
         rank["gpus"] = use.get(rank["pid"], [])
+        netns = procinfo.namespace(rank["pid"], "net") or ""
+        if netns not in ss_by_ns:
+            ss_by_ns[netns] = _ss(req, rank["pid"], netns)
+        rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns])
         req.item(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
 
 
+def _ss(req: Request, pid: int, netns: str) -> Dict[Any, Any]:
+    """`ss -tin` details in the network namespace of pid (entered with nsenter when it is not ours)."""
+    ss, _ = req.worker.tools.find("ss")
+    if ss is None:
+        return {}
+    argv = [ss.path, "-tinHn"]
+    if netns and netns != procinfo.namespace(os.getpid(), "net"):
+        nsenter, _ = req.worker.tools.find("nsenter")
+        if nsenter is None:
+            return {}
+        argv = [nsenter.path, "-t", str(pid), "-n", "--"] + argv
+    try:
+        res = req.run(argv, 3.0, max_stdout=16 << 20)
+    except OSError:
+        return {}
+    if res.returncode != 0:
+        return {}
+    return sockets.parse_ss(res.stdout.decode("utf-8", "replace"))
+
+
+def dump(req: Request) -> Dict[str, Any]:
+    """py-spy on every target concurrently (bounded), one item per target as soon as it is done."""
+    started = time.monotonic()
+    opts = pyspy.DumpOptions(req)
+    targets = req.arg_list("targets") or []
+    todo: "queue.Queue[tuple]" = queue.Queue()
+    for t in targets:
+        pid = t.get("pid") if isinstance(t, dict) else None
+        st = t.get("start_time") if isinstance(t, dict) else None
+        if isinstance(pid, bool) or not isinstance(pid, int) or not (st is None or isinstance(st, int)):
+            raise OpError("bad_request", "dump: each target needs an integer pid and start_time, got %r" % (t,))
+        todo.put((pid, st))
+    workers = min(len(targets), req.arg_int("concurrency") or cpu_count()) or 1
+
+    def work() -> None:
+        while not req.cancelled.is_set():
+            try:
+                pid, st = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                item = pyspy.dump(req, pid, st, opts)
+            except Cancelled:
+                return
+            except Exception as exc:  # a bug on one target must not lose the others: report it on this one
+                item = {"pid": pid, "start_time": st, "ok": False,
+                        "error": error_dict("internal", "%s: %s" % (type(exc).__name__, exc))}
+            req.item(item)
+
+    threads = [threading.Thread(target=work, name="dump-%d-%d" % (req.id, i), daemon=True)
+               for i in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    req.check()
+    return {"count": len(targets), "elapsed": round(time.monotonic() - started, 4)}
+
+
+def strace(req: Request) -> Dict[str, Any]:
+    return traced.strace(req)
+
+
+def gdb(req: Request) -> Dict[str, Any]:
+    return traced.gdb(req)
+
+
 HANDLERS = {
+    "dump": dump,
+    "strace": strace,
+    "gdb": gdb,
     "discover": discover,
     "ping": ping,
     "push_tool": push_tool,

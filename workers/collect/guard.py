@@ -1,0 +1,116 @@
+"""The safety checks around every ptrace tool: the right process, not already traced, never left stopped.
+
+Before a tool: the pid must still be the process that was discovered (start time), be alive, and have no
+tracer. After: a target left stopped by the tool (and not stopped before) gets SIGCONT. A per-pid lock keeps
+two ptrace tools of this worker (from concurrent requests) off one process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Dict, Optional, Tuple
+
+from workers import procinfo
+
+
+class CollectError(Exception):
+    """Collection on one target cannot go on: target_exited, target_changed, already_traced, tool_missing."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def comm(pid: int) -> str:
+    try:
+        return procinfo.read_file("/proc/%d/comm" % pid, 256).decode("utf-8", "replace").strip()
+    except OSError:
+        return "?"
+
+
+def tracer_pid(pid: int) -> int:
+    value = procinfo.status_lines(pid).get("TracerPid", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def state(pid: int) -> str:
+    """The one-letter state, or "" when the process is gone."""
+    try:
+        return procinfo.stat_fields(pid)[2]
+    except (procinfo.Gone, OSError, IndexError):
+        return ""
+
+
+def check_before(pid: int, start_time: Optional[int], allow_tracer: bool = False) -> str:
+    """The target's state letter; raises CollectError when it must not be touched."""
+    try:
+        fields = procinfo.stat_fields(pid)
+    except (procinfo.Gone, OSError):
+        raise CollectError("target_exited", "pid %d is gone" % pid)
+    if start_time is not None and int(fields[21]) != start_time:
+        raise CollectError("target_changed", "pid %d started at tick %s, not %d: it is another process now"
+                          % (pid, fields[21], start_time))
+    if fields[2] in ("Z", "X"):
+        raise CollectError("target_exited", "pid %d has exited (zombie)" % pid)
+    if not allow_tracer:
+        tracer = tracer_pid(pid)
+        if tracer:
+            raise CollectError("already_traced", "pid %d is already traced by PID %d (%s)"
+                              % (pid, tracer, comm(tracer)))
+    return fields[2]
+
+
+def check_after(pid: int, before: str) -> Tuple[str, bool]:
+    """(state after, resumed): SIGCONT a target the tool left stopped when it was not stopped before."""
+    # The tool has been reaped, so the kernel has detached it; give a detach in flight a moment to land.
+    deadline = time.monotonic() + 0.5
+    while tracer_pid(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    after = state(pid)
+    if after in ("T", "t") and before not in ("T", "t"):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            return after, False
+        return state(pid) or after, True
+    return after, False
+
+
+_locks: Dict[int, str] = {}
+_locks_guard = threading.Lock()
+
+
+class Exclusive:
+    """`with Exclusive(pid, "strace"):` — raises CollectError(already_traced) if this worker already runs a
+    ptrace tool on pid (the kernel allows one tracer; a second would fail in a less clear way)."""
+
+    def __init__(self, pid: int, what: str) -> None:
+        self.pid = pid
+        self.what = what
+
+    def __enter__(self) -> "Exclusive":
+        with _locks_guard:
+            holder = _locks.get(self.pid)
+            if holder is not None:
+                raise CollectError("already_traced", "pid %d is already being traced by this worker (%s)"
+                                  % (self.pid, holder))
+            _locks[self.pid] = self.what
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _locks_guard:
+            _locks.pop(self.pid, None)
+
+
+class Shared:
+    """The no-op counterpart of Exclusive, for tools that read memory without attaching."""
+
+    def __enter__(self) -> "Shared":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None

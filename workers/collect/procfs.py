@@ -1,0 +1,86 @@
+"""Per-thread facts from /proc that need no ptrace: state, wchan, current syscall, kernel stack.
+
+These still show where a rank waits when py-spy is denied (ptrace_scope, other users) or fails.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any, Dict, List, Optional
+
+from workers import procinfo
+
+# Syscalls a hung rank is typically blocked in, by number, for the two architectures clusters run.
+_X86_64 = {0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 16: "ioctl", 17: "pread64", 19: "readv",
+           23: "select", 24: "sched_yield", 34: "pause", 35: "nanosleep", 40: "sendfile", 42: "connect",
+           43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4",
+           65: "semop", 70: "msgrcv", 73: "flock", 74: "fsync", 128: "rt_sigtimedwait", 130: "rt_sigsuspend",
+           202: "futex", 208: "io_getevents", 219: "restart_syscall", 220: "semtimedop", 230: "clock_nanosleep",
+           232: "epoll_wait", 247: "waitid", 257: "openat", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
+           288: "accept4", 299: "recvmmsg", 307: "sendmmsg", 318: "getrandom", 426: "io_uring_enter",
+           441: "epoll_pwait2", 449: "futex_waitv"}
+_AARCH64 = {4: "io_getevents", 22: "epoll_pwait", 29: "ioctl", 32: "flock", 56: "openat", 57: "close",
+            63: "read", 64: "write", 65: "readv", 67: "pread64", 72: "pselect6", 73: "ppoll", 82: "fsync",
+            95: "waitid", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield",
+            128: "restart_syscall", 133: "rt_sigsuspend", 137: "rt_sigtimedwait", 188: "msgrcv",
+            192: "semtimedop", 193: "semop", 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom",
+            211: "sendmsg", 212: "recvmsg", 222: "mmap", 242: "accept4", 243: "recvmmsg", 260: "wait4",
+            269: "sendmmsg", 278: "getrandom", 426: "io_uring_enter", 441: "epoll_pwait2", 449: "futex_waitv"}
+SYSCALLS = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+
+
+def syscall_name(text: str, machine: Optional[str] = None) -> str:
+    """First field of /proc/PID/task/TID/syscall as a name: "futex", "running", "" (not in a syscall),
+    or "syscall_N" for numbers outside the table."""
+    fields = text.split()
+    if not fields:
+        return ""
+    if fields[0] == "running":
+        return "running"
+    try:
+        nr = int(fields[0])
+    except ValueError:
+        return ""
+    if nr < 0:
+        return ""  # blocked, but not inside a system call
+    table = SYSCALLS.get(machine or platform.machine(), {})
+    return table.get(nr, "syscall_%d" % nr)
+
+
+def _read(path: str, limit: int = 4096) -> Optional[str]:
+    try:
+        return procinfo.read_file(path, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def thread(pid: int, tid: int) -> Optional[Dict[str, Any]]:
+    base = "/proc/%d/task/%d/" % (pid, tid)
+    stat = _read(base + "stat")
+    if stat is None:
+        return None  # the thread exited meanwhile
+    fields = procinfo.parse_stat(stat.encode())
+    syscall = _read(base + "syscall")
+    stack = _read(base + "stack", 16384)
+    return {
+        "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid),
+        "syscall": syscall_name(syscall) if syscall else "",
+        "syscall_raw": (syscall or "").strip()[:200],
+        # "[<0>] futex_wait_queue+0x6c/0xb0": keep the symbol, drop the address part
+        "kernel_stack": [line.split("] ", 1)[-1].strip() for line in stack.splitlines()] if stack else [],
+    }
+
+
+def collect(pid: int) -> Dict[str, Any]:
+    """{"threads": [...]} for every thread of pid (empty when the process is gone or /proc is hidden)."""
+    try:
+        tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % pid) if t.isdigit())
+    except OSError:
+        return {"threads": []}
+    threads: List[Dict[str, Any]] = []
+    for tid in tids:
+        info = thread(pid, tid)
+        if info is not None:
+            threads.append(info)
+    return {"threads": threads}

@@ -1,0 +1,189 @@
+"""One py-spy dump of one target, with the state checks around it, failures classified, and /proc data
+collected first so that a denied or failed dump still shows where the threads wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from workers import loops as loopinfo
+from workers.collect import guard, procfs, runas
+from workers.collect.guard import CollectError
+from workers.procinfo import status_lines
+from workers.protocol import error_dict
+from workers.redact import redact_text, secret_value
+from workers.request import Cancelled, Request
+
+DEFAULT_TIMEOUT = 10.0
+
+
+class DumpOptions:
+    def __init__(self, req: Request) -> None:
+        self.native = req.arg_bool("native")
+        self.locals = req.arg_bool("locals")
+        # py-spy refuses --native with --nonblocking; native was asked for explicitly, so it wins.
+        self.nonblocking = req.arg_bool("nonblocking") and not self.native
+        self.timeout = req.arg_float("timeout", DEFAULT_TIMEOUT) or DEFAULT_TIMEOUT
+        self.loops = req.arg_bool("loops")
+        ctx = req.arg_int("source_context", 3)
+        self.source_context = -1 if ctx is None else min(ctx, 50)
+        self.sudo = req.sudo
+
+
+def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
+    """(in another pid or mount namespace, the pid as seen inside its pid namespace)."""
+    nspids = status_lines(pid).get("NSpid", "").split()
+    nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
+    other = False
+    for kind in ("pid", "mnt"):
+        try:
+            if os.readlink("/proc/%d/ns/%s" % (pid, kind)) != os.readlink("/proc/self/ns/%s" % kind):
+                other = True
+        except OSError:
+            pass
+    return other, (nspid if nspid != pid else None)
+
+
+def classify(stderr: str, pid: int) -> Tuple[str, str]:
+    """(code, message) for a failed py-spy run, from its stderr (the Rust backtrace is skipped)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    meaningful = [ln for ln in lines if not (ln.startswith("Stack backtrace") or ln[0].isdigit()
+                                             or ln.startswith("at ") or ln.startswith("Caused by"))]
+    first = meaningful[0] if meaningful else "py-spy failed without a message"
+    text = stderr.lower()
+    if not os.path.exists("/proc/%d" % pid):
+        return "target_exited", "pid %d exited during the dump: %s" % (pid, first)
+    if "permission denied" in text or "operation not permitted" in text:
+        scope = _ptrace_scope()
+        return "ptrace_denied", ("py-spy may not trace pid %d (worker uid %d, kernel.yama.ptrace_scope=%s): %s"
+                                 % (pid, os.getuid(), "absent" if scope is None else scope, first))
+    return "tool_failed", first[:500]
+
+
+def _ptrace_scope() -> Optional[int]:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _redact_locals(traces: Any) -> None:
+    """Locals are remote values: mask those named like secrets and token-shaped text in the rest."""
+    if not isinstance(traces, list):
+        return
+    for thread in traces:
+        for frame in (thread.get("frames") or []) if isinstance(thread, dict) else []:
+            for local in frame.get("locals") or []:
+                if isinstance(local, dict) and isinstance(local.get("repr"), str):
+                    name = str(local.get("name", ""))
+                    value = local["repr"]
+                    local["repr"] = "***" if secret_value(name, value.strip("'\"")) else redact_text(value)
+
+
+def _frames(traces: Any) -> List[Tuple[str, int]]:
+    out = []
+    for thread in traces if isinstance(traces, list) else []:
+        for frame in thread.get("frames") or []:
+            filename, line = frame.get("filename"), frame.get("line")
+            if isinstance(filename, str) and isinstance(line, int) and (filename, line) not in out:
+                out.append((filename, line))
+    return out
+
+
+def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> Dict[str, Any]:
+    """The dump item for one target (errors are part of the item: a rank's failure is data)."""
+    started = time.monotonic()
+    item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
+                            "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
+                            "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": []}
+    try:
+        _dump(req, pid, start_time, opts, item)
+    except CollectError as exc:
+        item["error"] = error_dict(exc.code, exc.message)
+    item["elapsed"] = round(time.monotonic() - started, 4)
+    return item
+
+
+def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, item: Dict[str, Any]) -> None:
+    # --nonblocking reads memory without attaching, so another tracer does not stop it.
+    try:
+        item["state_before"] = guard.check_before(pid, start_time, allow_tracer=opts.nonblocking)
+    except CollectError as exc:
+        if exc.code == "already_traced":  # the right process, only not ours to attach: /proc still tells
+            item["state_before"], item["procfs"] = guard.state(pid), procfs.collect(pid)
+        raise
+    item["procfs"] = procfs.collect(pid)
+    tool, searched = req.worker.tools.find("py-spy", pid)
+    if tool is None:
+        item["error"] = error_dict("tool_missing", "py-spy not found on this node; searched: %s"
+                                   % ", ".join(searched))
+        return
+    other_ns, nspid = namespaces(pid)
+    flags = ["--native"] * opts.native + ["--locals"] * opts.locals + ["--nonblocking"] * opts.nonblocking
+    # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
+    lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
+    with lock:
+        try:
+            res = _run(req, tool, pid, nspid, other_ns, flags, opts, item)
+        except OSError as exc:
+            raise CollectError("tool_failed", "cannot run py-spy (%s): %s" % (tool.path, exc))
+        finally:
+            item["state_after"], item["resumed"] = guard.check_after(pid, item["state_before"])
+    stderr = redact_text(res.stderr.decode("utf-8", "replace"))
+    item["pyspy_stderr"] = stderr[-4000:]
+    if res.killed:
+        raise Cancelled()
+    if res.timed_out:
+        item["error"] = error_dict("timeout", "py-spy did not finish within %.1fs and was killed; target state "
+                                   "after: %s%s" % (opts.timeout, item["state_after"] or "gone",
+                                                    " (resumed)" if item["resumed"] else ""))
+        return
+    sudo_err = runas.sudo_error(stderr) if opts.sudo else None
+    if sudo_err:
+        item["error"] = error_dict("sudo_password", sudo_err)
+        return
+    traces = None
+    if res.returncode == 0:
+        try:
+            traces = json.loads(res.stdout.decode("utf-8", "replace"))
+        except ValueError:
+            traces = None
+    if traces is None:
+        if not os.path.exists("/proc/%d" % pid):
+            item["error"] = error_dict("target_exited", "pid %d exited during the dump" % pid)
+        else:
+            code, message = classify(stderr or res.stdout.decode("utf-8", "replace"), pid)
+            item["error"] = error_dict(code, message)
+        return
+    _redact_locals(traces)
+    item["pyspy"], item["ok"] = traces, True
+    if opts.loops or opts.source_context >= 0:
+        item["loops"], item["source"] = loopinfo.annotate(pid, _frames(traces), opts.source_context,
+                                                          in_container=other_ns, want_loops=opts.loops)
+
+
+def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],
+         opts: DumpOptions, item: Dict[str, Any]) -> Any:
+    env = dict(os.environ, RUST_BACKTRACE="0")  # a failure message, not a Rust backtrace
+    if other_ns and nspid is not None:
+        # From outside a container py-spy misreports idle threads and --native fails (UNW_EBADREG): enter
+        # its pid and mount namespaces; the binary goes along as an fd, it need not exist in there.
+        nsenter, _ = req.worker.tools.find("nsenter")
+        if nsenter is not None and not opts.sudo:
+            path, fds = tool.exec_path(inside_ns=True)
+            argv = [nsenter.path, "-t", str(pid), "-p", "-m", "--", path, "dump", "--json", "--pid", str(nspid)]
+            res = req.run(argv + flags, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20)
+            err = res.stderr.decode("utf-8", "replace")
+            if not (res.returncode != 0 and err.startswith("nsenter:")):
+                return res
+            item["notes"].append("could not enter the target's namespaces (%s); dumped from outside, idle "
+                                 "threads may show as active" % err.strip()[:200])
+        else:
+            item["notes"].append("target runs in other namespaces; dumped from outside (%s)"
+                                 % ("nsenter not found" if nsenter is None else "nsenter is not used with sudo"))
+    path, fds = tool.exec_path(inside_ns=False)
+    argv = runas.prefix(req, opts.sudo) + [path, "dump", "--json", "--pid", str(pid)] + flags
+    return req.run(argv, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20)

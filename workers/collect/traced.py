@@ -1,0 +1,93 @@
+"""strace and gdb on one target: the same checks as py-spy (right process, no other tracer, one ptrace tool
+at a time), a deadline, and a target that is never left stopped or traced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Dict, List
+
+from workers.collect import guard, runas
+from workers.collect.guard import CollectError
+from workers.redact import redact_text
+from workers.request import Cancelled, OpError, Request
+
+MAX_STRACE_BYTES = 8 << 20
+
+
+def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_time: Any, timeout: float,
+                stop_after: Any = None) -> Dict[str, Any]:
+    try:
+        before = guard.check_before(pid, start_time)
+        prefix = runas.prefix(req, req.sudo)
+        tool, searched = req.worker.tools.find(tool_name, pid)
+        if tool is None:
+            raise CollectError("tool_missing", "%s not found on this node; searched: %s"
+                               % (tool_name, ", ".join(searched)))
+        with guard.Exclusive(pid, "%s, request %d" % (tool_name, req.id)):
+            path, fds = tool.exec_path(inside_ns=False)
+            try:
+                res = req.run(prefix + [path] + args, timeout, pass_fds=fds, stop_after=stop_after,
+                              stop_signal=signal.SIGINT, max_stdout=MAX_STRACE_BYTES, max_stderr=MAX_STRACE_BYTES)
+            except OSError as exc:
+                raise CollectError("tool_failed", "cannot run %s (%s): %s" % (tool_name, path, exc))
+            finally:
+                after, resumed = guard.check_after(pid, before)
+    except CollectError as exc:
+        raise OpError(exc.code, exc.message)
+    if res.killed:
+        raise Cancelled()
+    stderr = res.stderr.decode("utf-8", "replace")
+    sudo_err = runas.sudo_error(stderr) if req.sudo else None
+    if sudo_err:
+        raise OpError("sudo_password", sudo_err)
+    if res.timed_out:
+        raise OpError("timeout", "%s did not finish within %.1fs and was killed; target state after: %s%s"
+                      % (tool_name, timeout, after or "gone", " (resumed)" if resumed else ""))
+    return {"res": res, "stderr": stderr, "state_after": after, "resumed": resumed}
+
+
+def strace(req: Request) -> Dict[str, Any]:
+    pid = req.arg_int("pid", required=True)
+    assert pid is not None
+    start_time = req.arg_int("start_time")
+    seconds = min(req.arg_float("seconds", 2.0), 600.0)
+    max_lines = req.arg_int("max_lines", 2000) or 2000
+    started = time.monotonic()
+    # strace writes its trace to stderr; SIGINT at `seconds` makes it detach cleanly, the kill at the
+    # deadline is for a strace that does not.
+    out = _run_traced(req, "strace", ["-f", "-p", str(pid), "-tt", "-T", "-qq", "-s", "64"], pid, start_time,
+                      timeout=seconds + 10.0, stop_after=seconds)
+    res = out["res"]
+    lines = out["stderr"].splitlines()
+    if res.returncode not in (0, None) and not res.stopped and _attach_failed(lines):
+        code = "target_exited" if not os.path.exists("/proc/%d" % pid) else "ptrace_denied"
+        raise OpError(code, "strace could not attach to pid %d: %s" % (pid, lines[0] if lines else "no output"))
+    truncated = len(lines) > max_lines or res.stderr_dropped > 0
+    kept = lines[:max_lines]
+    if truncated:
+        kept.append("[truncated: %d more lines]" % (len(lines) - max_lines) if not res.stderr_dropped
+                    else "[truncated]")
+    return {"pid": pid, "output": redact_text("\n".join(kept)), "truncated": truncated, "lines": len(lines),
+            "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds}
+
+
+def _attach_failed(lines: List[str]) -> bool:
+    return any(ln.startswith("strace: attach:") or ln.startswith("strace: Could not attach") for ln in lines)
+
+
+def gdb(req: Request) -> Dict[str, Any]:
+    pid = req.arg_int("pid", required=True)
+    assert pid is not None
+    start_time = req.arg_int("start_time")
+    timeout = req.arg_float("timeout", 30.0) or 30.0
+    started = time.monotonic()
+    args = ["-p", str(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off", "-ex", "set pagination off",
+            "-ex", "thread apply all bt", "-ex", "detach", "-ex", "quit"]
+    out = _run_traced(req, "gdb", args, pid, start_time, timeout=timeout)
+    stdout = out["res"].stdout.decode("utf-8", "replace")
+    if "ptrace: Operation not permitted" in out["stderr"] and "Thread" not in stdout:
+        raise OpError("ptrace_denied", "gdb could not attach to pid %d: ptrace: Operation not permitted" % pid)
+    return {"pid": pid, "output": redact_text(stdout), "stderr": redact_text(out["stderr"])[-4000:],
+            "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3)}
