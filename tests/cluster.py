@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import cluster_sweep as sweep
 from cluster_node import NODE_PATH, Node, NodeCommandError, wait_until
 
-__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login", "poll", "NODE_PATH",
-           "SSHD"]
+__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login", "poll",
+           "NODE_PATH", "SSHD", "PYSPY"]
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
 SSHD = "/usr/sbin/sshd"  # sshd refuses to re-exec itself unless started by an absolute path
@@ -93,7 +93,7 @@ class Cluster:
         self.known_hosts = self.ssh_dir / "known_hosts"
         self._lock = lock
         self._closed = False
-        self._close_guard = threading.Lock()
+        self._close_guard = threading.RLock()  # re-entrant: the SIGTERM handler may run inside close()
 
     def __getitem__(self, name: str) -> Node:
         for node in self.nodes:
@@ -121,8 +121,10 @@ class Cluster:
         return env
 
     def hosts_file(self, tmp_path: Path, names: Sequence[str] | None = None) -> Path:
-        """A hosts file (one node name per line) for `hangscope --hosts`."""
-        path = Path(tmp_path) / f"hosts-{self.rid}"
+        """A new hosts file (one node name per line, all nodes by default) for hangscope."""
+        fd, name = tempfile.mkstemp(dir=tmp_path, prefix="hosts-", suffix=".txt")
+        os.close(fd)
+        path = Path(name)
         path.write_text("".join(f"{name}\n" for name in (names if names is not None else self.names)))
         return path
 

@@ -119,6 +119,8 @@ class Node:
         if self.init_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGKILL)
+        elif self._boot is not None:  # still booting: unshare --kill-child takes the node's first process along
+            _kill_group(self._boot)
 
     def reap(self, timeout: float = 10) -> None:
         """After kill(): wait for our host-side helpers (nsenter, unshare) to exit, killing any that linger.

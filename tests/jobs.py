@@ -64,6 +64,8 @@ class LocalPlace:
 
 @dataclass(frozen=True)
 class RankLoc:
+    """Where one rank of a job runs, and what its ready line said."""
+
     node: str  # the node's name ("localhost"-like hostname for a local job)
     pid: int  # as seen inside the node (what hangscope reports)
     local_rank: int
@@ -74,6 +76,8 @@ class RankLoc:
 
 @dataclass
 class Job:
+    """A started demo job: its ranks (after wait_ready), its files under workdir, and stop()."""
+
     scenario: str
     culprit: int | None
     step: int  # the hang step K
@@ -101,8 +105,9 @@ class Job:
         return "\n".join(out)
 
     def read_ready(self) -> list[dict[str, Any]]:
+        """The ready lines written so far (each is one atomic append, so a line is whole or absent)."""
         with contextlib.suppress(FileNotFoundError):
-            return [json.loads(line) for line in self.ready_file.read_text().splitlines() if line.endswith("}")]
+            return [json.loads(line) for line in self.ready_file.read_text().splitlines() if line.strip()]
         return []
 
     def wait_ready(self, timeout: float = 90) -> None:
@@ -118,8 +123,11 @@ class Job:
             wait_until(ready, timeout, f"{self.world_size} ready lines in {self.ready_file}", interval=0.1)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; got {len(self.read_ready())}; job output:\n{self.log_tail()}") from None
+        by_name = {p.name: p for p in self.places}
         for line in self.read_ready():
-            place = next(p for p in self.places if p.name == line["host"])
+            place = by_name.get(line["host"])
+            if place is None:
+                raise RuntimeError(f"a rank reported host {line['host']!r}, not one of {sorted(by_name)}")
             host_pid = 0
             with contextlib.suppress(ProcessLookupError):
                 host_pid = _host_pid(place, int(line["pid"]))

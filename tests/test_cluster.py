@@ -169,11 +169,38 @@ def test_sweeper_removes_the_leftovers_of_a_crashed_run(cluster_support: None) -
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGKILL, res.stderr
     rid, workdir = res.stdout.split()
-    assert [n for n in sweep.list_netns() if sweep.rid_of(n) == rid]  # the crash left its netns behind
+    leftover = [n for n in sweep.list_netns() if sweep.rid_of(n) == rid]
+    assert leftover  # the crash left its netns behind ...
+    # ... but not its nodes: they die with the process that built them (parent-death signal)
+    wait_until(lambda: subprocess.run(["ip", "netns", "pids", leftover[0]], capture_output=True,
+                                      text=True).stdout == "", 10, "the crashed run's node to die")
     with sweep.alloc_lock():
         swept = sweep.sweep_stale()
     assert rid in swept
     assert _leftovers(rid, Path(workdir), set()) == []
+
+
+def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_support: None) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(tests_dir)!r})
+        import cluster
+        c = cluster.build_cluster(2)
+        print(c.rid, c.workdir, *(os.readlink(f"/proc/{{n.init_pid}}/ns/pid") for n in c.nodes), flush=True)
+        sys.stdin.read()  # until the test signals us
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        rid, workdir, *pidns = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert _leftovers(rid, Path(workdir), set(pidns))  # it is up
+        proc.terminate()
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _leftovers(rid, Path(workdir), set(pidns)) == []
 
 
 @pytest.mark.torch
