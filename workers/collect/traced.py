@@ -63,7 +63,8 @@ def strace(req: Request) -> Dict[str, Any]:
     lines = out["stderr"].splitlines()
     if res.returncode not in (0, None) and not res.stopped and _attach_failed(lines):
         code = "target_exited" if not os.path.exists("/proc/%d" % pid) else "ptrace_denied"
-        raise OpError(code, "strace could not attach to pid %d: %s" % (pid, lines[0] if lines else "no output"))
+        detail = next(ln for ln in lines if "attach" in ln).split("strace: ", 1)[-1]
+        raise OpError(code, "strace could not attach to pid %d (worker uid %d): %s" % (pid, os.getuid(), detail))
     truncated = len(lines) > max_lines or res.stderr_dropped > 0
     kept = lines[:max_lines]
     if truncated:
@@ -74,7 +75,8 @@ def strace(req: Request) -> Dict[str, Any]:
 
 
 def _attach_failed(lines: List[str]) -> bool:
-    return any(ln.startswith("strace: attach:") or ln.startswith("strace: Could not attach") for ln in lines)
+    # strace names itself by its argv[0]: "/usr/bin/strace: attach: ptrace(PTRACE_SEIZE, 42): ..."
+    return any("strace: attach:" in ln or "strace: Could not attach" in ln for ln in lines[:5])
 
 
 def gdb(req: Request) -> Dict[str, Any]:

@@ -1,0 +1,128 @@
+"""Tools the worker needs and how it copes without them: missing py-spy, pushed py-spy, a py-spy that hangs,
+ptrace denied for another user, sudo, and ranks inside a container (other pid and mount namespaces)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import sys
+
+import pytest
+
+from worker_client import WorkerProc
+from worker_targets import PROG, Target, proc_state, rank_env, start_rank, untouched, wait_blocked, wait_until
+from workers import procinfo
+from workers.collect import runas
+
+PYSPY = os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy")
+SYSTEM_PYTHON = "/usr/bin/python3"  # a python without py-spy next to it, runnable by any user
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+# A FAKE py-spy, for the one fault that cannot be produced on demand with the real one: a dump that hangs
+# after stopping its target (a wedged attach). It stops the target, then sleeps past any deadline.
+FAKE_HANGING_PYSPY = b"""#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = --pid ] && pid=$2; shift; done
+kill -STOP "$pid"
+exec sleep 1000
+"""
+
+
+def push(w: WorkerProc, data: bytes, name: str = "py-spy") -> dict:
+    _, done = w.call("push_tool", {"name": name, "data_b64": base64.b64encode(data).decode(),
+                                   "sha256": hashlib.sha256(data).hexdigest()}, timeout=60)
+    assert done["type"] == "done", done
+    return done["data"]
+
+
+def target_of(t: Target, pid: int = 0) -> dict:
+    pid = pid or t.pid
+    return {"pid": pid, "start_time": procinfo.start_time(pid)}
+
+
+def needs(path: str) -> None:
+    if not os.path.exists(path):
+        pytest.skip("%s is not installed here" % path)
+
+
+def test_missing_py_spy_lists_where_it_looked_then_a_pushed_one_works(tmp_path: str) -> None:
+    needs(SYSTEM_PYTHON)
+    needs(PYSPY)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    with start_rank(0, python=SYSTEM_PYTHON) as t, WorkerProc(python=SYSTEM_PYTHON, isolated=True, env=env) as w:
+        assert w.hello["tools"]["py-spy"] is None
+        assert "/usr/bin/py-spy" in w.hello["searched"]["py-spy"]
+        item = w.call("dump", {"targets": [target_of(t)]})[0][0]
+        assert item["error"]["code"] == "tool_missing"
+        assert "/usr/bin/py-spy" in item["error"]["message"] and str(tmp_path) in item["error"]["message"]
+        assert item["procfs"]["threads"]  # /proc data even without the tool
+        with open(PYSPY, "rb") as f:
+            pushed = push(w, f.read())
+        item = w.call("dump", {"targets": [target_of(t)]})[0][0]
+        assert item["ok"], item["error"]
+        assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
+        assert pushed["path"] and untouched(t.pid)
+
+
+def test_a_hanging_dump_is_killed_at_its_deadline_and_the_target_resumed() -> None:
+    with start_rank(0) as t, WorkerProc() as w:
+        push(w, FAKE_HANGING_PYSPY)
+        item = w.call("dump", {"targets": [target_of(t)], "timeout": 1.0}, timeout=30)[0][0]
+        assert item["error"]["code"] == "timeout"
+        assert 1.0 <= item["elapsed"] < 5
+        assert item["state_before"] == "S" and item["resumed"] is True
+        assert item["state_after"] in ("R", "S")  # running again (it may still be on its way back to sleep)
+        wait_until(lambda: proc_state(t.pid) == "S" and untouched(t.pid), what="target back in its read")
+
+
+def test_ptrace_denied_for_another_users_rank_still_gives_proc_data() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the worker as another user")
+    needs(SYSTEM_PYTHON)
+    with start_rank(0) as t, WorkerProc(python=SYSTEM_PYTHON, isolated=True, prefix=AS_NOBODY) as w:
+        with open(PYSPY, "rb") as f:
+            push(w, f.read())
+        item = w.call("dump", {"targets": [target_of(t)]})[0][0]
+        assert item["error"]["code"] == "ptrace_denied", item
+        assert "uid 65534" in item["error"]["message"] and "ptrace_scope" in item["error"]["message"]
+        assert [th["state"] for th in item["procfs"]["threads"]] == ["S", "S"]
+        _, err = w.call("strace", dict(target_of(t), seconds=0.2))
+        assert err["code"] == "ptrace_denied"
+        assert untouched(t.pid)
+
+
+def test_sudo_without_sudo_installed_is_tool_missing_and_its_refusal_is_recognised() -> None:
+    with start_rank(0) as t, WorkerProc() as w:
+        if w.hello["tools"]["sudo"] is not None:
+            pytest.skip("sudo is installed here; this checks a node without it")
+        item = w.call("dump", {"targets": [target_of(t)], "sudo": True})[0][0]
+        assert item["error"]["code"] == "tool_missing" and "sudo" in item["error"]["message"]
+        _, err = w.call("strace", dict(target_of(t), seconds=0.2, sudo=True))
+        assert err["code"] == "tool_missing"
+    # sudo -n's own words when a password would be needed (sudo 1.9)
+    assert runas.sudo_error("sudo: a password is required\n") == "sudo: a password is required"
+    assert runas.sudo_error("sudo: a terminal is required to read the password; either use ...") is not None
+    assert runas.sudo_error("Error: Failed to find python version") is None
+
+
+def test_rank_in_a_container_is_found_and_dumped_from_inside_its_namespaces() -> None:
+    needs("/usr/bin/unshare")
+    needs("/usr/bin/nsenter")
+    if os.getuid() != 0:
+        pytest.skip("needs root for new pid and mount namespaces")
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, PROG, "rank"]
+    with Target(argv, env=rank_env(0)) as t, WorkerProc() as w:
+        assert t.ready[0] == "1"  # pid 1 inside its own pid namespace
+        with open("/proc/%d/task/%d/children" % (t.pid, t.pid)) as f:
+            host_pid = int(f.read().split()[0])
+        wait_blocked(host_pid)
+        items, _ = w.call("discover")
+        rank = {i["pid"]: i for i in items}[host_pid]
+        assert rank["in_container"] is True and rank["nspid"] == 1
+        item = w.call("dump", {"targets": [target_of(t, host_pid)], "native": True, "loops": True})[0][0]
+        assert item["ok"], item
+        assert item["notes"] == []  # entered the namespaces, not the degraded outside view
+        main = next(th for th in item["pyspy"] if th["thread_name"] == "MainThread")
+        assert any(f["name"] == "wait_forever" for f in main["frames"])
+        assert any(k.startswith(PROG + ":") for k in item["loops"])  # source read via /proc/PID/root
+        assert untouched(host_pid)
