@@ -73,6 +73,10 @@ class RankLoc:
     step: int  # the loop step its ready line reported
     where: str  # all_reduce, data_loading, exit, training
 
+    @property
+    def pid_in_node(self) -> int:
+        return self.pid
+
 
 @dataclass
 class Job:
