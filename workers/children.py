@@ -52,6 +52,9 @@ class Result:
         self.stderr = b""
         self.stdout_dropped = 0  # bytes beyond the cap, discarded
         self.stderr_dropped = 0
+        self.stderr_tail = b""  # the last keep_tail bytes of stderr when some were dropped
+        self.stdout_lines = 0  # newlines seen, dropped bytes included
+        self.stderr_lines = 0
         self.timed_out = False  # killed at the hard deadline
         self.stopped = False  # stop_signal was sent at stop_after
         self.killed = False  # killed by the registry (cancel, shutdown)
@@ -147,17 +150,19 @@ def kill_group(proc: "subprocess.Popen[bytes]") -> None:
 def run(children: Children, argv: Sequence[str], timeout: float, owner: object = None,
         pass_fds: Sequence[int] = (), env: Optional[Dict[str, str]] = None,
         stop_after: Optional[float] = None, stop_signal: int = signal.SIGINT,
-        max_stdout: int = 16 << 20, max_stderr: int = 1 << 20) -> Result:
+        max_stdout: int = 16 << 20, max_stderr: int = 1 << 20, keep_tail: int = 0) -> Result:
     """Run a child to completion under a hard deadline, capturing capped output.
 
     At stop_after seconds the child gets stop_signal (strace detaches cleanly on SIGINT); at timeout seconds
-    its whole process group is SIGKILLed and the result says timed_out. Raises OSError when it cannot start.
+    its whole process group is SIGKILLed and the result says timed_out. Output beyond the caps is dropped
+    (counted); with keep_tail, the last keep_tail bytes of stderr are kept too (strace: the end of a trace
+    shows what each thread was still blocked in). Raises OSError when it cannot start.
     """
     res = Result()
     start = time.monotonic()
     proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env)
     try:
-        _pump(proc, res, start, timeout, stop_after, stop_signal, max_stdout, max_stderr)
+        _pump(proc, res, start, timeout, stop_after, stop_signal, max_stdout, max_stderr, keep_tail)
         remaining = max(0.0, timeout - (time.monotonic() - start))
         try:
             res.returncode = proc.wait(timeout=remaining)
@@ -181,12 +186,15 @@ def run(children: Children, argv: Sequence[str], timeout: float, owner: object =
 
 
 def _pump(proc: "subprocess.Popen[bytes]", res: Result, start: float, timeout: float,
-          stop_after: Optional[float], stop_signal: int, max_stdout: int, max_stderr: int) -> None:
+          stop_after: Optional[float], stop_signal: int, max_stdout: int, max_stderr: int,
+          keep_tail: int = 0) -> None:
     """Read both pipes until EOF or the deadline, sending stop_signal once at stop_after."""
     sel = selectors.DefaultSelector()
     bufs = {"out": bytearray(), "err": bytearray()}
     caps = {"out": max_stdout, "err": max_stderr}
     dropped = {"out": 0, "err": 0}
+    lines = {"out": 0, "err": 0}
+    tail = bytearray()
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
     sel.register(proc.stderr, selectors.EVENT_READ, "err")
@@ -212,11 +220,18 @@ def _pump(proc: "subprocess.Popen[bytes]", res: Result, start: float, timeout: f
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
+                lines[name] += chunk.count(b"\n")
                 room = caps[name] - len(bufs[name])
                 if room > 0:
                     bufs[name] += chunk[:room]
-                dropped[name] += max(0, len(chunk) - max(room, 0))
+                over = chunk[max(room, 0):]
+                dropped[name] += len(over)
+                if over and name == "err" and keep_tail:
+                    tail += over
+                    del tail[:max(0, len(tail) - keep_tail)]
     finally:
         sel.close()
     res.stdout, res.stderr = bytes(bufs["out"]), bytes(bufs["err"])
     res.stdout_dropped, res.stderr_dropped = dropped["out"], dropped["err"]
+    res.stdout_lines, res.stderr_lines = lines["out"], lines["err"]
+    res.stderr_tail = bytes(tail)

@@ -63,7 +63,13 @@ def thread(pid: int, tid: int) -> Optional[Dict[str, Any]]:
     fields = procinfo.parse_stat(stat.encode())
     syscall = _read(base + "syscall")
     stack = _read(base + "stack", 16384)
-    return {
+    # py-spy run inside a container reports thread ids of the container's pid namespace
+    nstid = None
+    for line in (_read(base + "status") or "").splitlines():
+        if line.startswith("NSpid:"):
+            last = line.split()[-1]
+            nstid = int(last) if last.isdigit() and int(last) != tid else None
+    return {"nstid": nstid,
         "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid),
         "syscall": syscall_name(syscall) if syscall else "",
         "syscall_raw": (syscall or "").strip()[:200],

@@ -98,7 +98,8 @@ def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -
     started = time.monotonic()
     item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
                             "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
-                            "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": []}
+                            "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": [],
+                            "source_context": opts.source_context}
     try:
         _dump(req, pid, start_time, opts, item)
     except CollectError as exc:

@@ -14,10 +14,11 @@ from workers.redact import redact_text
 from workers.request import Cancelled, OpError, Request
 
 MAX_STRACE_BYTES = 8 << 20
+TAIL_BYTES = 1 << 20
 
 
 def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_time: Any, timeout: float,
-                stop_after: Any = None) -> Dict[str, Any]:
+                stop_after: Any = None, max_stderr: int = MAX_STRACE_BYTES) -> Dict[str, Any]:
     try:
         before = guard.check_before(pid, start_time)
         prefix = runas.prefix(req, req.sudo)
@@ -29,7 +30,8 @@ def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_t
             path, fds = tool.exec_path(inside_ns=False)
             try:
                 res = req.run(prefix + [path] + args, timeout, pass_fds=fds, stop_after=stop_after,
-                              stop_signal=signal.SIGINT, max_stdout=MAX_STRACE_BYTES, max_stderr=MAX_STRACE_BYTES)
+                              stop_signal=signal.SIGINT, max_stdout=MAX_STRACE_BYTES, max_stderr=max_stderr,
+                              keep_tail=TAIL_BYTES)
             except OSError as exc:
                 raise CollectError("tool_failed", "cannot run %s (%s): %s" % (tool_name, path, exc))
             finally:
@@ -65,13 +67,25 @@ def strace(req: Request) -> Dict[str, Any]:
         code = "target_exited" if not os.path.exists("/proc/%d" % pid) else "ptrace_denied"
         detail = next(ln for ln in lines if "attach" in ln).split("strace: ", 1)[-1]
         raise OpError(code, "strace could not attach to pid %d (worker uid %d): %s" % (pid, os.getuid(), detail))
-    truncated = len(lines) > max_lines or res.stderr_dropped > 0
-    kept = lines[:max_lines]
-    if truncated:
-        kept.append("[truncated: %d more lines]" % (len(lines) - max_lines) if not res.stderr_dropped
-                    else "[truncated]")
-    return {"pid": pid, "output": redact_text("\n".join(kept)), "truncated": truncated, "lines": len(lines),
+    output, truncated = cap_lines(lines, res.stderr_tail.decode("utf-8", "replace"), max_lines)
+    return {"pid": pid, "output": redact_text(output), "truncated": truncated, "lines": res.stderr_lines,
             "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds}
+
+
+def cap_lines(head: List[str], tail_text: str, max_lines: int) -> "tuple[str, bool]":
+    """At most max_lines lines: the first half and the last half around one `[truncated: ...]` marker. The
+    end matters most: what each thread was still blocked in when strace detached."""
+    if not tail_text and len(head) <= max_lines:
+        return "\n".join(head), False
+    first = max(1, max_lines // 2)
+    last = max(1, max_lines - first)
+    if tail_text:
+        tail = tail_text.splitlines()[1:]  # the first line of the tail is cut mid-way
+        marker = "[truncated]"
+    else:
+        tail = head[first:]
+        marker = "[truncated: %d lines]" % (len(head) - first - min(last, len(tail)))
+    return "\n".join(head[:first] + [marker] + tail[-last:]), True
 
 
 def _attach_failed(lines: List[str]) -> bool:

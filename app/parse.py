@@ -1,0 +1,261 @@
+"""Turning the worker's raw replies into the model: pure functions, no I/O, golden-tested on recorded output.
+
+Everything here reads remote data: values are type-checked as they are taken, never trusted, and text is
+kept as text (never interpreted as markup or shell).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+from app.model import (ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, RankSnapshot, StraceResult,
+                       StraceThread, TcpSocket, ThreadStack, ToolInfo)
+from workers.protocol import ERROR_HINTS
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def node_info(hello: Mapping[str, Any]) -> NodeInfo:
+    tools = tuple(ToolInfo(name, _str(t.get("path")), _str(t.get("version")))
+                  for name, t in sorted(_dict(hello.get("tools")).items()) if isinstance(t, dict))
+    searched = tuple((name, tuple(p for p in _list(paths) if isinstance(p, str)))
+                     for name, paths in sorted(_dict(hello.get("searched")).items()))
+    return NodeInfo(hostname=_str(hello.get("hostname")), python=_str(hello.get("python")),
+                    python_exe=_str(hello.get("python_exe")), kernel=_str(hello.get("kernel")),
+                    uid=_int(hello.get("uid")), user=_str(hello.get("user")),
+                    ptrace_scope=_int(hello.get("ptrace_scope")), cpus=_int(hello.get("cpus")) or 0,
+                    psutil=hello.get("psutil") is True, tools=tools, searched=searched)
+
+
+def error_info(err: Any, phase: str = "") -> ErrorInfo | None:
+    if not isinstance(err, dict):
+        return None
+    code = _str(err.get("code")) or "internal"
+    return ErrorInfo(code=code, message=_str(err.get("message")),
+                     hint=_str(err.get("hint")) or ERROR_HINTS.get(code, ""), phase=phase)
+
+
+def _gpu(g: dict) -> GpuUse:
+    return GpuUse(index=_int(g.get("index")), uuid=_str(g.get("uuid")), name=_str(g.get("name")),
+                  used_mib=_int(g.get("used_mib")))
+
+
+def _socket(s: dict) -> TcpSocket:
+    return TcpSocket(local=_str(s.get("local")), peer=_str(s.get("peer")), state=_str(s.get("state")),
+                     send_q=_int(s.get("send_q")) or 0, recv_q=_int(s.get("recv_q")) or 0,
+                     retransmits=_int(s.get("retransmits")) or 0, backoff=_int(s.get("backoff")) or 0,
+                     total_retrans=_int(s.get("total_retrans")), last_send_ms=_int(s.get("last_send_ms")),
+                     last_recv_ms=_int(s.get("last_recv_ms")), last_ack_ms=_int(s.get("last_ack_ms")))
+
+
+def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
+    """A discovered rank, not yet collected."""
+    env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
+                if isinstance(k, str) and isinstance(v, str))
+    return RankSnapshot(
+        node=node, pid=_int(item.get("pid")) or 0, start_time=_int(item.get("start_time")) or 0,
+        rank=_int(item.get("rank")), local_rank=_int(item.get("local_rank")),
+        world_size=_int(item.get("world_size")), group_rank=_int(item.get("group_rank")),
+        local_world_size=_int(item.get("local_world_size")), master_addr=_str(item.get("master_addr")),
+        master_port=_int(item.get("master_port")), launcher=_str(item.get("launcher")),
+        launcher_pid=_int(item.get("launcher_pid")), ppid=_int(item.get("ppid")),
+        cmdline=tuple(a for a in _list(item.get("cmdline")) if isinstance(a, str)), exe=_str(item.get("exe")),
+        uid=_int(item.get("uid")), user=_str(item.get("user")), state=_str(item.get("state")),
+        wchan=_str(item.get("wchan")), num_threads=_int(item.get("num_threads")) or 0,
+        cpu_time=_float(item.get("cpu_time")), rss=_int(item.get("rss")) or 0,
+        gpus=tuple(_gpu(g) for g in _list(item.get("gpus")) if isinstance(g, dict)), env=env,
+        nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
+        children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
+        sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
+        collected=False)
+
+
+# --- iteration coordinates ------------------------------------------------------------------------------
+
+_SCALAR = r"(?:-?\d+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|True|False|\"[^\"\\,()]{0,40}\"|'[^'\\,()]{0,40}')"
+_MEANINGFUL = re.compile(r"^(?:%s|\((?:%s, ){0,5}%s,?\))$" % (_SCALAR, _SCALAR, _SCALAR))
+
+
+def meaningful(value: str) -> bool:
+    """A repr that means the same on every rank: a number, a short string, a small tuple of those. Object
+    reprs (`<Tensor at 0x7f..>`) carry addresses that differ everywhere and would split equal ranks."""
+    return len(value) <= 80 and "0x" not in value and bool(_MEANINGFUL.match(value))
+
+
+def iteration(loops: Iterable[LoopInfo], local_vars: Iterable[Local]) -> tuple[tuple[str, str], ...]:
+    values = {lc.name: lc.repr for lc in local_vars}
+    out: list[tuple[str, str]] = []
+    for loop in loops:
+        for name in loop.variables + loop.counters:
+            value = values.get(name)
+            if value is not None and meaningful(value) and (name, value) not in out:
+                out.append((name, value))
+    return tuple(out)
+
+
+# --- dumps ------------------------------------------------------------------------------------------------
+
+_NATIVE_FILE = re.compile(r"\.so(?:\.[\w.]+)?$|\.(?:c|cc|cpp|cxx|h|hpp)$")
+
+
+def _loop(d: dict) -> LoopInfo | None:
+    kind = d.get("kind")
+    if kind not in ("for", "async for", "while"):
+        return None
+    return LoopInfo(kind=kind, line=_int(d.get("line")) or 0, end_line=_int(d.get("end_line")) or 0,
+                    header=_str(d.get("header")),
+                    variables=tuple(v for v in _list(d.get("variables")) if isinstance(v, str)),
+                    counters=tuple(v for v in _list(d.get("counters")) if isinstance(v, str)))
+
+
+def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
+    filename, line = _str(f.get("filename")), _int(f.get("line")) or 0
+    module = f.get("module") if isinstance(f.get("module"), str) else None
+    native = module is not None or bool(_NATIVE_FILE.search(filename))
+    local_vars = tuple(Local(_str(lc.get("name")), _str(lc.get("repr")), lc.get("arg") is True)
+                       for lc in _list(f.get("locals")) if isinstance(lc, dict))
+    frame_loops = tuple(lp for lp in (_loop(d) for d in _list(loops.get("%s:%d" % (filename, line)))
+                                      if isinstance(d, dict)) if lp is not None)
+    text = _dict(source.get(filename))
+    lines = tuple((n, _str(text[str(n)])) for n in range(max(1, line - context), line + context + 1)
+                  if str(n) in text) if line and not native else ()
+    return Frame(function=_str(f.get("name")), filename=filename, line=line, module=module, native=native,
+                 locals=local_vars, loops=frame_loops, iteration=iteration(frame_loops, local_vars), source=lines)
+
+
+def _procfs_threads(item: Mapping[str, Any]) -> dict[int, dict]:
+    out = {}
+    for t in _list(_dict(item.get("procfs")).get("threads")):
+        if isinstance(t, dict) and _int(t.get("tid")) is not None:
+            out[t["tid"]] = t
+    return out
+
+
+def _with_procfs(thread: ThreadStack, t: dict | None) -> ThreadStack:
+    if t is None:
+        return thread
+    return dataclasses.replace(thread, state=_str(t.get("state")), wchan=_str(t.get("wchan")),
+                               syscall=_str(t.get("syscall")),
+                               kernel_stack=tuple(s for s in _list(t.get("kernel_stack")) if isinstance(s, str)),
+                               name=thread.name or _str(t.get("comm")))
+
+
+def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
+    """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
+    procfs = _procfs_threads(item)
+    by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
+    loops, source = _dict(item.get("loops")), _dict(item.get("source"))
+    context = _int(item.get("source_context"))
+    context = 3 if context is None else max(0, context)
+    pyspy = item.get("pyspy")
+    threads: list[ThreadStack] = []
+    seen: set[int] = set()
+    for t in _list(pyspy):
+        if not isinstance(t, dict):
+            continue
+        raw_tid = _int(t.get("os_thread_id")) or _int(t.get("thread_id")) or 0
+        tid = raw_tid if raw_tid in procfs else by_nstid.get(raw_tid, raw_tid)  # container: ns-local ids
+        seen.add(tid)
+        name = _str(t.get("thread_name"))
+        frames = tuple(_frame(f, loops, source, context) for f in _list(t.get("frames")) if isinstance(f, dict))
+        thread = ThreadStack(tid=tid, name=name, active=t.get("active") is True, owns_gil=t.get("owns_gil") is True,
+                             frames=frames, is_main=name == "MainThread" or tid == rank.pid)
+        threads.append(_with_procfs(thread, procfs.get(tid)))
+    for tid in sorted(set(procfs) - seen):  # threads py-spy does not show (native ones), or all without it
+        threads.append(_with_procfs(ThreadStack(tid=tid, is_main=tid == rank.pid), procfs[tid]))
+    return dataclasses.replace(
+        rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
+        resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
+        state=_str(item.get("state_before")) or rank.state)
+
+
+# --- strace and gdb ---------------------------------------------------------------------------------------
+
+_STRACE_LINE = re.compile(r"^(?:\[pid\s+(\d+)\]\s+)?(?:\d\d:\d\d:\d\d\.\d+\s+)?(.*)$")
+_CALL = re.compile(r"^([a-z_][a-z0-9_]*)\((.*)$")
+_RESUMED = re.compile(r"^<\.\.\. ([a-z_][a-z0-9_]*) resumed>")
+_RESULT = re.compile(r"\)\s+= ")
+
+
+def _describe_call(name: str, args: str) -> str:
+    """A blocked call with the argument that tells what it waits for: the futex op, the fd of a read."""
+    parts = [p.strip() for p in args.split(",")]
+    if name == "futex" and len(parts) > 1:
+        op = parts[1].split("|")[0].replace("_PRIVATE", "")
+        return "futex(%s)" % op
+    if name in ("read", "recvfrom", "recvmsg", "write", "sendto", "sendmsg", "epoll_wait", "epoll_pwait",
+                "accept", "accept4", "connect") and parts and parts[0].isdigit():
+        return "%s(%s)" % (name, parts[0])
+    return "%s()" % name
+
+
+def strace_result(done: Mapping[str, Any]) -> StraceResult:
+    """Per thread: the call still unfinished when strace detached, how many calls, the most frequent ones."""
+    data = _dict(done.get("data")) if "data" in done else dict(done)
+    output = _str(data.get("output"))
+    main_pid = _int(data.get("pid")) or 0
+    pending: dict[int, str] = {}  # tid -> the call started and not (yet) finished
+    counts: dict[int, Counter] = {}
+    for raw in output.splitlines():
+        if raw.startswith("[truncated"):
+            continue
+        m = _STRACE_LINE.match(raw)
+        if m is None:
+            continue
+        tid = int(m.group(1)) if m.group(1) else main_pid
+        rest = m.group(2)
+        resumed = _RESUMED.match(rest)
+        if resumed:
+            if "<detached ...>" in rest:  # resumed, then still blocked when strace let go
+                pending.setdefault(tid, "%s()" % resumed.group(1))
+            elif _RESULT.search(rest):
+                pending.pop(tid, None)
+            continue
+        call = _CALL.match(rest)
+        if call is None:
+            continue  # "+++ exited with 0 +++", signals
+        name, args = call.group(1), call.group(2)
+        counts.setdefault(tid, Counter())[name] += 1
+        if "<unfinished ...>" in rest or "<detached ...>" in rest or not _RESULT.search(rest):
+            pending[tid] = _describe_call(name, args)
+        else:
+            pending.pop(tid, None)
+    tids = sorted(set(counts) | set(pending))
+    threads = tuple(StraceThread(tid=tid, blocked_in=pending.get(tid, ""), calls=sum(counts.get(tid, {}).values()),
+                                 top=tuple(counts.get(tid, Counter()).most_common(5))) for tid in tids)
+    return StraceResult(seconds=_float(data.get("seconds")), output=output, truncated=data.get("truncated") is True,
+                        threads=threads)
+
+
+_GDB_NOISE = ("To enable execution of this file add", "\tadd-auto-load-safe-path", "line to your configuration file",
+              "To completely disable this security protection add", "\tset auto-load safe-path /",
+              "For more information about this security protection see the",
+              "\"Auto-loading safe path\" section in the GDB manual", "\tinfo \"(gdb)Auto-loading safe path\"")
+
+
+def gdb_text(done: Mapping[str, Any]) -> str:
+    """gdb's backtraces without its auto-load advice (which repeats for every library)."""
+    data = _dict(done.get("data")) if "data" in done else dict(done)
+    lines = [ln for ln in _str(data.get("output")).splitlines() if not ln.startswith(_GDB_NOISE)]
+    return "\n".join(lines).strip("\n")
