@@ -1,0 +1,242 @@
+"""The bundle redactor: the one pass every exported file goes through, counting what it replaced by rule.
+
+Defence in depth on the login side: the worker already redacts command lines on the node, but a secret can
+still reach us in a local's repr, a gdb/strace line, an env value or an analysis string. Names are kept and
+values replaced with REDACTED; counts are kept per rule, never the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from app.model import Local, Snapshot
+from workers.redact import MASK
+from workers.redact import secret_name as _node_secret_name
+from workers.redact import secret_value as _node_secret_value
+
+# The same marker the node-side redactor uses, so a user sees one convention whichever side redacted.
+REDACTED = MASK
+_ALREADY = frozenset({REDACTED, "[REDACTED]", ""})
+_MEMO_MAX = 4096  # longer strings (tool output) are rare and not worth keeping
+
+
+
+def secret_name(name: str) -> bool:
+    """True when a variable, flag or key name says its value may be a credential. The node's rule
+    (workers/redact.py), so the login side hides exactly what the node would have hidden."""
+    return _node_secret_name(name)
+
+
+def secret_value(name: str, value: str) -> bool:
+    """Whether a value under this name is hidden: strong names (TOKEN, PASSWORD) always, ambiguous ones
+    (KEY, AUTH) unless the value is a number or a boolean (`--num-key-value-heads 8`)."""
+    return value not in _ALREADY and _node_secret_value(name, value)
+
+
+# Value shapes of well-known credentials, redacted wherever they appear: one alternation, one pass; the
+# group that matched names the rule.
+_SHAPES = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in (
+    ("private_key", r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
+                    r"(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"),
+    ("hf_token", r"\bhf_[A-Za-z0-9]{20,}"),
+    ("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
+    ("aws_access_key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b"),
+    ("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}"),
+    ("slack_token", r"\bxox[abposre]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/services/[A-Za-z0-9/]+"),
+    ("openai_key", r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"),
+    ("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}"),
+)), re.S)
+# scheme://user:password@host -> scheme://user:***@host
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'<>]*:)(?P<pw>[^\s@/\"'<>]+)(?=@)")
+# --flag=value or --flag value in free text; the callback decides whether the flag looks secret.
+# A value after a space never starts with "-" (that is the next flag), so "--use-auth --token x" still
+# reaches --token.
+_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))"
+                   r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\,;&|)]+)")
+# NAME=value (env assignments, kwargs reprs) in free text.
+_ASSIGN = re.compile(r"(?P<name>(?<![\w-])[A-Za-z_][A-Za-z0-9_.]*)(?P<sep>=)"
+                     r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\,;&|)]+)")
+# 'name': 'value' or "name": "value" (dict reprs, JSON text).
+_KEYVAL = re.compile(r"(?P<q>['\"])(?P<name>[^'\"\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"
+                     r"(?P<val>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|b'(?:[^'\\\n]|\\.)*'|b\"[^\"\n]*\")")
+
+
+def _unquote(val: str) -> Tuple[str, str, str]:
+    """Split a matched value into (opening quote, inner text, closing quote)."""
+    for pre in ("b'", 'b"'):
+        if val.startswith(pre) and len(val) >= 3:
+            return pre, val[2:-1], val[-1]
+    if len(val) >= 2 and val[0] in "'\"" and val[-1] == val[0]:
+        return val[0], val[1:-1], val[-1]
+    return "", val, ""
+
+
+class Redactor:
+    """Replaces secret values in text and snapshot data; `counts` says how many by rule."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        # A snapshot repeats the same strings (file names, functions, env values) thousands of times:
+        # each distinct short string is redacted once; a hit replays its counts.
+        self._memo: Dict[str, Tuple[str, Tuple[Tuple[str, int], ...]]] = {}
+        self._hits: Counter = Counter()
+
+    # -- free text -------------------------------------------------------------------------------------
+    def text(self, s: str) -> str:
+        """Redact every rule in a piece of free text (a line, a repr, a whole file)."""
+        if not s:
+            return s
+        hit = self._memo.get(s)
+        if hit is None:
+            self._hits = Counter()
+            out = self._text(s)
+            hit = (out, tuple(self._hits.items()))
+            if len(s) <= _MEMO_MAX:
+                self._memo[s] = hit
+        for rule, n in hit[1]:
+            self.counts[rule] += n
+        return hit[0]
+
+    def _text(self, s: str) -> str:
+        s = _SHAPES.sub(self._shape, s)
+        if "://" in s:
+            s = _URL_PASSWORD.sub(self._url_password, s)
+        if "-" in s:
+            s = _FLAG.sub(self._named("secret-flag"), s)
+        if "=" in s:
+            s = _ASSIGN.sub(self._named("secret-assignment"), s)
+        if ":" in s and ("'" in s or '"' in s):
+            s = _KEYVAL.sub(self._named("secret-key-value"), s)
+        return s
+
+    def _shape(self, m: "re.Match[str]") -> str:
+        self._hits[str(m.lastgroup).replace("_", "-")] += 1
+        return REDACTED
+
+    def _url_password(self, m: "re.Match[str]") -> str:
+        if m.group("pw") in _ALREADY:
+            return m.group(0)
+        self._hits["url-password"] += 1
+        return m.group("head") + REDACTED
+
+    def _named(self, rule: str) -> Callable[["re.Match[str]"], str]:
+        def sub(m: "re.Match[str]") -> str:
+            name, val = m.group("name") if "name" in m.re.groupindex else m.group("flag"), m.group("val")
+            if not secret_name(name):
+                return m.group(0)
+            pre, inner, post = _unquote(val)
+            if not secret_value(name, inner):
+                return m.group(0)
+            self._hits[rule] += 1
+            return m.group(0)[: m.start("val") - m.start()] + pre + REDACTED + post
+        return sub
+
+    # -- structured values -----------------------------------------------------------------------------
+    def value(self, name: str, value: str, rule: str) -> str:
+        """A named value (env var, local, loop variable): replaced when the name looks secret."""
+        if secret_value(name, _unquote(value)[1]):
+            self.counts[rule] += 1
+            return REDACTED
+        return self.text(value)
+
+    def args(self, argv: Sequence[str]) -> List[str]:
+        """A command line: `--secret value` pairs and `--secret=value` args, then free-text rules."""
+        out: List[str] = []
+        flag = ""
+        for arg in argv:
+            if flag and not arg.startswith("--") and secret_value(flag, arg):
+                self.counts["secret-flag"] += 1
+                out.append(REDACTED)
+                flag = ""
+                continue
+            flag = ""
+            if arg.startswith("-") and "=" not in arg and secret_name(arg):
+                flag = arg  # its value is the next argument
+            out.append(self.text(arg))
+        return out
+
+    def snapshot(self, snap: Snapshot) -> Snapshot:
+        """A redacted copy of a snapshot (the same rules as tree() on its to_dict() form, without the round
+        trip through dicts); unchanged parts are shared with the original."""
+        out = self._obj(snap, "")
+        assert isinstance(out, Snapshot)
+        return out
+
+    def _obj(self, obj: Any, name: str) -> Any:
+        if isinstance(obj, str):
+            out = self.text(obj)
+            return obj if out == obj else out
+        if isinstance(obj, tuple):
+            if not obj:
+                return obj
+            new: Tuple[Any, ...]
+            if name == "cmdline" and all(isinstance(a, str) for a in obj):
+                new = tuple(self.args(obj))
+            elif name in ("env", "iteration") and all(_is_pair(p) for p in obj):
+                rule = "secret-env" if name == "env" else "secret-local"
+                new = tuple((self.text(k), self.value(k, v, rule)) for k, v in obj)
+            else:
+                new = tuple(self._obj(x, name) for x in obj)
+            return obj if new == obj else new
+        if isinstance(obj, Local):
+            rep = self.value(obj.name, obj.repr, "secret-local")
+            return obj if rep == obj.repr else dataclasses.replace(obj, repr=rep)
+        names = _FIELDS.get(type(obj))
+        if names is None:
+            if not dataclasses.is_dataclass(obj):
+                return obj
+            names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+        changes = {}
+        for field_name in names:
+            value = getattr(obj, field_name)
+            new_value = self._obj(value, field_name)
+            if new_value is not value:
+                changes[field_name] = new_value
+        return dataclasses.replace(obj, **changes) if changes else obj
+
+    def tree(self, obj: Any) -> Any:
+        """Redact a to_dict() tree (snapshot or analysis): env pairs, cmdlines, locals and loop variables by
+        name, every other string by the free-text rules. The shape is kept, so from_dict still reads it."""
+        return self._tree(obj, "")
+
+    def _tree(self, obj: Any, key: str) -> Any:
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return self._dict(obj)
+        if isinstance(obj, list):
+            if key == "cmdline" and all(isinstance(a, str) for a in obj):
+                return self.args(obj)
+            if key in ("env", "iteration") and all(_is_pair(p) for p in obj):
+                rule = "secret-env" if key == "env" else "secret-local"
+                return [[self.text(p[0]), self.value(p[0], p[1], rule)] for p in obj]
+            return [self._tree(v, key) for v in obj]
+        return obj
+
+    def _dict(self, d: Dict[str, Any]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        local_name = d.get("name") if isinstance(d.get("name"), str) else None
+        for k, v in d.items():
+            if k == "repr" and local_name is not None and isinstance(v, str):
+                out[k] = self.value(local_name, v, "secret-local")  # a Local: {"name", "repr", "arg"}
+            else:
+                out[self.text(k)] = self._tree(v, k)
+        return out
+
+    def summary(self) -> Dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+
+_FIELDS: Dict[type, Tuple[str, ...]] = {}
+
+
+def _is_pair(p: Any) -> bool:
+    return isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p)
+
+
+def redact_text(s: str, redactor: Optional[Redactor] = None) -> str:
+    """Convenience: redact one string with a fresh (or the given) redactor."""
+    return (redactor or Redactor()).text(s)
