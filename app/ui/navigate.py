@@ -1,0 +1,166 @@
+"""Moving around the app: marks, drill-down, diff, tree, history, panels, help and quitting."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional
+
+from rich.text import Text
+
+from app.analysis.diff import diff_ranks, diff_vs_majority
+from app.analysis.tree import build_tree
+from app.model import RankSnapshot
+from app.ui.grid_model import RankKey, rank_key
+from app.ui.screens.dialogs import GpuTestsScreen, HelpScreen
+from app.ui.screens.diff import DiffScreen
+from app.ui.screens.drill import DrillScreen
+from app.ui.screens.tree import TreeScreen
+from app.ui.view import progress_text
+
+if TYPE_CHECKING:
+    from app.ui.app import HangscopeApp
+
+    _Base = HangscopeApp
+else:
+    _Base = object
+
+
+class NavigateMixin(_Base):
+    def _grid(self):
+        return self.main.grid
+
+    def current_rank(self) -> Optional[RankSnapshot]:
+        screen = self.screen
+        if isinstance(screen, DrillScreen):
+            return screen.rank
+        cell = self._grid().current
+        return cell.rank if cell is not None else None
+
+    def targets(self) -> List[RankKey]:
+        """The ranks an action applies to: the marked ones, else the one under the cursor."""
+        view = self.current_view
+        if self.marked and view is not None:
+            return [k for k in view.ranks if k in self.marked]
+        rank = self.current_rank()
+        return [rank_key(rank)] if rank is not None else []
+
+    # -- marks -----------------------------------------------------------------------------------------
+
+    def action_toggle_mark(self) -> None:
+        rank = self.current_rank()
+        if rank is None:
+            return
+        key = rank_key(rank)
+        self.marked.symmetric_difference_update({key})
+        self._grid().set_marked(self.marked)
+        self.notify(f"{len(self.marked)} marked" if self.marked else "no rank marked", timeout=2)
+
+    def action_clear_marks(self) -> None:
+        self.marked.clear()
+        self._grid().set_marked(self.marked)
+
+    # -- drill-down ------------------------------------------------------------------------------------
+
+    def action_drill(self) -> None:
+        rank = self.current_rank()
+        if rank is not None:
+            self.open_drill(rank)
+
+    def drill_summary(self, rank: RankSnapshot) -> Text:
+        view = self.current_view
+        out = Text(end="")
+        if view is None:
+            return out
+        key = rank_key(rank)
+        cv = view.class_view(key)
+        if cv is not None:
+            out.append(f"{cv.symbol} class {cv.index + 1}: ", style=f"bold {cv.color}")
+            out.append(f"{cv.size} ranks {cv.where}")
+        if key in view.suspects:
+            out.append("  suspect", style="bold #ff5f87")
+        progress = progress_text(view.progress.get(key))
+        if progress:
+            out.append(f"  {progress}", style="italic")
+        return out
+
+    def open_drill(self, rank: RankSnapshot) -> None:
+        self.push_screen(DrillScreen(rank, self.drill_summary(rank)))
+
+    def refresh_drill(self) -> None:
+        """A newer snapshot arrived: the open drill-down shows the same rank (by node and pid) from it."""
+        view = self.current_view
+        for screen in self.screen_stack:
+            if isinstance(screen, DrillScreen) and view is not None:
+                rank = view.ranks.get(screen.key)
+                if rank is not None:
+                    screen.update(rank, self.drill_summary(rank))
+
+    # -- diff and tree ---------------------------------------------------------------------------------
+
+    def action_diff(self) -> None:
+        view = self.current_view
+        if view is None:
+            return
+        marked = [k for k in view.ranks if k in self.marked]
+        try:
+            if len(marked) == 2:
+                diff = diff_ranks(view.snapshot, marked[0], marked[1], view.analysis.options)
+            else:
+                rank = self.current_rank()
+                if rank is None:
+                    return
+                if len(marked) not in (0, 1):
+                    self.notify(f"{len(marked)} ranks are marked; diffing this rank against its class majority")
+                diff = diff_vs_majority(view.snapshot, view.analysis, rank_key(rank))
+        except KeyError:
+            self.notify("nothing to compare with: no other rank has a stack", severity="warning")
+            return
+        self.push_screen(DiffScreen(diff))
+
+    def action_tree(self) -> None:
+        view = self.current_view
+        if view is None or not view.analysis.classes:
+            self.notify("no stacks to merge yet", severity="warning")
+            return
+        chosen = self.main.classes_panel.chosen
+        if chosen is not None and chosen < len(view.analysis.classes):
+            tree = build_tree([view.analysis.classes[chosen]], view.analysis.options)
+            title = f"class {chosen + 1}: {view.classes[chosen].label}"
+        else:
+            tree = view.analysis.tree
+            title = f"all {len(view.snapshot.ranks)} ranks"
+        self.push_screen(TreeScreen(tree, title, [c.symbol for c in view.classes]))
+
+    # -- history ---------------------------------------------------------------------------------------
+
+    def action_history(self, step: int) -> None:
+        if not self.history:
+            return
+        target = max(0, min(self.position + step, len(self.history) - 1))
+        if target == self.position:
+            self.notify("no older snapshot" if step < 0 else "this is the newest snapshot", timeout=2)
+            return
+        self.position = target
+        self.follow = target == len(self.history) - 1
+        self.show_position()
+
+    # -- panels, help, quit ----------------------------------------------------------------------------
+
+    def action_focus_panel(self, name: str) -> None:
+        if self.screen is self.main:
+            self.main.action_focus_panel(name)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_gpu_tests(self) -> None:
+        self.push_screen(GpuTestsScreen())
+
+    def action_quit_app(self) -> None:
+        self.exit(return_code=self.exit_code())
+
+    def exit_code(self) -> int:
+        """0 when the newest snapshot has every rank, 1 when it is partial (or nothing was collected)."""
+        if not self.history:
+            return 1
+        snap = self.history[-1]
+        return 0 if snap.complete and snap.ranks else 1

@@ -1,0 +1,72 @@
+"""Drill-down screen for one rank: threads, locals, source, strace, gdb, /proc and env in tabs."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Tuple
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from app.model import RankSnapshot
+from app.ui import rank_text
+
+TABS: List[Tuple[str, str, Callable[[RankSnapshot], Text]]] = [
+    ("threads", "Threads", rank_text.threads_text),
+    ("locals", "Locals", rank_text.locals_text),
+    ("source", "Source", rank_text.source_text),
+    ("strace", "strace", rank_text.strace_text),
+    ("gdb", "gdb", rank_text.gdb_text),
+    ("proc", "/proc", rank_text.proc_text),
+    ("env", "Env & cmdline", rank_text.env_text),
+]
+
+
+class DrillScreen(Screen[None]):
+    """Everything about one rank. The app calls update() when a newer snapshot of the rank arrives."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "back"),
+        Binding("d", "app.diff_current", "diff vs class"),
+        Binding("s", "app.strace", "strace"),
+        Binding("g", "app.gdb", "gdb"),
+        Binding("r", "app.refresh_rank", "refresh"),
+    ] + [Binding(str(i + 1), f"show_tab('{tab_id}')", show=False) for i, (tab_id, _, _) in enumerate(TABS)]
+
+    def __init__(self, rank: RankSnapshot, summary: Text) -> None:
+        super().__init__()
+        self.rank = rank
+        self.summary = summary
+
+    @property
+    def key(self) -> Tuple[str, int]:
+        return (self.rank.node, self.rank.pid)
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._title(), id="drill-title")
+        with TabbedContent(id="drill-tabs"):
+            for tab_id, label, render in TABS:
+                with TabPane(label, id=f"tab-{tab_id}"):
+                    with VerticalScroll():
+                        yield Static(render(self.rank), id=f"body-{tab_id}", classes="drill-body")
+        yield Footer()
+
+    def _title(self) -> Text:
+        title = rank_text.rank_title(self.rank)
+        if self.summary:
+            title.append("\n")
+            title.append_text(self.summary)
+        return title
+
+    def update(self, rank: RankSnapshot, summary: Text) -> None:
+        self.rank = rank
+        self.summary = summary
+        self.query_one("#drill-title", Static).update(self._title())
+        for tab_id, _, render in TABS:
+            self.query_one(f"#body-{tab_id}", Static).update(render(rank))
+
+    def action_show_tab(self, tab_id: str) -> None:
+        self.query_one(TabbedContent).active = f"tab-{tab_id}"

@@ -1,0 +1,180 @@
+"""Where the TUI's data comes from: the SessionSource protocol, the live one (app.session.Session), a replay.
+
+The App is handed a source and never builds one (memray's pattern): tests give it a ReplaySource that emits
+the very events the real Session emits (NodeUpdate, RankUpdate, SnapshotDone), so the UI is tested without
+I/O, and a loaded snapshot file is just a replay with nothing more to collect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple
+
+from app.model import CollectOptions, RankSnapshot, Snapshot
+from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
+
+RankKey = Tuple[str, int]
+Listener = Callable[[SessionEvent], None]
+
+
+class SessionSource(Protocol):
+    """What the TUI needs from a session. `live` False means there is nothing to collect (a loaded file)."""
+
+    live: bool
+    options: CollectOptions
+
+    def subscribe(self, listener: Listener) -> None: ...
+
+    async def snapshot(self, options: Optional[CollectOptions] = None) -> Snapshot: ...
+
+    async def refresh(self, ranks: Optional[Sequence[RankKey]] = None,
+                      options: Optional[CollectOptions] = None) -> Snapshot: ...
+
+    async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot: ...
+
+    async def gdb(self, ranks: Sequence[RankKey]) -> Snapshot: ...
+
+    def cancel(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class LiveSource:
+    """The real source: an app.session.Session, whose events are forwarded to the subscribed listener."""
+
+    live = True
+
+    def __init__(self, hosts, options) -> None:  # (Optional[Sequence[HostSpec]], SessionOptions)
+        from app.session import Session
+
+        self._listener: Optional[Listener] = None
+        self.session = Session(hosts, options, on_event=self._emit)
+
+    @property
+    def options(self) -> CollectOptions:
+        return self.session.options.collect
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listener = listener
+
+    def _emit(self, event: SessionEvent) -> None:
+        if self._listener is not None:
+            self._listener(event)
+
+    def _use(self, options: Optional[CollectOptions]) -> None:
+        # The session reads its collect options at the start of each pass; this is how the TUI's "collect
+        # with native frames / locals" and the watch mode's non-blocking sampling reach it.
+        if options is not None and options != self.session.options.collect:
+            self.session.options = dataclasses.replace(self.session.options, collect=options)
+
+    async def snapshot(self, options: Optional[CollectOptions] = None) -> Snapshot:
+        self._use(options)
+        return await self.session.snapshot()
+
+    async def refresh(self, ranks: Optional[Sequence[RankKey]] = None,
+                      options: Optional[CollectOptions] = None) -> Snapshot:
+        # The session has no single-rank dump yet: a rank's refresh is a pass over every node's warm
+        # worker (~10 ms per rank without --native), which also refreshes the rank asked for.
+        self._use(options)
+        return await self.session.refresh()
+
+    async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot:
+        await self.session.strace(list(ranks), seconds)
+        return self.session.current()
+
+    async def gdb(self, ranks: Sequence[RankKey]) -> Snapshot:
+        await self.session.gdb(list(ranks))
+        return self.session.current()
+
+    def cancel(self) -> None:
+        self.session.cancel()
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class ReplaySource:
+    """Replays recorded snapshots through the Session's events: each snapshot()/refresh() emits the next one
+    (nodes, then ranks, then SnapshotDone); the last one repeats. strace/gdb answer from the recording."""
+
+    def __init__(self, snapshots: Sequence[Snapshot], *, live: bool = True) -> None:
+        if not snapshots:
+            raise ValueError("ReplaySource needs at least one snapshot")
+        self.snapshots: List[Snapshot] = list(snapshots)
+        self.live = live
+        self.options = snapshots[0].options
+        self.calls: List[Tuple[str, object]] = []  # what the UI asked for, in order (tests read it)
+        self.cancelled = 0
+        self.closed = False
+        self._next = 0
+        self._current: Optional[Snapshot] = None
+        self._listener: Optional[Listener] = None
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listener = listener
+
+    def _emit(self, event: SessionEvent) -> None:
+        if self._listener is not None:
+            self._listener(event)
+
+    def _play(self, snap: Snapshot) -> Snapshot:
+        for node in snap.nodes:
+            self._emit(NodeUpdate(node))
+        for rank in snap.ranks:
+            self._emit(RankUpdate(rank))
+        self._current = snap
+        self._emit(SnapshotDone(snap))
+        return snap
+
+    def _take(self, options: Optional[CollectOptions]) -> Snapshot:
+        snap = self.snapshots[min(self._next, len(self.snapshots) - 1)]
+        self._next += 1
+        if options is not None:
+            self.options = options
+            snap = dataclasses.replace(snap, options=options)
+        return snap
+
+    async def snapshot(self, options: Optional[CollectOptions] = None) -> Snapshot:
+        self.calls.append(("snapshot", options))
+        return self._play(self._take(options))
+
+    async def refresh(self, ranks: Optional[Sequence[RankKey]] = None,
+                      options: Optional[CollectOptions] = None) -> Snapshot:
+        self.calls.append(("refresh", tuple(ranks) if ranks is not None else None))
+        return self._play(self._take(options))
+
+    async def _tool(self, op: str, ranks: Sequence[RankKey], change: Callable[[RankSnapshot], RankSnapshot]
+                    ) -> Snapshot:
+        assert self._current is not None, f"{op} before any snapshot"
+        wanted = set(ranks)
+        updated = []
+        for r in self._current.ranks:
+            if (r.node, r.pid) in wanted:
+                r = change(r)
+                self._emit(RankUpdate(r))
+            updated.append(r)
+        self._current = dataclasses.replace(self._current, ranks=tuple(updated))
+        return self._current
+
+    async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot:
+        self.calls.append(("strace", (tuple(ranks), seconds)))
+        recorded = {(r.node, r.pid): r for s in self.snapshots for r in s.ranks if r.strace is not None}
+        return await self._tool("strace", ranks, lambda r: dataclasses.replace(
+            r, strace=recorded[(r.node, r.pid)].strace) if (r.node, r.pid) in recorded else r)
+
+    async def gdb(self, ranks: Sequence[RankKey]) -> Snapshot:
+        self.calls.append(("gdb", tuple(ranks)))
+        recorded = {(r.node, r.pid): r for s in self.snapshots for r in s.ranks if r.gdb is not None}
+        return await self._tool("gdb", ranks, lambda r: dataclasses.replace(
+            r, gdb=recorded[(r.node, r.pid)].gdb) if (r.node, r.pid) in recorded else r)
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def loaded_source(snapshot: Snapshot) -> ReplaySource:
+    """A saved snapshot (--load FILE): shown as it is, with nothing to collect."""
+    return ReplaySource([snapshot], live=False)
