@@ -108,9 +108,9 @@ def test_summary_and_report_lead_with_verdict_findings_and_culprit(tmp_path: Pat
     assert "<details><summary>Merged stack tree" in md
 
     page = page_text(files["report.html"])
-    text = " ".join(page.text)
+    text = "".join(page.text)
     for f in analysis.findings:
-        assert f.title.replace("`", "") in text.replace("  ", " ") or f.title in text
+        assert f.title.replace("`", "") in text  # code spans become <code>: the words read the same
     for c in analysis.classes:
         assert c.label in text
     assert "Culprit: rank 5 on node02" in text
@@ -222,7 +222,7 @@ def test_hostile_names_are_text_in_html_and_inert_in_markdown(tmp_path: Path) ->
     files = export(tmp_path, "hostile")
     html = files["report.html"]
     page = page_text(html)
-    assert HOSTILE_NAME in " ".join(page.text)
+    assert HOSTILE_NAME in "".join(page.text)
     assert "<script" not in html.lower() and "<img" not in html.lower()
     assert page.tags.count("script") == 0
     md = files["summary.md"]
@@ -257,7 +257,7 @@ def test_progress_and_gpu_tests_are_shown_when_present(tmp_path: Path) -> None:
     assert "## Progress over samples" in md and "| stuck |" in md
     assert "## GPU tests" in md and "the link node01-node02 is slow" in md
     page = page_text(files["report.html"])
-    text = " ".join(page.text)
+    text = "".join(page.text)
     assert "Progress over samples" in text and "stuck" in text
     assert "GPU tests" in text and "NCCL WARN <x>" in text and "broken" in text
     assert re.search(r'<table class="matrix"><tr><th></th><th class="mono">node01</th>', files["report.html"])
@@ -265,3 +265,57 @@ def test_progress_and_gpu_tests_are_shown_when_present(tmp_path: Path) -> None:
     manifest = json.loads(files["manifest.json"])
     assert manifest["snapshot"]["history_samples"] == 2 and manifest["snapshot"]["gpu_tests"] is True
     assert any(s["item"] == "earlier samples" for s in manifest["skipped"])
+
+
+def test_empty_failed_and_oversized_snapshots_still_give_a_bundle(tmp_path: Path) -> None:
+    import dataclasses
+
+    from app.model import ErrorInfo, Frame, Snapshot
+
+    empty = Snapshot(taken_at=0.0)
+    for analysis in (analyze(empty), None):
+        bundle = build_bundle(empty, analysis)
+        assert set(bundle.files) == FILES
+    snap = make_snapshot("barrier", failed_node=True)
+    all_failed = dataclasses.replace(snap, ranks=(), nodes=tuple(
+        dataclasses.replace(n, state="failed", error=ErrorInfo("ptrace_denied", "ptrace: denied", hint="use --sudo"))
+        for n in snap.nodes))
+    md = build_bundle(all_failed, analyze(all_failed)).files["summary.md"].decode()
+    assert "node\\[01-03\\]: failed: ptrace denied" in md and "use --sudo" in md
+
+    culprit = snap.ranks[5]
+    main = culprit.threads[0]
+    huge = dataclasses.replace(culprit, threads=(dataclasses.replace(
+        main, frames=(Frame("f" * 10_000, "/deep" * 2000, 1),) + main.frames),), gdb="#0 frame\n" * 300_000)
+    big = dataclasses.replace(snap, ranks=snap.ranks[:5] + (huge,) + snap.ranks[6:])
+    bundle = build_bundle(big, analyze(big))
+    assert len(bundle.files["report.html"]) < 600_000  # names and tool output are capped in the page...
+    assert "f" * 10_000 in bundle.files["snapshot.json"].decode()  # ...never in the data
+    assert any("strace/gdb output of rank 5" in item for item, _ in bundle.skipped)
+    page = page_text(bundle.files["report.html"].decode())
+    assert "f" * 199 + "\u2026" in "".join(page.text)
+
+
+GOLDEN = sorted(p for p in (ROOT / "tests" / "data").glob("*.json")
+                if '"schema": "hangscope.snapshot"' in p.read_text(encoding="utf-8")[:200])
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_golden_cluster_snapshots_export_to_a_bundle(tmp_path: Path, path: Path) -> None:
+    """Snapshots recorded on the test cluster (tests/data/<scenario>.json, added by the lead): each one gives a
+    bundle with its findings, classes and culprit, a snapshot.json that validates and loads back."""
+    snap, _ = snapshot_from_json(path.read_text(encoding="utf-8"))
+    analysis = analyze(snap)
+    result = export_bundle(snap, analysis, str(tmp_path / "b"))
+    files = {Path(p).name: Path(p).read_text(encoding="utf-8") for p in result.paths}
+    schema = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())
+    jsonschema.validate(json.loads(files["snapshot.json"]), schema)
+    back, _ = snapshot_from_json(files["snapshot.json"])
+    assert analyze(back).verdict == analysis.verdict
+    text = "".join(page_text(files["report.html"]).text)
+    for f in analysis.findings:
+        assert f.title.replace("`", "") in text
+    for c in analysis.classes:
+        assert c.label in text
+    md = files["summary.md"]
+    assert md.index("**Verdict:**") < md.index("## Findings") if analysis.findings else True

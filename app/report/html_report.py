@@ -65,10 +65,17 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
         sections.append(tests_section(tests))
     sections.append("<h2 id=\"ranks\">Per-rank stacks</h2><p class=\"meta\">Innermost frame first, as py-spy prints "
                     "them; locals and loop iterations where collected.</p>")
+    cut_output: List[str] = []
     for r in ranks:
         k = hr.key(r)
         if k in shown:
             sections.append(hr.rank_section(r, ids[k], facts.class_of.get(k), open_=k in facts.suspects))
+            if max(len(r.gdb or ""), len(r.strace.output) if r.strace else 0) > hr.TOOL_OUTPUT_LIMIT:
+                cut_output.append(f"{r.label} on {r.node}")
+    if cut_output:
+        who = ", ".join(cut_output[:10]) + (" and more" if len(cut_output) > 10 else "")
+        skipped.append((f"report.html: strace/gdb output of {who}",
+                        f"cut at {hr.TOOL_OUTPUT_LIMIT:,} characters per rank; snapshot.json has all of it"))
     sections.append("<footer class=\"meta\"><p>Secrets were redacted: values replaced with <code>***</code>; "
                     "manifest.json counts the replacements by rule. Text from nodes is shown literally.</p></footer>")
     title = f"hangscope report: {h(facts.verdict, 120)}"
