@@ -177,3 +177,20 @@ def test_two_ptrace_tools_never_share_a_target() -> None:
         assert err["code"] == "already_traced"
         w.call("cancel", {"target": rid})
         w.wait(rid)
+
+
+def test_oldest_supported_python_runs_every_op_stdlib_only() -> None:
+    py39 = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+    if not os.path.exists(py39):
+        import pytest
+
+        pytest.skip("no python3.9 here")
+    with start_rank(0, ["--helper"]) as t, WorkerProc(python=py39, isolated=True) as w:
+        assert w.hello["python"].startswith("3.9") and w.hello["psutil"] is False
+        items, _ = w.call("discover")
+        assert t.pid in {i["pid"] for i in items}
+        item = w.call("dump", {"targets": [target_of(t)], "locals": True, "loops": True})[0][0]
+        assert item["ok"] and item["loops"], item
+        _, done = w.call("strace", dict(target_of(t), seconds=0.2))
+        assert done["type"] == "done"
+        assert untouched(t.pid)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import PROG, Target, copy_as, rank_env, start_rank, wait_blocked
+from worker_targets import PROG, Target, copy_as, start_rank, wait_blocked
 from workers import discover, procinfo
 
 SECRET_TOKEN = "hf_" + "Q" * 34

@@ -126,3 +126,17 @@ def test_rank_in_a_container_is_found_and_dumped_from_inside_its_namespaces() ->
         assert any(f["name"] == "wait_forever" for f in main["frames"])
         assert any(k.startswith(PROG + ":") for k in item["loops"])  # source read via /proc/PID/root
         assert untouched(host_pid)
+
+
+def test_cancelling_a_hung_dump_kills_the_tool_and_resumes_the_target() -> None:
+    with start_rank(0) as t, WorkerProc() as w:
+        push(w, FAKE_HANGING_PYSPY)
+        rid = w.send("dump", {"targets": [target_of(t)], "timeout": 120})
+        wait_until(lambda: proc_state(t.pid) == "T", what="the fake py-spy stopped its target")
+        _, done = w.call("cancel", {"target": rid}, timeout=10)
+        assert done["data"]["cancelled"] is True
+        items, err = w.wait(rid, timeout=10)
+        assert err["code"] == "cancelled" and items == []
+        wait_until(lambda: proc_state(t.pid) == "S" and untouched(t.pid), what="target resumed")
+        _, pong = w.call("ping", timeout=5)
+        assert pong["type"] == "done"

@@ -38,10 +38,17 @@ def rank(args):
         if helper == 0:
             wait_forever("helper")
             os._exit(0)
+    conn = None
+    if "--connect" in args:  # a TCP peer it never reads from (a collective's connection, stalled)
+        import socket
+
+        host, port = args[args.index("--connect") + 1].rsplit(":", 1)
+        conn = socket.create_connection((host, int(port)))
     threading.Thread(target=spin, name="spinner", daemon=True).start()
     spinner_ready.wait()
     print("ready %d %s" % (os.getpid(), helper or ""), flush=True)
     train(["a", "b", "c", "d", "e"])
+    return conn
 
 
 def busy(args):

@@ -8,7 +8,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from workers import discover as discovery
 from workers import procinfo
@@ -126,7 +126,7 @@ def gdb(req: Request) -> Dict[str, Any]:
     return traced.gdb(req)
 
 
-HANDLERS = {
+HANDLERS: Dict[str, Callable[[Request], Dict[str, Any]]] = {
     "dump": dump,
     "strace": strace,
     "gdb": gdb,

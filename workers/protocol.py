@@ -8,7 +8,7 @@ side channel, never parsed as protocol.
 Worker -> login, first and once:
     {"type": "hello", "protocol": 1, "worker_version": str, "python": "3.11.7", "python_exe": str,
      "pid": int, "uid": int, "euid": int, "user": str, "hostname": str, "kernel": str,
-     "ptrace_scope": int | None, "cpus": int, "psutil": bool, "pid_ns": str | None,
+     "ptrace_scope": int | None, "cpus": int, "psutil": bool, "pid_ns": str | None, "machine": "x86_64",
      "tools": {"py-spy": {"path": str, "version": str} | None, "strace": ..., "gdb": ...,
                "nsenter": ..., "nvidia-smi": ..., "sudo": ...},
      "searched": {"py-spy": [paths searched], ...}}
@@ -21,11 +21,13 @@ Worker -> login, replies (each echoes the request id):
     {"type": "done", "id": int, "data": {...}}        exactly one of done/error ends a request
     {"type": "error", "id": int | None, "code": str, "message": str, "hint": str}
 A line that is not valid protocol is answered with an error (id None, code "bad_request") and the worker
-exits. EOF on stdin: the worker kills everything it started and exits.
+exits. A valid request with a wrong argument gets an error with its id (code "bad_request") and the worker
+goes on. EOF on stdin: the worker kills everything it started and exits.
 
 Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
-    discover  {"pids": [int] | None}              -> item per rank: RankInfo dict (see workers/discover.py)
+    discover  {"pids": [int] | None}              -> item per rank: RankInfo dict (see workers/discover.py),
+                                                     with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
                                                   -> done {"count", "scanned", "unreadable", "notes": [str]}
     dump      {"targets": [{"pid", "start_time"}], "native": bool, "locals": bool,
                "nonblocking": bool, "timeout": float, "concurrency": int | None,
@@ -37,12 +39,14 @@ Ops (args -> items / done):
                                    "loops": {"<file>:<line>": [LoopInfo dict]},
                                    "source": {"<file>": {"<line>": "text"}},
                                    "state_before": str, "state_after": str, "resumed": bool,
-                                   "elapsed": float, "error": ErrorDict | None}
+                                   "elapsed": float, "error": ErrorDict | None,
+                                   "notes": [str], "source_context": int}
               -> done {"count": int, "elapsed": float}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool}
-              -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float}
+              -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
+                       "seconds": float}   (output: first and last max_lines/2 lines around a [truncated] marker)
     gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
-              -> done {"pid", "output": str, "resumed": bool, "elapsed": float}
+              -> done {"pid", "output": str, "stderr": str, "resumed": bool, "elapsed": float}
     push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
               -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
     cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends

@@ -178,6 +178,7 @@ class Server:
 
     def _cancel(self, req: Request) -> Dict[str, Any]:
         target = req.arg_int("target", required=True)
+        assert target is not None
         with self._active_lock:
             victim = self._active.get(target) if target != req.id else None
         return {"cancelled": bool(victim is not None and victim.cancel())}

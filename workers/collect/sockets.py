@@ -17,7 +17,7 @@ _SS_RETRANS = re.compile(r"\bretrans:(\d+)/(\d+)")
 
 
 def socket_inodes(pid: int) -> List[int]:
-    out = []
+    out: List[int] = []
     try:
         names = os.listdir("/proc/%d/fd" % pid)
     except OSError:

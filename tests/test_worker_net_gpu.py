@@ -1,0 +1,95 @@
+"""A rank's TCP connections (for network stalls) and GPUs (nvidia-smi) as discovery reports them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+
+from worker_client import WorkerProc
+from worker_targets import start_rank
+from workers.collect import gpus, sockets
+
+
+def test_rank_sockets_show_peer_state_and_unread_bytes() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with start_rank(0, ["--connect", "127.0.0.1:%d" % port]) as t:
+            conn, peer = listener.accept()
+            with conn:
+                conn.sendall(b"x" * 1000)  # the rank never reads: it stays in its receive queue
+                with WorkerProc() as w:
+                    items, _ = w.call("discover")
+                    rank = {i["pid"]: i for i in items}[t.pid]
+                    (s,) = rank["sockets"]
+                    assert s["local"] == "%s:%d" % peer and s["peer"] == "127.0.0.1:%d" % port
+                    assert s["state"] == "ESTABLISHED" and s["recv_q"] == 1000 and s["send_q"] == 0
+                    assert s["retransmits"] == 0 and s["backoff"] == 0
+                    if shutil.which("ss"):  # ss -ti adds the timers
+                        assert s["last_recv_ms"] is not None and s["last_send_ms"] is not None
+
+
+def test_proc_net_tcp6_and_ss_addresses_agree() -> None:
+    with socket.socket(socket.AF_INET6) as v6:
+        v6.bind(("::1", 0))
+        v6.listen(1)
+        port = v6.getsockname()[1]
+        inode = os.fstat(v6.fileno()).st_ino
+        with open("/proc/self/net/tcp6") as f:
+            rows = sockets.parse_proc_tcp(f.read())
+        assert rows[inode]["local"] == "[::1]:%d" % port and rows[inode]["state"] == "LISTEN"
+    assert sockets.normalise("[::ffff:10.0.0.1]:29500") == "10.0.0.1:29500"
+    assert sockets.normalise("[fe80::1%eth0]:22") == "[fe80::1]:22"
+    ss = ("ESTAB 0 4096 10.0.0.2:41234 10.0.0.1:29500\n"
+          "\t cubic wscale:7,7 rto:3264 backoff:4 rtt:0.05/0.02 retrans:1/9 lastsnd:15230 lastrcv:15260 "
+          "lastack:15260 unacked:3\n")
+    assert sockets.parse_ss(ss) == {("10.0.0.2:41234", "10.0.0.1:29500"): {
+        "backoff": 4, "retrans": 9, "lastsnd": 15230, "lastrcv": 15260, "lastack": 15260}}
+
+
+# nvidia-smi output in the documented CSV form. There is no GPU here, so discovery's use of it is checked
+# with a FAKE nvidia-smi that prints such lines for the test's rank (a GPU cannot be produced for real).
+APPS = "{pid}, GPU-1f2e3d4c-0000-1111-2222-333344445555, 8123\n"
+GPUS = ("0, GPU-1f2e3d4c-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3\n"
+        "1, GPU-99999999-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3\n")
+
+
+def fake_nvidia_smi(tmp_path, body: str) -> str:
+    bindir = os.path.join(str(tmp_path), "bin")
+    os.makedirs(bindir, exist_ok=True)
+    path = os.path.join(bindir, "nvidia-smi")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n# FAKE nvidia-smi for the GPU discovery test\n" + body)
+    os.chmod(path, stat.S_IRWXU)
+    return bindir
+
+
+def test_gpus_of_a_rank_from_nvidia_smi(tmp_path) -> None:
+    with start_rank(0) as t:
+        body = ('case "$1" in --query-compute-apps*) printf "%s";; --query-gpu*) printf "%s";; esac\n'
+                % (APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
+        bindir = fake_nvidia_smi(tmp_path, body)
+        with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
+            items, done = w.call("discover")
+            rank = {i["pid"]: i for i in items}[t.pid]
+            assert rank["gpus"] == [{"index": 0, "uuid": "GPU-1f2e3d4c-0000-1111-2222-333344445555",
+                                     "name": "NVIDIA H100 80GB HBM3", "used_mib": 8123}]
+            assert done["data"]["notes"] == []
+
+
+def test_a_failing_nvidia_smi_becomes_a_note_not_a_failure(tmp_path) -> None:
+    msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    bindir = fake_nvidia_smi(tmp_path, 'echo "%s"; exit 9\n' % msg)
+    with start_rank(0) as t, WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
+        items, done = w.call("discover")
+        assert t.pid in {i["pid"] for i in items}
+        assert any(msg in n for n in done["data"]["notes"])
+
+
+def test_gpu_table_parsing_skips_noise() -> None:
+    assert gpus.by_pid("No running processes found\n", GPUS) == {}
+    assert gpus.by_pid("42, GPU-x, [N/A]\n", "") == {42: [{"index": None, "uuid": "GPU-x", "name": "",
+                                                          "used_mib": None}]}
