@@ -21,6 +21,19 @@ from app import model
 from app.model import SCHEMA_NAME, SCHEMA_VERSION, Snapshot
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
+# The analysis section, described at its top level only: it is a record of conclusions, not input data.
+_ANALYSIS: Dict[str, Any] = {
+    "verdict": {"type": "string", "description": "one plain sentence: the answer"},
+    "findings": {"type": "array", "items": {"type": "object"},
+                 "description": "most likely culprit first: kind, title, detail, confidence, reason, ranks"},
+    "classes": {"type": "array", "items": {"type": "object"},
+                "description": "equivalence classes (ranks with the same stack), largest first"},
+    "tree": {"type": "object", "description": "the merged prefix tree of stacks, with rank counts"},
+    "iteration_splits": {"type": "array", "items": {"type": "object"},
+                         "description": "ranks of one class told apart by loop iteration"},
+    "progress": {"type": "array", "items": {"type": "object"},
+                 "description": "per rank: stuck, progressing or gone, when earlier samples were given"},
+}
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -46,9 +59,9 @@ def build_schema() -> Dict[str, Any]:
             "snapshot": {"$ref": "#/$defs/Snapshot"},
             "analysis": {
                 "type": "object",
-                "description": ("what hangscope's analysis concluded when the file was written (verdict, findings, "
-                                "equivalence classes, iteration splits): informative; --load analyses the snapshot "
-                                "again"),
+                "description": ("what hangscope's analysis concluded when the file was written (app/analysis "
+                                "Analysis.to_dict()): informative; --load analyses the snapshot again"),
+                "properties": _ANALYSIS,
             },
         },
         "$defs": dict(sorted(defs.items())),
