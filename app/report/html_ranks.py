@@ -128,6 +128,10 @@ def _thread(t: ThreadStack) -> str:
 def rank_section(r: RankSnapshot, anchor: str, class_index: Optional[int], *, open_: bool = False) -> str:
     cls = f"class {class_index + 1} {symbol(class_index)}" if class_index is not None else "no stack"
     summary = f"{r.label} \u00b7 {r.node} pid {r.pid} \u00b7 {cls} \u00b7 state {r.state or '?'}"
+    main = r.main_thread
+    where = next((f for f in main.frames if f.iteration), None) if main is not None else None
+    if where is not None:  # the loop iteration tells ranks of one class apart
+        summary += " \u00b7 " + ", ".join(f"{n}={v}" for n, v in where.iteration)
     parts = [f"<details id=\"{anchor}\"{' open' if open_ else ''}><summary class=\"mono\">{h(summary, 400)}</summary>"]
     if r.error is not None:
         parts.append(f"<p class=\"fail\">{h(r.error.code)}: {h(r.error.message, 600)}"

@@ -43,9 +43,13 @@ def strip(text: object, limit: Optional[int] = NAME, *, multiline: bool = False)
 
 def md(text: object, limit: Optional[int] = NAME) -> str:
     """Inline Markdown text: every character Markdown (or HTML inside Markdown) could interpret is escaped."""
-    escaped = _MD_SPECIAL.sub(r"\\\1", strip(text, limit))
-    return _MD_LEADING.sub(lambda m: m.group(1) + (m.group(2) + "\\" if m.group(2)[0].isdigit() else "\\" + m.group(2)),
-                           escaped)
+    return _MD_LEADING.sub(_escape_leading, _MD_SPECIAL.sub(r"\\\1", strip(text, limit)))
+
+
+def _escape_leading(m: "re.Match[str]") -> str:
+    """`- x` -> `\\- x` (not a list item); `1. x` -> `1\\. x` (not an ordered list)."""
+    mark = m.group(2)
+    return m.group(1) + (mark + "\\" if mark[0].isdigit() else "\\" + mark)
 
 
 def md_code(text: object, limit: Optional[int] = NAME) -> str:
