@@ -89,8 +89,9 @@ def test_a_symlink_is_never_followed(tmp_path: Path, data) -> None:
     victim.mkdir()
     (tmp_path / "link").symlink_to(victim)
     for force in (False, True):
-        with pytest.raises(UnsafePathError):
-            export_bundle(*data, str(tmp_path / "link"), force=force)
+        for path in (str(tmp_path / "link"), str(tmp_path / "link") + "/"):  # a trailing / must not follow it
+            with pytest.raises(UnsafePathError):
+                export_bundle(*data, path, force=force)
     assert os.listdir(victim) == []
 
     # a symlink planted at a file name inside an earlier bundle is replaced, its target untouched

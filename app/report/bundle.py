@@ -7,6 +7,7 @@ failure); export_bundle() does both and is what the CLI and the TUI call.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -61,6 +62,8 @@ def export_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], out_dir: s
 
 
 def write_bundle(bundle: Bundle, out_dir: str, *, force: bool = False, tar: bool = False) -> ExportResult:
+    """Write a built bundle (raises like export_bundle); a failed write can be retried at another path."""
+    out_dir = os.path.normpath(out_dir)
     check_destination(out_dir, force=force, tar=tar)
     try:
         paths: List[str] = write_files(out_dir, bundle.files, force=force)

@@ -61,6 +61,7 @@ class BundleWriteError(ExportError):
 
 def check_destination(out_dir: str, *, force: bool, tar: bool) -> None:
     """Refuse before anything is written: an existing path without force, a symlink, a non-bundle dir."""
+    out_dir = os.path.normpath(out_dir)  # "link/" would make lstat and O_NOFOLLOW follow the link
     _check_dir(out_dir, force=force)
     if tar:
         _check_file(tarball_path(out_dir), force=force)
@@ -72,6 +73,7 @@ def tarball_path(out_dir: str) -> str:
 
 def write_files(out_dir: str, files: Mapping[str, bytes], *, force: bool) -> List[str]:
     """Write `files` (flat names) into out_dir; returns the paths written, in order."""
+    out_dir = os.path.normpath(out_dir)
     for name in files:
         if not name or "/" in name or name.startswith(".") or "\0" in name:
             raise ValueError(f"bad bundle file name {name!r}")
@@ -100,6 +102,7 @@ def write_files(out_dir: str, files: Mapping[str, bytes], *, force: bool) -> Lis
 
 def write_tarball(out_dir: str, files: Mapping[str, bytes], *, mtime: float, force: bool) -> str:
     """The same files as OUT_DIR.tar.gz (entries under the directory's name, 0600, no owner names)."""
+    out_dir = os.path.normpath(out_dir)
     path = tarball_path(out_dir)
     _check_file(path, force=force)
     data = tar_bytes(os.path.basename(os.path.normpath(out_dir)) or "hangscope-report", files, mtime)
