@@ -1,0 +1,153 @@
+"""The analysis core: pure functions from snapshots to classes, a merged tree, findings and a verdict.
+
+Import contract: nothing under app/analysis imports textual, asyncssh, app.transport, app.session or app.ui
+(a test checks it in a subprocess). `analyze` is the entry point; everything it returns is frozen and
+`Analysis.to_dict()` is what the snapshot file stores under "analysis".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Tuple
+
+from app.analysis.findings import Finding, identical_finding, order, stack_findings
+from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states, several_jobs
+from app.analysis.health import thread_counts
+from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
+from app.analysis.network import network_findings
+from app.analysis.options import AnalysisOptions
+from app.analysis.progress import RankProgress, progress_findings, track
+from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
+from app.model import Frame, Snapshot, to_dict
+
+__all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
+           "RankProgress", "analyze"]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    verdict: str  # one plain sentence: the answer
+    findings: Tuple[Finding, ...]  # most likely culprit first
+    classes: Tuple[StackClass, ...]  # largest first
+    tree: StackTree
+    iteration_splits: Tuple[IterationSplit, ...] = ()
+    progress: Tuple[RankProgress, ...] = ()  # when history was given
+    ranks_total: int = 0
+    ranks_with_stacks: int = 0
+    options: AnalysisOptions = field(default_factory=AnalysisOptions)
+    elapsed: float = 0.0  # seconds the analysis took
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able: stored as the snapshot file's "analysis". Frames are shortened to their identity (the
+        snapshot holds them in full)."""
+        opts = self.options
+        return {
+            "verdict": self.verdict,
+            "ranks_total": self.ranks_total,
+            "ranks_with_stacks": self.ranks_with_stacks,
+            "elapsed": round(self.elapsed, 4),
+            "options": {"thread": opts.thread if isinstance(opts.thread, str) else "custom",
+                        "identity": opts.identity, "native": opts.native, "fold_machinery": opts.fold_machinery},
+            "findings": [to_dict(f) for f in self.findings],
+            "classes": [_class_dict(c) for c in self.classes],
+            "tree": _node_dict(self.tree, self.tree.root),
+            "iteration_splits": [_split_dict(s) for s in self.iteration_splits],
+            "progress": [to_dict(p) for p in self.progress],
+        }
+
+
+def _frame_dict(f: Frame) -> Dict[str, Any]:
+    return {"function": f.function, "filename": f.filename, "line": f.line, "native": f.native}
+
+
+def _class_dict(c: StackClass) -> Dict[str, Any]:
+    return {"index": c.index, "size": c.size, "label": c.label, "collective": c.collective,
+            "ranks": [list(k) for k in c.ranks], "numbers": list(c.numbers),
+            "frames": [_frame_dict(f) for f in c.frames]}
+
+
+def _node_dict(tree: StackTree, node: TreeNode) -> Dict[str, Any]:
+    return {"frame": _frame_dict(node.frame) if node.frame is not None else None, "count": node.count,
+            "label": tree.label(node), "classes": list(node.classes), "ends": list(node.ends),
+            "children": [_node_dict(tree, c) for c in node.children]}
+
+
+def _split_dict(s: IterationSplit) -> Dict[str, Any]:
+    return {"class_index": s.class_index, "text": s.text(), "varying": list(s.varying),
+            "locals_missing": s.locals_missing, "loops": [_frame_dict(f) for f in s.loops],
+            "groups": [{"coordinate": [list(p) for p in g.coordinate], "label": g.label,
+                        "ranks": [list(k) for k in g.ranks]} for g in s.groups]}
+
+
+def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
+            options: AnalysisOptions = AnalysisOptions()) -> Analysis:
+    """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first)."""
+    started = time.perf_counter()
+    ranks = snapshot.ranks
+    grouping = group_stacks(ranks, options)
+    classes = grouping.classes
+    tree = build_tree(classes, options)
+    splits = split_iterations(grouping)
+
+    findings: List[Finding] = stack_findings(classes)
+    for split in splits:
+        findings.extend(iteration_findings(split))
+    dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)
+    locals_missing = dominant_split is not None and dominant_split.locals_missing
+    if locals_missing and dominant_split is not None:
+        findings.append(locals_missing_finding(dominant_split, snapshot.options.locals, classes[0].label))
+
+    by_job = jobs(ranks)
+    findings += several_jobs(by_job)
+    findings += missing_ranks(snapshot, by_job)
+    findings += failed_nodes(snapshot)
+    findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
+    findings += process_states(ranks)
+    findings += thread_counts([r for r in ranks if r.collected])
+
+    same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
+    network = network_findings(snapshot, same_place=same_place)
+    findings += network
+
+    progress: Tuple[RankProgress, ...] = ()
+    if history:
+        progress = track(list(history) + [snapshot], options)
+        findings += progress_findings(progress)
+    if same_place:
+        findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
+                                          history=bool(history), incomplete=bool(grouping.no_stack),
+                                          sockets=any(r.sockets for r in ranks)))
+    if not classes:
+        findings.append(_no_data(snapshot))
+    ordered = order(findings)
+    return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
+                    len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started)
+
+
+def _no_data(snapshot: Snapshot) -> Finding:
+    if not snapshot.ranks:
+        failed = sum(1 for n in snapshot.nodes if n.state == "failed")
+        why = f"; {failed} of {len(snapshot.nodes)} nodes failed" if failed else ""
+        return Finding("no_data", f"no rank processes were found{why}",
+                       "hangscope looks for processes with RANK/LOCAL_RANK in their environment; check the hosts "
+                       "list, and that the job runs as a user whose processes you can read", "high",
+                       "nothing to analyse", culprit=False)
+    return Finding("no_data", f"no stacks were collected from any of the {len(snapshot.ranks)} ranks",
+                   "see why in the dump failures above", "high", "nothing to merge", culprit=False)
+
+
+def _verdict(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return "Nothing stands out."
+    top = findings[0]
+    title = top.title[:1].upper() + top.title[1:]
+    if top.kind == "progressing" or not top.culprit:
+        if top.kind == "dump_failed":
+            return f"No culprit found, and the picture is incomplete: {top.title}."
+        return f"{title}."
+    if top.confidence == "high":
+        return f"{title}."
+    if top.confidence == "medium":
+        return f"Likely lead: {top.title}."
+    return f"No clear culprit; the best lead: {top.title}."

@@ -1,0 +1,189 @@
+"""Findings: what differs between ranks, in plain words, most likely culprit first; and the stack findings.
+
+A finding names ranks and nodes (folded), says what is different and where their path leaves the majority's,
+and how sure it is and why. The kinds are a closed set; `order` puts suspects before notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Sequence, Tuple, get_args
+
+from app.analysis.fold import RankKey, fold_nodes, short_keys
+from app.analysis.frames import focus_frame, is_library, named, path_collective
+from app.analysis.tree import StackClass
+
+FindingKind = Literal[
+    "progressing",  # samples over time show ranks moving: not hung
+    "different_collective",  # some ranks wait in another collective than the rest
+    "minority_stack",  # a small class of ranks is somewhere else than a dominant one
+    "iteration_split",  # same place, different loop iteration
+    "still_running",  # a few ranks change between samples while the rest are stuck
+    "stopped",  # SIGSTOP / tracing stop
+    "exited",  # a rank is a zombie, or vanished between samples
+    "uninterruptible",  # D state: I/O or a driver
+    "missing_ranks",  # rank numbers expected from WORLD_SIZE / slots not found
+    "node_failed",  # a node could not be inspected: its ranks are unknown
+    "network_stall",  # sockets retransmitting or peers silent
+    "thread_count",  # ranks with another number of threads than the rest
+    "dump_failed",  # stacks missing for some ranks: the picture is incomplete
+    "all_identical",  # every rank at the same place: stacks cannot tell the culprit
+    "several_jobs",  # the snapshot holds ranks of more than one job
+    "no_locals",  # loops on the path but no loop variables: run with --locals
+    "no_data",  # nothing to analyse
+]
+Confidence = Literal["high", "medium", "low"]
+
+KINDS: Tuple[str, ...] = get_args(FindingKind)
+_CONFIDENCE = {"high": 0, "medium": 1, "low": 2}
+MAX_CLASS_FINDINGS = 8  # minority classes named one by one; the rest are summed up in one finding
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    title: str  # one sentence: "rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`"
+    detail: str  # what is different, in plain words, with the frames on both sides
+    confidence: Confidence
+    reason: str  # why that confidence
+    ranks: Tuple[RankKey, ...] = ()
+    ranks_label: str = ""  # `ranks 0-6,8-15 on node[01-04]`
+    nodes: str = ""  # `node[01-04]`
+    culprit: bool = True  # False for notes about the data (incomplete, cannot tell)
+    class_index: Optional[int] = None
+
+
+def order(findings: Sequence[Finding]) -> Tuple[Finding, ...]:
+    """Most likely culprit first: "progressing" (the job is not hung), then suspects by confidence, then notes."""
+    def key(f: Finding) -> Tuple[int, int, int]:
+        head = 0 if f.kind == "progressing" else (1 if f.culprit else 2)
+        return (head, _CONFIDENCE[f.confidence] if f.culprit else 0, KINDS.index(f.kind))
+    return tuple(sorted(findings, key=key))
+
+
+def where(c: StackClass) -> str:
+    """`in `all_reduce` (distributed_c10d.py:2950)` or `in `next_batch` (loader.py:31)`."""
+    collective, frame = path_collective(c.frames)
+    if frame is None:
+        frame = focus_frame(c.frames)
+    return f"in {named(frame)}" if frame is not None else "in no frame"
+
+
+def stack_findings(classes: Sequence[StackClass]) -> List[Finding]:
+    """One finding per minority class, compared with the dominant (largest) class."""
+    if len(classes) < 2:
+        return []
+    dominant = classes[0]
+    out = [_versus(c, dominant) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
+    rest = classes[MAX_CLASS_FINDINGS + 1:]
+    if rest:
+        keys = tuple(k for c in rest for k in c.ranks)
+        numbers = tuple(n for c in rest for n in c.numbers)
+        out.append(Finding(
+            "minority_stack", f"{len(rest)} more small groups of ranks are elsewhere",
+            "; ".join(f"{c.label} {where(c)}" for c in rest[:20]) + ("; ..." if len(rest) > 20 else ""),
+            "low", "many different stacks: the ranks may still be running, not hung",
+            keys, short_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
+    return out
+
+
+def _versus(c: StackClass, d: StackClass) -> Finding:
+    who = c.who
+    verb = "is" if c.size == 1 else "are"
+    others = f"{d.size} other{'s' if d.size != 1 else ''}"
+    if d.collective is not None:
+        theirs = f"{'waits' if d.size == 1 else 'wait'} in `{d.collective}`"
+    else:
+        theirs = f"{'is' if d.size == 1 else 'are'} {where(d)}"
+    title = f"{who} {verb} {where(c)} while {others} {theirs}"
+    k = _common_prefix(c, d)
+    detail = f"{c.label}: {_parting(c, d, k)}"
+    inner = c.frames[-1] if c.frames else None
+    if inner is not None and inner is not focus_frame(c.frames) and c.collective is None:
+        detail += f"; innermost frame {named(inner)}"
+    tie = c.size == d.size
+    small = c.size * 3 <= d.size
+    kind: FindingKind
+    conf: Confidence
+    if c.collective and d.collective and c.collective != d.collective:
+        kind = "different_collective"
+        conf, reason = _by_size(tie, small, f"a rank in `{c.collective}` can never meet ranks in `{d.collective}`",
+                                c, d)
+    elif c.collective and c.collective == d.collective:
+        kind = "minority_stack"
+        diverge = c.frames[k] if k < len(c.frames) else None
+        if diverge is None or is_library(diverge):
+            conf, reason = "low", f"both wait in `{c.collective}`; their paths differ only inside libraries"
+        else:
+            conf, reason = _by_size(tie, small, f"both wait in `{c.collective}` but called from different places"
+                                    ", which pairs collectives that do not belong together", c, d)
+            conf = "medium" if conf == "high" else conf
+    elif d.collective and not c.collective:
+        kind = "minority_stack"
+        conf, reason = _by_size(tie, small, f"the others wait in `{d.collective}` for ranks that are elsewhere",
+                                c, d)
+    elif c.collective and not d.collective:
+        kind = "minority_stack"
+        conf, reason = _by_size(tie, small, f"{who} {'waits' if c.size == 1 else 'wait'} in `{c.collective}` "
+                                "for the others, which are elsewhere: either side may hold the other up", c, d)
+        conf = "medium" if conf == "high" else conf
+    else:
+        kind = "minority_stack"
+        conf, reason = _by_size(tie, small, "no collective recognised; the smallest groups are the usual suspects",
+                                c, d)
+        conf = "medium" if conf == "high" else conf
+    return Finding(kind, title, detail, conf, reason, c.ranks, c.label, c.nodes, class_index=c.index)
+
+
+def _by_size(tie: bool, small: bool, why: str, c: StackClass, d: StackClass) -> Tuple[Confidence, str]:
+    if tie:
+        return "low", f"{why}; but both groups hold {c.size} ranks, so either may be the odd one"
+    if small:
+        return "high", f"{why}, and {c.size} rank{'s' if c.size != 1 else ''} stand{'s' if c.size == 1 else ''} " \
+            f"against {d.size}"
+    return "medium", f"{why}; but the groups are of similar size ({c.size} and {d.size})"
+
+
+def _common_prefix(a: StackClass, b: StackClass) -> int:
+    k = 0
+    for fa, fb in zip(a.frames, b.frames):
+        if (fa.function, fa.filename, fa.line) != (fb.function, fb.filename, fb.line):
+            break
+        k += 1
+    return k
+
+
+def _parting(c: StackClass, d: StackClass, k: int) -> str:
+    """Where c's path leaves d's: the first frame that differs, on both sides."""
+    mine = c.frames[k] if k < len(c.frames) else None
+    theirs = d.frames[k] if k < len(d.frames) else None
+    after = f" after {named(c.frames[k - 1])}" if k else " at the outermost frame"
+    if mine is not None and theirs is not None:
+        return f"its path leaves the others'{after}: {named(mine)} here, {named(theirs)} there"
+    if mine is None and theirs is not None:
+        return f"its path stops{after}, where the others go on into {named(theirs)}"
+    if mine is not None:
+        return f"its path goes on{after} into {named(mine)}, where the others' path ends"
+    return "the paths are the same"
+
+
+def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, history: bool,
+                      incomplete: bool = False, sockets: bool = True) -> Finding:
+    """Every rank at the same place: say so, and where the answer can come from instead."""
+    at = f"wait in `{c.collective}`" if c.collective else f"are {where(c)}"
+    who = f"all {c.size} ranks" + (" with stacks" if incomplete else "")
+    title = f"{who} {at} at the same place: stacks cannot tell the culprit"
+    hints = []
+    if network:
+        hints.append("the network finding names the node whose sockets stall")
+    elif sockets:
+        hints.append("no socket shows a stall; check the links between the nodes (ss -tinpo on each)")
+    else:
+        hints.append("no socket data was collected; check the links between the nodes (ss -tinpo on each)")
+    if locals_missing:
+        hints.append("run with --locals to tell loop iterations apart")
+    if not history:
+        hints.append("take samples over time (--watch) to see whether ranks progress")
+    return Finding("all_identical", title, f"{c.label} share one stack; " + "; ".join(hints) + ".",
+                   "high", "every rank's stack and loop iteration are identical",
+                   c.ranks, c.label, c.nodes, culprit=False, class_index=c.index)

@@ -1,0 +1,156 @@
+"""What a frame means to the analysis: its identity, Python machinery to fold away, torch collectives, display.
+
+Frames and every string in them are remote text: `clean` makes them printable before any of it is shown.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Iterable, Literal, Optional, Sequence, Tuple
+
+from app.model import Frame
+
+Identity = Literal["function", "function+line"]
+FrameId = Tuple[str, str, int]  # (function, filename, line); line 0 when the identity ignores lines
+
+# Python's own plumbing between the interpreter and user code: the same on every rank, and only noise in a
+# merged tree. (filename suffix, function names or None for all); py-spy reports frozen modules as
+# "<frozen runpy>" and sources as ".../runpy.py".
+_MACHINERY: Tuple[Tuple[Tuple[str, ...], Optional[frozenset]], ...] = (
+    (("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>",
+      "importlib/_bootstrap.py", "importlib/_bootstrap_external.py"), None),
+    (("threading.py",), frozenset({"_bootstrap", "_bootstrap_inner", "run"})),
+    (("<frozen runpy>", "runpy.py"), frozenset({"_run_module_as_main", "_run_code"})),
+    (("torch/distributed/elastic/multiprocessing/errors/__init__.py",), frozenset({"wrapper"})),
+)
+
+
+@lru_cache(maxsize=8192)  # the same few hundred frames recur on every path
+def is_machinery(function: str, filename: str) -> bool:
+    """True for frames of importlib's bootstrap, thread start-up, runpy and torch elastic's error wrapper."""
+    name = filename.replace("\\", "/")
+    for suffixes, functions in _MACHINERY:
+        if name.endswith(suffixes) and (functions is None or function in functions):
+            return True
+    return False
+
+
+def frame_id(frame: Frame, identity: Identity) -> FrameId:
+    return (frame.function, frame.filename, frame.line if identity == "function+line" else 0)
+
+
+# torch.distributed's Python API, by function name -> the collective a user knows it as.
+_PY_COLLECTIVES = {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_reduce_multigpu": "all_reduce",
+    "all_gather": "all_gather", "all_gather_into_tensor": "all_gather", "_all_gather_base": "all_gather",
+    "all_gather_object": "all_gather", "all_gather_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast", "broadcast_object_list": "broadcast",
+    "barrier": "barrier", "_store_based_barrier": "barrier", "monitored_barrier": "monitored_barrier",
+    "send": "send", "isend": "send", "send_object_list": "send",
+    "recv": "recv", "irecv": "recv", "recv_object_list": "recv", "batch_isend_irecv": "send/recv",
+    "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
+    "reduce": "reduce", "gather": "gather", "gather_object": "gather",
+    "scatter": "scatter", "scatter_object_list": "scatter",
+}
+
+# c10d / gloo / NCCL native names, lower-cased with underscores removed; the most specific first. Short
+# tokens must start the last name component: gloo's `UnboundBuffer::waitRecv` is inside an all_reduce too.
+_NATIVE_TOKENS = (
+    ("monitoredbarrier", "monitored_barrier", False), ("allreduce", "all_reduce", False),
+    ("allgather", "all_gather", False), ("reducescatter", "reduce_scatter", False),
+    ("alltoall", "all_to_all", False), ("broadcast", "broadcast", False), ("barrier", "barrier", False),
+    ("send", "send", True), ("recv", "recv", True), ("gather", "gather", True),
+    ("scatter", "scatter", True), ("reduce", "reduce", True),
+)
+_NATIVE_NAMESPACES = ("c10d::", "gloo::", "nccl")
+
+
+def collective_of(frame: Frame) -> Optional[str]:
+    """The torch.distributed collective a frame is part of (`all_reduce`, `barrier`, ...), or None."""
+    return _collective(frame.function, frame.filename, frame.native)
+
+
+@lru_cache(maxsize=8192)
+def _collective(function: str, filename: str, native: bool) -> Optional[str]:
+    if native or not filename.endswith(".py"):
+        name = function.replace("(anonymous namespace)", "").split("(", 1)[0].lower()
+        if not any(ns in name for ns in _NATIVE_NAMESPACES):
+            return None
+        last = name.rsplit("::", 1)[-1].replace("_", "")
+        for token, collective, prefix_only in _NATIVE_TOKENS:
+            if last.startswith(token) if prefix_only else token in last:
+                return collective
+        return None
+    if "torch/distributed/" not in filename.replace("\\", "/"):
+        return None  # a user function named `broadcast` is not torch's
+    return _PY_COLLECTIVES.get(function)
+
+
+def path_collective(frames: Sequence[Frame]) -> Tuple[Optional[str], Optional[Frame]]:
+    """The collective a path waits in and its frame: the outermost one, which is the call the user made
+    (barrier() runs an all_reduce inside some backends; the user wrote barrier)."""
+    for frame in frames:  # outermost first
+        name = collective_of(frame)
+        if name is not None:
+            return name, frame
+    return None, None
+
+
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d|^<frozen |^<built-in")
+
+
+def is_library(frame: Frame) -> bool:
+    """Frames of installed packages, the standard library and native code, as opposed to the job's code."""
+    return frame.native or bool(_LIBRARY.search(frame.filename.replace("\\", "/")))
+
+
+def focus_frame(frames: Sequence[Frame]) -> Optional[Frame]:
+    """The innermost frame of the job's own code on an outermost-first path (else the innermost frame)."""
+    for frame in reversed(frames):
+        if not is_library(frame):
+            return frame
+    return frames[-1] if frames else None
+
+
+# C0/C1 controls, DEL, and bidi overrides: remote text must not move the cursor, retitle the terminal or
+# reorder what is read. Replaced by visible pictures, like the UI's safe.py (which analysis cannot import).
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def clean(text: object, limit: int = 160) -> str:
+    """Remote text as one printable line of at most `limit` characters."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) > limit:
+        s = s[: max(limit - 1, 0)] + "\u2026"
+    s = s.replace("\t", "    ")
+    return _CONTROL.sub(lambda m: chr(0x2400 + ord(m.group())) if ord(m.group()) < 0x20 else "\ufffd", s)
+
+
+def location(frame: Frame) -> str:
+    return clean(frame.location, 120)
+
+
+def frame_text(frame: Frame) -> str:
+    """`all_reduce (distributed_c10d.py:2950)`, printable."""
+    return f"{clean(frame.function, 80)} ({location(frame)})"
+
+
+def named(frame: Frame) -> str:
+    """`` `all_reduce` (distributed_c10d.py:2950) ``: a frame inside a sentence."""
+    return f"`{clean(frame.function, 80)}` ({location(frame)})"
+
+
+def fold_path(frames: Iterable[Frame], *, native: bool, fold_machinery: bool) -> Tuple[int, ...]:
+    """Indices (into the given outermost-first frames) of the frames the analysis keeps."""
+    kept = []
+    for i, f in enumerate(frames):
+        if f.native and not native:
+            continue
+        if fold_machinery and is_machinery(f.function, f.filename):
+            continue
+        kept.append(i)
+    return tuple(kept)

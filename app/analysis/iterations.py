@@ -1,0 +1,215 @@
+"""Loop-iteration diffing: ranks on the same path, told apart by the values of their loop variables.
+
+Frames carry the loops enclosing their line (LoopInfo, from the worker's ast pass) and `iteration`, the
+(name, value) of loop variables and counters from `py-spy --locals`. Within one class, ranks are split by
+those values, outermost loop first: `step=1203: ranks 0-6; step=1204: rank 7`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from app.analysis.findings import Confidence, Finding
+from app.analysis.fold import RankKey, describe_keys, fold_nodes, keys_of, label_parts, sort_ranks
+from app.analysis.frames import clean
+from app.analysis.tree import Grouping
+from app.model import Frame, LoopInfo, RankSnapshot
+
+Coordinate = Tuple[Tuple[str, str], ...]  # (name, value repr), outermost loop first
+MAX_GROUP_FINDINGS = 3
+
+# Values that identify an object rather than a position in a loop (`<Tensor at 0x7f..>`, a batch dict)
+# would put every rank in a group of its own.
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
+_MAX_VALUE = 60
+
+
+@dataclass(frozen=True)
+class IterationGroup:
+    coordinate: Coordinate  # every known loop variable value of these ranks
+    ranks: Tuple[RankKey, ...]
+    numbers: Tuple[Optional[int], ...]
+    who: str  # `ranks 0-6`
+    nodes: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.who} on {self.nodes}"
+
+
+@dataclass(frozen=True)
+class IterationSplit:
+    """One class's ranks by loop iteration; a single group means they all are in the same iteration."""
+
+    class_index: int
+    loops: Tuple[Frame, ...]  # the frames on the path that sit in loops, outermost first
+    groups: Tuple[IterationGroup, ...]  # largest first
+    varying: Tuple[str, ...] = ()  # names whose value differs between groups
+    locals_missing: bool = False  # loops on the path, but no loop variable values were collected
+
+    @property
+    def split(self) -> bool:
+        return len(self.groups) > 1
+
+    def text(self) -> str:
+        """`step=1203: ranks 0-6; step=1204: rank 7`."""
+        if self.locals_missing:
+            return "no loop variable values (run with --locals)"
+        return "; ".join(f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups)
+
+
+def _show(coord: Coordinate, names: Sequence[str]) -> str:
+    shown = [(n, v) for n, v in coord if n in names] if names else list(coord)
+    return ", ".join(f"{clean(n, 40)}={clean(v, _MAX_VALUE)}" for n, v in shown) or "no values"
+
+
+def _meaningful(pairs: Tuple[Tuple[str, str], ...]) -> Coordinate:
+    return tuple((n, v) for n, v in pairs if len(v) <= _MAX_VALUE and not _ADDRESS.search(v))
+
+
+def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:
+    """For every class with loops on its path: its ranks grouped by loop iteration."""
+    out = []
+    for c, groups in zip(grouping.classes, grouping.groups):
+        lead = groups[0]
+        positions = [j for j, i in enumerate(lead.kept) if lead.frames[i].loops or lead.frames[i].iteration]
+        if not positions:
+            continue
+        by_raw: Dict[tuple, List[RankSnapshot]] = defaultdict(list)
+        for g in groups:
+            last = len(g.frames) - 1
+            idxs = [last - g.kept[j] for j in positions]  # stacks are innermost first
+            raws: List[tuple]
+            if len(idxs) == 1:  # the usual case (one training loop), kept to one C-level read per rank
+                i0 = idxs[0]
+                raws = [(s[i0].iteration,) for s in g.stacks]
+            else:
+                raws = [tuple(s[i].iteration for i in idxs) for s in g.stacks]
+            for r, raw in zip(g.ranks, raws):
+                by_raw[raw].append(r)
+        by_coord: Dict[Coordinate, List[RankSnapshot]] = defaultdict(list)
+        for raw, ranks in by_raw.items():
+            by_coord[tuple(p for pairs in raw for p in _meaningful(pairs))].extend(ranks)
+        loops = tuple(c.frames[j] for j in positions)
+        missing = list(by_coord) == [()]
+        ordered = sorted(by_coord.items(), key=lambda kv: (-len(kv[1]), _numeric_key(kv[0])))
+        made = []
+        for coord, ranks in ordered:
+            ranks = sort_ranks(ranks)
+            keys = keys_of(ranks)
+            numbers = tuple(r.rank for r in ranks)
+            made.append(IterationGroup(coord, keys, numbers, *label_parts(keys, numbers)))
+        out.append(IterationSplit(c.index, loops, tuple(made), _varying([g.coordinate for g in made]), missing))
+    return tuple(out)
+
+
+def _numeric_key(coord: Coordinate) -> Tuple[Tuple[int, object], ...]:
+    return tuple((0, int(v)) if _is_int(v) else (1, v) for _, v in coord)
+
+
+def _varying(coords: Sequence[Coordinate]) -> Tuple[str, ...]:
+    values: Dict[str, set] = defaultdict(set)
+    names: List[str] = []
+    for coord in coords:
+        seen = dict(coord)
+        for n in seen:
+            if n not in values:
+                names.append(n)
+        for n in names:
+            values[n].add(seen.get(n))
+    return tuple(n for n in names if len(values[n]) > 1)
+
+
+def _is_int(v: str) -> bool:
+    return bool(re.fullmatch(r"-?\d+", v.strip()))
+
+
+def iteration_findings(split: IterationSplit) -> List[Finding]:
+    """Which ranks are ahead or behind the majority, and by how much."""
+    if not split.split:
+        return []
+    major = split.groups[0]
+    minors = split.groups[1:]
+    others = len(major.ranks)
+    if len(minors) > MAX_GROUP_FINDINGS:
+        keys = tuple(k for g in minors for k in g.ranks)
+        numbers = tuple(n for g in minors for n in g.numbers)
+        spread = "; ".join(f"{_show(g.coordinate, split.varying)}: {g.who}"
+                           for g in split.groups[:10])
+        return [Finding("iteration_split", f"ranks on one stack are spread over {len(split.groups)} iterations",
+                        spread + ("; ..." if len(split.groups) > 10 else ""), "low",
+                        "many iterations at once: the ranks may still be moving, not hung",
+                        keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys),
+                        class_index=split.class_index)]
+    out = []
+    for g in minors:
+        who = g.who
+        verb = "is" if len(g.ranks) == 1 else "are"
+        name, mine, theirs, frame = _first_difference(split, g.coordinate, major.coordinate)
+        at = _loop_place(frame, name) if frame is not None else ""
+        if name is None:
+            title = f"{who} {verb} in another iteration than {others} others ({_show(g.coordinate, ())})"
+        elif _is_int(mine) and _is_int(theirs):
+            delta = int(mine) - int(theirs)
+            steps = f"{abs(delta)} iteration{'s' if abs(delta) != 1 else ''}"
+            title = (f"{who} {verb} {steps} {'ahead' if delta > 0 else 'behind'} "
+                     f"({name}={clean(mine, _MAX_VALUE)} vs {clean(theirs, _MAX_VALUE)}){at}")
+        else:
+            title = (f"{who} {'has' if len(g.ranks) == 1 else 'have'} {name}={clean(mine, _MAX_VALUE)} where "
+                     f"{others} others have {name}={clean(theirs, _MAX_VALUE)}{at}")
+        detail = (f"same stack as {major.label}, another loop iteration: {split.text()}. Collectives are matched "
+                  "by order, so a rank one iteration off pairs its collective with the wrong one of the others")
+        conf: Confidence
+        if len(g.ranks) == others:
+            conf, reason = "low", "the groups are the same size: either may be the odd one"
+        elif name is not None and _is_int(mine) and _is_int(theirs) and len(g.ranks) * 3 <= others:
+            conf, reason = "high", "identical stacks, and a loop counter puts these few ranks in another iteration"
+        else:
+            conf, reason = "medium", "identical stacks, but the loop values differ in a way that is hard to rank"
+        out.append(Finding("iteration_split", title, detail + ".", conf, reason, g.ranks, g.label,
+                           g.nodes, class_index=split.class_index))
+    return out
+
+
+def _first_difference(split: IterationSplit, mine: Coordinate, theirs: Coordinate
+                      ) -> Tuple[Optional[str], str, str, Optional[Frame]]:
+    """The outermost loop variable whose value differs, with both values and the frame of its loop."""
+    theirs_d = dict(theirs)
+    for n, v in mine:
+        if n in theirs_d and theirs_d[n] != v:
+            frame = next((f for f in split.loops if any(n == m for m, _ in f.iteration) or _loop_of(f, n)), None)
+            return n, v, theirs_d[n], frame
+    return None, "", "", None
+
+
+def _loop_of(frame: Frame, name: str) -> Optional[LoopInfo]:
+    for loop in reversed(frame.loops):  # innermost loop that binds the name
+        if name in loop.variables or name in loop.counters:
+            return loop
+    return None
+
+
+def _loop_place(frame: Frame, name: Optional[str]) -> str:
+    """` at train.py:57 `for step, batch in enumerate(loader)`` (the loop header), or the frame's place."""
+    loop = _loop_of(frame, name) if name else None
+    short = clean(frame.filename.rsplit("/", 1)[-1] or "?", 80)
+    if loop is None:
+        return f" at {short}:{frame.line}"
+    return f" at {short}:{loop.line} `{clean(loop.header.strip().rstrip(':'), 100)}`"
+
+
+def locals_missing_finding(split: IterationSplit, locals_collected: bool, label: str) -> Finding:
+    """Loops on the path but no values: say how to get them."""
+    loop = next((lp for f in split.loops for lp in f.loops), None)
+    where = f" (`{clean(loop.header.strip().rstrip(':'), 100)}`)" if loop else ""
+    if locals_collected:
+        detail = f"the path of {label} runs in loops{where}, but no loop variable had a readable value"
+    else:
+        detail = (f"the path of {label} runs in loops{where}; run with --locals to tell loop iterations apart "
+                  "(ranks one iteration apart show identical stacks)")
+    return Finding("no_locals", "loop iterations unknown" + ("" if locals_collected else ": run with --locals"),
+                   detail + ".", "high", "without loop variable values, identical stacks may hide an iteration "
+                   "difference", culprit=False, class_index=split.class_index)

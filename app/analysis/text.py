@@ -1,0 +1,104 @@
+"""The short plain-text summary the CLI prints in headless mode: verdict, findings, classes, node failures.
+
+Plain text only (no markup, no colour); every line passes through `clean`, so remote text cannot emit
+escape sequences to the user's terminal.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from typing import Dict, List, Sequence, Tuple
+
+from app.analysis import Analysis
+from app.analysis.findings import Finding
+from app.analysis.fold import describe, fold_nodes
+from app.analysis.frames import clean, frame_text
+from app.analysis.progress import stuck_summary
+from app.model import Frame, RankSnapshot, Snapshot
+
+MAX_FINDINGS = 12
+MAX_CLASSES = 10
+FRAMES_SHOWN = 3
+
+
+def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> str:
+    width = max(width, 40)
+    out: List[str] = []
+    out += _wrap(f"hangscope: {analysis.verdict}", width, "  ")
+    if analysis.findings:
+        out += ["", "Findings, most likely culprit first:"]
+        for i, f in enumerate(analysis.findings[:MAX_FINDINGS], 1):
+            out += _finding(i, f, width)
+        if len(analysis.findings) > MAX_FINDINGS:
+            out.append(f"  ... {len(analysis.findings) - MAX_FINDINGS} more findings in the snapshot file")
+    if analysis.classes:
+        out += ["", f"Stacks: {analysis.ranks_with_stacks} of {analysis.ranks_total} ranks in "
+                    f"{len(analysis.classes)} group{'s' if len(analysis.classes) != 1 else ''} (largest first):"]
+        splits = {s.class_index: s for s in analysis.iteration_splits}
+        for c in analysis.classes[:MAX_CLASSES]:
+            out += _wrap(f"{c.size:>6}  {c.label}", width, " " * 8)
+            frames = _distinctive(analysis.tree.distinctive(c.index))
+            if frames:
+                out += _wrap(" <- ".join(frames), width, " " * 8, first=" " * 8)
+            split = splits.get(c.index)
+            if split is not None and (split.split or split.locals_missing):
+                out += _wrap(f"iterations: {split.text()}", width, " " * 10, first=" " * 8)
+        if len(analysis.classes) > MAX_CLASSES:
+            out.append(f"  ... {len(analysis.classes) - MAX_CLASSES} more groups")
+    if analysis.progress:
+        moving = sum(1 for p in analysis.progress if p.status == "progressing")
+        line = stuck_summary(analysis.progress)
+        out += ["", "Progress over samples:"]
+        out += _wrap(f"{line}{'; ' if line else ''}{moving} progressing", width, "    ", first="  ")
+    failures = node_failures(snapshot)
+    if failures:
+        out += ["", "Nodes:"]
+        for line in failures:
+            out += _wrap(line, width, "    ", first="  ")
+    return "\n".join(clean(line, 10 * width) for line in out)
+
+
+def _wrap(text: str, width: int, indent: str, first: str = "") -> List[str]:
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                         break_long_words=True, break_on_hyphens=False) or [first.rstrip()]
+
+
+def _finding(i: int, f: Finding, width: int) -> List[str]:
+    lines = _wrap(f"{i:>2}. [{f.confidence}] {f.title}", width, "      ", first="  ")
+    if f.ranks_label and f.ranks_label not in f.title and f.ranks_label not in f.detail:
+        lines += _wrap(f.ranks_label, width, "      ", first="      ")
+    if f.detail:
+        lines += _wrap(f.detail, width, "      ", first="      ")
+    lines += _wrap(f"why {f.confidence}: {f.reason}", width, "      ", first="      ")
+    return lines
+
+
+def _distinctive(own: Sequence[Frame]) -> List[str]:
+    """A class's own frames, innermost first, shortened to the innermost few and the first."""
+    inner = [frame_text(f) for f in reversed(own)]
+    if len(inner) > FRAMES_SHOWN:
+        inner = inner[:FRAMES_SHOWN - 1] + ["...", inner[-1]]
+    return inner
+
+
+def node_failures(snapshot: Snapshot) -> List[str]:
+    """`node[03-07]: ptrace denied (ranks 8-15)`: node and rank failures, aggregated by kind."""
+    by_code: Dict[Tuple[str, str], List[str]] = defaultdict(list)
+    ranks_by_code: Dict[str, List[RankSnapshot]] = defaultdict(list)
+    for n in snapshot.nodes:
+        if n.state in ("failed", "partial"):
+            code = n.error.code if n.error else "unknown"
+            by_code[(code, n.state)].append(n.name)
+    for r in snapshot.ranks:
+        if r.error is not None:
+            ranks_by_code[r.error.code].append(r)
+    lines = []
+    for (code, state), names in sorted(by_code.items()):
+        extra = " (partial data)" if state == "partial" else ""
+        lines.append(f"{fold_nodes(names)}: {clean(code.replace('_', ' '), 60)}{extra}")
+    for code, ranks in sorted(ranks_by_code.items(), key=lambda kv: -len(kv[1])):
+        label = describe(ranks)
+        nodes = label.rsplit(" on ", 1)[-1]
+        lines.append(f"{nodes}: {clean(code.replace('_', ' '), 60)} ({label.rsplit(' on ', 1)[0]})")
+    return lines

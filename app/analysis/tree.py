@@ -1,0 +1,322 @@
+"""Equivalence classes and the merged prefix tree: one stack per rank, grouped by path (LLNL STAT's idea).
+
+Built for 100k ranks: each rank's frames are read once, in C (attrgetter over the frame tuple), into one raw
+path key; everything else (folding machinery, dropping native frames, coarser identities, the tree) is done
+once per distinct path, not once per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from app.analysis.fold import RankKey, describe_keys, label_parts, sort_key, sort_ranks
+from app.analysis.frames import FrameId, fold_path, frame_id, path_collective
+from app.analysis.options import AnalysisOptions, selector
+from app.model import Frame, RankSnapshot
+
+_raw_frame = attrgetter("function", "filename", "line")
+_sorted_by = attrgetter("rank", "node", "pid")
+_rank_of = attrgetter("rank")
+_threads = attrgetter("threads")
+_frames = attrgetter("frames")
+_is_main = attrgetter("is_main")
+_first = itemgetter(0)
+
+
+@dataclass(frozen=True)
+class StackClass:
+    """Ranks whose (folded) paths are the same: `frames` is one member's path, outermost first."""
+
+    index: int
+    frames: Tuple[Frame, ...]
+    ranks: Tuple[RankKey, ...]  # by rank number
+    numbers: Tuple[Optional[int], ...]  # rank numbers, parallel to `ranks` (None: no RANK)
+    who: str  # `ranks 0-6,8-15`
+    nodes: str  # `node[01-04]`
+    collective: Optional[str] = None  # the torch.distributed collective the path waits in
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def label(self) -> str:
+        """`ranks 0-6,8-15 on node[01-04]`."""
+        return f"{self.who} on {self.nodes}"
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One frame of the merged tree; `classes` pass through it, `ends` are the classes whose path ends here."""
+
+    frame: Optional[Frame]  # None for the root
+    count: int
+    classes: Tuple[int, ...]
+    ends: Tuple[int, ...] = ()
+    children: Tuple["TreeNode", ...] = ()  # most ranks first
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class StackTree:
+    root: TreeNode
+    classes: Tuple[StackClass, ...]
+    own_depth: Dict[int, int] = field(default_factory=dict, compare=False)  # class -> depth it leaves the rest
+    _labels: Dict[Tuple[int, ...], str] = field(default_factory=dict, compare=False, repr=False)
+
+    def distinctive(self, index: int) -> Tuple[Frame, ...]:
+        """A class's frames from where its path leaves every other class's (its last frame when none do)."""
+        frames = self.classes[index].frames
+        depth = self.own_depth.get(index)
+        return frames[depth - 1:] if depth else frames[-1:]
+
+    def ranks(self, node: TreeNode) -> Tuple[RankKey, ...]:
+        """The ranks that pass through a node (class by class, largest class first)."""
+        return tuple(k for i in node.classes for k in self.classes[i].ranks)
+
+    def label(self, node: TreeNode) -> str:
+        """The node's ranks folded, computed on demand (a tree of 100k ranks has many large nodes)."""
+        text = self._labels.get(node.classes)
+        if text is None:
+            members = [self.classes[i] for i in node.classes]
+            if len(members) == 1:
+                text = members[0].label
+            else:
+                text = describe_keys([k for c in members for k in c.ranks],
+                                     [n for c in members for n in c.numbers])
+            self._labels[node.classes] = text
+        return text
+
+    def walk(self) -> List[TreeNode]:
+        """Every node, depth first, root first."""
+        out: List[TreeNode] = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(reversed(node.children))
+        return out
+
+
+@dataclass
+class RawGroup:
+    """Ranks whose stacks are identical frame by frame (function, file, line): the unit of all later work."""
+
+    frames: Tuple[Frame, ...]  # a member's frames, outermost first
+    kept: Tuple[int, ...]  # indices into `frames` that the folded path keeps
+    ranks: List[RankSnapshot]
+    stacks: List[Tuple[Frame, ...]]  # each member's own frames, innermost first (py-spy order)
+    first: Tuple[bool, int, str, int] = (True, 0, "", 0)  # order key of the lowest member
+
+
+@dataclass
+class Grouping:
+    """The classes with their raw groups (for iteration splitting), and the ranks without a stack."""
+
+    classes: Tuple[StackClass, ...]
+    groups: Tuple[Tuple[RawGroup, ...], ...]  # per class
+    members: Tuple[Tuple[RankSnapshot, ...], ...]  # per class, in the class's rank order
+    no_stack: Tuple[RankSnapshot, ...]
+
+
+def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions()) -> Grouping:
+    """Group ranks by the path of their selected thread into equivalence classes, largest first."""
+    with_stack, stacks, no_stack = _stacks(ranks, options)
+    raw = _raw_groups(with_stack, stacks)
+
+    by_path: Dict[Tuple[FrameId, ...], List[RawGroup]] = {}
+    for members, stacks in raw.values():
+        # the lowest rank's frames stand for the group, so the output does not depend on input order
+        first = _lowest(members)
+        outer = stacks[first][::-1]
+        kept = fold_path(outer, native=options.native, fold_machinery=options.fold_machinery)
+        if options.identity == "function+line":
+            path = tuple(map(_raw_frame, map(outer.__getitem__, kept)))
+        else:
+            path = tuple(frame_id(outer[i], options.identity) for i in kept)
+        by_path.setdefault(path, []).append(RawGroup(outer, kept, members, stacks, sort_key(members[first])))
+
+    pending = []
+    for path, groups in by_path.items():
+        members = sort_ranks([r for g in groups for r in g.ranks])
+        pending.append((path, groups, members))
+    pending.sort(key=lambda p: (-len(p[2]), sort_key(p[2][0]), p[0]))
+
+    classes, all_groups, all_members = [], [], []
+    for index, (path, groups, members) in enumerate(pending):
+        groups.sort(key=attrgetter("first"))
+        lead = groups[0]
+        frames = tuple(lead.frames[i] for i in lead.kept)
+        keys = tuple(zip(map(attrgetter("node"), members), map(attrgetter("pid"), members)))
+        numbers = tuple(map(attrgetter("rank"), members))
+        collective, _ = path_collective(frames)
+        classes.append(StackClass(index, frames, keys, numbers, *label_parts(keys, numbers), collective))
+        all_groups.append(tuple(groups))
+        all_members.append(tuple(members))
+    return Grouping(tuple(classes), tuple(all_groups), tuple(all_members), tuple(sort_ranks(no_stack)))
+
+
+def _stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions
+            ) -> Tuple[List[RankSnapshot], List[Tuple[Frame, ...]], List[RankSnapshot]]:
+    """The selected thread's frames of every rank that has some, and the ranks that have none."""
+    with_stack: List[RankSnapshot] = []
+    stacks: List[Tuple[Frame, ...]] = []
+    no_stack: List[RankSnapshot] = []
+    if options.thread == "main":
+        fast = _main_stacks(ranks)
+        if fast is not None:
+            return fast
+        for r in ranks:
+            threads = r.threads
+            t = (threads[0] if threads[0].is_main else r.main_thread) if threads else None
+            if t is not None and t.frames:
+                with_stack.append(r)
+                stacks.append(t.frames)
+            else:
+                no_stack.append(r)
+        return with_stack, stacks, no_stack
+    select = selector(options)
+    for r in ranks:
+        t = select(r)
+        if t is not None and t.frames:
+            with_stack.append(r)
+            stacks.append(t.frames)
+        else:
+            no_stack.append(r)
+    return with_stack, stacks, no_stack
+
+
+def _main_stacks(ranks: Sequence[RankSnapshot]
+                 ) -> Optional[Tuple[List[RankSnapshot], List[Tuple[Frame, ...]], List[RankSnapshot]]]:
+    """The usual case in C: every rank has threads and its first thread is the main one (None otherwise)."""
+    threads = list(map(_threads, ranks))
+    if not all(threads):
+        return None
+    first = list(map(_first, threads))
+    if not all(map(_is_main, first)):
+        return None
+    stacks = list(map(_frames, first))
+    if all(stacks):
+        return list(ranks), stacks, []
+    with_stack = [r for r, s in zip(ranks, stacks) if s]
+    return with_stack, [s for s in stacks if s], [r for r, s in zip(ranks, stacks) if not s]
+
+
+RawKey = Tuple[Tuple[str, str, int], ...]
+
+
+_Members = Tuple[List[RankSnapshot], List[Tuple[Frame, ...]]]  # ranks and their stacks, in parallel
+
+
+def _raw_groups(ranks: List[RankSnapshot], stacks: List[Tuple[Frame, ...]]) -> Dict[RawKey, _Members]:
+    """Ranks by raw path: (function, file, line) of every frame. The one pass over every frame of every rank,
+    so it stays in C: reading three attributes of 6M frames is most of the analysis time at 100k ranks.
+    When identical frames are one shared object (an interning parser), frames are keyed by identity first,
+    which skips the attribute reads; the grouping is the same either way."""
+    raw: Dict[RawKey, _Members] = {}
+    if _shares_frames(stacks):
+        by_id: Dict[Tuple[int, ...], _Members] = {}
+        prev: Tuple[Frame, ...] = ()
+        entry: Optional[_Members] = ([], [])
+        for r, frames in zip(ranks, stacks):
+            # Neighbouring ranks mostly share a stack: tuple == compares shared frames by identity, 60
+            # pointer checks instead of a 60-element key (a frame equal in content but not in identity
+            # falls back to Frame.__eq__, which is slow but right).
+            if frames != prev:
+                k = tuple(map(id, frames))  # valid: the snapshot keeps every frame alive meanwhile
+                entry = by_id.get(k)
+                if entry is None:
+                    entry = by_id[k] = ([], [])
+                prev = frames
+            assert entry is not None
+            entry[0].append(r)
+            entry[1].append(frames)
+        for members, group_stacks_ in by_id.values():
+            key = tuple(map(_raw_frame, group_stacks_[0]))
+            entry = raw.get(key)
+            if entry is None:
+                raw[key] = (members, group_stacks_)
+            else:
+                entry[0].extend(members)
+                entry[1].extend(group_stacks_)
+        return raw
+    for r, frames in zip(ranks, stacks):
+        key = tuple(map(_raw_frame, frames))
+        entry = raw.get(key)
+        if entry is None:
+            raw[key] = ([r], [frames])
+        else:
+            entry[0].append(r)
+            entry[1].append(frames)
+    return raw
+
+
+def _shares_frames(stacks: List[Tuple[Frame, ...]], sample: int = 64) -> bool:
+    """Whether ranks share Frame objects: the outermost frames of a sample of ranks are mostly the same objects."""
+    if len(stacks) < 4:
+        return False
+    step = max(1, len(stacks) // sample)
+    outer = [s[-1] for s in stacks[::step]]
+    return len(set(map(id, outer))) * 2 <= len(outer)
+
+
+def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = AnalysisOptions()) -> StackTree:
+    """Merge the classes' paths into one prefix tree whose nodes carry the classes (hence ranks) below them."""
+    root = _Node(None)
+    lines = options.identity == "function+line"
+    for c in classes:
+        node = root
+        node.classes.append(c.index)
+        node.count += c.size
+        for frame in c.frames:
+            fid = (frame.function, frame.filename, frame.line if lines else 0)
+            child = node.children.get(fid)
+            if child is None:
+                child = node.children[fid] = _Node(frame)
+            child.classes.append(c.index)
+            child.count += c.size
+            node = child
+        node.ends.append(c.index)
+    frozen = root.freeze(0)
+    own: Dict[int, int] = {}
+    stack = [frozen]
+    while stack:  # a class's own part starts at the first node it passes through alone
+        node = stack.pop()
+        if len(node.classes) == 1 and node.classes[0] not in own and node.frame is not None:
+            own[node.classes[0]] = node.depth
+            continue
+        stack.extend(node.children)
+    return StackTree(frozen, tuple(classes), own)
+
+
+class _Node:
+    __slots__ = ("frame", "count", "classes", "ends", "children")
+
+    def __init__(self, frame: Optional[Frame]) -> None:
+        self.frame = frame
+        self.count = 0
+        self.classes: List[int] = []
+        self.ends: List[int] = []
+        self.children: Dict[FrameId, _Node] = {}
+
+    def freeze(self, depth: int) -> TreeNode:
+        kids = sorted(self.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+        return TreeNode(self.frame, self.count, tuple(self.classes), tuple(self.ends),
+                        tuple(child.freeze(depth + 1) for _, child in kids), depth)
+
+
+def _lowest(ranks: List[RankSnapshot]) -> int:
+    """Index of the lowest rank (C-level keys when every rank has a number)."""
+    numbers = list(map(_rank_of, ranks))
+    if None not in numbers:
+        low = min(numbers)
+        if numbers.count(low) == 1:
+            return numbers.index(low)
+    keys = list(map(sort_key, ranks))
+    return keys.index(min(keys))
+
+
+def _all_numbered(ranks: Sequence[RankSnapshot]) -> bool:
+    return None not in list(map(_rank_of, ranks))

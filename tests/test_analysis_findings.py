@@ -1,0 +1,204 @@
+"""Findings, one test per kind: what a user reads (title, ranks, nodes, the frames on both sides, confidence),
+and that the most likely culprit comes first and becomes the verdict."""
+
+from __future__ import annotations
+
+from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
+from app.analysis import analyze
+from app.analysis.findings import KINDS
+from app.analysis.frames import collective_of
+from app.model import ErrorInfo, Frame, NodeStatus, RankSnapshot, ThreadStack
+
+
+def kinds(a) -> list:  # type: ignore[no-untyped-def]
+    return [f.kind for f in a.findings]
+
+
+def test_minority_in_the_data_loader_while_the_rest_wait_in_all_reduce() -> None:
+    a = analyze(snapshot(job(8, 4, rank5=LOADING)))
+    top = a.findings[0]
+    assert top.kind == "minority_stack" and top.confidence == "high" and top.culprit
+    assert top.title == "rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`"
+    assert top.ranks == (("node02", 1005),) and top.nodes == "node02" and top.ranks_label == "rank 5 on node02"
+    # where the path leaves the majority's, on both sides
+    assert "after `<module>` (job.py:120): `train` (job.py:55) here, `train` (job.py:57) there" in top.detail
+    assert "1 rank stands against 7" in top.reason
+    assert a.verdict == "Rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`."
+
+
+def test_a_rank_in_another_collective() -> None:
+    a = analyze(snapshot(job(8, 4, rank3=BARRIER)))
+    top = a.findings[0]
+    assert top.kind == "different_collective" and top.confidence == "high"
+    assert top.title == "rank 3 is in `barrier` (distributed_c10d.py:4100) while 7 others wait in `all_reduce`"
+    assert "can never meet" in top.reason
+
+
+def test_two_equal_groups_are_low_confidence() -> None:
+    a = analyze(snapshot(job(8, 4, **{f"rank{r}": BARRIER for r in range(4, 8)})))
+    top = a.findings[0]
+    assert top.kind == "different_collective" and top.confidence == "low"
+    assert "either may be the odd one" in top.reason
+    assert a.verdict.startswith("No clear culprit; the best lead: ")
+
+
+def test_same_collective_called_from_elsewhere_in_the_job() -> None:
+    elsewhere = stack("all_reduce (distributed_c10d.py:2950)", "wrapper (c10d_logger.py:81)", "evaluate (job.py:90)",
+                      "<module> (job.py:121)")
+    top = analyze(snapshot(job(8, 4, rank6=elsewhere))).findings[0]
+    assert top.kind == "minority_stack" and top.confidence == "medium"
+    assert "called from different places" in top.reason
+
+
+def test_paths_that_differ_only_inside_torch_are_low() -> None:
+    inside = stack("_wait (distributed_c10d.py:3001)", "all_reduce (distributed_c10d.py:2950)",
+                   "wrapper (c10d_logger.py:81)", "train (job.py:57)", "<module> (job.py:120)")
+    top = analyze(snapshot(job(8, 4, rank1=inside))).findings[0]
+    assert top.kind == "minority_stack" and top.confidence == "low"
+    assert "only inside libraries" in top.reason
+
+
+def test_many_small_classes_are_summed_up() -> None:
+    odd = {f"rank{r}": stack(f"step{r} (job.py:{r + 10})", "<module> (job.py:120)") for r in range(1, 13)}
+    a = analyze(snapshot(job(40, 8, **odd)))
+    minority = [f for f in a.findings if f.kind == "minority_stack"]
+    assert len(minority) == 9  # eight named one by one, the rest in one
+    assert minority[-1].title == "4 more small groups of ranks are elsewhere"
+
+
+def test_collectives_are_recognised_by_python_and_native_names() -> None:
+    assert collective_of(Frame("all_reduce", "/x/torch/distributed/distributed_c10d.py", 1)) == "all_reduce"
+    assert collective_of(Frame("monitored_barrier", "/x/torch/distributed/distributed_c10d.py", 1)) == \
+        "monitored_barrier"
+    assert collective_of(Frame("all_to_all_single", "/x/torch/distributed/distributed_c10d.py", 1)) == "all_to_all"
+    assert collective_of(Frame("broadcast", "/home/u/job.py", 1)) is None  # not torch's
+    native = {
+        "c10d::ProcessGroupGloo::allreduce(std::vector<at::Tensor>&)": "all_reduce",
+        "c10d::ops::(anonymous namespace)::allgather_CPU(x)": "all_gather",
+        "c10d::ProcessGroupNCCL::_reduce_scatter_base(at::Tensor&)": "reduce_scatter",
+        "c10d::ProcessGroupGloo::monitoredBarrier(c10d::BarrierOptions const&, bool)": "monitored_barrier",
+        "c10d::recv_(x)": "recv",
+        "gloo::transport::tcp::UnboundBuffer::waitRecv(int*)": None,  # inside any collective
+        "pthread_cond_wait": None,
+    }
+    for name, want in native.items():
+        assert collective_of(Frame(name, "libtorch_cpu.so", 0, native=True)) == want, name
+
+
+def test_a_rank_missing_from_world_size_on_healthy_nodes() -> None:
+    ranks = [r for r in job(8, 4) if r.rank != 6]
+    a = analyze(snapshot(ranks))
+    top = a.findings[0]
+    assert top.kind == "missing_ranks" and top.confidence == "high" and top.culprit
+    assert top.title == "rank 6 not found (WORLD_SIZE=8)"
+    assert "exited" in top.detail and "node02: 3 of 4" in top.detail  # LOCAL_WORLD_SIZE unknown: slots
+    assert a.verdict == "Rank 6 not found (WORLD_SIZE=8)."
+
+
+def test_a_failed_node_makes_its_ranks_unknown() -> None:
+    ranks = job(12, 4)[:8]
+    nodes = nodes_of(ranks) + (failed("node03", "connect_timeout", "node03: no answer within 10 s"),
+                               failed("node04", "connect_timeout"))
+    a = analyze(snapshot(ranks, nodes))
+    node = next(f for f in a.findings if f.kind == "node_failed")
+    assert node.title == "ranks on node[03-04] unknown: node failed (connect timeout)"
+    assert node.nodes == "node[03-04]" and "hint for connect_timeout" in node.detail
+    missing = next(f for f in a.findings if f.kind == "missing_ranks")
+    assert missing.title == "ranks 8-11 not found (WORLD_SIZE=12)" and missing.confidence == "low"
+    assert "node[03-04] could not be inspected" in missing.detail
+    assert a.verdict == "No clear culprit; the best lead: ranks on node[03-04] unknown: node failed (connect timeout)."
+
+
+def test_missing_ranks_from_slots_without_rank_numbers() -> None:
+    ranks = [rank(None, "node01", pid=p) for p in (11, 12, 13)] + [rank(None, "node02", pid=p) for p in (21, 22)]
+    nodes = (NodeStatus("node01", slots=3, state="done"), NodeStatus("node02", slots=3, state="done"))
+    f = next(f for f in analyze(snapshot(ranks, nodes)).findings if f.kind == "missing_ranks")
+    assert f.title == "fewer ranks than expected: node02: 2 of 3"
+
+
+def test_hosts_list_smaller_than_the_job() -> None:
+    ranks = [RankSnapshot(**{**r.__dict__, "local_world_size": 4}) for r in job(16, 4)[:8]]
+    f = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "missing_ranks")
+    assert f.title == "ranks 8-15 not found (WORLD_SIZE=16)" and not f.culprit
+    assert "nodes not in the hosts list" in f.detail
+
+
+def test_uninterruptible_stopped_and_zombie_ranks() -> None:
+    ranks = list(job(8, 4))
+    io = ThreadStack(tid=77, name="loader", state="D", wchan="nfs_wait_bit_killable", frames=LOADING)
+    ranks[2] = rank(2, "node01", world=8, threads=(io,))
+    ranks[4] = rank(4, "node02", world=8, state="T", thread_state="T")
+    ranks[6] = rank(6, "node02", world=8, state="Z")
+    a = analyze(snapshot(ranks))
+    by = {f.kind: f for f in a.findings}
+    assert by["uninterruptible"].title == "rank 2 is in uninterruptible sleep (D): waiting on I/O or a driver"
+    assert "nfs_wait_bit_killable" in by["uninterruptible"].detail and by["uninterruptible"].confidence == "high"
+    assert by["stopped"].title == "rank 4 is stopped" and "SIGSTOP" in by["stopped"].detail
+    assert by["exited"].title == "rank 6 exited (zombie) and is gone from the job"
+    assert kinds(a)[:3] == ["stopped", "exited", "uninterruptible"]
+
+
+def test_a_rank_in_tracing_stop_that_hangscope_resumed() -> None:
+    ranks = list(job(4, 4))
+    ranks[1] = rank(1, "node01", world=4, state="t", resumed=True)
+    f = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "stopped")
+    assert "tracer or debugger" in f.detail and "resumed it" in f.detail
+
+
+def test_failed_dumps_are_not_culprits_but_say_the_picture_is_incomplete() -> None:
+    ranks = list(job(8, 4))
+    err = ErrorInfo("ptrace_denied", "Operation not permitted (os error 1)", hint="set kernel.yama.ptrace_scope=0")
+    for i in range(4, 8):
+        ranks[i] = RankSnapshot(node="node02", pid=1000 + i, start_time=1, rank=i, world_size=8, error=err)
+    a = analyze(snapshot(ranks))
+    f = a.findings[0]
+    assert f.kind == "dump_failed" and not f.culprit
+    assert f.title == "no stack for ranks 4-7 on node02: ptrace denied"
+    assert "ptrace_scope" in f.detail and "incomplete" in f.reason
+    assert a.verdict.startswith("No culprit found, and the picture is incomplete")
+    same = next(x for x in a.findings if x.kind == "all_identical")
+    assert same.title.startswith("all 4 ranks with stacks wait in `all_reduce`")
+
+
+def test_thread_count_differs() -> None:
+    ranks = [RankSnapshot(**{**r.__dict__, "num_threads": 5 if r.rank == 3 else 7}) for r in job(8, 4)]
+    f = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "thread_count")
+    assert f.title == "rank 3 has 5 threads while 7 others have 7" and f.confidence == "low"
+
+
+def test_everything_identical_says_stacks_cannot_tell() -> None:
+    a = analyze(snapshot(job(8, 4)))
+    assert kinds(a) == ["all_identical"]
+    f = a.findings[0]
+    assert f.title == "all 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit"
+    assert "--watch" in f.detail and "no socket data" in f.detail
+    assert a.verdict == "All 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit."
+
+
+def test_two_jobs_in_one_snapshot() -> None:
+    first = [RankSnapshot(**{**r.__dict__, "master_addr": "10.0.0.1", "master_port": 29500}) for r in job(4, 4)]
+    second = [RankSnapshot(**{**r.__dict__, "master_addr": "10.0.0.1", "master_port": 29501, "pid": r.pid + 100})
+              for r in job(4, 4)]
+    a = analyze(snapshot(first + second))
+    f = next(f for f in a.findings if f.kind == "several_jobs")
+    assert f.title == "the snapshot holds 2 jobs" and "29501" in f.detail
+    assert not any(f.kind == "missing_ranks" for f in a.findings)  # each job is complete on its own
+    assert a.classes[0].label == "ranks 0-3 (8 processes: rank numbers repeat) on node01"
+
+
+def test_nothing_to_analyse() -> None:
+    a = analyze(snapshot([], [failed("node01", "auth_failed")]))
+    assert kinds(a) == ["node_failed", "no_data"]
+    assert "no rank processes were found; 1 of 1 nodes failed" in a.findings[1].title
+
+
+def test_every_finding_has_what_a_user_needs() -> None:
+    ranks = list(job(8, 4, rank5=LOADING, rank3=BARRIER))
+    ranks[6] = rank(6, "node02", world=8, state="D", wchan="io_schedule")
+    a = analyze(snapshot(ranks))
+    assert a.findings
+    for f in a.findings:
+        assert f.kind in KINDS and f.confidence in ("high", "medium", "low")
+        assert f.title and f.detail and f.reason
+    culprits = [f.culprit for f in a.findings]
+    assert culprits == sorted(culprits, reverse=True)  # suspects before notes

@@ -1,0 +1,83 @@
+"""Loop-iteration diffing: same stack, different loop iteration; and what is said when values are missing."""
+
+from __future__ import annotations
+
+from analysis_snapshots import ALL_REDUCE, LOADING, STEP_LOOP, in_step, rank, snapshot
+from app.analysis import analyze
+from app.analysis.iterations import split_iterations
+from app.analysis.tree import group_stacks
+from app.model import Frame, LoopInfo
+
+
+def stepped(steps: dict, n: int = 8, default: int = 1203):  # type: ignore[no-untyped-def]
+    return [rank(r, f"node{r // 4 + 1:02d}", in_step(ALL_REDUCE, steps.get(r, default)), world=n) for r in range(n)]
+
+
+def test_one_rank_an_iteration_ahead() -> None:
+    a = analyze(snapshot(stepped({7: 1204}), locals=True))
+    (split,) = a.iteration_splits
+    assert split.text() == "step=1203: ranks 0-6; step=1204: rank 7"
+    assert split.varying == ("step",)  # the batch tensors' addresses are not iterations
+    top = a.findings[0]
+    assert top.kind == "iteration_split" and top.confidence == "high"
+    assert top.title == "rank 7 is 1 iteration ahead (step=1204 vs 1203) at job.py:50 `for step, batch in " \
+                        "enumerate(loader)`"
+    assert top.ranks == (("node02", 1007),)
+    assert not any(f.kind == "all_identical" for f in a.findings)
+
+
+def test_ranks_behind_by_several_iterations() -> None:
+    top = analyze(snapshot(stepped({2: 1200, 3: 1200}), locals=True)).findings[0]
+    assert top.title.startswith("ranks 2-3 are 3 iterations behind (step=1200 vs 1203)")
+
+
+def test_values_that_are_not_counters() -> None:
+    loop = LoopInfo("for", 10, 20, "for name, p in model.named_parameters():", ("name", "p"))
+
+    def at(name: str):  # type: ignore[no-untyped-def]
+        return tuple(Frame(f.function, f.filename, f.line, loops=(loop,), iteration=(("name", repr(name)),))
+                     if f.function == "train" else f for f in ALL_REDUCE)
+    ranks = [rank(r, "n1", at("'layer2.weight'" if r == 1 else "'layer1.weight'")) for r in range(4)]
+    top = analyze(snapshot(ranks, locals=True)).findings[0]
+    assert top.kind == "iteration_split" and top.confidence == "medium"
+    assert top.title.startswith("rank 1 has name=")
+
+
+def test_iterations_spread_widely_are_one_finding() -> None:
+    a = analyze(snapshot(stepped({r: 100 + r for r in range(8)}), locals=True))
+    spread = [f for f in a.findings if f.kind == "iteration_split"]
+    assert len(spread) == 1 and spread[0].title == "ranks on one stack are spread over 8 iterations"
+
+
+def test_loops_without_locals_say_run_with_locals() -> None:
+    ranks = [rank(r, "n1", in_step(ALL_REDUCE, None)) for r in range(4)]
+    a = analyze(snapshot(ranks))
+    (split,) = a.iteration_splits
+    assert split.locals_missing and split.text() == "no loop variable values (run with --locals)"
+    f = next(f for f in a.findings if f.kind == "no_locals")
+    assert "--locals" in f.title and not f.culprit
+    identical = next(f for f in a.findings if f.kind == "all_identical")
+    assert "run with --locals" in identical.detail
+    assert a.verdict.startswith("All 4 ranks wait in `all_reduce`")
+
+
+def test_same_iteration_everywhere_is_one_group() -> None:
+    (split,) = split_iterations(group_stacks(stepped({})))
+    assert not split.split and split.text() == "step=1203: ranks 0-7"
+    assert split.groups[0].coordinate == (("step", "1203"),)
+
+
+def test_classes_without_loops_have_no_split() -> None:
+    assert split_iterations(group_stacks([rank(0, "n1", ALL_REDUCE), rank(1, "n1", LOADING)])) == ()
+
+
+def test_outer_and_inner_loops_compare_outermost_first() -> None:
+    epoch = LoopInfo("for", 40, 70, "for epoch in range(epochs):", ("epoch",))
+
+    def at(e: int, s: int):  # type: ignore[no-untyped-def]
+        return tuple(Frame(f.function, f.filename, f.line, loops=(epoch, STEP_LOOP),
+                           iteration=(("epoch", str(e)), ("step", str(s)))) if f.function == "train" else f
+                     for f in ALL_REDUCE)
+    ranks = [rank(r, "n1", at(1, 0) if r == 3 else at(0, 99)) for r in range(6)]
+    top = analyze(snapshot(ranks, locals=True)).findings[0]
+    assert top.title.startswith("rank 3 is 1 iteration ahead (epoch=1 vs 0) at job.py:40 `for epoch in range(epochs)`")
