@@ -1,0 +1,373 @@
+"""The session: connect -> hello -> discover -> dump on every node at once, streaming events; no UI imports.
+
+The TUI and the CLI both drive it. One broken node never stops the others and one slow node never delays
+the others' results: each node runs in its own task and every result is emitted as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import resource
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+from app import __version__, parse
+from app.errors import HangscopeError, TransportError
+from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
+from app.transport.base import WorkerConnection
+from app.transport.local import start_local
+from app.transport.ssh import SshOptions, SshTransport
+from workers.protocol import ERROR_HINTS
+
+if TYPE_CHECKING:
+    from app.hosts import HostSpec
+
+DISCOVER_TIMEOUT = 30.0
+SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
+STRACE_MAX_LINES = 20000
+KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
+WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    collect: CollectOptions = CollectOptions()
+    fanout: int = 64
+    connect_timeout: float = 10.0
+    dump_timeout: float = 30.0  # per rank, on the node (py-spy --native on torch takes ~0.5 s; plain ~10 ms)
+    python: Optional[str] = None  # None: python3 on nodes, this interpreter locally
+    accept_new_host_keys: bool = False
+    ssh_config: Optional[tuple[str, ...]] = None  # None = defaults (~/.ssh/config, /etc/ssh/ssh_config)
+    known_hosts: Optional[tuple[str, ...]] = None
+    identity: tuple[str, ...] = ()
+    loops: bool = True
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    node: NodeStatus
+
+
+@dataclass(frozen=True)
+class RankUpdate:
+    rank: RankSnapshot
+
+
+@dataclass(frozen=True)
+class SnapshotDone:
+    snapshot: Snapshot
+
+
+SessionEvent = Union[NodeUpdate, RankUpdate, SnapshotDone]
+RankKey = tuple[str, int]  # (node name, pid)
+
+
+@dataclass
+class _Node:
+    """One node's mutable state across passes."""
+
+    spec: Optional["HostSpec"]
+    status: NodeStatus
+    conn: Optional[WorkerConnection] = None
+    ranks: dict[int, RankSnapshot] = field(default_factory=dict)  # by pid, from the latest pass
+
+    @property
+    def name(self) -> str:
+        return self.status.name
+
+
+def raise_nofile_limit() -> None:
+    """One socket per node and three pipes per local worker: lift the soft fd limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass  # keep the old limit: only very large node counts would notice
+
+
+class Session:
+    """Collects snapshots from nodes (hosts None = this machine, no SSH) and keeps workers warm between them."""
+
+    def __init__(self, hosts: Optional[Sequence["HostSpec"]], options: SessionOptions = SessionOptions(),
+                 on_event: Optional[Callable[[SessionEvent], None]] = None) -> None:
+        self.options = options
+        self._on_event = on_event
+        self._local = hosts is None
+        if hosts is None:
+            self._nodes = [_Node(None, NodeStatus(name=socket.gethostname(), address="localhost"))]
+        else:
+            self._nodes = [_Node(h, NodeStatus(name=h.name, address=h.host, user=h.user or "", port=h.port,
+                                               slots=h.slots)) for h in hosts]
+        self._ssh: Optional[SshTransport] = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cancelled = False
+        self._closed = False
+        self._lock: Optional[asyncio.Lock] = None
+        self._last: Optional[Snapshot] = None
+        self._closing: set[asyncio.Task[None]] = set()
+        raise_nofile_limit()
+
+    # -- public API ----------------------------------------------------------------------------------------
+
+    async def snapshot(self) -> Snapshot:
+        """Collect from every node: connects (cold) where no worker runs yet, reuses workers (warm) otherwise."""
+        return await self._pass()
+
+    async def refresh(self) -> Snapshot:
+        """Collect again over the open connections and workers; ranks are rediscovered."""
+        return await self._pass()
+
+    def current(self) -> Snapshot:
+        """The latest snapshot, including strace/gdb results added since."""
+        if self._last is None:
+            return self._build(time.time(), 0.0, interrupted=False)
+        return dataclasses.replace(self._last, nodes=tuple(n.status for n in self._nodes), ranks=self._ranks())
+
+    async def strace(self, ranks: Sequence[RankKey], seconds: float) -> list[RankSnapshot]:
+        """strace each rank for `seconds` (all at once); failures are recorded on the rank, never raised."""
+        sudo = self.options.collect.sudo
+
+        def args(r: RankSnapshot) -> dict:
+            return {"pid": r.pid, "start_time": r.start_time, "seconds": seconds, "max_lines": STRACE_MAX_LINES,
+                    "sudo": sudo}
+
+        def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
+            return dataclasses.replace(r, strace=parse.strace_result(done), resumed=r.resumed or
+                                       bool(done.get("resumed")))
+
+        return await self._per_rank(ranks, "strace", args, apply, seconds + self.options.dump_timeout, serial=False)
+
+    async def gdb(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
+        """A gdb backtrace of each rank; one rank at a time per node (gdb stops the rank and costs seconds of CPU)."""
+        def args(r: RankSnapshot) -> dict:
+            return {"pid": r.pid, "start_time": r.start_time, "timeout": self.options.dump_timeout,
+                    "sudo": self.options.collect.sudo}
+
+        def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
+            return dataclasses.replace(r, gdb=parse.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")))
+
+        return await self._per_rank(ranks, "gdb", args, apply, self.options.dump_timeout + 10.0, serial=True)
+
+    def cancel(self) -> None:
+        """Stop what is in flight; the running snapshot() returns what arrived, marked partial/interrupted."""
+        self._cancelled = True
+        for task in self._tasks:
+            task.cancel()
+
+    async def close(self) -> None:
+        """Close every worker (EOF on its stdin: it stops its tools and exits) and every connection."""
+        self._closed = True
+        self.cancel()
+        conns = [n.conn for n in self._nodes if n.conn is not None]
+        for node in self._nodes:
+            node.conn = None
+        await asyncio.gather(*(c.close() for c in conns), *self._closing, return_exceptions=True)
+
+    # -- one pass ------------------------------------------------------------------------------------------
+
+    async def _pass(self) -> Snapshot:
+        async with self._exclusive():
+            self._cancelled = False
+            taken_at, t0 = time.time(), time.monotonic()
+            for node in self._nodes:
+                node.ranks = {}
+            self._tasks = [asyncio.create_task(self._run_node(n), name=f"hangscope-node-{n.name}")
+                           for n in self._nodes]
+            try:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            finally:
+                self._tasks = []
+            snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
+            self._last = snap
+            self._emit(SnapshotDone(snap))
+            return snap
+
+    def _exclusive(self) -> asyncio.Lock:
+        """One pass or strace/gdb round at a time: they share the workers and the cancel flag."""
+        if self._closed:
+            raise HangscopeError("the session is closed")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def _run_node(self, node: _Node) -> None:
+        phase = "connect"
+        timings: dict[str, float] = {}
+        try:
+            if node.conn is None or node.conn.closed:
+                node.conn = None
+                self._update(node, state="connecting", error=None, timings=(), warnings=(), ranks_found=0)
+                conn = await self._open(node)
+                node.conn = conn
+                timings.update({k: v for k, v in conn.timings.items() if k != "total"})
+                self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
+            conn = node.conn
+            phase = "discover"
+            self._update(node, state="discovering", error=None, timings=tuple(timings.items()))
+            t = time.monotonic()
+            async for item in conn.request("discover", {"pids": None}, timeout=DISCOVER_TIMEOUT):
+                rank = parse.rank_from_discover(node.name, item)
+                node.ranks[rank.pid] = rank
+                self._emit(RankUpdate(rank))
+            timings["discover"] = time.monotonic() - t
+            phase = "collect"
+            self._update(node, state="collecting", ranks_found=len(node.ranks), timings=tuple(timings.items()))
+            if node.ranks:
+                t = time.monotonic()
+                await self._dump(node, conn)
+                timings["dump"] = time.monotonic() - t
+            self._update(node, state="done", timings=tuple(timings.items()))
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            self._node_failed(node, TransportError("cancelled", f"{node.name}: cancelled during {phase}",
+                                                   phase=phase), timings)
+        except TransportError as exc:
+            self._node_failed(node, exc, timings, phase)
+        except Exception as exc:  # a bug must not take the other nodes down: report it on this node
+            self._node_failed(node, TransportError("internal", f"{node.name}: {type(exc).__name__}: {exc}",
+                                                   phase=phase), timings)
+
+    async def _open(self, node: _Node) -> WorkerConnection:
+        worker_options = self._worker_options()
+        if self._local:
+            return await start_local(self.options.python, name=node.name, options=worker_options)
+        if self._ssh is None:
+            o = self.options
+            self._ssh = SshTransport(SshOptions(
+                config_paths=o.ssh_config, known_hosts=o.known_hosts, identity=o.identity,
+                python=o.python or "python3", connect_timeout=o.connect_timeout,
+                accept_new_host_keys=o.accept_new_host_keys, fanout=o.fanout, worker_options=worker_options))
+        spec = node.spec
+        assert spec is not None
+        return await self._ssh.open(spec.host, name=node.name, user=spec.user, port=spec.port)
+
+    def _worker_options(self) -> dict:
+        opts: dict = {"sudo": self.options.collect.sudo}
+        if os.environ.get(WORKER_LOG_ENV) == "1":
+            opts["log"] = True
+        if os.environ.get(KEEP_WORKER_ENV):
+            opts["keep_dir"] = os.environ[KEEP_WORKER_ENV]
+        return opts
+
+    async def _dump(self, node: _Node, conn: WorkerConnection) -> None:
+        c, o = self.options.collect, self.options
+        targets = [{"pid": r.pid, "start_time": r.start_time} for r in node.ranks.values()]
+        args = {"targets": targets, "native": c.native, "locals": c.locals, "nonblocking": c.nonblocking,
+                "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
+                "source_context": SOURCE_CONTEXT, "sudo": c.sudo}
+        # A backstop only (the worker enforces each rank's deadline): as if every rank ran into it, one by one.
+        deadline = o.dump_timeout * len(targets) + 15.0
+        async for item in conn.request("dump", args, timeout=deadline):
+            rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
+            if rank is None:
+                continue
+            rank = parse.apply_dump(rank, item)
+            node.ranks[rank.pid] = rank
+            self._emit(RankUpdate(rank))
+
+    def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
+                     phase: str = "") -> None:
+        error = ErrorInfo(code=exc.code, message=exc.message, hint=exc.hint or ERROR_HINTS.get(exc.code, ""),
+                          phase=exc.phase or phase)
+        conn = node.conn
+        if conn is not None and (conn.closed or conn.error is not None):
+            node.conn = None  # the worker is gone: the next pass starts a new one
+            self._spawn_close(conn)
+        # Ranks found but not dumped keep what arrived, marked partial with the node's reason.
+        for pid, rank in list(node.ranks.items()):
+            if not rank.collected or rank.partial:
+                node.ranks[pid] = dataclasses.replace(rank, partial=True, error=rank.error or error)
+                self._emit(RankUpdate(node.ranks[pid]))
+        state = "partial" if node.ranks else "failed"
+        self._update(node, state=state, error=error, timings=tuple(timings.items()))
+
+    def _spawn_close(self, conn: WorkerConnection) -> None:
+        # in the background: a dead node must not hold up the pass; close() waits for these
+        task = asyncio.get_running_loop().create_task(conn.close(kill=True, timeout=2.0))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    # -- strace / gdb --------------------------------------------------------------------------------------
+
+    async def _per_rank(self, keys: Sequence[RankKey], op: str, args: Callable[[RankSnapshot], dict],
+                        apply: Callable[[RankSnapshot, dict], RankSnapshot], timeout: float,
+                        serial: bool) -> list[RankSnapshot]:
+        by_node: dict[str, list[RankKey]] = {}
+        for key in keys:
+            by_node.setdefault(key[0], []).append(key)
+        results: dict[RankKey, RankSnapshot] = {}
+
+        async def one(node: Optional[_Node], key: RankKey) -> None:
+            rank = node.ranks.get(key[1]) if node is not None else None
+            if node is None or rank is None:
+                results[key] = RankSnapshot(node=key[0], pid=key[1], start_time=0, error=ErrorInfo(
+                    "target_exited", f"{key[0]} pid {key[1]} is not in the current snapshot; take a new one",
+                    ERROR_HINTS["target_exited"]))
+                return
+            try:
+                if node.conn is None or node.conn.closed:
+                    raise TransportError("lost", f"{node.name}: no worker connection; refresh first")
+                done = await node.conn.call(op, args(rank), timeout=timeout)
+                rank = apply(node.ranks.get(rank.pid, rank), done)
+            except asyncio.CancelledError:
+                if not self._cancelled:
+                    raise
+                rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
+                                                                 ERROR_HINTS["cancelled"], op))
+            except TransportError as exc:
+                rank = dataclasses.replace(node.ranks.get(rank.pid, rank), error=ErrorInfo(
+                    exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op))
+            node.ranks[rank.pid] = rank
+            results[key] = rank
+            self._emit(RankUpdate(rank))
+
+        async def per_node(name: str, node_keys: list[RankKey]) -> None:
+            node = next((n for n in self._nodes if n.name == name), None)
+            if serial:
+                for key in node_keys:
+                    await one(node, key)
+            else:
+                await asyncio.gather(*(one(node, key) for key in node_keys))
+
+        async with self._exclusive():
+            self._cancelled = False
+            self._tasks = [asyncio.create_task(per_node(name, ks)) for name, ks in by_node.items()]
+            try:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            finally:
+                self._tasks = []
+        return [results[k] for k in keys if k in results]
+
+    # -- state ---------------------------------------------------------------------------------------------
+
+    def _update(self, node: _Node, **changes: object) -> None:
+        node.status = dataclasses.replace(node.status, **changes)  # type: ignore[arg-type]
+        self._emit(NodeUpdate(node.status))
+
+    def _emit(self, event: SessionEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception as exc:  # a UI bug must not stop collection; say so once on stderr
+            print(f"hangscope: event handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def _ranks(self) -> tuple[RankSnapshot, ...]:
+        order = {n.name: i for i, n in enumerate(self._nodes)}
+        ranks = [r for n in self._nodes for r in n.ranks.values()]
+        ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, order.get(r.node, 0), r.pid))
+        return tuple(ranks)
+
+    def _build(self, taken_at: float, duration: float, *, interrupted: bool) -> Snapshot:
+        return Snapshot(taken_at=taken_at, duration=duration, hangscope_version=__version__,
+                        options=self.options.collect, nodes=tuple(n.status for n in self._nodes),
+                        ranks=self._ranks(), interrupted=interrupted)

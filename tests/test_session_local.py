@@ -1,0 +1,187 @@
+"""The session on this machine (no SSH): stand-in ranks are found and dumped, the worker stays warm between
+snapshots, cancel keeps what arrived, strace/gdb results land on the ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from app.model import CollectOptions, RankSnapshot
+from app.session import NodeUpdate, RankUpdate, Session, SessionEvent, SessionOptions, SnapshotDone
+
+pytestmark = pytest.mark.timeout(120)
+
+# A STAND-IN for a torch rank: plain Python with torchrun's environment, blocked in recv() on a socket that
+# never gets data, inside a training-like loop. It writes its ready file just before blocking.
+STAND_IN_RANK = textwrap.dedent("""
+    import socket, sys
+    def wait_for_peers(conn):
+        return conn.recv(1)
+    def train(ready_path):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        peer = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+        for step in range(10):
+            if step == 3:
+                with open(ready_path, "w") as f:
+                    f.write("ready")
+                wait_for_peers(conn)
+    train(sys.argv[1])
+""")
+
+WORLD = 3
+
+
+def _wait_ready(paths: list[Path], procs: list[subprocess.Popen], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"stand-in rank exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("stand-in ranks did not get ready")
+        time.sleep(0.01)
+    for proc in procs:  # ready is written just before recv(): wait until each really sleeps in the kernel
+        ps = psutil.Process(proc.pid)
+        while ps.status() != psutil.STATUS_SLEEPING:
+            if time.monotonic() > deadline:
+                raise TimeoutError("stand-in ranks did not block")
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, int]]:
+    """{pid: rank} of WORLD stand-in ranks, killed at the end."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    script = tmp / "train.py"
+    script.write_text(STAND_IN_RANK)
+    procs, ready = [], []
+    try:
+        for rank in range(WORLD):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                       LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+            ready.append(tmp / f"ready-{rank}")
+            procs.append(subprocess.Popen([sys.executable, str(script), str(ready[-1])], env=env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        _wait_ready(ready, procs)
+        yield {p.pid: r for r, p in enumerate(procs)}
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _mine(ranks: tuple[RankSnapshot, ...] | list[RankSnapshot], stand_ins: dict[int, int]) -> list[RankSnapshot]:
+    return [r for r in ranks if r.pid in stand_ins]
+
+
+def _worker_children() -> set[int]:
+    me = psutil.Process()
+    return {c.pid for c in me.children() if "-c" in c.cmdline()}
+
+
+async def test_snapshot_then_warm_refresh(stand_ins: dict[int, int]) -> None:
+    events: list[SessionEvent] = []
+    session = Session(None, SessionOptions(collect=CollectOptions(locals=True)), on_event=events.append)
+    try:
+        t0 = time.monotonic()
+        snap = await session.snapshot()
+        cold = time.monotonic() - t0
+        workers = _worker_children()
+        mine = _mine(snap.ranks, stand_ins)
+        assert sorted(r.rank for r in mine) == list(range(WORLD))
+        for r in mine:
+            assert r.collected and not r.partial and r.error is None, r.error
+            assert r.world_size == WORLD and r.pid in stand_ins
+            functions = [f.function for f in r.main_thread.frames] if r.main_thread else []
+            assert "wait_for_peers" in functions and "train" in functions
+        (node,) = snap.nodes
+        assert node.state == "done" and node.error is None and node.info is not None
+        assert {"connect", "start", "discover", "dump"} <= {k for k, _ in node.timings}
+        states = [e.node.state for e in events if isinstance(e, NodeUpdate)]
+        assert states[0] == "connecting" and states[-1] == "done"
+        assert states.index("discovering") < states.index("collecting")
+        assert {e.rank.pid for e in events if isinstance(e, RankUpdate) and e.rank.collected} >= set(stand_ins)
+        assert isinstance(events[-1], SnapshotDone) and events[-1].snapshot == snap
+
+        events.clear()
+        t0 = time.monotonic()
+        again = await session.refresh()
+        warm = time.monotonic() - t0
+        assert _worker_children() == workers  # the same worker process answered
+        assert "connecting" not in [e.node.state for e in events if isinstance(e, NodeUpdate)]
+        assert {r.pid for r in _mine(again.ranks, stand_ins) if r.collected} == set(stand_ins)
+        assert warm < cold, (warm, cold)
+    finally:
+        await session.close()
+    assert not (_worker_children() & workers)
+
+
+async def test_cancel_keeps_what_arrived(stand_ins: dict[int, int]) -> None:
+    session: Session
+
+    def on_event(event: SessionEvent) -> None:
+        if isinstance(event, RankUpdate) and event.rank.collected:
+            session.cancel()  # as a user pressing Ctrl+C when the first dump arrived
+
+    session = Session(None, SessionOptions(), on_event=on_event)
+    try:
+        t0 = time.monotonic()
+        snap = await session.snapshot()
+        assert time.monotonic() - t0 < 20
+    finally:
+        await session.close()
+    assert snap.interrupted and not snap.complete
+    assert any(r.collected for r in snap.ranks)
+    (node,) = snap.nodes
+    if all(r.collected for r in snap.ranks):
+        assert node.state == "done"  # every dump had arrived before the cancel landed
+    else:
+        assert node.state == "partial" and node.error is not None and node.error.code == "cancelled"
+        for r in snap.ranks:
+            assert r.collected or (r.partial and r.error is not None)
+
+
+async def test_strace_and_gdb_land_on_the_ranks(stand_ins: dict[int, int]) -> None:
+    session = Session(None, SessionOptions())
+    try:
+        snap = await session.snapshot()
+        pid = min(stand_ins)
+        (rank,) = [r for r in snap.ranks if r.pid == pid]
+        (traced,) = await session.strace([(rank.node, pid)], 0.3)
+        assert traced.strace is not None and traced.error is None, traced.error
+        assert any("recv" in t.blocked_in for t in traced.strace.threads) or "recv" in traced.strace.output
+        (debugged,) = await session.gdb([(rank.node, pid)])
+        assert debugged.gdb and debugged.error is None, debugged.error
+        current = session.current()
+        (now,) = [r for r in current.ranks if r.pid == pid]
+        assert now.strace is not None and now.gdb  # both kept on the session's current snapshot
+        assert psutil.Process(pid).status() == psutil.STATUS_SLEEPING  # never left stopped or traced
+        (gone,) = await session.strace([(rank.node, 999999999)], 0.1)
+        assert gone.error is not None and gone.error.code == "target_exited"
+    finally:
+        await session.close()
+
+
+async def test_a_failing_start_is_a_failed_node_not_an_exception() -> None:
+    session = Session(None, SessionOptions(python="/nonexistent/python3"))
+    try:
+        snap = await session.snapshot()
+    finally:
+        await session.close()
+    (node,) = snap.nodes
+    assert node.state == "failed" and node.error is not None
+    assert node.error.code == "no_python" and node.error.phase == "start" and node.error.hint
+    assert snap.ranks == () and not snap.complete
