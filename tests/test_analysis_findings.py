@@ -3,7 +3,7 @@ and that the most likely culprit comes first and becomes the verdict."""
 
 from __future__ import annotations
 
-from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
+from analysis_snapshots import BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.findings import KINDS
 from app.analysis.frames import collective_of

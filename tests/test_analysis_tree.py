@@ -198,3 +198,14 @@ def test_analysis_never_imports_the_ui_or_the_network_stack() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert out.stdout.strip() == ""
+
+
+def test_a_tree_of_one_class_from_an_analysis() -> None:
+    a = analyze(snapshot(job(8, 4, rank5=LOADING, rank2=BARRIER)))
+    chosen = a.classes[2]
+    tree = build_tree([chosen], a.options)
+    assert tree.root.classes == (chosen.index,) and tree.label(tree.root) == chosen.label
+    assert tree.ranks(tree.root) == chosen.ranks
+    assert chosen.label == "rank 5 on node02"
+    # alone in its tree, the whole path is its own
+    assert [f.function for f in tree.distinctive(chosen.index)] == ["<module>", "train", "next_batch"]

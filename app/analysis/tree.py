@@ -66,21 +66,30 @@ class StackTree:
     own_depth: Dict[int, int] = field(default_factory=dict, compare=False)  # class -> depth it leaves the rest
     _labels: Dict[Tuple[int, ...], str] = field(default_factory=dict, compare=False, repr=False)
 
+    def of(self, index: int) -> StackClass:
+        """The class with that index (a tree may hold a subset of an analysis' classes)."""
+        if index < len(self.classes) and self.classes[index].index == index:
+            return self.classes[index]
+        for c in self.classes:
+            if c.index == index:
+                return c
+        raise KeyError(f"class {index} is not in this tree")
+
     def distinctive(self, index: int) -> Tuple[Frame, ...]:
         """A class's frames from where its path leaves every other class's (its last frame when none do)."""
-        frames = self.classes[index].frames
+        frames = self.of(index).frames
         depth = self.own_depth.get(index)
         return frames[depth - 1:] if depth else frames[-1:]
 
     def ranks(self, node: TreeNode) -> Tuple[RankKey, ...]:
         """The ranks that pass through a node (class by class, largest class first)."""
-        return tuple(k for i in node.classes for k in self.classes[i].ranks)
+        return tuple(k for i in node.classes for k in self.of(i).ranks)
 
     def label(self, node: TreeNode) -> str:
         """The node's ranks folded, computed on demand (a tree of 100k ranks has many large nodes)."""
         text = self._labels.get(node.classes)
         if text is None:
-            members = [self.classes[i] for i in node.classes]
+            members = [self.of(i) for i in node.classes]
             if len(members) == 1:
                 text = members[0].label
             else:
@@ -281,13 +290,13 @@ def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = Analysi
         node.ends.append(c.index)
     frozen = root.freeze(0)
     own: Dict[int, int] = {}
-    stack = [frozen]
-    while stack:  # a class's own part starts at the first node it passes through alone
-        node = stack.pop()
-        if len(node.classes) == 1 and node.classes[0] not in own and node.frame is not None:
-            own[node.classes[0]] = node.depth
+    todo = [frozen]
+    while todo:  # a class's own part starts at the first node it passes through alone
+        at = todo.pop()
+        if len(at.classes) == 1 and at.frame is not None:
+            own.setdefault(at.classes[0], at.depth)
             continue
-        stack.extend(node.children)
+        todo.extend(at.children)
     return StackTree(frozen, tuple(classes), own)
 
 
