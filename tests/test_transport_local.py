@@ -84,7 +84,7 @@ async def test_old_python_is_no_python(tmp_path: Path) -> None:
     with pytest.raises(TransportError) as err:
         await start_local(str(fake), name="old", timeout=20)
     assert err.value.code == "no_python" and err.value.phase == "start"
-    assert "3.6.15" in err.value.message and "old" in err.value.message
+    assert "3.6.15" in err.value.message and "old" in err.value.message and str(fake) in err.value.message
 
 
 async def test_missing_python_is_no_python() -> None:

@@ -296,3 +296,80 @@ async def test_config_cannot_give_the_worker_a_pty_an_agent_or_our_environment(s
         assert os.readlink(f"/proc/{c['node02'].host_pid(w.pid)}/fd/0").startswith("pipe:")
     finally:
         await w.close()
+
+
+async def test_user_config_wins_over_system_config_which_still_applies(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    system = tmp_path / "ssh_config"
+    system.write_text("Host node01\n    Port 2\n")  # what /etc/ssh/ssh_config would say
+    with pytest.raises(TransportError) as err:  # the user's file sets no Port: the system's applies
+        await SshTransport(_opts(c, config_paths=(str(c.ssh_config), str(system)))).open("node01")
+    assert err.value.code == "refused"
+    user = tmp_path / "config"
+    user.write_text("Host node01\n    Port 22\n\n" + c.ssh_config.read_text())
+    w = await SshTransport(_opts(c, config_paths=(str(user), str(system)))).open("node01")  # first wins
+    await w.close()
+    defaults = SshTransport().config_paths
+    if os.access("/etc/ssh/ssh_config", os.R_OK):
+        assert defaults[-1] == "/etc/ssh/ssh_config"
+
+
+async def test_global_known_hosts_file_from_config_is_trusted(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    empty = tmp_path / "user_known_hosts"
+    empty.write_text("# nothing here but a broken line, which OpenSSH skips and so do we\ngarbage\n")
+    config = tmp_path / "config"
+    config.write_text(f"Host node02\n    UserKnownHostsFile {empty}\n    GlobalKnownHostsFile {c.known_hosts}\n\n"
+                      + c.ssh_config.read_text())
+    w = await SshTransport(_opts(c, config_paths=(str(config),))).open("node02")
+    await w.close()
+    assert any("malformed" in x for x in w.warnings)
+
+
+async def test_ssh_agent_is_used_when_ssh_auth_sock_is_set(ssh_cluster, tmp_path, monkeypatch) -> None:
+    c = ssh_cluster
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        cluster_mod.poll(sock.exists, 10, "ssh-agent to listen")
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(["ssh-add", "-q", str(c.key)], check=True, capture_output=True)
+        monkeypatch.setenv("HOME", str(tmp_path))  # no key files of our own: only the agent can log in
+        config = tmp_path / "config"
+        config.write_text("".join(line + "\n" for line in c.ssh_config.read_text().splitlines()
+                                  if "IdentityFile" not in line and "IdentitiesOnly" not in line))
+        w = await SshTransport(_opts(c, config_paths=(str(config),))).open("node03")
+        await w.close()
+        monkeypatch.delenv("SSH_AUTH_SOCK")
+        with pytest.raises(TransportError) as err:
+            await SshTransport(_opts(c, config_paths=(str(config),))).open("node03")
+        assert err.value.code == "auth_failed" and "no key was available" in err.value.message
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+
+
+async def test_old_python_on_the_node_is_no_python(ssh_cluster) -> None:
+    c = ssh_cluster
+    node = c["node01"]
+    # FAKE python 3.6 on the node: its real python3 with sys.version_info pretending otherwise
+    fake = node.bin_dir / "python3.6-fake"
+    fake.write_text("#!/bin/sh\nexec python3 -c 'import sys; sys.version_info = (3, 6, 15, \"final\", 0); "
+                    "sys.version = \"3.6.15\"; exec(sys.argv[2])' \"$@\"\n")
+    fake.chmod(0o755)
+    try:
+        with pytest.raises(TransportError) as err:
+            await SshTransport(_opts(c, python="/usr/local/bin/python3.6-fake")).open("node01")
+        e = err.value
+        assert e.code == "no_python" and "3.6.15" in e.message and "/usr/local/bin/python3.6-fake" in e.message
+    finally:
+        fake.unlink()
+
+
+async def test_a_fanout_window_smaller_than_the_node_count_still_reaches_every_node(ssh_cluster) -> None:
+    c = ssh_cluster
+    t = SshTransport(_opts(c, fanout=1))
+    workers = await asyncio.gather(*(t.open(n) for n in c.names))
+    await asyncio.gather(*(w.close() for w in workers))
+    assert [w.hello["hostname"] for w in workers] == c.names

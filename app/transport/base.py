@@ -124,8 +124,9 @@ class WorkerConnection:
     def __init__(self, name: str, stdout: ByteReader, stdin: ByteWriter, stderr: Optional[ByteReader],
                  wait_exit: Callable[[], Awaitable[ExitInfo]], *,
                  kill: Optional[Callable[[], None]] = None,
-                 on_close: Optional[Callable[[], Awaitable[None]]] = None) -> None:
+                 on_close: Optional[Callable[[], Awaitable[None]]] = None, python: str = "") -> None:
         self.name = name
+        self.python = python  # the interpreter command, for messages that tell the user what to change
         self._stdout = stdout
         self._stdin = stdin
         self._stderr = stderr
@@ -350,11 +351,11 @@ class WorkerConnection:
         if not self._hello.done():
             if info.returncode == bootstrap.EXIT_OLD_PYTHON or bootstrap.MARK_OLD_PYTHON in tail:
                 found = tail.split(bootstrap.MARK_OLD_PYTHON, 1)[-1].strip().splitlines()[0:1]
-                return TransportError("no_python", f"{self.name}: python is too old: {''.join(found)}",
-                                      phase="start")
+                return TransportError("no_python", f"{self.name}: {self.python or 'python'} is too old: "
+                                      f"{''.join(found)}", phase="start")
             if info.returncode in (126, 127):
-                return TransportError("no_python", f"{self.name}: could not run python (exit {info.returncode})"
-                                      f"{self._stderr_note()}", phase="start")
+                return TransportError("no_python", f"{self.name}: could not run {self.python or 'python'} "
+                                      f"(exit {info.returncode}){self._stderr_note()}", phase="start")
         if info.returncode == 0 and not self._requests and self._hello.done():
             return None  # a clean exit after shutdown
         how = f"exit status {info.returncode}" if info.returncode is not None else f"signal {info.signal or '?'}"

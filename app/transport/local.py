@@ -22,11 +22,12 @@ async def start_local(python: Optional[str] = None, *, name: str = "localhost",
     """Start a worker under `python` (default: this interpreter; flags allowed, e.g. "python3 -I -S")."""
     argv = bootstrap.python_argv(python) if python else [sys.executable]
     payload = bootstrap.build_payload()
-    return await spawn_worker([*argv, "-c", payload.stage(options)], payload.data, name=name, timeout=timeout)
+    return await spawn_worker([*argv, "-c", payload.stage(options)], payload.data, name=name, timeout=timeout,
+                              python=python or sys.executable)
 
 
 async def spawn_worker(argv: Sequence[str], payload: bytes, *, name: str = "localhost",
-                       timeout: float = START_TIMEOUT) -> WorkerConnection:
+                       timeout: float = START_TIMEOUT, python: str = "") -> WorkerConnection:
     """Run argv as a worker process, send it `payload`, wait for its hello."""
     t0 = time.monotonic()
     try:
@@ -55,7 +56,7 @@ async def spawn_worker(argv: Sequence[str], payload: bytes, *, name: str = "loca
             except ProcessLookupError:
                 pass
 
-    conn = WorkerConnection(name, proc.stdout, proc.stdin, proc.stderr, wait_exit, kill=kill)
+    conn = WorkerConnection(name, proc.stdout, proc.stdin, proc.stderr, wait_exit, kill=kill, python=python)
     conn.timings["connect"] = time.monotonic() - t0
     try:
         await conn.start(payload, timeout)

@@ -269,7 +269,7 @@ class SshTransport:
                 conn.abort()
 
         worker = WorkerConnection(name, process.stdout, process.stdin, process.stderr, wait_exit,
-                                  kill=kill, on_close=on_close)
+                                  kill=kill, on_close=on_close, python=self.options.python)
         try:
             await worker.start(payload.data, max(0.1, self.options.start_timeout - (time.monotonic() - t0)))
         except BaseException:
