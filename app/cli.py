@@ -25,6 +25,7 @@ examples:
   hangscope -w 'gpu[001-004]' --locals     nodes from a SLURM/pdsh node list, with loop variables
   hangscope hosts.txt --snapshot out.json  headless: collect once, print the summary, write the snapshot
   hangscope --load out.json                print the summary of a saved snapshot
+  hangscope --load out.json --export rep/  write a shareable report bundle (secrets redacted)
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
   scontrol show hostnames | hangscope -    hosts from stdin
@@ -51,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_argument_group("headless modes")
     mode.add_argument("--snapshot", metavar="FILE", help="collect once, write the snapshot JSON to FILE")
     mode.add_argument("--load", metavar="FILE", help="read a snapshot JSON instead of collecting")
-    mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file")
+    mode.add_argument("--export", metavar="DIR",
+                      help="write a report bundle (summary.md, report.html, snapshot.json, ...) to DIR")
+    mode.add_argument("--tar", action="store_true", help="with --export, also write DIR.tar.gz")
+    mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file or --export DIR")
     col = p.add_argument_group("collection")
     col.add_argument("--locals", action="store_true",
                      help="collect local variables (py-spy --locals): tells loop iterations apart")
@@ -132,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.load:
         if args.hosts or args.nodelist:
             raise InputError("--load reads a saved snapshot; do not also give hosts")
-        return headless.show_loaded(args.load)
+        return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar)
     if args.nonblocking and args.native:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
     if args.fanout < 1 or args.timeout <= 0 or args.connect_timeout <= 0 or args.strace < 0:

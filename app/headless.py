@@ -61,12 +61,13 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
 
     snap = run_interruptible(collect, session.cancel)
     assert isinstance(snap, Snapshot)
-    return report(snap, snapshot_path=args.snapshot, force=args.force)
+    return report(snap, snapshot_path=args.snapshot, force=args.force, export=args.export, tar=args.tar)
 
 
 def report(snap: Snapshot, *, snapshot_path: Optional[str] = None, force: bool = False,
-           out: TextIO = sys.stdout) -> int:
-    """Analyse, print the summary, write the snapshot file; the exit code says how complete the data is."""
+           export: Optional[str] = None, tar: bool = False, out: TextIO = sys.stdout) -> int:
+    """Analyse, print the summary, write the snapshot file and the report bundle; the exit code says how
+    complete the data is."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
 
@@ -76,12 +77,20 @@ def report(snap: Snapshot, *, snapshot_path: Optional[str] = None, force: bool =
     if snapshot_path:
         write_private(snapshot_path, snapshot_to_json(snap, analysis.to_dict()), force=force)
         print(f"hangscope: snapshot written to {snapshot_path}", file=sys.stderr)
+    if export:
+        from app.report import export_bundle
+
+        result = export_bundle(snap, analysis, export, force=force, tar=tar)
+        redacted = sum(result.redactions.values())
+        print(f"hangscope: report bundle written to {result.directory} ({len(result.paths)} files, "
+              f"{redacted} value(s) redacted)" + (f"; {result.tarball}" if result.tarball else ""),
+              file=sys.stderr)
     if snap.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if snap.complete and snap.ranks else EXIT_PARTIAL
 
 
-def show_loaded(path: str) -> int:
+def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -93,7 +102,7 @@ def show_loaded(path: str) -> int:
         snap, _ = snapshot_from_json(text)
     except SnapshotFormatError as exc:
         raise InputError(f"{path}: {exc}") from exc
-    report(snap)
+    report(snap, export=export, force=force, tar=tar)
     return EXIT_OK
 
 

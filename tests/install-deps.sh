@@ -17,6 +17,7 @@ command -v tini >/dev/null 2>&1 || need+=(tini)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)  # report.html is rendered in tests
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
