@@ -11,11 +11,14 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
+from typing import Awaitable, Callable, Optional, Protocol
 
 from app.errors import TransportError
 from app.transport import bootstrap
+from app.transport.request import Request, WorkerRequestError
 from workers import protocol
+
+__all__ = ["ByteReader", "ByteWriter", "ExitInfo", "Request", "WorkerConnection", "WorkerRequestError"]
 
 MAX_LINE = 256 * 1024 * 1024  # a dump with locals of many threads is large; anything bigger is broken
 MAX_NOISE_LINES = 200  # lines a chatty login shell may print before the worker's hello
@@ -44,78 +47,6 @@ class ExitInfo:
     returncode: Optional[int] = None  # None: unknown (killed by a signal, or the connection dropped)
     signal: Optional[str] = None
     lost: Optional[str] = None  # set when the connection dropped: why
-
-
-class WorkerRequestError(TransportError):
-    """The worker answered a request with an error (a code from protocol.ERROR_HINTS)."""
-
-    title = "request failed"
-
-
-class Request:
-    """One request in flight: iterate it for its items; `done` holds the final data once iteration ends."""
-
-    def __init__(self, conn: WorkerConnection, req_id: int, op: str, deadline: Optional[float]) -> None:
-        self.conn = conn
-        self.id = req_id
-        self.op = op
-        self.deadline = deadline  # loop time
-        self.done: Optional[dict] = None
-        self.finished = False
-        self.queue: asyncio.Queue[dict | TransportError] = asyncio.Queue()
-
-    def __aiter__(self) -> AsyncIterator[dict]:
-        return self
-
-    async def __anext__(self) -> dict:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            msg = await self._get()
-        except BaseException:
-            # Timed out, cancelled by our caller, or the iteration was abandoned: the worker must stop too.
-            self.abandon()
-            raise
-        if isinstance(msg, TransportError):
-            self._finish()
-            raise msg
-        kind = msg.get("type")
-        if kind == "item":
-            data = msg.get("data")
-            return data if isinstance(data, dict) else {"value": data}
-        self._finish()
-        if kind == "done":
-            data = msg.get("data")
-            self.done = data if isinstance(data, dict) else {}
-            raise StopAsyncIteration
-        code = str(msg.get("code") or "internal")
-        raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
-                                 hint=str(msg.get("hint") or protocol.ERROR_HINTS.get(code, "")))
-
-    async def _get(self) -> dict | TransportError:
-        if self.deadline is None:
-            return await self.queue.get()
-        remaining = self.deadline - asyncio.get_running_loop().time()
-        try:
-            return await asyncio.wait_for(self.queue.get(), max(remaining, 0.0))
-        except asyncio.TimeoutError:
-            raise TransportError("timeout", f"{self.conn.name}: no answer to {self.op} within its deadline",
-                                 hint="the worker or the node is overloaded or stuck; try again") from None
-
-    def _finish(self) -> None:
-        self.finished = True
-        self.conn._requests.pop(self.id, None)
-
-    def abandon(self) -> None:
-        """Stop waiting; tell the worker to stop (best effort, nothing awaited)."""
-        if self.finished:
-            return
-        self._finish()
-        self.conn.send_nowait({"id": next(self.conn._ids), "op": "cancel", "args": {"target": self.id}})
-
-    async def collect(self) -> tuple[list[dict], dict]:
-        items = [item async for item in self]
-        return items, self.done or {}
 
 
 class WorkerConnection:
@@ -214,7 +145,7 @@ class WorkerConnection:
 
     async def cancel(self, req_id: int) -> None:
         """Ask the worker to end request `req_id`; it then ends with error code "cancelled"."""
-        self.send_nowait({"id": next(self._ids), "op": "cancel", "args": {"target": req_id}})
+        self.send_cancel(req_id)
         await self._drain(EXIT_WAIT)
 
     def send_nowait(self, msg: dict) -> None:
@@ -292,6 +223,12 @@ class WorkerConnection:
         if req is not None:  # replies to abandoned requests are dropped
             req.queue.put_nowait(msg)
         return True
+
+    def forget(self, req_id: int) -> None:
+        self._requests.pop(req_id, None)
+
+    def send_cancel(self, req_id: int) -> None:
+        self.send_nowait({"id": next(self._ids), "op": "cancel", "args": {"target": req_id}})
 
     async def _read_stderr(self) -> None:
         assert self._stderr is not None
