@@ -373,3 +373,19 @@ async def test_a_fanout_window_smaller_than_the_node_count_still_reaches_every_n
     workers = await asyncio.gather(*(t.open(n) for n in c.names))
     await asyncio.gather(*(w.close() for w in workers))
     assert [w.hello["hostname"] for w in workers] == c.names
+
+
+@pytest.mark.parametrize("icmp", ["icmp-host-unreachable", "icmp-net-unreachable"])
+async def test_icmp_unreachable_is_unreachable(ssh_cluster, icmp: str) -> None:
+    c = ssh_cluster
+    node = c["node02"]
+    rule = ("INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", icmp)
+    node.iptables("-I", *rule)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TransportError) as err:
+            await SshTransport(_opts(c)).open("node02")
+        assert err.value.code == "unreachable" and "node02" in err.value.message
+        assert time.monotonic() - t0 < 2
+    finally:
+        node.iptables("-D", *rule)
