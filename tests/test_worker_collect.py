@@ -194,3 +194,14 @@ def test_oldest_supported_python_runs_every_op_stdlib_only() -> None:
         _, done = w.call("strace", dict(target_of(t), seconds=0.2))
         assert done["type"] == "done"
         assert untouched(t.pid)
+
+
+def test_secrets_in_locals_never_leave_the_node() -> None:
+    import json
+
+    secret = "hf_" + "S3cr3t" * 6
+    with start_rank(0, TARGET_SECRET=secret) as t, WorkerProc() as w:
+        item = dump_one(w, t, locals=True)
+        assert item["ok"] and secret not in json.dumps(item)
+        frame = next(f for f in thread_named(item, "MainThread")["frames"] if f["name"] == "rank")
+        assert {lc["name"]: lc["repr"] for lc in frame["locals"]}["hf_token"] == "***"

@@ -122,3 +122,16 @@ def test_other_users_processes_are_counted_as_unreadable() -> None:
         assert t.pid not in ranks
         assert done["unreadable"] >= 1
         assert any("could not be inspected" in n and "--sudo" in n for n in done["notes"])
+
+
+def test_sudo_for_other_users_processes_needs_sudo() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the worker as another user")
+    with start_rank(0) as t, WorkerProc(python="/usr/bin/python3", isolated=True,
+                                        prefix=["setpriv", "--reuid=65534", "--regid=65534",
+                                                "--clear-groups"]) as w:
+        if w.hello["tools"]["sudo"] is not None:
+            pytest.skip("sudo is installed here; this checks a node without it")
+        ranks, done = discover_all(w, sudo=True)
+        assert t.pid not in ranks and done["unreadable"] >= 1
+        assert any("sudo is not on this node" in n for n in done["notes"])

@@ -9,7 +9,7 @@ a rank. The worker's own process tree (its shell, its tools) is never considered
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from workers import procinfo
 from workers.procinfo import Gone, Proc
@@ -101,12 +101,15 @@ def own_tree(procs: Dict[int, Proc], me: int) -> Set[int]:
 class Scan:
     """One pass over the node's processes."""
 
-    def __init__(self, source: Any = None, me: Optional[int] = None) -> None:
+    def __init__(self, source: Any = None, me: Optional[int] = None,
+                 read_denied: Optional[Callable[[List[int]], Dict[int, Dict[str, str]]]] = None) -> None:
+        # read_denied: environments this user may not read, read another way (sudo); pid -> environ
         self.source = source or procinfo.source()
         self.me = os.getpid() if me is None else me
         self.procs: Dict[int, Proc] = {}
         self.unreadable = 0
         self.notes: List[str] = []
+        self._read_denied = read_denied
 
     def _load(self) -> None:
         for pid in self.source.pids():
@@ -132,8 +135,12 @@ class Scan:
                 del self.procs[pid]
                 continue
             self.procs[pid] = full
-            if full.environ_denied:
-                self.unreadable += 1
+        denied = [pid for pid, p in self.procs.items() if p.environ_denied]
+        if denied and self._read_denied is not None:
+            for pid, env in self._read_denied(denied).items():
+                if pid in self.procs:
+                    self.procs[pid].environ, self.procs[pid].environ_denied = env, False
+        self.unreadable = sum(1 for p in self.procs.values() if p.environ_denied)
 
     def ranks(self, pids: Optional[Iterable[int]] = None) -> List[Dict[str, Any]]:
         """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not."""
@@ -157,6 +164,9 @@ class Scan:
         if pids is not None:
             wanted = set(pids)
             ranks = {p for p in wanted if p in self.procs}
+        if os.geteuid() != 0 and proc_hides_pids():
+            self.notes.append("/proc is mounted with hidepid: other users' processes are invisible here: connect "
+                              "as their user or as root")
         if self.unreadable:
             self.notes.append("%d python processes of other users could not be inspected: run as their user "
                               "or with --sudo" % self.unreadable)
@@ -228,6 +238,20 @@ class Scan:
             "cpu_time": p.cpu_time, "rss": p.rss, "gpus": [], "env": allowed_env(env),
             "nspid": nspid, "in_container": in_container(pid, self.me), "children": sorted(children),
         }
+
+
+def proc_hides_pids() -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = f.read()
+    except OSError:
+        return False
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == "/proc" and fields[2] == "proc":
+            opts = dict(o.partition("=")[::2] for o in fields[3].split(","))
+            return opts.get("hidepid", "0") not in ("0", "off")
+    return False
 
 
 def in_container(pid: int, me: int) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict
 
 from workers import discover as discovery
 from workers import procinfo
-from workers.collect import gpus, pyspy, sockets, traced
+from workers.collect import gpus, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import error_dict
 from workers.request import Cancelled, OpError, Request
@@ -43,10 +43,13 @@ def discover(req: Request) -> Dict[str, Any]:
     pids = req.arg_list("pids")
     if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
         raise OpError("bad_request", "discover: pids must be integers")
-    scan = discovery.Scan(procinfo.source(prefer_psutil=not req.worker.options.get("no_psutil")))
+    notes: list = []
+    read_denied = (lambda denied: runas.read_environs(req, denied, notes)) if req.sudo else None
+    scan = discovery.Scan(procinfo.source(prefer_psutil=not req.worker.options.get("no_psutil")),
+                          read_denied=read_denied)
     ranks = scan.ranks(pids)
     req.check()
-    notes = scan.notes
+    notes += scan.notes
     use = gpus.query(req, notes) if ranks else {}
     ss_by_ns: Dict[str, Any] = {}
     for rank in ranks:
@@ -133,4 +136,5 @@ HANDLERS: Dict[str, Callable[[Request], Dict[str, Any]]] = {
     "discover": discover,
     "ping": ping,
     "push_tool": push_tool,
+    **__import__("workers.ops_gpu", fromlist=["HANDLERS"]).HANDLERS,  # GPU tests: workers/ops_gpu.py
 }

@@ -1,0 +1,54 @@
+"""The GPU test ops: launch the test program under torchrun, stop it, find free ports, probe the network and
+the GPUs. Registered in workers/ops.py's HANDLERS; argument and reply shapes are in workers/protocol.py."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from workers.gputest import inventory, netprobe, ports
+from workers.gputest.launch import Launch, request_stop
+from workers.request import OpError, Request
+
+MAX_TARGETS = 256
+
+
+def gpu_launch(req: Request) -> Dict[str, Any]:
+    return Launch(req).run()
+
+
+def gpu_stop(req: Request) -> Dict[str, Any]:
+    return {"found": request_stop(req.arg_str("token"))}
+
+
+def gpu_ports(req: Request) -> Dict[str, Any]:
+    count = req.arg_int("count", 1) or 1
+    low, high = req.arg_int("low", 29500) or 29500, req.arg_int("high", 29999) or 29999
+    exclude = req.arg_list("exclude") or []
+    if not (1 <= count <= 64 and 1024 <= low <= high <= 65535) or \
+            not all(isinstance(p, int) and not isinstance(p, bool) for p in exclude):
+        raise OpError("bad_request", "gpu_ports: count 1..64, 1024 <= low <= high <= 65535, integer excludes")
+    return {"ports": ports.free_ports(count, exclude, low, high)}
+
+
+def net_probe(req: Request) -> Dict[str, Any]:
+    targets = req.arg_list("targets") or []
+    if len(targets) > MAX_TARGETS:
+        raise OpError("bad_request", "net_probe: at most %d targets" % MAX_TARGETS)
+    for t in targets:
+        if not (isinstance(t, dict) and isinstance(t.get("host"), str) and isinstance(t.get("port"), int)
+                and 0 < t["port"] < 65536 and 0 < len(t["host"]) <= 255):
+            raise OpError("bad_request", "net_probe: each target needs a host and a port 1..65535, got %r" % (t,))
+    return netprobe.probe(targets, min(req.arg_float("timeout", 3.0), 30.0))
+
+
+def gpu_inventory(req: Request) -> Dict[str, Any]:
+    return inventory.inventory(req)
+
+
+HANDLERS = {
+    "gpu_launch": gpu_launch,
+    "gpu_stop": gpu_stop,
+    "gpu_ports": gpu_ports,
+    "net_probe": net_probe,
+    "gpu_inventory": gpu_inventory,
+}
