@@ -389,3 +389,19 @@ async def test_icmp_unreachable_is_unreachable(ssh_cluster, icmp: str) -> None:
         assert time.monotonic() - t0 < 2
     finally:
         node.iptables("-D", *rule)
+
+
+async def test_a_chatty_login_shell_does_not_break_the_protocol(ssh_cluster) -> None:
+    c = ssh_cluster
+    bashrc = c["node03"].dir / "home" / ".bashrc"
+    before = bashrc.read_text()
+    bashrc.write_text(before + "echo 'Welcome to node03! Quota: 93% used'\nprintf '\\033]0;title\\007\\n'\n")
+    try:
+        w = await SshTransport(_opts(c)).open("node03")
+        try:
+            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert any("Welcome to node03" in x for x in w.warnings), w.warnings
+        finally:
+            await w.close()
+    finally:
+        bashrc.write_text(before)
