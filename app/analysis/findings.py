@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import List, Literal, Optional, Sequence, Tuple, get_args
 
 from app.analysis.fold import RankKey, fold_nodes, short_keys
-from app.analysis.frames import focus_frame, is_library, named, path_collective
+from app.analysis.frames import focus_frame, frame_id, is_library, named, path_collective
 from app.analysis.tree import StackClass
 
 FindingKind = Literal[
@@ -147,7 +147,7 @@ def _by_size(tie: bool, small: bool, why: str, c: StackClass, d: StackClass) -> 
 def _common_prefix(a: StackClass, b: StackClass) -> int:
     k = 0
     for fa, fb in zip(a.frames, b.frames):
-        if (fa.function, fa.filename, fa.line) != (fb.function, fb.filename, fb.line):
+        if frame_id(fa, "function+line") != frame_id(fb, "function+line"):
             break
         k += 1
     return k

@@ -30,14 +30,29 @@ _MACHINERY: Tuple[Tuple[Tuple[str, ...], Optional[frozenset]], ...] = (
 def is_machinery(function: str, filename: str) -> bool:
     """True for frames of importlib's bootstrap, thread start-up, runpy and torch elastic's error wrapper."""
     name = filename.replace("\\", "/")
+    short = bare_name(function)
     for suffixes, functions in _MACHINERY:
-        if name.endswith(suffixes) and (functions is None or function in functions):
+        if name.endswith(suffixes) and (functions is None or short in functions):
             return True
     return False
 
 
+def bare_name(function: str) -> str:
+    """py-spy 0.4 reports qualified names (`Thread.run`, `_exception_logger.<locals>.wrapper`): the last part."""
+    return function.rsplit(".", 1)[-1]
+
+
+# A native frame without a symbol is named by its address, which differs per process (ASLR).
+_ADDRESS_NAME = re.compile(r"0x[0-9a-fA-F]+\Z")
+
+
 def frame_id(frame: Frame, identity: Identity) -> FrameId:
-    return (frame.function, frame.filename, frame.line if identity == "function+line" else 0)
+    """What makes two frames the same: function, file and (for "function+line") line; unsymbolised native
+    frames are the same when they are in the same library, whatever their address."""
+    function = frame.function
+    if frame.native and _ADDRESS_NAME.match(function):
+        function = "??"
+    return (function, frame.filename, frame.line if identity == "function+line" else 0)
 
 
 # torch.distributed's Python API, by function name -> the collective a user knows it as.
@@ -87,7 +102,7 @@ def _collective(function: str, filename: str, native: bool) -> Optional[str]:
         return None
     if "torch/distributed/" not in filename.replace("\\", "/"):
         return None  # a user function named `broadcast` is not torch's
-    return _PY_COLLECTIVES.get(function)
+    return _PY_COLLECTIVES.get(bare_name(function))
 
 
 def path_collective(frames: Sequence[Frame]) -> Tuple[Optional[str], Optional[Frame]]:

@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 from app.analysis import Analysis
 from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
-from app.analysis.frames import clean, frame_text
+from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.progress import stuck_summary
 from app.model import Frame, RankSnapshot, Snapshot
 
@@ -75,8 +75,14 @@ def _finding(i: int, f: Finding, width: int) -> List[str]:
 
 
 def _distinctive(own: Sequence[Frame]) -> List[str]:
-    """A class's own frames, innermost first, shortened to the innermost few and the first."""
-    inner = [frame_text(f) for f in reversed(own)]
+    """A class's own frames, innermost first, down to the job's own code, shortened to the innermost few
+    and the last; native frames without a symbol say nothing and are left out."""
+    frames = [f for f in reversed(own) if not (f.native and f.function.startswith("0x"))] or list(own[-1:])
+    for i, f in enumerate(frames if len(frames) > FRAMES_SHOWN else ()):
+        if not is_library(f):  # a long own part: down to the job's own code is what matters
+            frames = frames[:max(i + 1, FRAMES_SHOWN)]
+            break
+    inner = [frame_text(f) for f in frames]
     if len(inner) > FRAMES_SHOWN:
         inner = inner[:FRAMES_SHOWN - 1] + ["...", inner[-1]]
     return inner

@@ -22,6 +22,7 @@ _rank_of = attrgetter("rank")
 _threads = attrgetter("threads")
 _frames = attrgetter("frames")
 _is_main = attrgetter("is_main")
+_native = attrgetter("native")
 _first = itemgetter(0)
 
 
@@ -141,8 +142,8 @@ def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = Analy
         first = _lowest(members)
         outer = stacks[first][::-1]
         kept = fold_path(outer, native=options.native, fold_machinery=options.fold_machinery)
-        if options.identity == "function+line":
-            path = tuple(map(_raw_frame, map(outer.__getitem__, kept)))
+        if options.identity == "function+line" and not any(map(_native, outer)):
+            path = tuple(map(_raw_frame, map(outer.__getitem__, kept)))  # no native frame: ids are raw keys
         else:
             path = tuple(frame_id(outer[i], options.identity) for i in kept)
         by_path.setdefault(path, []).append(RawGroup(outer, kept, members, stacks, sort_key(members[first])))
@@ -274,13 +275,12 @@ def _shares_frames(stacks: List[Tuple[Frame, ...]], sample: int = 64) -> bool:
 def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = AnalysisOptions()) -> StackTree:
     """Merge the classes' paths into one prefix tree whose nodes carry the classes (hence ranks) below them."""
     root = _Node(None)
-    lines = options.identity == "function+line"
     for c in classes:
         node = root
         node.classes.append(c.index)
         node.count += c.size
         for frame in c.frames:
-            fid = (frame.function, frame.filename, frame.line if lines else 0)
+            fid = frame_id(frame, options.identity)
             child = node.children.get(fid)
             if child is None:
                 child = node.children[fid] = _Node(frame)
