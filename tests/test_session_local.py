@@ -185,3 +185,26 @@ async def test_a_failing_start_is_a_failed_node_not_an_exception() -> None:
     assert node.state == "failed" and node.error is not None
     assert node.error.code == "no_python" and node.error.phase == "start" and node.error.hint
     assert snap.ranks == () and not snap.complete
+
+
+async def test_a_dead_worker_is_replaced_on_the_next_refresh(stand_ins: dict[int, int]) -> None:
+    session = Session(None, SessionOptions())
+    try:
+        first = await session.snapshot()
+        (old,) = _worker_children()
+        os.kill(old, 9)
+        states = []
+        for _ in range(2):  # the loss is noticed by this refresh at the latest; the next one reconnects
+            snap = await session.refresh()
+            states.append(snap.nodes[0].state)
+            if states[-1] == "done":
+                break
+        assert states[-1] == "done", [n.error for n in snap.nodes]
+        if len(states) == 2:
+            assert snap.nodes[0].error is None and states[0] in ("failed", "partial")
+        (new,) = _worker_children()
+        assert new != old
+        assert {r.pid for r in _mine(snap.ranks, stand_ins) if r.collected} == set(stand_ins)
+        assert first.nodes[0].state == "done"
+    finally:
+        await session.close()
