@@ -202,3 +202,10 @@ def test_every_finding_has_what_a_user_needs() -> None:
         assert f.title and f.detail and f.reason
     culprits = [f.culprit for f in a.findings]
     assert culprits == sorted(culprits, reverse=True)  # suspects before notes
+
+
+def test_long_rank_lists_are_shortened_in_titles_but_not_in_labels() -> None:
+    odd = {f"rank{r}": BARRIER for r in range(6, 400, 7)}
+    top = analyze(snapshot(job(400, 8, **odd))).findings[0]
+    assert top.title.startswith("57 ranks (6,13,20,27,") and top.title.endswith("while 343 others wait in `all_reduce`")
+    assert top.ranks_label.startswith("ranks 6,13,20,27,34,41,") and top.ranks_label.endswith(",391,398 on node[01-50]")

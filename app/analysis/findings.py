@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Literal, Optional, Sequence, Tuple, get_args
 
-from app.analysis.fold import RankKey, fold_nodes, short_keys
+from app.analysis.fold import RankKey, brief, fold_nodes, short_keys
 from app.analysis.frames import focus_frame, frame_id, is_library, named, path_collective
 from app.analysis.tree import StackClass
 
@@ -88,7 +88,7 @@ def stack_findings(classes: Sequence[StackClass]) -> List[Finding]:
 
 
 def _versus(c: StackClass, d: StackClass) -> Finding:
-    who = c.who
+    who = brief(c.who, c.size)
     verb = "is" if c.size == 1 else "are"
     others = f"{d.size} other{'s' if d.size != 1 else ''}"
     if d.collective is not None:

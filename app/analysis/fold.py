@@ -134,11 +134,19 @@ def label_parts(keys: Sequence[RankKey], numbers: Sequence[Optional[int]]) -> Tu
 
 def short_keys(keys: Sequence[RankKey], numbers: Sequence[Optional[int]]) -> str:
     """The rank part of a label without nodes, for sentences: `rank 5`, `ranks 0-3`, `pid 4242`."""
-    return _rank_part(keys, numbers) if keys else "no ranks"
+    return brief(_rank_part(keys, numbers), len(keys)) if keys else "no ranks"
 
 
 def short(ranks: Sequence[RankSnapshot]) -> str:
     return short_keys(keys_of(ranks), tuple(map(_rank_of, ranks)))
+
+
+def brief(who: str, n: int, limit: int = 48) -> str:
+    """`who` for a sentence: as is when short, else `100 ranks (996,1993,2990,...)`."""
+    if len(who) <= limit:
+        return who
+    head = who.split(" ", 1)[-1][: limit - 20].rsplit(",", 1)[0]
+    return f"{n} {'processes' if who.startswith('pid') else 'ranks'} ({head},...)"
 
 
 def _rank_part(keys: Sequence[RankKey], numbers: Sequence[Optional[int]]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, describe_keys, fold_nodes, keys_of, label_parts, sort_ranks
+from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, keys_of, label_parts, sort_ranks
 from app.analysis.frames import clean
 from app.analysis.tree import Grouping
 from app.model import Frame, LoopInfo, RankSnapshot
@@ -146,7 +146,7 @@ def iteration_findings(split: IterationSplit) -> List[Finding]:
                         class_index=split.class_index)]
     out = []
     for g in minors:
-        who = g.who
+        who = brief(g.who, len(g.ranks))
         verb = "is" if len(g.ranks) == 1 else "are"
         name, mine, theirs, frame = _first_difference(split, g.coordinate, major.coordinate)
         at = _loop_place(frame, name) if frame is not None else ""
