@@ -19,7 +19,7 @@ from app.ui.screens.too_small import TooSmallScreen
 from app.ui.screens.tree import TreeScreen
 from app.ui.source import ReplaySource, loaded_source
 from app.ui.widgets.rank_grid import RankGrid
-from tests.test_ui_support import build_snapshot, later, screen_text, settle, with_hostile_names
+from tests.test_ui_support import build_snapshot, later, screen_text, settle, until, with_hostile_names
 
 SIZE = (120, 36)
 
@@ -42,7 +42,7 @@ async def test_opens_on_the_culprit_and_the_status_line_names_it():
         assert "Rank 6 is in `barrier`" in text  # the verdict
         assert "[▲]" in text  # the suspect's cell: its class glyph, bracketed
         status = str(app.main.query_one("#status").render())
-        assert "rank 6  node04  pid 4142  ▲ class 2 (1 ranks)  suspect  barrier distributed_c10d.py:4159" in status
+        assert "rank 6  node04  pid 4142  ▲ class 2 (1 rank)  suspect  barrier distributed_c10d.py:4159" in status
         await pilot.press("up")
         status = str(app.main.query_one("#status").render())
         assert status.startswith("rank 4  node03") and "● class 1 (7 ranks)" in status
@@ -217,7 +217,8 @@ async def test_first_ctrl_c_cancels_and_keeps_what_arrived_second_aborts():
     source = Slow([snap])
     app = HangscopeApp(source)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.2)  # the streamed rank is drawn on the live-redraw timer
+        # the streamed rank is drawn on the live-redraw timer
+        await until(pilot, lambda: list(grid_of(app).model.ranks()), "the streamed rank in the grid")
         assert "collecting…" in screen_text(app)
         assert [r.rank for r in grid_of(app).model.ranks()] == [0]
         await pilot.press("ctrl+c")
@@ -234,7 +235,7 @@ async def test_palette_lists_every_action_and_opens_gpu_tests():
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("ctrl+p", *"GPU tests")
-        await pilot.pause(0.3)  # the palette searches in a worker
+        await until(pilot, lambda: "GPU tests (G)" in screen_text(app), "the palette's hit")
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, GpuTestsScreen)
@@ -243,19 +244,22 @@ async def test_palette_lists_every_action_and_opens_gpu_tests():
         assert isinstance(app.screen, HelpScreen)
 
 
-async def test_export_writes_a_private_loadable_snapshot(tmp_path):
-    snap = build_snapshot(nodes=2, per_node=2)
+async def test_export_writes_the_report_bundle(tmp_path):
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
     app = HangscopeApp(ReplaySource([snap]))
-    target = tmp_path / "out.json"
+    target = tmp_path / "report"
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("e")
         assert isinstance(app.screen, PathScreen)
         await pilot.press("ctrl+a", "ctrl+k", *str(target), "enter")
+        await app.workers.wait_for_complete()
         await pilot.pause()
-    assert os.stat(target).st_mode & 0o777 == 0o600
-    loaded, analysis = snapshot_from_json(target.read_text())
-    assert loaded == snap and analysis is not None and "Rank 3" in json.dumps(analysis) or True
+    assert os.stat(target).st_mode & 0o777 == 0o700
+    loaded, analysis = snapshot_from_json((target / "snapshot.json").read_text())
+    assert loaded.ranks[3].threads[0].frames[2].iteration == (("step", "6"),)
+    assert analysis is not None and "Rank 3" in analysis["verdict"]
+    assert (target / "report.html").exists() and (target / "summary.md").exists()
 
 
 async def test_strace_and_gdb_ask_then_fill_the_drill_down():
@@ -328,8 +332,8 @@ async def test_events_stream_into_the_grid_before_the_snapshot_is_done():
         snap = build_snapshot(nodes=1, per_node=2, prefix="gpu")
         for r in snap.ranks:
             app._on_source_event(RankUpdate(r))
-        await pilot.pause(0.2)
         grid = grid_of(app)
+        await until(pilot, lambda: len(grid.model.rows) == 2, "the live redraw")
         assert [r.name for r in grid.model.rows] == ["gpu7", "gpu01"]
         assert {c.kind for c in grid.model.rows[1].cells} == {"pending"}
         assert "gpu7: connecting" in screen_text(app)

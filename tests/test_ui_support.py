@@ -174,6 +174,18 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
+async def until(pilot, condition, what: str, timeout: float = 10.0) -> None:
+    """Poll `condition` between rounds of the app's message processing, up to a deadline (for what the app
+    does on a timer or in a worker: the live redraw, the command palette's search)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause()
+
+
 # -- the builder's own tests: what the UI tests rely on -------------------------------------------------
 
 

@@ -209,6 +209,8 @@ class HangscopeApp(CollectMixin, NavigateMixin, App[int]):
                 out.append("  interrupted", style="bold #ffaf00")
             elif not snap.complete:
                 out.append("  partial", style="bold #ffaf00")
+        if self.marked:
+            out.append(f"  {len(self.marked)} marked", style="bold")
         if self.collecting:
             out.append(f"  {self.collecting_what}…", style="bold #5fafff")
         if self.watching:

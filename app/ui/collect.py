@@ -10,10 +10,11 @@ import asyncio
 import dataclasses
 import os
 import time
+from functools import partial
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from app.errors import HangscopeError
-from app.model import CollectOptions, snapshot_to_json
+from app.model import CollectOptions
 from app.ui.grid_model import RankKey
 from app.ui.screens.dialogs import ConfirmScreen, PathScreen
 
@@ -214,25 +215,33 @@ class CollectMixin(_Base):
             self.notify("nothing to export yet", severity="warning")
             return
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(view.snapshot.taken_at))
-        self.push_screen(PathScreen("Export the snapshot", f"hangscope-{stamp}.json",
-                                    "Written 0600 as the snapshot JSON with its analysis "
-                                    "(`hangscope --load FILE` reads it back)."),
+        self.push_screen(PathScreen("Export a report of this snapshot", f"hangscope-{stamp}",
+                                    "A directory (created 0700): summary.md, report.html, snapshot.json and flame "
+                                    "graphs, secrets redacted. `hangscope --load DIR/snapshot.json` reads it back."),
                          lambda path: self._export(path) if path else None)
 
     def _export(self, path: str) -> None:
-        from app.headless import write_private
-
         view = self.current_view
         if view is None:
             return
-        path = os.path.expanduser(path)
+        history = self.history[max(0, self.position - 10):self.position]
+        # Rendering the HTML of a large job takes a while: a thread keeps the screen responsive.
+        self.run_worker(partial(self._export_in_thread, view.snapshot, view.analysis, os.path.expanduser(path),
+                                history), thread=True, group="export", exit_on_error=False)
+
+    def _export_in_thread(self, snapshot, analysis, path: str, history) -> None:
+        from app.report import export_bundle
+
         try:
-            write_private(path, snapshot_to_json(view.snapshot, view.analysis.to_dict()))
+            result = export_bundle(snapshot, analysis, path, history=history)
         except HangscopeError as exc:
-            self.notify(f"{exc}\n{exc.hint}" if exc.hint else str(exc), title=exc.title, severity="error",
-                        markup=False)
+            self.call_from_thread(self.notify, f"{exc}\n{exc.hint}" if exc.hint else str(exc), title=exc.title,
+                                  severity="error", markup=False, timeout=15)
             return
-        self.notify(f"written: {path}", title="exported", markup=False)
+        redacted = sum(result.redactions.values())
+        note = f"; {redacted} secret value(s) redacted" if redacted else ""
+        self.call_from_thread(self.notify, f"{result.directory}: {len(result.paths)} files{note}",
+                              title="report exported", markup=False, timeout=10)
 
     # -- Ctrl+C and leaving ----------------------------------------------------------------------------
 

@@ -52,11 +52,12 @@ class NavigateMixin(_Base):
         key = rank_key(rank)
         self.marked.symmetric_difference_update({key})
         self._grid().set_marked(self.marked)
-        self.notify(f"{len(self.marked)} marked" if self.marked else "no rank marked", timeout=2)
+        self._update_topbar()  # shows how many are marked
 
     def action_clear_marks(self) -> None:
         self.marked.clear()
         self._grid().set_marked(self.marked)
+        self._update_topbar()
 
     # -- drill-down ------------------------------------------------------------------------------------
 
@@ -74,7 +75,7 @@ class NavigateMixin(_Base):
         cv = view.class_view(key)
         if cv is not None:
             out.append(f"{cv.symbol} class {cv.index + 1}: ", style=f"bold {cv.color}")
-            out.append(f"{cv.size} ranks {cv.where}")
+            out.append(f"{cv.size} rank{'s' if cv.size != 1 else ''} {cv.where}")
         if key in view.suspects:
             out.append("  suspect", style="bold #ff5f87")
         progress = progress_text(view.progress.get(key))

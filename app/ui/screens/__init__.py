@@ -1,0 +1,1 @@
+"""Screens of the TUI: main, drill-down, tree, diff, dialogs and the too-small overlay."""

@@ -141,7 +141,8 @@ class MainScreen(Screen[None]):
         out.append(f"  pid {r.pid}")
         cv = view.class_view(rank_key(r)) if view is not None else None
         if cv is not None:
-            out.append(f"  {cv.symbol} class {cv.index + 1} ({cv.size} ranks)", style=f"bold {cv.color}")
+            out.append(f"  {cv.symbol} class {cv.index + 1} ({cv.size} rank{'s' if cv.size != 1 else ''})",
+                       style=f"bold {cv.color}")
         if cell.suspect:
             out.append("  suspect", style="bold #ff5f87")
         progress = progress_text(view.progress.get(rank_key(r))) if view is not None else ""

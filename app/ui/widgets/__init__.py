@@ -1,0 +1,1 @@
+"""Widgets of the TUI: the rank grid (Line API) and the side panels."""

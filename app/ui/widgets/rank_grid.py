@@ -13,7 +13,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Offset, Region, Size
+from textual.geometry import Offset, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -90,6 +90,8 @@ class RankGrid(ScrollView, can_focus=True):
         width = self._label_w + model.columns * CELL_W + self._note_width()
         self.virtual_size = Size(width, len(model.rows) + 1)
         self.refresh()
+        # After the layout pass: the widget may not have its size yet when the first model arrives.
+        self.call_after_refresh(self._scroll_cursor_into_view)
         self._announce()
 
     def set_marked(self, marked: Set[RankKey]) -> None:
@@ -134,12 +136,26 @@ class RankGrid(ScrollView, can_focus=True):
         self._announce()
 
     def _scroll_cursor_into_view(self) -> None:
+        """Scroll the least needed to show the cursor below the header and right of the node names,
+        horizontally by whole cells so that no cell is drawn cut in half."""
         row, col = self.cursor
-        x = self._label_w + col * CELL_W
-        # The header line and the label column are drawn over the scrolled area, so widen the region
-        # by them: the cell is then never hidden under either.
-        region = Region(x - self._label_w, row, CELL_W + self._label_w, 2)
-        self.scroll_to_region(region, animate=False, immediate=True, force=True)
+        width, height = self.scrollable_content_region.size
+        if width <= 0 or height <= 0:
+            return
+        sx, sy = round(self.scroll_offset.x), round(self.scroll_offset.y)
+        body = max(width - self._label_w, CELL_W)
+        left = col * CELL_W
+        if left < sx:
+            sx = left
+        elif left + CELL_W > sx + body:
+            sx = -(-(left + CELL_W - body) // CELL_W) * CELL_W
+        rows = max(height - 1, 1)  # the header takes the first line
+        if row < sy:
+            sy = row
+        elif row >= sy + rows:
+            sy = row - rows + 1
+        if (sx, sy) != (round(self.scroll_offset.x), round(self.scroll_offset.y)):
+            self.scroll_to(sx, sy, animate=False, immediate=True, force=True)
 
     def _announce(self) -> None:
         self.post_message(self.Highlighted(self, self.current))
@@ -163,7 +179,10 @@ class RankGrid(ScrollView, can_focus=True):
 
     # -- mouse ---------------------------------------------------------------------------------------
 
-    def _cell_at(self, offset: Offset) -> Optional[Tuple[int, int]]:
+    def _cell_at(self, offset: Optional[Offset]) -> Optional[Tuple[int, int]]:
+        """The (row, column) under a point of the content region (the border and scrollbars excluded)."""
+        if offset is None:
+            return None
         x, y = offset
         if y < 1 or x < self._label_w:
             return None
@@ -174,14 +193,14 @@ class RankGrid(ScrollView, can_focus=True):
         return row, col
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
-        pos = self._cell_at(event.offset)
+        pos = self._cell_at(event.get_content_offset(self))
         self.post_message(self.Highlighted(self, self.model.cell(*pos) if pos else self.current))
 
     def on_leave(self, event: events.Leave) -> None:
         self._announce()
 
     def on_click(self, event: events.Click) -> None:
-        pos = self._cell_at(event.offset)
+        pos = self._cell_at(event.get_content_offset(self))
         if pos is None:
             return
         if pos == self.cursor or event.chain > 1:
