@@ -103,12 +103,45 @@ def meaningful(value: str) -> bool:
     return len(value) <= 80 and "0x" not in value and bool(_MEANINGFUL.match(value))
 
 
-def iteration(loops: Iterable[LoopInfo], local_vars: Iterable[Local]) -> tuple[tuple[str, str], ...]:
+# `for i, x in enumerate(it):` / `for i in range(a, b[, s]):` — loops whose first variable counts up
+_COUNTING = re.compile(r"^(?:async\s+)?for\s+\(?\s*(\w+)\b.*\bin\s+(enumerate|range)\((.*)\)\s*:")
+
+
+def _advancing(loop: LoopInfo, values: dict[str, str]) -> dict[str, str]:
+    """A frame on its for-loop's header line is fetching the next item (a data loader's next batch): the loop
+    variables still hold the previous iteration. The counting variable of enumerate()/range() is given as
+    the iteration being entered; the other variables are not known yet and are left out."""
+    m = _COUNTING.match(loop.header)
+    if m is None or m.group(1) not in values:
+        return {}
+    name, func, args = m.groups()
+    stride = 1
+    if func == "range" and args.count(",") == 2:
+        last = args.rsplit(",", 1)[1].strip()
+        if not re.fullmatch(r"-?\d+", last):
+            return {}
+        stride = int(last)
+    try:
+        return {name: str(int(values[name]) + stride)}
+    except ValueError:
+        return {}
+
+
+def iteration(loops: Iterable[LoopInfo], local_vars: Iterable[Local],
+              line: int = 0) -> tuple[tuple[str, str], ...]:
+    """(name, value) of each loop's variables and counters, outermost loop first; `line` is the frame's
+    current line (on a for-loop's header the loop is moving to its next iteration)."""
     values = {lc.name: lc.repr for lc in local_vars}
     out: list[tuple[str, str]] = []
     for loop in loops:
-        for name in loop.variables + loop.counters:
-            value = values.get(name)
+        names: Iterable[str] = loop.variables + loop.counters
+        loop_values = values
+        if line and line == loop.line and loop.kind != "while":
+            ahead = _advancing(loop, values)
+            loop_values = dict(values, **ahead)
+            names = [n for n in names if n not in loop.variables or n in ahead]
+        for name in names:
+            value = loop_values.get(name)
             if value is not None and meaningful(value) and (name, value) not in out:
                 out.append((name, value))
     return tuple(out)
@@ -141,7 +174,8 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
     lines = tuple((n, _str(text[str(n)])) for n in range(max(1, line - context), line + context + 1)
                   if str(n) in text) if line and not native else ()
     return Frame(function=_str(f.get("name")), filename=filename, line=line, module=module, native=native,
-                 locals=local_vars, loops=frame_loops, iteration=iteration(frame_loops, local_vars), source=lines)
+                 locals=local_vars, loops=frame_loops, iteration=iteration(frame_loops, local_vars, line),
+                 source=lines)
 
 
 def _procfs_threads(item: Mapping[str, Any]) -> dict[int, dict]:

@@ -177,3 +177,29 @@ def test_hostile_types_do_not_crash_parsing() -> None:
     r = parse.apply_dump(rank, {"pyspy": [None, {"frames": [None, {"name": 3, "line": "x"}]}],
                                 "error": "bad", "loops": [], "source": None})
     assert r.threads[0].frames[0].function == "" and r.error is None
+
+
+def test_a_rank_fetching_its_next_batch_is_in_the_iteration_it_enters() -> None:
+    # dataloader scenario: rank 1 blocks in next(loader) on the for-loop's header line, where `step` still
+    # holds the previous iteration (2); it is entering step 3, the step the other rank waits in.
+    d = load("worker_dump_torch_dataloader.json")
+    items = {i["pid"]: i for i in d["items"]}
+    r0, r1 = (parse.apply_dump(parse.rank_from_discover("node01", di), items[di["pid"]]) for di in d["discover"])
+    t0, t1 = frame_named(r0, "train"), frame_named(r1, "train")
+    assert t1.line == t1.loops[0].line and Local("step", "2") in t1.locals
+    assert r1.main_thread.frames[0].function == "StreamingLoader._recv_exact"
+    assert t0.iteration == t1.iteration == (("step", "3"),)
+
+
+@pytest.mark.parametrize("header, local_vars, expected", [
+    ("for step, batch in enumerate(loader):", {"step": "2", "batch": "(1, 2)"}, (("step", "3"),)),
+    ("for i in range(0, 10, 2):", {"i": "4"}, (("i", "6"),)),
+    ("for i in range(n, 0, -1):", {"i": "4"}, (("i", "3"),)),
+    ("for i in range(0, n, k):", {"i": "4"}, ()),  # stride unknown: say nothing rather than guess
+    ("for x in items:", {"x": "4"}, ()),  # the next item is not known yet
+])
+def test_iteration_on_a_for_header_is_the_one_being_entered(header: str, local_vars: dict, expected: tuple) -> None:
+    loop = LoopInfo("for", 10, 20, header, tuple(local_vars))
+    locs = [Local(k, v) for k, v in local_vars.items()]
+    assert parse.iteration([loop], locs, line=10) == expected
+    assert parse.iteration([loop], locs, line=12) == tuple((k, v) for k, v in local_vars.items())  # in the body

@@ -4,7 +4,8 @@
 
 Starts the demo job (`skip` scenario: 2 gloo ranks under torchrun --standalone, rank 1 one step ahead),
 drives a real worker over the protocol, and writes what it answered: hello, discover, dumps (plain,
---locals with loops, --native), strace, gdb, and a ptrace-denied dump as another user. tests/test_parse.py
+--locals with loops, --native), strace, gdb, a ptrace-denied dump as another user, and a --locals dump
+of the `dataloader` scenario (a rank blocked fetching its next batch). tests/test_parse.py
 asserts the parsed model of these files.
 """
 
@@ -32,6 +33,22 @@ def save(name: str, value: object) -> None:
     print("wrote %s (%d bytes)" % (path, os.path.getsize(path)))
 
 
+def record_dataloader() -> None:
+    """The `dataloader` scenario: rank 1 blocks fetching its next batch, on the for-loop's header line."""
+    job = jobs.start_local_job("dataloader", nproc=2, culprit=1)
+    try:
+        with WorkerProc() as w:
+            items, _ = w.call("discover")
+            pids = {r.host_pid for r in job.ranks.values()}
+            ranks = sorted((i for i in items if i["pid"] in pids), key=lambda i: i["rank"])
+            targets = [{"pid": r["pid"], "start_time": r["start_time"]} for r in ranks]
+            items, done = w.call("dump", {"targets": targets, "locals": True, "loops": True}, timeout=120)
+            save("worker_dump_torch_dataloader.json", {"discover": ranks, "items": sorted(items, key=lambda i: i["pid"]),
+                                                       "done": done})
+    finally:
+        job.stop()
+
+
 def main() -> int:
     job = jobs.start_local_job("skip", nproc=2)
     try:
@@ -51,6 +68,7 @@ def main() -> int:
             save("worker_strace_torch.json", done)
             _, done = w.call("gdb", dict(targets[0], timeout=60), timeout=90)
             save("worker_gdb_torch.json", done)
+        record_dataloader()
         with open(os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy"), "rb") as f:
             pyspy = f.read()
         import base64
