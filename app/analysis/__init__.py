@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
 from app.analysis.findings import Finding, identical_finding, order, stack_findings
-from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states, several_jobs
-from app.analysis.health import thread_counts
+from app.analysis.health import dump_failures, facts, failed_nodes, jobs, missing_ranks, process_states
+from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
@@ -98,13 +98,14 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     if locals_missing and dominant_split is not None:
         findings.append(locals_missing_finding(dominant_split, snapshot.options.locals, classes[0].label))
 
-    by_job = jobs(ranks)
+    rank_facts = facts(ranks)
+    by_job = jobs(rank_facts)
     findings += several_jobs(by_job)
     findings += missing_ranks(snapshot, by_job)
     findings += failed_nodes(snapshot)
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
-    findings += process_states(ranks)
-    findings += thread_counts([r for r in ranks if r.collected])
+    findings += process_states(rank_facts)
+    findings += thread_counts(rank_facts)
 
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
     network = network_findings(snapshot, same_place=same_place)

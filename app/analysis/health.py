@@ -4,6 +4,7 @@ thread counts, and snapshots that mix several jobs."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -17,31 +18,46 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 
 _job = attrgetter("master_addr", "master_port", "world_size")
-_JOB_PARTS = (attrgetter("master_addr"), attrgetter("master_port"), attrgetter("world_size"))
+_COLUMNS = tuple(attrgetter(name) for name in ("node", "rank", "world_size", "local_world_size", "master_addr",
+                                                "master_port", "num_threads", "state"))
 _state = attrgetter("state")
-_rank = attrgetter("rank")
 _threads = attrgetter("threads")
-_num_threads = attrgetter("num_threads")
-_world = attrgetter("world_size")
-_local_world = attrgetter("local_world_size")
-_node = attrgetter("node")
 _ODD_STATES = frozenset("TtZXD")
 
 
-def jobs(ranks: Sequence[RankSnapshot]) -> Dict[JobId, List[RankSnapshot]]:
+@dataclass(frozen=True)
+class Facts:
+    """Per-rank facts as columns, read once in C and shared by every check below (100k ranks: ~70 ms)."""
+
+    ranks: Sequence[RankSnapshot]
+    node: Tuple[str, ...]
+    rank: Tuple[Optional[int], ...]
+    world: Tuple[Optional[int], ...]
+    local_world: Tuple[Optional[int], ...]
+    addr: Tuple[str, ...]
+    port: Tuple[Optional[int], ...]
+    num_threads: Tuple[int, ...]
+    state: Tuple[str, ...]
+
+
+def facts(ranks: Sequence[RankSnapshot]) -> Facts:
+    return Facts(ranks, *(tuple(map(get, ranks)) for get in _COLUMNS))  # type: ignore[arg-type]
+
+
+def jobs(f: Facts) -> Dict[JobId, Facts]:
     """Ranks by job; one job is the usual case and costs no per-rank Python work."""
-    if not ranks:
+    if not f.ranks:
         return {}
-    if all(len(set(map(get, ranks))) == 1 for get in _JOB_PARTS):  # one job: three C-level passes
-        return {_job(ranks[0]): list(ranks)}
+    if len(set(f.addr)) == 1 and len(set(f.port)) == 1 and len(set(f.world)) == 1:
+        return {(f.addr[0], f.port[0], f.world[0]): f}
     out: Dict[JobId, List[RankSnapshot]] = defaultdict(list)
-    for r in ranks:
+    for r in f.ranks:
         out[_job(r)].append(r)
-    return out
+    return {j: facts(rs) for j, rs in out.items()}
 
 
-def several_jobs(by_job: Dict[JobId, List[RankSnapshot]]) -> List[Finding]:
-    named = {j: rs for j, rs in by_job.items() if j != ("", None, None)}
+def several_jobs(by_job: Dict[JobId, Facts]) -> List[Finding]:
+    named = {j: f.ranks for j, f in by_job.items() if j != ("", None, None)}
     if len(named) < 2:
         return []
     parts = [f"{addr or '?'}:{port if port is not None else '?'} (WORLD_SIZE={ws}): {describe(rs)}"
@@ -83,25 +99,25 @@ def failed_nodes(snapshot: Snapshot) -> List[Finding]:
     return out
 
 
-def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, List[RankSnapshot]]) -> List[Finding]:
+def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Finding]:
     """Rank numbers 0..WORLD_SIZE-1 not found, and nodes with fewer ranks than their slots."""
     out: List[Finding] = []
     failed = [n.name for n in snapshot.nodes if n.state in ("failed", "partial")]
-    inspected = {n.name for n in snapshot.nodes} | {r.node for r in snapshot.ranks}
+    inspected = {n.name for n in snapshot.nodes}.union(*(f.node for f in by_job.values()))
     for (addr, port, _), ranks in by_job.items():
-        sizes = Counter(map(_world, ranks))
+        sizes: Counter = Counter(ranks.world)
         sizes.pop(None, None)
         sizes.pop(0, None)
         if not sizes:
             continue
-        world = sizes.most_common(1)[0][0]
-        found = set(map(_rank, ranks))
+        world: int = sizes.most_common(1)[0][0]
+        found = set(ranks.rank)
         missing = sorted(set(range(world)) - found)
         if not missing:
             continue
         label = f"{'rank' if len(missing) == 1 else 'ranks'} {fold_ints(missing)}"
         title = f"{label} not found (WORLD_SIZE={world})"
-        local = Counter(map(_local_world, ranks))
+        local: Counter = Counter(ranks.local_world)
         local.pop(None, None)
         per_node = local.most_common(1)[0][0] if local else None
         conf: Confidence
@@ -113,7 +129,7 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, List[RankSnapshot]]) -
                       f"fewer than WORLD_SIZE={world}: the missing ranks are probably on nodes not in the hosts list")
             conf, reason, culprit = "low", "the hosts list may not cover the whole job", False
         else:
-            short_of = _short_nodes(snapshot, ranks, per_node, typical=True)
+            short_of = _short_nodes(snapshot, ranks.node, per_node, typical=True)
             detail = (f"{count_phrase(len(missing))} of the job's {world} did not show up on any inspected node: "
                       "a rank that exited (crashed, killed, OOM) leaves the others waiting for it forever")
             if short_of:
@@ -125,7 +141,7 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, List[RankSnapshot]]) -
                            fold_nodes(s.split(":", 1)[0] for s in short_of.split(", ") if s) if culprit else "",
                            culprit=culprit))
     if not out and any(n.slots for n in snapshot.nodes):
-        short_of = _short_nodes(snapshot, snapshot.ranks, None)
+        short_of = _short_nodes(snapshot, [r.node for r in snapshot.ranks], None)
         if short_of:
             out.append(Finding("missing_ranks", f"fewer ranks than expected: {short_of}",
                                "nodes hold fewer rank processes than the slots given for them in the hosts input.",
@@ -134,11 +150,11 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, List[RankSnapshot]]) -
     return out
 
 
-def _short_nodes(snapshot: Snapshot, ranks: Sequence[RankSnapshot], per_node: Optional[int],
+def _short_nodes(snapshot: Snapshot, rank_nodes: Sequence[str], per_node: Optional[int],
                  typical: bool = False) -> str:
     """`node02: 3 of 4` for nodes with fewer ranks than their slots, LOCAL_WORLD_SIZE, or (`typical`, when a
     rank is known to be missing) the most any node has: jobs place the same number of ranks on each node."""
-    found = Counter(map(_node, ranks))
+    found = Counter(rank_nodes)
     if per_node is None and typical and len(found) >= 2:
         per_node = max(found.values())
     short_list = []
@@ -179,10 +195,12 @@ def dump_failures(no_stack: Sequence[RankSnapshot], thread: object) -> List[Find
     return out
 
 
-def process_states(ranks: Sequence[RankSnapshot]) -> List[Finding]:
+def process_states(f: Facts) -> List[Finding]:
     """Ranks stopped (T/t), exited (Z/X) or in uninterruptible sleep (D), on any of their threads."""
+    ranks = f.ranks
     stopped, dead, dstate = [], [], []
-    seen = set(map(_state, ranks)) | set(map(_state, chain.from_iterable(map(_threads, ranks))))
+    # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
+    seen = set(f.state) | set(map(_state, chain.from_iterable(map(_threads, ranks))))
     if _ODD_STATES.isdisjoint(seen):
         return []  # the usual case, checked in C
     for r in ranks:
@@ -228,9 +246,10 @@ def process_states(ranks: Sequence[RankSnapshot]) -> List[Finding]:
     return out
 
 
-def thread_counts(ranks: Sequence[RankSnapshot]) -> List[Finding]:
+def thread_counts(f: Facts) -> List[Finding]:
     """Ranks with another thread count than most: a helper thread died or is stuck being created."""
-    counts = [n or len(r.threads) for r, n in zip(ranks, map(_num_threads, ranks))]
+    ranks = f.ranks
+    counts = f.num_threads if all(f.num_threads) else [n or len(r.threads) for r, n in zip(ranks, f.num_threads)]
     tally = Counter(c for c in counts if c)
     if len(tally) < 2 or len(ranks) < 3:
         return []

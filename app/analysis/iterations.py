@@ -88,8 +88,12 @@ def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:
                 raws = [(s[i0].iteration,) for s in g.stacks]
             else:
                 raws = [tuple(s[i].iteration for i in idxs) for s in g.stacks]
+            prev: Optional[tuple] = None
+            bucket: List[RankSnapshot] = []
             for r, raw in zip(g.ranks, raws):
-                by_raw[raw].append(r)
+                if raw != prev:  # neighbours mostly agree: comparing is cheaper than hashing fresh strings
+                    bucket, prev = by_raw[raw], raw
+                bucket.append(r)
         by_coord: Dict[Coordinate, List[RankSnapshot]] = defaultdict(list)
         for raw, ranks in by_raw.items():
             by_coord[tuple(p for pairs in raw for p in _meaningful(pairs))].extend(ranks)
