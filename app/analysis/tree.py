@@ -1,29 +1,23 @@
 """Equivalence classes and the merged prefix tree: one stack per rank, grouped by path (LLNL STAT's idea).
 
-Built for 100k ranks: each rank's frames are read once, in C (attrgetter over the frame tuple), into one raw
-path key; everything else (folding machinery, dropping native frames, coarser identities, the tree) is done
-once per distinct path, not once per rank.
+Built for 100k ranks: each rank's frames are read once (stacks.py) into raw groups; everything here (folding
+machinery, dropping native frames, coarser identities, the tree) is done once per distinct path, not per rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.fold import RankKey, describe_keys, label_parts, sort_key, sort_ranks
 from app.analysis.frames import FrameId, fold_path, frame_id, path_collective
-from app.analysis.options import AnalysisOptions, selector
+from app.analysis.options import AnalysisOptions
+from app.analysis.stacks import raw_frame, raw_groups, selected_stacks
 from app.model import Frame, RankSnapshot
 
-_raw_frame = attrgetter("function", "filename", "line")
-_sorted_by = attrgetter("rank", "node", "pid")
 _rank_of = attrgetter("rank")
-_threads = attrgetter("threads")
-_frames = attrgetter("frames")
-_is_main = attrgetter("is_main")
 _native = attrgetter("native")
-_first = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -133,8 +127,8 @@ class Grouping:
 
 def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions()) -> Grouping:
     """Group ranks by the path of their selected thread into equivalence classes, largest first."""
-    with_stack, stacks, no_stack = _stacks(ranks, options)
-    raw = _raw_groups(with_stack, stacks)
+    with_stack, stacks, no_stack = selected_stacks(ranks, options)
+    raw = raw_groups(with_stack, stacks)
 
     by_path: Dict[Tuple[FrameId, ...], List[RawGroup]] = {}
     for members, stacks in raw.values():
@@ -143,7 +137,7 @@ def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = Analy
         outer = stacks[first][::-1]
         kept = fold_path(outer, native=options.native, fold_machinery=options.fold_machinery)
         if options.identity == "function+line" and not any(map(_native, outer)):
-            path = tuple(map(_raw_frame, map(outer.__getitem__, kept)))  # no native frame: ids are raw keys
+            path = tuple(map(raw_frame, map(outer.__getitem__, kept)))  # no native frame: ids are raw keys
         else:
             path = tuple(frame_id(outer[i], options.identity) for i in kept)
         by_path.setdefault(path, []).append(RawGroup(outer, kept, members, stacks, sort_key(members[first])))
@@ -166,110 +160,6 @@ def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = Analy
         all_groups.append(tuple(groups))
         all_members.append(tuple(members))
     return Grouping(tuple(classes), tuple(all_groups), tuple(all_members), tuple(sort_ranks(no_stack)))
-
-
-def _stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions
-            ) -> Tuple[List[RankSnapshot], List[Tuple[Frame, ...]], List[RankSnapshot]]:
-    """The selected thread's frames of every rank that has some, and the ranks that have none."""
-    with_stack: List[RankSnapshot] = []
-    stacks: List[Tuple[Frame, ...]] = []
-    no_stack: List[RankSnapshot] = []
-    if options.thread == "main":
-        fast = _main_stacks(ranks)
-        if fast is not None:
-            return fast
-        for r in ranks:
-            threads = r.threads
-            t = (threads[0] if threads[0].is_main else r.main_thread) if threads else None
-            if t is not None and t.frames:
-                with_stack.append(r)
-                stacks.append(t.frames)
-            else:
-                no_stack.append(r)
-        return with_stack, stacks, no_stack
-    select = selector(options)
-    for r in ranks:
-        t = select(r)
-        if t is not None and t.frames:
-            with_stack.append(r)
-            stacks.append(t.frames)
-        else:
-            no_stack.append(r)
-    return with_stack, stacks, no_stack
-
-
-def _main_stacks(ranks: Sequence[RankSnapshot]
-                 ) -> Optional[Tuple[List[RankSnapshot], List[Tuple[Frame, ...]], List[RankSnapshot]]]:
-    """The usual case in C: every rank has threads and its first thread is the main one (None otherwise)."""
-    threads = list(map(_threads, ranks))
-    if not all(threads):
-        return None
-    first = list(map(_first, threads))
-    if not all(map(_is_main, first)):
-        return None
-    stacks = list(map(_frames, first))
-    if all(stacks):
-        return list(ranks), stacks, []
-    with_stack = [r for r, s in zip(ranks, stacks) if s]
-    return with_stack, [s for s in stacks if s], [r for r, s in zip(ranks, stacks) if not s]
-
-
-RawKey = Tuple[Tuple[str, str, int], ...]
-
-
-_Members = Tuple[List[RankSnapshot], List[Tuple[Frame, ...]]]  # ranks and their stacks, in parallel
-
-
-def _raw_groups(ranks: List[RankSnapshot], stacks: List[Tuple[Frame, ...]]) -> Dict[RawKey, _Members]:
-    """Ranks by raw path: (function, file, line) of every frame. The one pass over every frame of every rank,
-    so it stays in C: reading three attributes of 6M frames is most of the analysis time at 100k ranks.
-    When identical frames are one shared object (an interning parser), frames are keyed by identity first,
-    which skips the attribute reads; the grouping is the same either way."""
-    raw: Dict[RawKey, _Members] = {}
-    if _shares_frames(stacks):
-        by_id: Dict[Tuple[int, ...], _Members] = {}
-        prev: Tuple[Frame, ...] = ()
-        entry: Optional[_Members] = ([], [])
-        for r, frames in zip(ranks, stacks):
-            # Neighbouring ranks mostly share a stack: tuple == compares shared frames by identity, 60
-            # pointer checks instead of a 60-element key (a frame equal in content but not in identity
-            # falls back to Frame.__eq__, which is slow but right).
-            if frames != prev:
-                k = tuple(map(id, frames))  # valid: the snapshot keeps every frame alive meanwhile
-                entry = by_id.get(k)
-                if entry is None:
-                    entry = by_id[k] = ([], [])
-                prev = frames
-            assert entry is not None
-            entry[0].append(r)
-            entry[1].append(frames)
-        for members, group_stacks_ in by_id.values():
-            key = tuple(map(_raw_frame, group_stacks_[0]))
-            entry = raw.get(key)
-            if entry is None:
-                raw[key] = (members, group_stacks_)
-            else:
-                entry[0].extend(members)
-                entry[1].extend(group_stacks_)
-        return raw
-    for r, frames in zip(ranks, stacks):
-        key = tuple(map(_raw_frame, frames))
-        entry = raw.get(key)
-        if entry is None:
-            raw[key] = ([r], [frames])
-        else:
-            entry[0].append(r)
-            entry[1].append(frames)
-    return raw
-
-
-def _shares_frames(stacks: List[Tuple[Frame, ...]], sample: int = 64) -> bool:
-    """Whether ranks share Frame objects: the outermost frames of a sample of ranks are mostly the same objects."""
-    if len(stacks) < 4:
-        return False
-    step = max(1, len(stacks) // sample)
-    outer = [s[-1] for s in stacks[::step]]
-    return len(set(map(id, outer))) * 2 <= len(outer)
 
 
 def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = AnalysisOptions()) -> StackTree:
@@ -325,7 +215,3 @@ def _lowest(ranks: List[RankSnapshot]) -> int:
             return numbers.index(low)
     keys = list(map(sort_key, ranks))
     return keys.index(min(keys))
-
-
-def _all_numbered(ranks: Sequence[RankSnapshot]) -> bool:
-    return None not in list(map(_rank_of, ranks))
