@@ -59,7 +59,9 @@ def test_to_dict_is_json_and_rides_in_the_snapshot_file() -> None:
     assert stored == json.loads(json.dumps(doc))
     assert stored["verdict"] == a.verdict and stored["findings"][0]["kind"] == "iteration_split"
     assert stored["classes"][0]["ranks"] == [["n1", 1000], ["n1", 1001], ["n1", 1002], ["n1", 1003]]
-    assert stored["tree"]["count"] == 4 and stored["tree"]["label"] == "ranks 0-3 on n1"
+    root = stored["tree"]["nodes"][0]
+    assert root["count"] == 4 and root["label"] == "ranks 0-3 on n1" and root["frame"] is None
+    assert stored["tree"]["nodes"][root["children"][0]]["frame"]["function"] == "<module>"
     assert stored["iteration_splits"][0]["text"] == "step=6: ranks 0-1,3; step=7: rank 2"
     assert {p["status"] for p in stored["progress"]} == {"unknown"}  # the same sample twice: no time passed
     assert analyze(loaded).verdict == a.verdict

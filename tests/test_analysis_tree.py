@@ -16,7 +16,7 @@ from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, frame, job, rank, s
 from app.analysis import AnalysisOptions, analyze
 from app.analysis.fold import describe_keys, fold_ints, fold_nodes
 from app.analysis.tree import build_tree, group_stacks
-from app.model import Frame, RankSnapshot, ThreadStack
+from app.model import Frame, RankSnapshot, ThreadStack, snapshot_from_json, snapshot_to_json
 
 
 def names(frames: Tuple[Frame, ...]) -> List[str]:
@@ -209,3 +209,12 @@ def test_a_tree_of_one_class_from_an_analysis() -> None:
     assert chosen.label == "rank 5 on node02"
     # alone in its tree, the whole path is its own
     assert [f.function for f in tree.distinctive(chosen.index)] == ["<module>", "train", "next_batch"]
+
+
+def test_stacks_thousands_of_frames_deep() -> None:
+    recursion = tuple(frame(f"walk (job.py:{10 + i % 3})") for i in range(5000))
+    ranks = [rank(0, "n1", ALL_REDUCE[:1] + recursion), rank(1, "n1", LOADING[:1] + recursion)]
+    a = analyze(snapshot(ranks))
+    assert [c.size for c in a.classes] == [1, 1] and len(a.tree.walk()) == 5003
+    nodes = snapshot_from_json(snapshot_to_json(snapshot(ranks), a.to_dict()))[1]["tree"]["nodes"]
+    assert len(nodes) == 5003 and max(n["depth"] for n in nodes) == 5001

@@ -18,7 +18,7 @@ from app.analysis.iterations import IterationSplit, iteration_findings, locals_m
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
 from app.analysis.progress import RankProgress, progress_findings, track
-from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
+from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
 from app.model import Frame, Snapshot, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
@@ -51,7 +51,7 @@ class Analysis:
                         "identity": opts.identity, "native": opts.native, "fold_machinery": opts.fold_machinery},
             "findings": [to_dict(f) for f in self.findings],
             "classes": [_class_dict(c) for c in self.classes],
-            "tree": _node_dict(self.tree, self.tree.root),
+            "tree": _tree_dict(self.tree),
             "iteration_splits": [_split_dict(s) for s in self.iteration_splits],
             "progress": [to_dict(p) for p in self.progress],
         }
@@ -67,10 +67,14 @@ def _class_dict(c: StackClass) -> Dict[str, Any]:
             "frames": [_frame_dict(f) for f in c.frames]}
 
 
-def _node_dict(tree: StackTree, node: TreeNode) -> Dict[str, Any]:
-    return {"frame": _frame_dict(node.frame) if node.frame is not None else None, "count": node.count,
-            "label": tree.label(node), "classes": list(node.classes), "ends": list(node.ends),
-            "children": [_node_dict(tree, c) for c in node.children]}
+def _tree_dict(tree: StackTree) -> Dict[str, Any]:
+    """The tree as a flat node list, depth first, root first, children by index: nested JSON would hit the
+    JSON encoder's recursion limit on a rank thousands of frames deep in a recursive function."""
+    nodes = tree.walk()
+    index = {id(n): i for i, n in enumerate(nodes)}
+    return {"nodes": [{"frame": _frame_dict(n.frame) if n.frame is not None else None, "depth": n.depth,
+                       "count": n.count, "label": tree.label(n), "classes": list(n.classes), "ends": list(n.ends),
+                       "children": [index[id(c)] for c in n.children]} for n in nodes]}
 
 
 def _split_dict(s: IterationSplit) -> Dict[str, Any]:

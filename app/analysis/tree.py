@@ -178,7 +178,7 @@ def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = Analysi
             child.count += c.size
             node = child
         node.ends.append(c.index)
-    frozen = root.freeze(0)
+    frozen = root.freeze()
     own: Dict[int, int] = {}
     todo = [frozen]
     while todo:  # a class's own part starts at the first node it passes through alone
@@ -200,10 +200,21 @@ class _Node:
         self.ends: List[int] = []
         self.children: Dict[FrameId, _Node] = {}
 
-    def freeze(self, depth: int) -> TreeNode:
-        kids = sorted(self.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
-        return TreeNode(self.frame, self.count, tuple(self.classes), tuple(self.ends),
-                        tuple(child.freeze(depth + 1) for _, child in kids), depth)
+    def freeze(self) -> TreeNode:
+        """The frozen tree, children before parents without recursion: a rank deep in a recursive function
+        has stacks thousands of frames deep."""
+        order: List[Tuple[_Node, int]] = []
+        todo = [(self, 0)]
+        while todo:
+            node, depth = todo.pop()
+            order.append((node, depth))
+            todo.extend((child, depth + 1) for child in node.children.values())
+        done: Dict[int, TreeNode] = {}
+        for node, depth in reversed(order):
+            kids = sorted(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+            done[id(node)] = TreeNode(node.frame, node.count, tuple(node.classes), tuple(node.ends),
+                                      tuple(done[id(child)] for _, child in kids), depth)
+        return done[id(self)]
 
 
 def _lowest(ranks: List[RankSnapshot]) -> int:
