@@ -26,18 +26,18 @@ def gpu_ports(req: Request) -> Dict[str, Any]:
     exclude = req.arg_list("exclude") or []
     if not (1 <= count <= 64 and 1024 <= low <= high <= 65535) or \
             not all(isinstance(p, int) and not isinstance(p, bool) for p in exclude):
-        raise OpError("bad_request", "gpu_ports: count 1..64, 1024 <= low <= high <= 65535, integer excludes")
+        raise OpError("bad_request", "count 1..64, 1024 <= low <= high <= 65535, integer excludes")
     return {"ports": ports.free_ports(count, exclude, low, high)}
 
 
 def net_probe(req: Request) -> Dict[str, Any]:
     targets = req.arg_list("targets") or []
     if len(targets) > MAX_TARGETS:
-        raise OpError("bad_request", "net_probe: at most %d targets" % MAX_TARGETS)
+        raise OpError("bad_request", "at most %d targets" % MAX_TARGETS)
     for t in targets:
         if not (isinstance(t, dict) and isinstance(t.get("host"), str) and isinstance(t.get("port"), int)
                 and 0 < t["port"] < 65536 and 0 < len(t["host"]) <= 255):
-            raise OpError("bad_request", "net_probe: each target needs a host and a port 1..65535, got %r" % (t,))
+            raise OpError("bad_request", "each target needs a host and a port 1..65535, got %r" % (t,))
     return netprobe.probe(targets, min(req.arg_float("timeout", 3.0), 30.0))
 
 

@@ -52,6 +52,24 @@ Ops (args -> items / done):
     cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends
                                                      with error code "cancelled"
     shutdown  {}                                  -> done {}, then the worker exits
+
+GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
+    gpu_launch {"token": hex, "python": str, "nproc": int, "config": {...} (workers/gputest/program.py),
+                "timeout": float, "nccl_debug": bool, "env": {"NCCL_*": str, ...},
+                "cuda_visible_devices": str | None, "dump_wait": float, "max_lines": int}
+              -> item {"lines": [[stream "out"|"err"|"agent", local_rank | None, text], ...]} as output arrives
+              -> done {"returncode", "timed_out", "stopped", "cancelled", "leftovers": int, "killed": int,
+                       "survivors": [pid], "lines": int, "dropped": int, "elapsed": float}
+              one torchrun (--standalone) on this node; every process of the test carries
+              HANGSCOPE_GPUTEST=<token> and is killed before the request answers, however it ends
+    gpu_stop  {"token": hex}                      -> done {"found": bool}; that launch dumps the ranks'
+                                                     stacks (SIGUSR1, faulthandler) and stops
+    gpu_ports {"count", "exclude": [int], "low", "high"} -> done {"ports": [int]} (bindable now)
+    net_probe {"targets": [{"host", "port"}], "timeout"}
+              -> done {"interfaces": [...], "infiniband": [...], "hostname": {...}, "checks": [...], "env": {...}}
+    gpu_inventory {}                              -> done {"source": "nvidia-smi" | "nvidia-ml-py" | None,
+                                                           "gpus_csv", "apps_csv" | "gpus", "apps",
+                                                           "xid_lines": [str], "xid_source", "notes": [str]}
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def program_source() -> str:
     loader = spec.loader if spec is not None else None
     source = loader.get_source("workers.gputest.program") if loader is not None else None  # type: ignore[attr-defined]
     if not source:
-        raise OpError("internal", "gpu_launch: the test program's source is not available in this worker")
+        raise OpError("internal", "the test program's source is not available in this worker")
     return source
 
 
@@ -60,7 +60,7 @@ def resolve_python(python: str) -> str:
     """An absolute, executable interpreter path; never run through a shell."""
     path = python if "/" in python else (shutil.which(python) or "")
     if not path or not os.path.isabs(path) or not os.access(path, os.X_OK) or os.path.isdir(path):
-        raise OpError("tool_missing", "gpu_launch: %r is not an executable python on this node" % python,
+        raise OpError("tool_missing", "%r is not an executable python on this node" % python,
                       hint="pass --python with the job's interpreter (the one that has torch)")
     return path
 
@@ -70,14 +70,14 @@ class Launch:
         self.req = req
         self.token = req.arg_str("token")
         if not _TOKEN.match(self.token):
-            raise OpError("bad_request", "gpu_launch: token must be 8-64 lowercase hex digits")
+            raise OpError("bad_request", "token must be 8-64 lowercase hex digits")
         self.python = resolve_python(req.arg_str("python"))
         self.nproc = req.arg_int("nproc", 1) or 1
         if not 1 <= self.nproc <= MAX_PROCS:
-            raise OpError("bad_request", "gpu_launch: nproc must be 1..%d" % MAX_PROCS)
+            raise OpError("bad_request", "nproc must be 1..%d" % MAX_PROCS)
         config = req.args.get("config")
         if not isinstance(config, dict) or len(json.dumps(config)) > 65536:
-            raise OpError("bad_request", "gpu_launch: config must be an object (at most 64 KiB as JSON)")
+            raise OpError("bad_request", "config must be an object (at most 64 KiB as JSON)")
         self.config = config
         self.timeout = req.arg_float("timeout", 600.0)
         self.dump_wait = min(req.arg_float("dump_wait", 1.5), 10.0)
@@ -95,15 +95,15 @@ class Launch:
         devices = req.args.get("cuda_visible_devices")
         if devices is not None:
             if not isinstance(devices, str) or not _DEVICES.match(devices):
-                raise OpError("bad_request", "gpu_launch: cuda_visible_devices must be a device list")
+                raise OpError("bad_request", "cuda_visible_devices must be a device list")
             env["CUDA_VISIBLE_DEVICES"] = devices
         extra = req.args.get("env") or {}
         if not isinstance(extra, dict):
-            raise OpError("bad_request", "gpu_launch: env must be an object")
+            raise OpError("bad_request", "env must be an object")
         for name, value in extra.items():
             if not isinstance(name, str) or not _ENV_NAME.match(name) or not isinstance(value, str) \
                     or "\0" in value or len(value) > 4096:
-                raise OpError("bad_request", "gpu_launch: env %r is not a setting hangscope passes "
+                raise OpError("bad_request", "env %r is not a setting hangscope passes "
                                              "(NCCL_*, GLOO_*, TORCH_*, CUDA_*, ...)" % (name,))
             env[name] = value
         return env
@@ -118,7 +118,7 @@ class Launch:
         stop = threading.Event()
         with _stops_lock:
             if self.token in _stops:
-                raise OpError("bad_request", "gpu_launch: token %s is already running" % self.token)
+                raise OpError("bad_request", "token %s is already running" % self.token)
             _stops[self.token] = stop
         log_dir = tempfile.mkdtemp(prefix="hangscope-gputest-")
         out = _Output(self.req, self.max_lines)
@@ -128,7 +128,7 @@ class Launch:
             try:
                 proc = self.req.worker.children.spawn(self.argv(log_dir), owner=self.req, env=self.env)
             except OSError as exc:
-                raise OpError("tool_failed", "gpu_launch: cannot start %s: %s" % (self.python, exc))
+                raise OpError("tool_failed", "cannot start %s: %s" % (self.python, exc))
             tails = LogTails(log_dir)
             self._pump(proc, tails, out, stop, result, started)
             _, left = self._finish(proc, tails, out, result)

@@ -1,0 +1,163 @@
+"""`hangscope HOSTS --test sanity|bench|pairs|net`: run a GPU test without the TUI, print a table, write JSON.
+
+For the CLI: `add_test_arguments(parser)` adds the options, `options_from_args(args)` checks them (InputError,
+exit 2, before anything connects), `run_tests_headless(hosts, kind, options, ...)` runs the test and returns
+(results, exit code): 0 passed, 1 a problem was found or a node could not be tested, 130 interrupted.
+Setup failures (busy GPUs without --allow-busy-gpus, no interpreter) raise HangscopeError subclasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence, TextIO
+
+from app.errors import InputError
+from app.gpu import events as ev
+from app.gpu.bench import parse_size, parse_sizes
+from app.gpu.model import GpuTestResults, TestKind
+from app.gpu.options import GpuTestOptions
+from app.gpu.table import format_table, printable
+from app.model import to_dict
+
+KINDS = ("sanity", "bench", "pairs", "net")
+SCHEMA = "hangscope.gputest"
+EXIT_OK, EXIT_PROBLEM, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def add_test_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("GPU tests (run on the nodes, outside the hung job)")
+    g.add_argument("--test", choices=KINDS, help="sanity: all_reduce+barrier on every GPU; bench: all_reduce "
+                   "bandwidth sweep; pairs: find the bad node or link; net: interfaces and port reachability")
+    g.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="auto: nccl when every rank sees a GPU, else gloo")
+    g.add_argument("--test-timeout", type=float, default=60.0, metavar="S",
+                   help="a test hangs after S seconds without progress (60)")
+    g.add_argument("--startup-timeout", type=float, default=180.0, metavar="S",
+                   help="every rank must have started within S seconds (180)")
+    g.add_argument("--sizes", metavar="LIST", help="bench sizes, e.g. 1K,1M,64M or 1K:1G (x4 steps)")
+    g.add_argument("--iters", type=int, default=20, metavar="N", help="timed iterations per size (20)")
+    g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up iterations per size (5)")
+    g.add_argument("--procs-per-node", type=int, metavar="N", help="ranks per node (default: one per GPU, or 1)")
+    g.add_argument("--pair-size", metavar="SIZE", help="message size of pair tests (256M on GPUs, 4M on CPUs)")
+    g.add_argument("--slow-ratio", type=float, default=0.5, metavar="R",
+                   help="a pair is slow below R x the median busbw (0.5)")
+    g.add_argument("--min-busbw", type=float, metavar="GBPS", help="a pair is slow below this busbw (GB/s)")
+    g.add_argument("--all-pairs", action="store_true", help="test every pair of nodes (round-robin)")
+    g.add_argument("--no-gpu-pairs", action="store_true", help="do not pair the GPUs inside each node")
+    g.add_argument("--no-nccl-debug", action="store_true", help="do not set NCCL_DEBUG=INFO for the ranks")
+    g.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra NCCL_*/GLOO_*/TORCH_* setting for the ranks (repeatable)")
+    g.add_argument("--target", action="append", default=[], metavar="HOST:PORT",
+                   help="net: address:port every node must reach (default: the job's MASTER_ADDR:PORT)")
+    g.add_argument("--master-addr", metavar="ADDR", help="how ranks reach the first node (default: its hostname)")
+    g.add_argument("--allow-busy-gpus", action="store_true",
+                   help="start even on GPUs that processes (the hung job) still hold")
+    g.add_argument("--json", dest="json_path", metavar="FILE", help="also write the results as JSON to FILE")
+
+
+def _target(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise InputError(f"--target {text!r}: expected HOST:PORT, e.g. node01:29500")
+    return host, int(port)
+
+
+def options_from_args(args: argparse.Namespace) -> GpuTestOptions:
+    """GpuTestOptions from parsed arguments; bad values raise InputError before anything connects."""
+    def get(name: str, default: Any = None) -> Any:  # the lead's parser may lack some of these options
+        return getattr(args, name, default)
+
+    if (get("test_timeout", 60.0) <= 0 or get("startup_timeout", 180.0) <= 0 or get("iters", 20) < 1
+            or get("warmup", 5) < 0 or not 0 < get("slow_ratio", 0.5) < 1):
+        raise InputError("--test-timeout and --startup-timeout must be positive, --iters >= 1, --warmup >= 0, "
+                         "0 < --slow-ratio < 1")
+    if get("procs_per_node") is not None and not 1 <= get("procs_per_node") <= 256:
+        raise InputError("--procs-per-node must be 1..256")
+    env = []
+    for item in get("nccl_env", []) or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.replace("_", "").isalnum() or not name.startswith(("NCCL_", "GLOO_", "TORCH_",
+                                                                                 "CUDA_", "UCX_", "FI_")):
+            raise InputError(f"--nccl-env {item!r}: expected NCCL_NAME=VALUE (NCCL_, GLOO_, TORCH_, CUDA_, UCX_, FI_)")
+        env.append((name, value))
+    return GpuTestOptions(
+        python=get("python"), backend=get("backend", "auto") or "auto", timeout=get("test_timeout", 60.0),
+        startup_timeout=get("startup_timeout", 180.0), procs_per_node=get("procs_per_node"),
+        sizes=parse_sizes(get("sizes")) if get("sizes") else None, warmup=get("warmup", 5),
+        iters=get("iters", 20), pair_size=parse_size(get("pair_size")) if get("pair_size") else None,
+        slow_ratio=get("slow_ratio", 0.5), min_busbw=get("min_busbw"), all_pairs=bool(get("all_pairs")),
+        gpu_pairs=not get("no_gpu_pairs"), nccl_debug=not get("no_nccl_debug"), env=tuple(env),
+        targets=tuple(_target(t) for t in get("target", []) or []), master_addr=get("master_addr"),
+        allow_busy_gpus=bool(get("allow_busy_gpus")))
+
+
+def results_to_json(results: GpuTestResults) -> str:
+    return json.dumps({"schema": SCHEMA, "schema_version": 1, "results": to_dict(results)}, indent=1,
+                      ensure_ascii=False)
+
+
+class _Progress:
+    """One stderr line per run and per round, so a long test shows that it is alive."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, ev.RoundStarted):
+            tests = " ".join("+".join(t) for t in event.tests)
+            what = "each alone" if all(len(t) == 1 for t in event.tests) else f"round {event.index}"
+            line = f"{event.scope}: {what}: {tests}"
+        elif isinstance(event, ev.RunStarted):
+            line = f"{event.run_id}: started on {', '.join(event.nodes)} (master {event.master}:{event.port})"
+        elif isinstance(event, ev.RunFinished):
+            line = f"{event.run.id}: {event.run.status} in {event.run.elapsed:.1f} s"
+        elif isinstance(event, ev.Note):
+            line = event.text
+        else:
+            return
+        self.stream.write("hangscope: " + printable(line) + "\n")
+        self.stream.flush()
+
+
+def run_tests_headless(hosts: Optional[Sequence[Any]], kind: TestKind, options: GpuTestOptions, *,
+                       session_options: Any = None, json_path: Optional[str] = None, force: bool = False,
+                       quiet: bool = False, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+                       ) -> tuple[GpuTestResults, int]:
+    """Connect, run one test, print its table (and JSON to json_path); hosts None: this machine."""
+    from app.cli import run_interruptible
+    from app.gpu.connect import close_workers, open_workers
+    from app.gpu.runner import GpuTestRunner
+    from app.headless import write_private
+    from app.session import SessionOptions
+
+    if kind not in KINDS:
+        raise InputError(f"--test must be one of {', '.join(KINDS)}")
+    holder: dict[str, Any] = {}
+
+    def cancel() -> None:
+        runner = holder.get("runner")
+        if runner is not None:
+            runner.cancel()
+
+    async def main() -> GpuTestResults:
+        sopts = session_options or SessionOptions(python=options.python)
+        conns, errors = await open_workers(hosts, sopts)
+        try:
+            runner = holder["runner"] = GpuTestRunner(conns, options, None if quiet else _Progress(err), errors)
+            return await runner.run(kind)
+        finally:
+            await close_workers(conns)
+
+    results = run_interruptible(main, cancel)
+    assert isinstance(results, GpuTestResults)
+    out.write(format_table(results) + "\n")
+    out.flush()
+    if json_path:
+        write_private(json_path, results_to_json(results), force=force)
+        err.write(f"hangscope: results written to {json_path}\n")
+    if results.interrupted:
+        return results, EXIT_INTERRUPTED
+    return results, EXIT_OK if results.ok else EXIT_PROBLEM
