@@ -22,7 +22,7 @@ EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXAMPLES = """\
 examples:
   hangscope hosts.txt                      investigate the job on the nodes listed in hosts.txt
-  hangscope -w 'gpu[001-004]' --locals     nodes from a SLURM/pdsh node list, with loop variables
+  hangscope -w 'gpu[001-004]' --native     nodes from a SLURM/pdsh node list, with C/C++ frames
   hangscope hosts.txt --snapshot out.json  headless: collect once, print the summary, write the snapshot
   hangscope --load out.json                print the summary of a saved snapshot
   hangscope --load out.json --export rep/  write a shareable report bundle (secrets redacted)
@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--tar", action="store_true", help="with --export, also write DIR.tar.gz")
     mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file or --export DIR")
     col = p.add_argument_group("collection")
-    col.add_argument("--locals", action="store_true",
-                     help="collect local variables (py-spy --locals): tells loop iterations apart")
+    col.add_argument("--locals", action=argparse.BooleanOptionalAction, default=True,
+                     help="collect local variables (py-spy --locals, on by default): tells loop iterations "
+                     "apart; --no-locals to skip them")
     col.add_argument("--native", action="store_true",
                      help="include native (C/C++) frames (py-spy --native; pauses each rank ~0.5 s)")
     col.add_argument("--nonblocking", action="store_true",
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
     col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
+    col.add_argument("--samples", type=int, default=2, metavar="N",
+                     help="headless: take N snapshots --interval apart to tell stuck ranks from progressing "
+                     "ones (2; 1 = a single snapshot)")
+    col.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (1)")
     ssh = p.add_argument_group("ssh")
     ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE",
                      help="ssh config file(s) instead of ~/.ssh/config and /etc/ssh/ssh_config")
@@ -141,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
     if args.fanout < 1 or args.timeout <= 0 or args.connect_timeout <= 0 or args.strace < 0:
         raise InputError("--fanout, --timeout and --connect-timeout must be positive, --strace >= 0")
+    if args.samples < 1 or args.interval < 0:
+        raise InputError("--samples must be at least 1 and --interval not negative")
     hosts = _read_hosts(args)
     if args.snapshot and os.path.lexists(args.snapshot) and not args.force:
         raise InputError(f"{args.snapshot} exists; pass --force to overwrite it")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
-from typing import Optional, Sequence, TextIO
+from typing import List, Optional, Sequence, TextIO
 
 from app.errors import HangscopeError, InputError
 from app.model import (CollectOptions, Snapshot, SnapshotFormatError, snapshot_from_json,
@@ -45,9 +46,17 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
 
     session = Session(hosts, session_options(args), on_event=on_event)
 
+    history: List[Snapshot] = []
+
     async def collect() -> Snapshot:
         try:
             snap = await session.snapshot()
+            for _ in range(args.samples - 1):
+                if snap.interrupted:
+                    break
+                history.append(snap)
+                await asyncio.sleep(args.interval)
+                snap = await session.refresh()
             wanted = [(r.node, r.pid) for r in snap.ranks if r.collected]
             if args.strace and wanted:
                 await session.strace(wanted, args.strace)
@@ -61,17 +70,19 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
 
     snap = run_interruptible(collect, session.cancel)
     assert isinstance(snap, Snapshot)
-    return report(snap, snapshot_path=args.snapshot, force=args.force, export=args.export, tar=args.tar)
+    return report(snap, history=history, snapshot_path=args.snapshot, force=args.force, export=args.export,
+                  tar=args.tar)
 
 
-def report(snap: Snapshot, *, snapshot_path: Optional[str] = None, force: bool = False,
+def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: Optional[str] = None,
+           force: bool = False,
            export: Optional[str] = None, tar: bool = False, out: TextIO = sys.stdout) -> int:
     """Analyse, print the summary, write the snapshot file and the report bundle; the exit code says how
     complete the data is."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
 
-    analysis = analyze(snap)
+    analysis = analyze(snap, history=history)
     out.write(summary_text(snap, analysis) + "\n")
     out.flush()
     if snapshot_path:
@@ -80,7 +91,7 @@ def report(snap: Snapshot, *, snapshot_path: Optional[str] = None, force: bool =
     if export:
         from app.report import export_bundle
 
-        result = export_bundle(snap, analysis, export, force=force, tar=tar)
+        result = export_bundle(snap, analysis, export, force=force, tar=tar, history=history)
         redacted = sum(result.redactions.values())
         print(f"hangscope: report bundle written to {result.directory} ({len(result.paths)} files, "
               f"{redacted} value(s) redacted)" + (f"; {result.tarball}" if result.tarball else ""),
