@@ -82,6 +82,7 @@ def test_filter_by_rank_node_nodeset_and_frame_text():
     assert filter_keys(snap, "barrier") == {key(snap, 6)}
     assert filter_keys(snap, "ALL_REDUCE") == {key(snap, r) for r in (0, 1, 2, 3, 4, 5, 7)}
     assert filter_keys(snap, "[bold]") == set()
+    assert filter_keys(snap, f"pid {snap.ranks[2].pid}, {snap.ranks[4].pid}") == {key(snap, 2), key(snap, 4)}
     assert parse_ranks("0-99999999") is None  # not a rank list anyone means: treated as text
 
 

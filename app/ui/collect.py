@@ -36,14 +36,14 @@ def command_lines(kind: str, keys: Sequence[RankKey], options: CollectOptions, s
     out = []
     for node, pid in keys:
         if kind == "strace":
-            cmd = f"{sudo}strace -f -tt -p {pid}   (for {seconds:g} s, then detached)"
+            cmd = f"{sudo}strace -f -tt -p {pid}"
         elif kind == "gdb":
-            cmd = (f"{sudo}gdb -p {pid} -batch -iex 'set debuginfod enabled off' -ex 'thread apply all bt'"
-                   "   (stops the rank ~3 s)")
+            cmd = f"{sudo}gdb -p {pid} -batch -iex 'set debuginfod enabled off' -ex 'thread apply all bt'"
         else:
             flags = " --native" if options.native else ""
             flags += " --locals" if options.locals else ""
-            cmd = f"{sudo}py-spy dump --json{flags} --pid {pid}   (pauses the rank while it reads the stack)"
+            flags += " --nonblocking" if options.nonblocking else ""
+            cmd = f"{sudo}py-spy dump --json{flags} --pid {pid}"
         out.append(f"{node}: {cmd}")
     return out
 
@@ -192,8 +192,8 @@ class CollectMixin(_Base):
         if not keys:
             return
         self._confirm_then("strace", f"strace {len(keys)} rank(s) for {STRACE_SECONDS:g} s",
-                           "strace attaches with ptrace: the ranks keep running but every system call is "
-                           "traced (slower) until it detaches.",
+                           f"strace attaches with ptrace for {STRACE_SECONDS:g} s: the ranks keep running but every "
+                           "system call is traced (slower) until it detaches.",
                            command_lines("strace", keys, self.source.options),
                            lambda: self.start_collection("strace", ranks=keys))
 

@@ -14,7 +14,7 @@ ACTIONS: Tuple[Tuple[str, str, str, str], ...] = (
     ("Merged stack tree", "t", "tree", "all ranks' stacks merged into one prefix tree (of the selected class)"),
     ("Mark rank", "space", "toggle_mark", "mark ranks to diff them or run strace/gdb on them"),
     ("Clear marks", "", "clear_marks", "unmark every rank"),
-    ("Filter ranks", "/", "filter", "by rank (3, 0-7), node (node02, node[01-04]) or frame text"),
+    ("Filter ranks", "/", "filter", "by rank (3, 0-7), pid (pid 4242), node (node02, node[01-04]) or frame text"),
     ("Refresh rank", "r", "refresh_rank", "collect this rank again"),
     ("Refresh all", "R", "refresh_all", "collect every rank again"),
     ("Watch", "w", "toggle_watch", "refresh at an interval without pausing the ranks (py-spy --nonblocking)"),

@@ -153,6 +153,7 @@ def top_frame(rank: RankSnapshot) -> Optional[Frame]:
 # -- the `/` filter ---------------------------------------------------------------------------------------
 
 _RANKS = re.compile(r"^(?:rank\s*)?(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)$", re.IGNORECASE)
+_PIDS = re.compile(r"^pids?\s*(\d+(?:\s*,\s*\d+)*)$", re.IGNORECASE)
 
 
 def parse_ranks(query: str) -> Optional[Set[int]]:
@@ -171,11 +172,15 @@ def parse_ranks(query: str) -> Optional[Set[int]]:
 
 
 def filter_keys(snapshot: Snapshot, query: str) -> Optional[Set[RankKey]]:
-    """Ranks matching a filter: rank numbers, node names (a NodeSet like node[01-04], or part of a name),
-    or text in any frame's function or file. None for an empty query (no filter)."""
+    """Ranks matching a filter: rank numbers (`5`, `0-7`), pids (`pid 4242,4243`), node names (a NodeSet
+    like node[01-04], or part of a name), or text in any frame's function or file. None: no filter."""
     q = query.strip()
     if not q:
         return None
+    pids = _PIDS.match(q)
+    if pids is not None:
+        wanted = {int(p) for p in pids.group(1).replace(" ", "").split(",")}
+        return {(r.node, r.pid) for r in snapshot.ranks if r.pid in wanted}
     numbers = parse_ranks(q)
     if numbers is not None:
         return {(r.node, r.pid) for r in snapshot.ranks if r.rank in numbers}

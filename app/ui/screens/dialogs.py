@@ -79,7 +79,7 @@ Ranks with the same stack share a colour and a symbol (a class); [▲] marks a s
   d               diff: the two marked ranks, or this rank against its class majority
   t               merged stack tree of all ranks (or of the selected class)
   c / f / n       focus the classes, findings or nodes panel; Enter on a class highlights it
-  /               filter by rank (3, 0-7), node (node02, node[01-04]) or frame text (all_reduce)
+  /               filter: rank (3, 0-7), pid 4242, node (node02, node[01-04]) or frame text
   r / R           refresh this rank / all ranks        w  watch: refresh every interval
   [ / ]           step back / forward through the snapshots taken so far
   N / L           collect again with native frames / with locals

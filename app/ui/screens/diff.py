@@ -16,6 +16,7 @@ from textual.widgets import Footer, Static
 from app.analysis.diff import StackDiff, ValueDiff
 from app.model import Frame
 from app.ui.safe import clean, literal
+from app.ui.screens.too_small import WatchesSize
 
 DIVERGE = "bold #ff5f87"
 CHANGED = "bold #ffaf00"
@@ -86,7 +87,7 @@ def diff_summary(diff: StackDiff) -> Text:
     return out
 
 
-class DiffScreen(Screen[None]):
+class DiffScreen(WatchesSize, Screen[None]):
     BINDINGS = [Binding("escape", "app.pop_screen", "back")]
 
     def __init__(self, diff: StackDiff) -> None:

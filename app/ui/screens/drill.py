@@ -13,6 +13,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from app.model import RankSnapshot
 from app.ui import rank_text
+from app.ui.screens.too_small import WatchesSize
 
 TABS: List[Tuple[str, str, Callable[[RankSnapshot], Text]]] = [
     ("threads", "Threads", rank_text.threads_text),
@@ -25,7 +26,7 @@ TABS: List[Tuple[str, str, Callable[[RankSnapshot], Text]]] = [
 ]
 
 
-class DrillScreen(Screen[None]):
+class DrillScreen(WatchesSize, Screen[None]):
     """Everything about one rank. The app calls update() when a newer snapshot of the rank arrives."""
 
     BINDINGS = [

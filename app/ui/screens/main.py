@@ -18,6 +18,7 @@ from textual.widgets import Footer, Input, Label, Static
 from app.model import Snapshot
 from app.ui.grid_model import Cell, RankKey, build_grid, rank_key
 from app.ui.safe import literal
+from app.ui.screens.too_small import WatchesSize
 from app.ui.view import View, filter_keys, node_groups, progress_text, top_frame
 from app.ui.widgets.panels import ClassesPanel, FindingsPanel, NodesPanel, node_summary
 from app.ui.widgets.rank_grid import RankGrid
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from app.ui.app import HangscopeApp
 
 
-class MainScreen(Screen[None]):
+class MainScreen(WatchesSize, Screen[None]):
     BINDINGS = [
         Binding("slash", "filter", "filter"),
         Binding("escape", "back", "back", show=False),
@@ -66,16 +67,13 @@ class MainScreen(Screen[None]):
                 with VerticalScroll(id="nodes-scroll"):
                     yield NodesPanel(id="nodes")
         yield Static(id="status")
-        yield Input(placeholder="filter: 3, 0-7, node02, node[01-04] or frame text; Enter applies, Esc clears",
-                    id="filter")
+        yield Input(placeholder="filter: 3, 0-7, pid 4242, node02, node[01-04] or frame text; Enter applies, "
+                    "Esc clears", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
         self.grid.focus()
         self.hs.main_ready()
-
-    def on_resize(self) -> None:
-        self.hs.check_size()
 
     def on_screen_resume(self) -> None:
         self.hs.check_size()  # the terminal may have shrunk while another screen was on top
@@ -93,7 +91,8 @@ class MainScreen(Screen[None]):
     def show_view(self, view: View, marked: set, keep: Optional[RankKey]) -> None:
         grid = self.grid
         current = grid.current
-        keep = current.key if current is not None and current.key is not None else keep
+        if grid.user_moved and current is not None and current.key is not None:
+            keep = current.key  # stay where the user is; until then, follow the suspect
         visible = filter_keys(view.snapshot, self.hs.query_text)
         grid.set_model(build_grid(view.snapshot, view.class_of, view.suspects, visible), keep=keep)
         grid.set_marked(marked)

@@ -12,6 +12,13 @@ MIN_WIDTH = 60
 MIN_HEIGHT = 16
 
 
+class WatchesSize:
+    """For every full screen: a resize may need (or end) the too-small overlay."""
+
+    def on_resize(self) -> None:
+        self.app.check_size()  # type: ignore[attr-defined]
+
+
 class TooSmallScreen(ModalScreen[None]):
     """Covers everything below it; the app pops it once the terminal is large enough again."""
 
@@ -27,7 +34,10 @@ class TooSmallScreen(ModalScreen[None]):
         self.app.check_size()  # type: ignore[attr-defined]
 
     def refresh_text(self) -> None:
+        found = self.query("#too-small")
+        if not found:
+            return  # a Resize can arrive before the screen composed its widget; on_mount fills it in
         w, h = self.app.size
-        self.query_one("#too-small", Static).update(Text(
+        found.first(Static).update(Text(
             f"terminal {w}x{h}: hangscope needs at least {MIN_WIDTH}x{MIN_HEIGHT}\nenlarge the window (q quits)",
             justify="center"))

@@ -17,11 +17,12 @@ from textual.widgets.tree import TreeNode as UiNode
 
 from app.analysis.tree import StackTree, TreeNode
 from app.ui.safe import literal
+from app.ui.screens.too_small import WatchesSize
 
 AUTO_OPEN = 300  # nodes opened at start: the whole tree when small, the top of it when not
 
 
-class TreeScreen(Screen[None]):
+class TreeScreen(WatchesSize, Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "back"),
         Binding("e", "expand_all", "expand all"),

@@ -68,6 +68,7 @@ class RankGrid(ScrollView, can_focus=True):
         self.cursor: Tuple[int, int] = (0, 0)
         self.marked: FrozenSet[RankKey] = frozenset()
         self.focus_class: Optional[int] = None  # the class selected in the classes panel
+        self.user_moved = False  # until the user moves, each new snapshot puts the cursor on its suspect
         self._labels: Sequence[str] = ()
         self._label_w = 6
         self._row_cache: Dict[int, Strip] = {}
@@ -111,6 +112,7 @@ class RankGrid(ScrollView, can_focus=True):
         pos = self.model.position(key)
         if pos is None:
             return False
+        self.user_moved = True
         self._set_cursor(*pos)
         return True
 
@@ -161,14 +163,17 @@ class RankGrid(ScrollView, can_focus=True):
         self.post_message(self.Highlighted(self, self.current))
 
     def action_move(self, dx: int, dy: int) -> None:
+        self.user_moved = True
         row, col = self.cursor
         self._set_cursor(row + dy, col + dx)
 
     def action_page(self, direction: int) -> None:
+        self.user_moved = True
         row, col = self.cursor
         self._set_cursor(row + direction * max(self.size.height - 2, 1), col)
 
     def action_edge(self, direction: int) -> None:
+        self.user_moved = True
         row, _ = self.cursor
         self._set_cursor(row, 0 if direction < 0 else self._row_len(row) - 1)
 
@@ -206,6 +211,7 @@ class RankGrid(ScrollView, can_focus=True):
         if pos == self.cursor or event.chain > 1:
             self.action_select()
         else:
+            self.user_moved = True
             self._set_cursor(*pos)
 
     # -- drawing -------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The TUI in a real terminal (tmux): run_tui's driver, keys, resizing and exit codes, on a saved snapshot and,
+over SSH, on the hung torch job of the test cluster; the screen is read back with `tmux capture-pane`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional
+
+import pytest
+
+from app.model import snapshot_to_json
+from tests.test_ui_support import build_snapshot
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+
+LOADED = """
+import sys
+sys.path.insert(0, {repo!r})
+from app.model import snapshot_from_json
+from app.ui import run_tui
+from app.ui.source import loaded_source
+snap, _ = snapshot_from_json(open({snap!r}).read())
+code = run_tui(loaded_source(snap), fps=20, title="tmux test")
+open({exit!r}, "w").write(str(code))
+"""
+
+LIVE = """
+import sys
+sys.path.insert(0, {repo!r})
+from app.hosts import read_hosts
+from app.model import CollectOptions
+from app.session import SessionOptions
+from app.ui import run_tui
+from app.ui.source import LiveSource
+hosts = list(read_hosts({hosts!r}).hosts)
+source = LiveSource(hosts, SessionOptions(collect=CollectOptions(locals=True)))
+code = run_tui(source, fps=20, title="hosts.txt")
+open({exit!r}, "w").write(str(code))
+"""
+
+
+class Terminal:
+    """One tmux server of our own (its own socket, no user config) running one command in a window."""
+
+    def __init__(self, command: str, env: Optional[Dict[str, str]] = None, size: str = "110x34") -> None:
+        self.socket = f"hangscope-test-{uuid.uuid4().hex[:8]}"
+        width, height = size.split("x")
+        # The window gets its size after its first command started (which then sees 80x24 until a
+        # SIGWINCH): start an idle command, then respawn the pane with ours at the final size.
+        self.tmux("new-session", "-d", "-s", "t", "-x", width, "-y", height, "cat")
+        argv = ["respawn-pane", "-k", "-t", "t"]
+        for k, v in (env or {}).items():
+            argv += ["-e", f"{k}={v}"]
+        self.tmux(*argv, command)
+
+    def tmux(self, *args: str) -> str:
+        # An explicit environment: under pytest the C-level environ carries COLUMNS=80 (set with putenv
+        # behind os.environ's back), which the tmux server would hand to the app as its terminal width.
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+        return subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True,
+                              text=True, check=True, timeout=20, env=env).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def wait_for(self, check: Callable[[str], bool], what: str, timeout: float = 60) -> str:
+        """Poll the screen until check(screen) holds, with a deadline: never a fixed sleep."""
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            try:
+                screen = self.screen()
+            except subprocess.CalledProcessError:
+                screen = "(the tmux session is gone)"
+            if check(screen):
+                return screen
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; the screen shows:\n{screen}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
+        try:
+            os.unlink(f"/tmp/tmux-{os.getuid()}/{self.socket}")  # kill-server leaves the socket file behind
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def terminal() -> Iterator[Callable[..., Terminal]]:
+    opened = []
+
+    def start(command: str, **kw) -> Terminal:
+        opened.append(Terminal(command, **kw))
+        return opened[-1]
+
+    try:
+        yield start
+    finally:
+        for t in opened:
+            t.close()
+
+
+def wait_exit(path: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        if time.monotonic() > deadline:
+            raise AssertionError("the TUI did not exit")
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def loaded_command(tmp_path: Path, snap) -> tuple:
+    snap_file = tmp_path / "snap.json"
+    snap_file.write_text(snapshot_to_json(snap))
+    exit_file = tmp_path / "exit"
+    script = tmp_path / "tui.py"
+    script.write_text(LOADED.format(repo=str(REPO), snap=str(snap_file), exit=str(exit_file)))
+    return f"{sys.executable} {script}", exit_file
+
+
+def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
+    command, exit_file = loaded_command(tmp_path, build_snapshot(nodes=4, per_node=2, scenario="barrier",
+                                                                 culprit=5))
+    term = terminal(command)
+    screen = term.wait_for(lambda s: "Rank 5 is in `barrier`" in s, "the verdict")
+    assert "node03  ● [▲]" in screen and "(loaded file)" in screen
+    term.keys("Enter")
+    screen = term.wait_for(lambda s: "rank 5  on node03" in s, "the drill-down")
+    assert "barrier  distributed_c10d.py:4159" in screen
+    term.keys("Escape")
+    term.wait_for(lambda s: "classes" in s and "findings" in s, "the main screen again")
+    term.tmux("resize-window", "-t", "t", "-x", "50", "-y", "12")
+    term.wait_for(lambda s: "hangscope needs at least 60x16" in s, "the too-small notice")
+    term.tmux("resize-window", "-t", "t", "-x", "110", "-y", "34")
+    term.wait_for(lambda s: "Rank 5 is in `barrier`" in s, "the main screen after growing")
+    term.keys("q")
+    assert wait_exit(exit_file) == 0
+
+
+def test_second_ctrl_c_aborts_with_130(terminal, tmp_path):
+    command, exit_file = loaded_command(tmp_path, build_snapshot(nodes=2, per_node=2, failed=(1,)))
+    term = terminal(command)
+    term.wait_for(lambda s: "node02" in s and "failed" in s, "the main screen")
+    term.keys("C-c")
+    term.wait_for(lambda s: "Ctrl+C again aborts" in s, "the first Ctrl+C's notice")
+    term.keys("C-c")
+    assert wait_exit(exit_file) == 130
+
+
+@pytest.mark.cluster
+def test_tui_finds_the_culprit_of_the_hung_job(terminal, cluster, hung_job, tmp_path):
+    """The hung torch job (dataloader scenario, culprit rank 5 on node03) over real SSH, from the TUI alone."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("".join(f"{n} slots=2\n" for n in cluster.names))
+    exit_file = tmp_path / "exit"
+    script = tmp_path / "tui.py"
+    script.write_text(LIVE.format(repo=str(REPO), hosts=str(hosts), exit=str(exit_file)))
+    env = {k: v for k, v in cluster.env().items() if k in ("HOME", "PATH")}
+    term = terminal(f"{sys.executable} {script}", env=env, size="150x44")
+    culprit = f"rank {hung_job.culprit}"
+    screen = term.wait_for(lambda s: "snapshot 1/1" in s and culprit in s, "the first snapshot", timeout=120)
+    assert "nodes: 4 done" in screen
+    row = next(line for line in screen.splitlines() if line.startswith("│node03 "))
+    assert row.split("│")[1].split() == ["node03", "●", "[▲]"], screen  # local rank 1: the suspect's glyph
+    term.keys("Enter")  # the cursor starts on the first suspect
+    screen = term.wait_for(lambda s: f"{culprit}  on node03" in s, "the culprit's drill-down")
+    assert "_recv_exact" in screen and f"[step={hung_job.step}]" in screen
+    term.keys("Escape")  # alone: ESC and q sent together read as Alt+q
+    term.wait_for(lambda s: "findings" in s, "the main screen again")
+    term.keys("q")
+    assert wait_exit(exit_file) == 0
