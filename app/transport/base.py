@@ -169,7 +169,8 @@ class WorkerConnection:
     # -- reading -------------------------------------------------------------------------------------------
 
     async def _read_stdout(self) -> None:
-        buf = b""
+        buf = bytearray()
+        scanned = 0  # bytes of buf known to hold no newline: a multi-MB dump line is scanned once, not per chunk
         try:
             while True:
                 chunk = await self._stdout.read(1 << 16)
@@ -177,10 +178,13 @@ class WorkerConnection:
                     break
                 buf += chunk
                 while True:
-                    nl = buf.find(b"\n")
+                    nl = buf.find(b"\n", scanned)
                     if nl < 0:
+                        scanned = len(buf)
                         break
-                    line, buf = buf[:nl], buf[nl + 1:]
+                    line = bytes(buf[:nl])
+                    del buf[:nl + 1]
+                    scanned = 0
                     if not self._on_line(line):
                         return await self._violation(None)
                 if len(buf) > MAX_LINE:
