@@ -120,6 +120,9 @@ FAKE_WORKER = textwrap.dedent(r"""
         elif mode in ("noise", "utf8"):
             send(b'{"type":"item","id":%d,"data":{"text":"caf\xc3\xa9 \xff\xfe"}}' % req["id"])
             send(b'{"type":"done","id":%d,"data":{}}' % req["id"])
+        elif mode == "big":  # one line of many pipe buffers, as a dump with locals of many threads can be
+            send(b'{"type":"item","id":%d,"data":{"x":"%s"}}' % (req["id"], b"a" * 20000000))
+            send(b'{"type":"done","id":%d,"data":{}}' % req["id"])
         elif mode == "silent":
             pass
 """)
@@ -227,6 +230,18 @@ async def test_non_utf8_and_shell_noise_never_raise(mode: str, tmp_path: Path) -
         assert items == [{"text": "caf\u00e9 \ufffd\ufffd"}]
         if mode == "noise":
             assert conn.warnings and "Welcome to the cluster" in conn.warnings[0]
+    finally:
+        await conn.close(kill=True)
+
+
+async def test_a_20_mb_line_arrives_whole_and_fast(tmp_path: Path) -> None:
+    conn = await _fake("big", tmp_path)
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        items, _ = await conn.request("ping", timeout=30).collect()
+        assert len(items) == 1 and len(items[0]["x"]) == 20000000
+        assert loop.time() - t0 < 5  # linear in the line's size (the quadratic reader took seconds)
     finally:
         await conn.close(kill=True)
 
