@@ -1,5 +1,7 @@
-"""The GPU tests on the SSH test cluster (gloo on CPU, one rank per node; no GPU is lent to this project, so
-the NCCL/CUDA paths -- chosen by the ranks at run time -- are not exercised here).
+"""The GPU tests on the SSH test cluster, gloo on CPU, as the issue lists them.
+
+One rank per node. No GPU is lent to this project, so the NCCL/CUDA paths (chosen by the ranks at run
+time) are not exercised here.
 
 - sanity on 4 nodes passes, with the interpreter taken from the hung job's ranks, through the headless API;
 - with one node cut off (iptables in its namespace) that node's rank is named within the deadline, and no
@@ -106,6 +108,7 @@ def test_a_node_cut_off_is_named_within_the_deadline_and_nothing_is_left(make_cl
     assert by_node["node04"].status in ("hung", "broken") and by_node["node04"].culprit
     assert by_node["node04"].phase == "store_connect" and "node01:" in by_node["node04"].error
     assert [r.node for r in run_.culprits] == ["node04"]
+    assert run_.not_finished == ("node01", "node02", "node03", "node04")
     assert by_node["node01"].waiting_for == (3,)  # rank 0 names the rank that never joined
     assert by_node["node01"].stack and "join_world" in by_node["node01"].stack[0]
     assert "rank 3 (node04) hung: could not connect to the rendezvous store at node01:" in results.verdict
@@ -144,6 +147,9 @@ def test_pair_isolation_names_the_throttled_node(six) -> None:
     assert report.cell("gp05", "gp06").status == "slow" and report.cell("gp01", "gp02").status == "ok"
     assert report.cell("gp05", "gp06").busbw < 0.5 * report.reference_busbw
     assert "pair matrix" in text and gputest_processes(six) == []
+    port = {r.id: r.port for r in results.runs}
+    for round_ids in report.rounds:  # tests that ran at the same time never shared a port
+        assert len({port[i] for i in round_ids}) == len(round_ids)
 
 
 @pytest.mark.torch

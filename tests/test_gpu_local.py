@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from app.gpu import events as ev
+from app.gpu.launch import Launcher, LaunchSpec, PortBook
 from app.gpu.model import PHASES
 from app.gpu.options import GpuTestOptions
 from app.gpu.runner import GpuTestRunner
@@ -118,3 +119,35 @@ async def test_the_interpreter_comes_from_the_jobs_ranks(worker) -> None:
         rank.wait()
     assert os.path.realpath(pre.pythons["local"]) == os.path.realpath(PY)
     assert ("127.0.0.1", 29400) in pre.masters and pre.errors == {}
+
+
+async def test_events_stream_ends_with_finished(worker) -> None:
+    runner = GpuTestRunner({"local": worker}, GpuTestOptions(python=NO_TORCH, timeout=30))
+    seen = [e async for e in runner.events("sanity")]
+    assert isinstance(seen[0], ev.RunStarted) and isinstance(seen[-2], ev.RunFinished)
+    assert isinstance(seen[-1], ev.Finished) and seen[-1].results.runs[0].status == "failed"
+
+
+async def test_a_node_whose_launch_fails_is_blamed_and_the_others_are_stopped(worker) -> None:
+    # two "nodes" on this machine: b's interpreter has no torch, so a's rank waits at the rendezvous for it
+    other = await start_local(PY)
+    try:
+        conns = {"a": worker, "b": other}
+        launcher = Launcher(conns, GpuTestOptions(timeout=60), {"a": PY, "b": NO_TORCH},
+                            {"a": "127.0.0.1", "b": "127.0.0.1"}, lambda e: None)
+        run = await launcher.run(LaunchSpec("sanity", ("a", "b"), (1, 1)))
+    finally:
+        await other.close()
+    assert run.status == "failed" and run.elapsed < 45  # not the 60 s stall timeout: b ended early
+    a, b = run.ranks
+    assert (b.node, b.status, b.culprit) == ("b", "not_started", True) and "No module named" in b.error
+    assert a.status in ("hung", "not_started") and not a.culprit  # stopped: it waited (or was starting)
+    assert run.message.startswith("failed: rank 1 (b) not started: ")
+
+
+async def test_concurrent_tests_never_get_the_same_port(worker) -> None:
+    books = [PortBook((29500, 29999)) for _ in range(2)]  # two runners in one process share one book
+    ports = await asyncio.gather(*(books[i % 2].take(worker) for i in range(16)))
+    assert len(set(ports)) == 16 and all(29500 <= p <= 29999 for p in ports)
+    for i, p in enumerate(ports):
+        books[i % 2].release(p)

@@ -1,6 +1,8 @@
-"""The NCCL_DEBUG=INFO parser on real NCCL output (tests/data/nccl/, sources cited in each file): which
-network, interface and address NCCL chose on each host, the transports it connected with, and its WARNs.
-No GPU was lent to this project: these lines come from public bug reports and the source guide."""
+"""The NCCL_DEBUG=INFO parser on real NCCL output (tests/data/nccl/, sources cited in each file).
+
+Which network, interface and address NCCL chose on each host, the transports it connected with, and its
+WARNs. No GPU was lent to this project: these lines come from public bug reports and the source guide.
+"""
 
 from __future__ import annotations
 

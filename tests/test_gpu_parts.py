@@ -1,5 +1,8 @@
-"""The pure parts of the GPU tests: bus bandwidth as nccl-tests defines it, size options, the GPU inventory
-from nvidia-smi's CSV and kernel Xid lines, the NCCL_SOCKET_IFNAME suggestion, and the CLI options."""
+"""The pure parts of the GPU tests, each on its own.
+
+Bus bandwidth as nccl-tests defines it, size options, the GPU inventory from nvidia-smi's CSV and kernel
+Xid lines, the NCCL_SOCKET_IFNAME suggestion, and the CLI options.
+"""
 
 from __future__ import annotations
 

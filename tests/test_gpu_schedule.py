@@ -1,7 +1,9 @@
-"""Pair isolation as a schedule: for any node count, one bad node or one bad link is named (not its innocent
-neighbours), each round's tests are disjoint, and no pair is tested twice. The outcomes come from a fault
-model (which pairs a broken node or link would fail) -- the schedule is pure logic; the real runs are in
-tests/test_gpu_cluster.py."""
+"""Pair isolation as a schedule: one bad node or one bad link is named, for any node count.
+
+Never its innocent neighbours; each round's tests are disjoint, and no pair is tested twice. The outcomes
+come from a fault model (which pairs a broken node or link would fail): the schedule is pure logic, the
+real runs are in tests/test_gpu_cluster.py.
+"""
 
 from __future__ import annotations
 

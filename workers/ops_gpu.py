@@ -1,5 +1,7 @@
-"""The GPU test ops: launch the test program under torchrun, stop it, find free ports, probe the network and
-the GPUs. Registered in workers/ops.py's HANDLERS; argument and reply shapes are in workers/protocol.py."""
+"""The GPU test ops: launch and stop the test program, free ports, network and GPU probes.
+
+Registered in workers/ops.py's HANDLERS; argument and reply shapes are in workers/protocol.py.
+"""
 
 from __future__ import annotations
 

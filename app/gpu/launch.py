@@ -1,5 +1,6 @@
-"""One test run across nodes: book a free port on the master, start one torchrun per node (gpu_launch), watch
-the ranks' progress, and stop the run when it hangs.
+"""One test run across nodes: a port, one torchrun per node, progress watched, stopped when it hangs.
+
+Books a free port on the master, starts one torchrun per node (gpu_launch), follows the ranks' progress.
 
 Hung means: some rank has not started (imported torch and begun to rendezvous) within `startup_timeout`, or
 no rank has made progress for `timeout` seconds since all started, or one node's launch ended early while
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
@@ -41,27 +43,34 @@ class LaunchSpec:
     cuda_visible_devices: Optional[str] = None
 
 
+_TAKEN: set[int] = set()  # ports of tests still running in this process, whichever runner started them
+_TAKEN_LOCK = threading.Lock()
+
+
 class PortBook:
-    """Ports of this runner's tests still running: never handed out twice, even on different masters."""
+    """Hands out master ports checked free on the master; a port is never given to two running tests, even
+    on different masters or from different runners (their ranks take seconds to bind it)."""
 
     def __init__(self, port_range: tuple[int, int]) -> None:
         self.low, self.high = port_range
-        self.taken: set[int] = set()
-        self._lock = asyncio.Lock()
 
     async def take(self, conn: WorkerConnection) -> int:
-        async with self._lock:
-            done = await conn.call("gpu_ports", {"count": 1, "exclude": sorted(self.taken), "low": self.low,
+        for _ in range(3):
+            with _TAKEN_LOCK:
+                exclude = sorted(_TAKEN)
+            done = await conn.call("gpu_ports", {"count": 4, "exclude": exclude, "low": self.low,
                                                  "high": self.high}, timeout=30.0)
-            ports = [p for p in done.get("ports", []) if isinstance(p, int) and p not in self.taken]
-            if not ports:
-                raise TransportError("tool_failed", f"{conn.name}: no free port in {self.low}-{self.high}",
-                                     hint="free a port in that range or change the port range")
-            self.taken.add(ports[0])
-            return ports[0]
+            with _TAKEN_LOCK:
+                for port in done.get("ports", []):
+                    if isinstance(port, int) and port not in _TAKEN:
+                        _TAKEN.add(port)
+                        return port
+        raise TransportError("tool_failed", f"{conn.name}: no free port in {self.low}-{self.high}",
+                             hint="free a port in that range, or give the tests another range")
 
     def release(self, port: int) -> None:
-        self.taken.discard(port)
+        with _TAKEN_LOCK:
+            _TAKEN.discard(port)
 
 
 class Launcher:
@@ -99,7 +108,8 @@ class Launcher:
 
     async def _run(self, run_id: str, spec: LaunchSpec, port: int, t0: float) -> TestRun:
         out = RunOutput(spec.nodes, spec.nprocs)
-        token = secrets.token_hex(8)
+        # one mark per node launch: two host entries that are the same machine must not kill each other's
+        tokens = {node: secrets.token_hex(8) for node in spec.nodes}
         world = sum(spec.nprocs)
         self.emit(ev.RunStarted(run_id, spec.kind, spec.nodes, spec.nodes[0], port))
         offsets = list(itertools.accumulate((0,) + spec.nprocs[:-1]))
@@ -107,7 +117,7 @@ class Launcher:
         errors: dict[str, str] = {}
 
         async def one(node: str, offset: int, nproc: int) -> None:
-            args = {"token": token, "python": self.pythons[node], "nproc": nproc,
+            args = {"token": tokens[node], "python": self.pythons[node], "nproc": nproc,
                     "config": self._config(spec, port, offset, world), "timeout": self.o.max_duration,
                     "nccl_debug": self.o.nccl_debug, "env": dict(self.o.env),
                     "cuda_visible_devices": spec.cuda_visible_devices}
@@ -122,7 +132,7 @@ class Launcher:
 
         tasks = {node: asyncio.create_task(one(node, off, n), name=f"hangscope-gputest-{run_id}-{node}")
                  for node, off, n in zip(spec.nodes, offsets, spec.nprocs)}
-        stop = await self._supervise(tasks, out, token, t0)
+        stop = await self._supervise(tasks, out, tokens, t0)
         timed_out = any(d.get("timed_out") for d in dones.values())
         stopped = stop is not None or timed_out
         hung = (stop[0] if stop else "") or ("hung: past the hard deadline" if timed_out else "")
@@ -134,7 +144,7 @@ class Launcher:
                 why = out.agent_error(node)
                 if why:
                     errors[node] = why
-        ranks = tuple(out.results(stopped, errors))
+        ranks = tuple(out.results(stopped, errors, blame_unstarted=stop is None or stop[1]))
         status: RunStatus
         if stopped and (stop is None or stop[1]):
             status = "hung"
@@ -145,7 +155,7 @@ class Launcher:
                       backend=",".join(sorted(backends)), world_size=world,
                       cuda_visible_devices=spec.cuda_visible_devices or "", ranks=ranks,
                       bench=tuple(out.bench_rows()), nccl=out.nccl_nodes(),
-                      not_finished=tuple(n for n in spec.nodes if n not in dones),
+                      not_finished=tuple(n for n in spec.nodes if status != "ok" and not out.node_done(n)),
                       leftovers=tuple((n, int(d.get("leftovers") or 0)) for n, d in dones.items()
                                       if d.get("leftovers")),
                       node_errors=tuple(sorted(errors.items())), log=tuple(out.log),
@@ -154,7 +164,7 @@ class Launcher:
         self.emit(ev.RunFinished(run))
         return run
 
-    async def _supervise(self, tasks: dict[str, "asyncio.Task[None]"], out: RunOutput, token: str,
+    async def _supervise(self, tasks: dict[str, "asyncio.Task[None]"], out: RunOutput, tokens: dict[str, str],
                          t0: float) -> Optional[tuple[str, bool]]:
         """Wait for the nodes; returns (why the run was stopped, whether that means hung), or None."""
         last_count, last_change = -1, time.monotonic()
@@ -192,7 +202,7 @@ class Launcher:
                 reason = ("stopped: a node's launch ended while the others still waited for it", False)
             if reason is not None:
                 stop_deadline = now + STOP_GRACE
-                await asyncio.gather(*(self._stop(node, token) for node, t in tasks.items() if not t.done()))
+                await asyncio.gather(*(self._stop(node, tokens[node]) for node, t in tasks.items() if not t.done()))
 
     async def _stop(self, node: str, token: str) -> None:
         try:

@@ -114,7 +114,7 @@ class TestRun:
     bench: Tuple[BenchRow, ...] = ()
     nccl: Tuple[NcclNode, ...] = ()
     message: str = ""  # one sentence: what happened
-    not_finished: Tuple[str, ...] = ()  # nodes that did not finish before the deadline
+    not_finished: Tuple[str, ...] = ()  # nodes whose ranks did not all finish (hung, failed or stopped)
     leftovers: Tuple[Tuple[str, int], ...] = ()  # (node, processes of the test that outlived it; killed)
     node_errors: Tuple[Tuple[str, str], ...] = ()  # (node, why its launch failed)
     log: Tuple[str, ...] = ()  # the last lines, each "[host:local_rank] text"

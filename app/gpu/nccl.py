@@ -65,7 +65,7 @@ def _devices(text: str, ib: bool) -> list[NcclNetDevice]:
 
 
 def _transport(via: str) -> str:
-    """"NET/Socket/0" -> "NET/Socket", "NET/IB/0/GDRDMA" -> "NET/IB", "P2P/IPC/read" -> "P2P/IPC", "SHM/..." -> "SHM"."""
+    """NET/Socket/0 -> NET/Socket, NET/IB/0/GDRDMA -> NET/IB, P2P/IPC/read -> P2P/IPC, SHM/direct -> SHM."""
     parts = via.split("/")
     return "/".join(parts[:2]) if parts[0] in ("NET", "P2P", "CollNet") and len(parts) > 1 else parts[0]
 

@@ -1,6 +1,9 @@
-"""Network checks from the nodes' probes: which interface NCCL would pick on each node, whether the nodes
-agree (and which NCCL_SOCKET_IFNAME makes them), InfiniBand port states, hostname resolution, and which
-address:port each node can reach. Pure: net_probe replies in, a NetReport out."""
+"""Network checks from the nodes' probes, and the NCCL_SOCKET_IFNAME suggestion when nodes disagree.
+
+Which interface NCCL would pick on each node, whether the nodes agree (and which NCCL_SOCKET_IFNAME makes
+them), InfiniBand port states, hostname resolution, and which address:port each node can reach.
+Pure: net_probe replies in, a NetReport out.
+"""
 
 from __future__ import annotations
 

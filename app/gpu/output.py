@@ -157,12 +157,16 @@ class RunOutput:
 
     # -- the end ---------------------------------------------------------------------------------------------
 
-    def results(self, stopped: bool, node_errors: dict[str, str]) -> list[RankResult]:
+    def results(self, stopped: bool, node_errors: dict[str, str], blame_unstarted: bool = True
+                ) -> list[RankResult]:
+        """Per-rank verdicts. blame_unstarted=False: the run was stopped because another node failed, so
+        ranks that had not started yet are its victims, not culprits."""
         out = []
         store_stuck = {s.rank for s in self.ranks.values() if s.phase in ("store_connect", "import", "start", "")}
         waited_for = tuple(sorted({r for s in self.ranks.values() for r in s.missing}))
         for s in self.ranks.values():
-            out.append(self._rank_result(s, stopped, node_errors.get(s.node, ""), store_stuck, waited_for))
+            out.append(self._rank_result(s, stopped, node_errors.get(s.node, ""), store_stuck, waited_for,
+                                         blame_unstarted))
         broken = [r for r in out if r.status == "broken"]
         if broken and not any(r.culprit for r in out):
             # every failure reads like a reaction to someone else's: blame the ones that failed first
@@ -171,7 +175,7 @@ class RunOutput:
         return out
 
     def _rank_result(self, s: RankState, stopped: bool, node_error: str, store_stuck: set[int],
-                     waited_for: tuple[int, ...]) -> RankResult:
+                     waited_for: tuple[int, ...], blame_unstarted: bool) -> RankResult:
         base = RankResult(node=s.node, rank=s.rank, local_rank=s.local_rank, status="ok", pid=s.pid, phase=s.phase,
                           device=s.device, gpu_name=s.gpu_name, waiting_for=s.missing,
                           value=_float(s.result.get("value")) if s.result else None)
@@ -183,8 +187,11 @@ class RunOutput:
             culprit = not _VICTIM.search(err) or phase in ("import", "store_connect")
             return dataclasses.replace(base, status="broken", error=err, culprit=culprit, phase=phase)
         if not s.phase:
-            why = node_error or _last_error(s.err_tail) or "the rank never started"
-            return dataclasses.replace(base, status="not_started", error=why, culprit=True)
+            own = node_error or _last_error(s.err_tail)
+            if not own and stopped and not blame_unstarted:
+                return dataclasses.replace(base, status="not_started", error="stopped before it started")
+            return dataclasses.replace(base, status="not_started", error=own or "the rank never started",
+                                       culprit=True)
         if stopped:
             missing = s.missing or waited_for
             if s.phase == "store_connect":

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
-from app.gpu.model import Fault, PairCell, PairReport
+from app.gpu.model import CellStatus, Fault, PairCell, PairReport
 
 BAD = ("slow", "failed", "hung")
 _WORST = {"hung": 3, "failed": 2, "slow": 1}
@@ -73,8 +73,8 @@ class PairIsolation:
         key = frozenset(units)
         if len(key) == 1:
             (u,) = key
-            status = outcome.status if outcome.status in ("ok", "failed", "hung") else "failed"
-            self.single[u] = PairCell(u, u, status, outcome.busbw, outcome.run_id, outcome.detail)  # type: ignore[arg-type]
+            status = cast(CellStatus, outcome.status if outcome.status in ("ok", "failed", "hung") else "failed")
+            self.single[u] = PairCell(u, u, status, outcome.busbw, outcome.run_id, outcome.detail)
         else:
             self._pending.append((key, outcome))
         if self._round_ids and outcome.run_id:

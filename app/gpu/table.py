@@ -44,6 +44,8 @@ def run_lines(run: TestRun, log_lines: int = 0) -> list[str]:
                    + (f", transports {', '.join(map(printable, n.transports))}" if n.transports else ""))
         for w in n.warnings[:10]:
             out.append(f"    WARN {printable(w.source)} {printable(w.message)}")
+    if run.not_finished and run.status == "hung":
+        out.append(f"  did not finish: {', '.join(run.not_finished)} (every process of the test was killed there)")
     for node, error in run.node_errors:
         out.append(f"  {node}: {printable(error)}")
     for node, count in run.leftovers:

@@ -1,5 +1,8 @@
-"""This node's network as NCCL and gloo see it: interfaces and addresses, InfiniBand ports, the address the
-hostname resolves to, and whether given address:port pairs can be reached. Stdlib, psutil when importable."""
+"""This node's network as NCCL and gloo see it; stdlib, psutil when importable.
+
+Interfaces and addresses, InfiniBand ports, the address the hostname resolves to, and whether given
+address:port pairs can be reached from here.
+"""
 
 from __future__ import annotations
 
