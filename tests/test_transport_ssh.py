@@ -135,7 +135,7 @@ async def test_closed_port_is_refused_fast(ssh_cluster) -> None:
     with pytest.raises(TransportError) as err:
         await SshTransport(_opts(ssh_cluster)).open("node01", port=2)
     assert err.value.code == "refused" and "node01" in err.value.message
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 3
 
 
 async def test_unknown_name_is_dns(ssh_cluster) -> None:
@@ -157,7 +157,7 @@ async def test_black_holed_node_times_out_while_the_others_complete(ssh_cluster)
     rule = ("INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP")
     node.iptables("-A", *rule)
     try:
-        t = SshTransport(_opts(c, connect_timeout=1.5))
+        t = SshTransport(_opts(c, connect_timeout=3.0))  # the healthy nodes finish long before, even under load
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         finished: dict[str, float] = {}
@@ -172,8 +172,8 @@ async def test_black_holed_node_times_out_while_the_others_complete(ssh_cluster)
         try:
             err = results[c.names.index("node04")]
             assert isinstance(err, TransportError) and err.code == "connect_timeout", err
-            assert err.phase == "connect" and "node04" in err.message and "1.5 s" in err.message
-            assert 1.5 <= finished["node04"] < 4
+            assert err.phase == "connect" and "node04" in err.message and "3 s" in err.message
+            assert 3.0 <= finished["node04"] < 6
             others = [r for n, r in zip(c.names, results) if n != "node04"]
             assert all(not isinstance(r, BaseException) for r in others)
             assert max(finished[n] for n in c.names if n != "node04") < finished["node04"]
@@ -386,7 +386,7 @@ async def test_icmp_unreachable_is_unreachable(ssh_cluster, icmp: str) -> None:
         with pytest.raises(TransportError) as err:
             await SshTransport(_opts(c)).open("node02")
         assert err.value.code == "unreachable" and "node02" in err.value.message
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 3
     finally:
         node.iptables("-D", *rule)
 
