@@ -17,7 +17,7 @@ from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
-from app.analysis.progress import RankProgress, progress_findings, track
+from app.analysis.progress import RankProgress, progress_findings, track, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
 from app.model import Frame, Snapshot, to_dict
 
@@ -112,13 +112,14 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     findings += thread_counts(rank_facts)
 
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
-    network = network_findings(snapshot, same_place=same_place)
+    network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1)
     findings += network
 
     progress: Tuple[RankProgress, ...] = ()
     if history:
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
+        findings = while_progressing(findings)
     if same_place:
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),

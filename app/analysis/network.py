@@ -94,6 +94,10 @@ def _reasons(s: TcpSocket) -> Tuple[str, ...]:
     return tuple(why)
 
 
+def _retransmitting(s: StalledSocket) -> bool:
+    return any(r.startswith("RTO") or "retransmission" in r for r in s.reasons)
+
+
 def stalled_sockets(snapshot: Snapshot) -> List[StalledSocket]:
     addresses = address_map(snapshot)
     out = []
@@ -133,8 +137,9 @@ def silent_peers(snapshot: Snapshot) -> List[StalledSocket]:
     return out
 
 
-def network_findings(snapshot: Snapshot, *, same_place: bool) -> List[Finding]:
-    """Name the node or link whose sockets stall, with the sockets as evidence."""
+def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool = False) -> List[Finding]:
+    """Name the node or link whose sockets stall, with the sockets as evidence. `same_place`: every rank on one
+    stack in one iteration; `same_stack`: on one stack, perhaps in different iterations."""
     if not any(map(_sockets, snapshot.ranks)):
         return []
     stalls = stalled_sockets(snapshot)
@@ -180,6 +185,11 @@ def network_findings(snapshot: Snapshot, *, same_place: bool) -> List[Finding]:
         conf, reason = "low", "no retransmissions, only a peer that has been silent much longer than the others"
     elif same_place and len(everywhere) in (1, 2) and len(stalls) >= 2:
         conf, reason = "high", "every rank waits at the same place and the stalled sockets all lead to one place"
+    elif same_stack and len(everywhere) == 1 and len(stalls) >= 2 and all(map(_retransmitting, stalls)):
+        # A node cut off in the middle of a ring all_reduce leaves the ranks that got their data one step ahead
+        # on the same line: the iterations differ, but sockets that all retransmit towards one node name it.
+        conf, reason = "high", ("every rank waits on the same line, and every stalled socket retransmits towards "
+                                "one node")
     elif len(everywhere) in (1, 2):
         conf, reason = "medium", ("the stalled sockets lead to one place" if len(stalls) >= 2 else
                                   "a single stalled socket")

@@ -8,7 +8,7 @@ samples tells a stuck rank that spins from one that sleeps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
@@ -124,6 +124,20 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
                            if len(moving) * 3 <= len(stuck) else "medium", "seen moving between samples",
                            keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
     return out
+
+
+# Culprit findings read off one sample's stacks: in a job that moves, ranks caught at different places (one in
+# its data loader, the rest in all_reduce; one a step ahead) are the normal state of a running job, not a lead.
+_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split"})
+
+
+def while_progressing(findings: Sequence[Finding]) -> List[Finding]:
+    """When the samples show the job progressing, findings from one sample's stacks become low-confidence."""
+    if not any(f.kind == "progressing" for f in findings):
+        return list(findings)
+    return [replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing, and ranks of a running "
+                    "job are caught at different places") if f.kind in _SNAPSHOT_KINDS and f.culprit else f
+            for f in findings]
 
 
 def _keys(ps: Sequence[RankProgress]) -> Tuple[tuple, tuple]:
