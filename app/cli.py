@@ -28,6 +28,7 @@ examples:
   hangscope --load out.json --export rep/  write a shareable report bundle (secrets redacted)
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
+  hangscope hosts.txt --test pairs         find the bad node or link with all_reduce tests on node pairs
   scontrol show hostnames | hangscope -    hosts from stdin
 
 hosts file: one node per line: node01 | node01 slots=8 | node01:8 (8 slots) | user@node01:2222 |
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--python", metavar="PATH", help="python3 on the nodes (default: python3 on PATH)")
     ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
+    from app.gpu.headless import add_test_arguments
+
+    add_test_arguments(p)
     return p
 
 
@@ -149,6 +153,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.interval < 0:
         raise InputError("--samples must be at least 1 and --interval not negative")
     hosts = _read_hosts(args)
+    if args.test:
+        from app.gpu.headless import options_from_args, run_tests_headless
+
+        _, code = run_tests_headless(hosts, args.test, options_from_args(args),
+                                     session_options=headless.session_options(args),
+                                     json_path=args.json_path, force=args.force, quiet=args.quiet)
+        return code
     if args.snapshot and os.path.lexists(args.snapshot) and not args.force:
         raise InputError(f"{args.snapshot} exists; pass --force to overwrite it")
     return headless.collect_and_report(hosts, args)
