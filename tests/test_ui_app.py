@@ -337,3 +337,45 @@ async def test_events_stream_into_the_grid_before_the_snapshot_is_done():
         assert [r.name for r in grid.model.rows] == ["gpu7", "gpu01"]
         assert {c.kind for c in grid.model.rows[1].cells} == {"pending"}
         assert "gpu7: connecting" in screen_text(app)
+
+
+async def test_history_is_bounded_by_the_ranks_it_holds(monkeypatch):
+    import app.ui.app as app_module
+
+    monkeypatch.setattr(app_module, "HISTORY_RANKS", 8)  # 4-rank snapshots: 2 fit, the floor keeps 3
+    first = build_snapshot(nodes=2, per_node=2)
+    source = ReplaySource([later(first, 10 * i) for i in range(6)])
+    app = HangscopeApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for _ in range(5):
+            app._watch_tick()  # a watch sample: never asks, never pauses the ranks
+            await settle(pilot)
+        assert len(app.history) == 3 and app.position == 2
+        assert [s.taken_at - first.taken_at for s in app.history] == [30, 40, 50]
+        assert "snapshot 3/3" in screen_text(app)
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        assert "snapshot 1/3" in screen_text(app)
+
+
+def test_every_palette_entry_is_an_app_action():
+    from app.ui.commands import ACTIONS
+
+    for name, _, action, _ in ACTIONS:
+        assert hasattr(HangscopeApp, "action_" + action.split("(")[0]), name
+
+
+async def test_d_in_the_drill_down_diffs_against_the_majority():
+    snap = build_snapshot(nodes=2, per_node=2, culprit=2)
+    app = HangscopeApp(ReplaySource([snap]))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        at_rank(app, 2)
+        await pilot.press("enter", "d")
+        assert isinstance(app.screen, DiffScreen)
+        assert "rank 2 is 1 iteration ahead of rank 0 (step=6 vs 5)" in screen_text(app)
+        await pilot.press("escape", "escape", "ctrl+p", *"filter")
+        await until(pilot, lambda: "Filter ranks (/)" in screen_text(app), "the palette's hit")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.main.query_one("#filter").has_class("-shown")

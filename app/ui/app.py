@@ -26,7 +26,9 @@ from app.ui.screens.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmallScreen
 from app.ui.source import SessionSource
 from app.ui.view import View, build_view, filter_keys
 
-HISTORY_LIMIT = 100  # snapshots kept to step back through (and to tell stuck from progressing)
+HISTORY_LIMIT = 100  # snapshots kept to step back through (and to tell stuck from progressing) ...
+HISTORY_RANKS = 200_000  # ... but no more ranks than this in all of them: a watched 4,096-rank job keeps ~48
+VIEWS_KEPT = 4  # analysed snapshots cached; stepping further back analyses again
 LIVE_REDRAW = 0.1  # seconds between redraws while ranks stream in
 
 
@@ -157,7 +159,8 @@ class HangscopeApp(CollectMixin, NavigateMixin, App[int]):
             self.views.pop(len(self.history) - 1, None)
         else:
             self.history.append(snap)
-            if len(self.history) > HISTORY_LIMIT:
+            limit = max(3, min(HISTORY_LIMIT, HISTORY_RANKS // max(len(snap.ranks), 1)))
+            while len(self.history) > limit:
                 self.history.pop(0)
                 self.views = {i - 1: v for i, v in self.views.items() if i > 0}
                 self.position = max(self.position - 1, 0)
@@ -174,6 +177,8 @@ class HangscopeApp(CollectMixin, NavigateMixin, App[int]):
             # Earlier samples of the same job tell stuck from progressing.
             view = build_view(self.history[self.position], self.history[max(0, self.position - 10):self.position])
             self.views[self.position] = view
+            for old in sorted(self.views, key=lambda i: abs(i - self.position))[VIEWS_KEPT:]:
+                del self.views[old]  # each view holds an analysis of every rank: keep the nearest few
         return view
 
     # -- drawing ---------------------------------------------------------------------------------------
@@ -209,6 +214,11 @@ class HangscopeApp(CollectMixin, NavigateMixin, App[int]):
                 out.append("  interrupted", style="bold #ffaf00")
             elif not snap.complete:
                 out.append("  partial", style="bold #ffaf00")
+        opts = self.source.options
+        modes = [m for m, on in (("locals", opts.locals), ("native", opts.native), ("non-blocking", opts.nonblocking),
+                                 ("sudo", opts.sudo)) if on]
+        if modes and self.source.live:
+            out.append(f"  [{' '.join(modes)}]", style="dim")
         if self.marked:
             out.append(f"  {len(self.marked)} marked", style="bold")
         if self.collecting:

@@ -150,6 +150,12 @@ class NavigateMixin(_Base):
         if self.screen is self.main:
             self.main.action_focus_panel(name)
 
+    def action_filter(self) -> None:
+        if self.screen is not self.main:
+            self.pop_screen()  # from the palette on another screen: the filter lives on the main screen
+        if self.screen is self.main:
+            self.main.action_filter()
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 

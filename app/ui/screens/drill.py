@@ -31,7 +31,7 @@ class DrillScreen(WatchesSize, Screen[None]):
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "back"),
-        Binding("d", "app.diff_current", "diff vs class"),
+        Binding("d", "app.diff", "diff vs class"),
         Binding("s", "app.strace", "strace"),
         Binding("g", "app.gdb", "gdb"),
         Binding("r", "app.refresh_rank", "refresh"),
