@@ -130,7 +130,9 @@ async def test_snapshot_then_warm_refresh(stand_ins: dict[int, int]) -> None:
         assert _worker_children() == workers  # the same worker process answered
         assert "connecting" not in [e.node.state for e in events if isinstance(e, NodeUpdate)]
         assert {r.pid for r in _mine(again.ranks, stand_ins) if r.collected} == set(stand_ins)
-        assert warm < cold, (warm, cold)
+        # how much faster warm is, is measured in bench/session.py: timings under a loaded CI machine are not
+        # a behaviour to assert; that the worker was reused (above) is
+        print(f"local session: cold {cold:.2f} s, warm {warm:.2f} s")
     finally:
         await session.close()
     assert not (_worker_children() & workers)
