@@ -1,0 +1,145 @@
+"""Live scenarios: the real CLI (`hangscope HOSTS --snapshot out.json`) diagnoses each way a torch gloo job hangs.
+
+One torch job per scenario (tests/record_scenarios.py), each stopped before the next starts, on a 3-node
+cluster of this module's own (the session cluster holds the shared hung job, whose ranks would mix in).
+The data-loader scenario is tests/test_e2e_snapshot.py's, against the shared hung job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from cluster import Cluster
+from jobs import RankLoc
+from record_scenarios import SCENARIOS, Diagnosis, diagnose, started
+
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scenario's ranks (as its job reported them) and the CLI's diagnosis of it."""
+
+    ranks: dict[int, RankLoc]
+    diagnosis: Diagnosis
+
+    def key(self, rank: int) -> list[Any]:
+        """A rank as findings name it: [node, pid]."""
+        return [self.ranks[rank].node, self.ranks[rank].pid]
+
+
+@pytest.fixture(scope="module")
+def scenario_cluster(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
+    built = cluster_factory(max(s.nodes for s in SCENARIOS.values()))
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+@pytest.fixture(scope="module")
+def run_case(scenario_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Case]:
+    def run(name: str) -> Case:
+        with started(scenario_cluster, SCENARIOS[name]) as running:  # the job stops before the next starts
+            diagnosis = diagnose(running, tmp_path_factory.mktemp(name))
+            print(f"\n{name}: hangscope took {diagnosis.seconds:.1f} s\n{diagnosis.stdout}")
+            return Case(dict(running.job.ranks), diagnosis)
+    return run
+
+
+@pytest.fixture(scope="module")
+def skip(run_case: Callable[[str], Case]) -> Case:
+    return run_case("skip")
+
+
+@pytest.fixture(scope="module")
+def die(run_case: Callable[[str], Case]) -> Case:
+    return run_case("die")
+
+
+@pytest.fixture(scope="module")
+def netcut(run_case: Callable[[str], Case]) -> Case:
+    return run_case("netcut")
+
+
+@pytest.fixture(scope="module")
+def healthy(run_case: Callable[[str], Case]) -> Case:
+    return run_case("healthy")
+
+
+def flat(text: str) -> str:
+    """The printed summary with its line wrapping undone."""
+    return " ".join(text.split())
+
+
+def assert_complete(case: Case, expected_ranks: list[int]) -> None:
+    d = case.diagnosis
+    assert d.returncode == 0, f"exit {d.returncode}\n{d.stdout}\n{d.stderr}"
+    assert sorted(r.rank for r in d.snapshot.ranks) == expected_ranks
+    assert all(r.collected and r.error is None for r in d.snapshot.ranks)
+
+
+def test_skip_names_the_rank_one_iteration_ahead(skip: Case) -> None:
+    """(a) Every rank on the same line; only `step` tells rank 2 (step 4) from the others (step 3)."""
+    d = skip.diagnosis
+    assert_complete(skip, [0, 1, 2, 3])
+    assert [c["numbers"] for c in d.analysis["classes"]] == [[0, 1, 2, 3]], "identical stacks: one class"
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "iteration_split" and first["confidence"] == "high", first
+    assert first["ranks"] == [skip.key(2)]
+    assert first["title"].startswith("rank 2 is 1 iteration ahead (step=4 vs 3)"), first["title"]
+    split = d.analysis["iteration_splits"][0]
+    assert [(g["coordinate"], [k[0] for k in g["ranks"]]) for g in split["groups"]] == [
+        ([["step", "3"]], [skip.ranks[r].node for r in (0, 1, 3)]), ([["step", "4"]], [skip.ranks[2].node])]
+    assert flat(d.stdout).startswith("hangscope: Rank 2 is 1 iteration ahead (step=4 vs 3)"), d.stdout
+    assert "iterations: step=3: ranks 0-1,3; step=4: rank 2" in flat(d.stdout)
+
+
+def test_die_names_the_rank_that_is_gone(die: Case) -> None:
+    """(c) Rank 3 exited (its sockets kept open by a child, as NCCL peers see it): the rest wait for it."""
+    d = die.diagnosis
+    assert_complete(die, [0, 1, 2])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "missing_ranks" and first["confidence"] == "high", first
+    assert first["title"] == "rank 3 not found (WORLD_SIZE=4)"
+    assert first["nodes"] == die.ranks[3].node == "node02"
+    assert "node02: 1 of 2" in first["detail"], "the node short of a rank is named"
+    assert flat(d.stdout).startswith("hangscope: Rank 3 not found (WORLD_SIZE=4)."), d.stdout
+    assert [c["numbers"] for c in d.analysis["classes"]] == [[0, 1, 2]]
+    assert d.analysis["classes"][0]["collective"] == "all_reduce"
+
+
+def test_netcut_names_the_node_cut_off_from_its_sockets(netcut: Case) -> None:
+    """(d) node02 cut off (ssh still allowed): every rank waits in all_reduce, the sockets name node02."""
+    d = netcut.diagnosis
+    assert_complete(netcut, [0, 1, 2])
+    assert [c["numbers"] for c in d.analysis["classes"]] == [[0, 1, 2]]
+    assert d.analysis["classes"][0]["collective"] == "all_reduce"
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "network_stall" and first["confidence"] == "high", first
+    assert first["nodes"] == "node02" and "node02 (or its link)" in first["title"], first
+    assert "RTO backoff" in first["detail"] and "retransmission" in first["detail"], "the evidence is shown"
+    for other in ("node01", "node03"):
+        assert f"{other} (or its link)" not in d.stdout
+    assert flat(d.stdout).startswith("hangscope: Every stalled socket involves node02"), d.stdout
+    cut = netcut.ranks[1]
+    assert cut.node == "node02"
+    retrying = [s for r in d.snapshot.ranks if r.node == "node02" for s in r.sockets if s.backoff]
+    assert retrying, "the cut node's own sockets back off"
+
+
+def test_healthy_job_is_progressing_not_hung(healthy: Case) -> None:
+    """(e) A job that trains on: two samples a second apart show every rank moving."""
+    d = healthy.diagnosis
+    assert_complete(healthy, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "progressing" and first["confidence"] == "high", first
+    assert {p["status"] for p in d.analysis["progress"]} == {"progressing"}
+    assert d.analysis["verdict"].startswith("The job is progressing")
+    assert flat(d.stdout).startswith("hangscope: The job is progressing: 4 of 4 ranks changed stack or iteration "
+                                     "between samples; it is not hung."), d.stdout
+    culprits = [f for f in d.analysis["findings"] if f["culprit"] and f["confidence"] != "low"]
+    assert culprits == [], "a running job's ranks are caught at different places: nobody is to blame"
