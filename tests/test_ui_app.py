@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 
-import pytest
 
 from app.model import NodeStatus, snapshot_from_json
 from app.session import NodeUpdate, RankUpdate, SnapshotDone
@@ -340,7 +338,7 @@ async def test_events_stream_into_the_grid_before_the_snapshot_is_done():
 
 
 async def test_history_is_bounded_by_the_ranks_it_holds(monkeypatch):
-    import app.ui.app as app_module
+    import app.ui.core as app_module
 
     monkeypatch.setattr(app_module, "HISTORY_RANKS", 8)  # 4-rank snapshots: 2 fit, the floor keeps 3
     first = build_snapshot(nodes=2, per_node=2)

@@ -11,19 +11,15 @@ import dataclasses
 import os
 import time
 from functools import partial
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import List, Optional, Sequence
+
+from textual.timer import Timer
 
 from app.errors import HangscopeError
 from app.model import CollectOptions
+from app.ui.core import HangscopeCore
 from app.ui.grid_model import RankKey
 from app.ui.screens.dialogs import ConfirmScreen, PathScreen
-
-if TYPE_CHECKING:
-    from app.ui.app import HangscopeApp
-
-    _Base = HangscopeApp
-else:
-    _Base = object
 
 STRACE_SECONDS = 2.0
 CLOSE_TIMEOUT = 5.0
@@ -48,12 +44,9 @@ def command_lines(kind: str, keys: Sequence[RankKey], options: CollectOptions, s
     return out
 
 
-class CollectMixin(_Base):
+class CollectMixin(HangscopeCore):
     def init_collect(self) -> None:
-        self.collecting = False
-        self.collecting_what = ""
-        self.watching = False
-        self._watch_timer = None
+        self._watch_timer: Optional[Timer] = None
         self._interrupts = 0
         self._consented: set = set()  # kinds of stopping action the user already agreed to this session
 

@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
-
-from rich.text import Text
-
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.tree import build_tree
 from app.model import RankSnapshot
-from app.ui.grid_model import RankKey, rank_key
+from app.ui.core import HangscopeCore
+from app.ui.grid_model import rank_key
 from app.ui.screens.dialogs import GpuTestsScreen, HelpScreen
 from app.ui.screens.diff import DiffScreen
 from app.ui.screens.drill import DrillScreen
 from app.ui.screens.tree import TreeScreen
-from app.ui.view import progress_text
 
-if TYPE_CHECKING:
-    from app.ui.app import HangscopeApp
-
-    _Base = HangscopeApp
-else:
-    _Base = object
-
-
-class NavigateMixin(_Base):
-    def _grid(self):
-        return self.main.grid
-
-    def current_rank(self) -> Optional[RankSnapshot]:
-        screen = self.screen
-        if isinstance(screen, DrillScreen):
-            return screen.rank
-        cell = self._grid().current
-        return cell.rank if cell is not None else None
-
-    def targets(self) -> List[RankKey]:
-        """The ranks an action applies to: the marked ones, else the one under the cursor."""
-        view = self.current_view
-        if self.marked and view is not None:
-            return [k for k in view.ranks if k in self.marked]
-        rank = self.current_rank()
-        return [rank_key(rank)] if rank is not None else []
-
+class NavigateMixin(HangscopeCore):
     # -- marks -----------------------------------------------------------------------------------------
 
     def action_toggle_mark(self) -> None:
@@ -51,12 +21,12 @@ class NavigateMixin(_Base):
             return
         key = rank_key(rank)
         self.marked.symmetric_difference_update({key})
-        self._grid().set_marked(self.marked)
+        self.main.grid.set_marked(self.marked)
         self._update_topbar()  # shows how many are marked
 
     def action_clear_marks(self) -> None:
         self.marked.clear()
-        self._grid().set_marked(self.marked)
+        self.main.grid.set_marked(self.marked)
         self._update_topbar()
 
     # -- drill-down ------------------------------------------------------------------------------------
@@ -66,34 +36,8 @@ class NavigateMixin(_Base):
         if rank is not None:
             self.open_drill(rank)
 
-    def drill_summary(self, rank: RankSnapshot) -> Text:
-        view = self.current_view
-        out = Text(end="")
-        if view is None:
-            return out
-        key = rank_key(rank)
-        cv = view.class_view(key)
-        if cv is not None:
-            out.append(f"{cv.symbol} class {cv.index + 1}: ", style=f"bold {cv.color}")
-            out.append(f"{cv.size} rank{'s' if cv.size != 1 else ''} {cv.where}")
-        if key in view.suspects:
-            out.append("  suspect", style="bold #ff5f87")
-        progress = progress_text(view.progress.get(key))
-        if progress:
-            out.append(f"  {progress}", style="italic")
-        return out
-
     def open_drill(self, rank: RankSnapshot) -> None:
         self.push_screen(DrillScreen(rank, self.drill_summary(rank)))
-
-    def refresh_drill(self) -> None:
-        """A newer snapshot arrived: the open drill-down shows the same rank (by node and pid) from it."""
-        view = self.current_view
-        for screen in self.screen_stack:
-            if isinstance(screen, DrillScreen) and view is not None:
-                rank = view.ranks.get(screen.key)
-                if rank is not None:
-                    screen.update(rank, self.drill_summary(rank))
 
     # -- diff and tree ---------------------------------------------------------------------------------
 

@@ -99,13 +99,17 @@ class HelpScreen(ModalScreen[None]):
 
 
 GPU_TESTS = """\
-The GPU tests run on the nodes themselves, outside this view, so they never touch the hung job:
+The GPU tests run their own small torch.distributed jobs on the nodes, outside this view, so nothing here
+touches the hung job. Run them from a shell on this login node with the same hosts file, once the hung job
+is gone (its GPUs must be free):
 
-  hangscope hosts.txt --test sanity
+  hangscope hosts.txt --test sanity    all_reduce and barrier on every GPU of every node
+  hangscope hosts.txt --test pairs     find the bad node or link: all_reduce on node pairs
+  hangscope hosts.txt --test bench     all_reduce bandwidth sweep
+  hangscope hosts.txt --test net       network interfaces and port reachability between nodes
 
-runs a small all_reduce on every GPU of every node (pairs of nodes, then all nodes) and reports which node
-or link fails or is slow. Run it after the hung job is gone (the GPUs must be free), from a shell on this
-login node with the same hosts file. Results are shown there; nothing is started from this screen.
+Each prints which node or link fails or is slow (`hangscope --help` lists their options). Nothing is
+started from this screen.
 """
 
 

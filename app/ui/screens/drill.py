@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable, ClassVar, List, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
@@ -29,13 +29,14 @@ TABS: List[Tuple[str, str, Callable[[RankSnapshot], Text]]] = [
 class DrillScreen(WatchesSize, Screen[None]):
     """Everything about one rank. The app calls update() when a newer snapshot of the rank arrives."""
 
-    BINDINGS = [
+    BINDINGS: ClassVar[List[BindingType]] = [
         Binding("escape", "app.pop_screen", "back"),
         Binding("d", "app.diff", "diff vs class"),
         Binding("s", "app.strace", "strace"),
         Binding("g", "app.gdb", "gdb"),
         Binding("r", "app.refresh_rank", "refresh"),
-    ] + [Binding(str(i + 1), f"show_tab('{tab_id}')", show=False) for i, (tab_id, _, _) in enumerate(TABS)]
+        *(Binding(str(i + 1), f"show_tab('{tab_id}')", show=False) for i, (tab_id, _, _) in enumerate(TABS)),
+    ]
 
     def __init__(self, rank: RankSnapshot, summary: Text) -> None:
         super().__init__()

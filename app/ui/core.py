@@ -1,0 +1,262 @@
+"""HangscopeCore: the app's state and drawing. Session events come in as messages; history and views here.
+
+HangscopeApp (app.py) adds the key bindings and the actions of collect.py and navigate.py on top of it; those
+two build on this class, not on each other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Set
+
+from rich.text import Text
+from textual.app import App
+from textual.message import Message
+
+from app.model import NodeStatus, RankSnapshot, Snapshot
+from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
+from app.ui.grid_model import RankKey, rank_key
+from app.ui.safe import literal
+from app.ui.screens.drill import DrillScreen
+from app.ui.screens.main import MainScreen
+from app.ui.screens.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmallScreen
+from app.ui.source import SessionSource
+from app.ui.view import View, build_view, filter_keys, progress_text
+
+HISTORY_LIMIT = 100  # snapshots kept to step back through (and to tell stuck from progressing) ...
+HISTORY_RANKS = 200_000  # ... but no more ranks than this in all of them: a watched 4,096-rank job keeps ~48
+VIEWS_KEPT = 4  # analysed snapshots cached; stepping further back analyses again
+LIVE_REDRAW = 0.1  # seconds between redraws while ranks stream in
+
+
+class SessionMessage(Message):
+    """One session event, posted to the app by the source's listener (the only way data reaches the UI)."""
+
+    def __init__(self, event: SessionEvent) -> None:
+        super().__init__()
+        self.event = event
+
+    def can_replace(self, message: Message) -> bool:
+        # A node's or rank's newer state makes an older queued one moot; snapshots are never dropped.
+        if not isinstance(message, SessionMessage):
+            return False
+        new, old = self.event, message.event
+        if isinstance(new, NodeUpdate) and isinstance(old, NodeUpdate):
+            return new.node.name == old.node.name
+        if isinstance(new, RankUpdate) and isinstance(old, RankUpdate):
+            return rank_key(new.rank) == rank_key(old.rank)
+        return False
+
+
+class HangscopeCore(App[int]):
+    """State shared by every action: the source, the snapshots taken, what is shown, marked and filtered."""
+
+    def __init__(self, source: SessionSource, *, interval: Optional[float] = None, title: str = "",
+                 start: bool = True) -> None:
+        super().__init__()
+        self.source = source
+        self.interval = interval
+        self.start = start
+        if title:
+            self.sub_title = title
+        self.history: List[Snapshot] = []
+        self.views: Dict[int, View] = {}
+        self.position = -1  # index into history shown; -1 before the first snapshot
+        self.follow = True  # show each new snapshot as it arrives (off while stepping back)
+        self.marked: Set[RankKey] = set()
+        self.query_text = ""
+        self.live_nodes: Dict[str, NodeStatus] = {}
+        self.live_ranks: Dict[RankKey, RankSnapshot] = {}
+        self._redraw_pending = False
+        self.main = MainScreen()
+        self.collecting = False
+        self.collecting_what = ""
+        self.watching = False
+
+    def get_default_screen(self) -> MainScreen:
+        return self.main
+
+    def check_size(self) -> None:
+        """Called by every screen's Resize: the too-small overlay comes and goes with the terminal size."""
+        w, h = self.size
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        showing = isinstance(self.screen, TooSmallScreen)
+        if small and not showing:
+            self.push_screen(TooSmallScreen())
+        elif showing:
+            self.screen.refresh_text()  # type: ignore[attr-defined]
+            if not small:
+                self.pop_screen()
+
+    # -- session events in -----------------------------------------------------------------------------
+
+    def _on_source_event(self, event: SessionEvent) -> None:
+        self.post_message(SessionMessage(event))
+
+    def on_session_message(self, message: SessionMessage) -> None:
+        event = message.event
+        if isinstance(event, NodeUpdate):
+            self.live_nodes[event.node.name] = event.node
+            self._schedule_redraw()
+        elif isinstance(event, RankUpdate):
+            self.live_ranks[rank_key(event.rank)] = event.rank
+            self._schedule_redraw()
+        elif isinstance(event, SnapshotDone):
+            self.add_snapshot(event.snapshot)
+
+    def _schedule_redraw(self) -> None:
+        if not self._redraw_pending:
+            self._redraw_pending = True
+            self.set_timer(LIVE_REDRAW, self._redraw_live)
+
+    def _redraw_live(self) -> None:
+        """While ranks stream in: show them (with the classes of the last snapshot) and the node states."""
+        self._redraw_pending = False
+        if not self.collecting or not self.follow:
+            return
+        view = self.current_view
+        self.main.show_live(self.live_snapshot(), view.class_of if view is not None else {})
+        self._update_topbar()
+
+    def live_snapshot(self) -> Snapshot:
+        base = self.history[-1] if self.history else Snapshot(taken_at=time.time())
+        nodes = {n.name: n for n in base.nodes}
+        nodes.update(self.live_nodes)
+        ranks = dict(self.live_ranks) if self.live_ranks else {rank_key(r): r for r in base.ranks}
+        return Snapshot(taken_at=base.taken_at, options=base.options, nodes=tuple(nodes.values()),
+                        ranks=tuple(ranks.values()))
+
+    def add_snapshot(self, snap: Snapshot, *, replace: bool = False) -> None:
+        """A finished snapshot: a new history entry (or, for strace/gdb results, the latest one updated)."""
+        self.live_nodes.clear()
+        self.live_ranks.clear()
+        if replace and self.history:
+            self.history[-1] = snap
+            self.views.pop(len(self.history) - 1, None)
+        else:
+            self.history.append(snap)
+            limit = max(3, min(HISTORY_LIMIT, HISTORY_RANKS // max(len(snap.ranks), 1)))
+            while len(self.history) > limit:
+                self.history.pop(0)
+                self.views = {i - 1: v for i, v in self.views.items() if i > 0}
+                self.position = max(self.position - 1, 0)
+        if self.follow or self.position < 0:
+            self.position = len(self.history) - 1
+        self.show_position()
+
+    @property
+    def current_view(self) -> Optional[View]:
+        if self.position < 0 or not self.history:
+            return None
+        view = self.views.get(self.position)
+        if view is None:
+            # Earlier samples of the same job tell stuck from progressing.
+            view = build_view(self.history[self.position], self.history[max(0, self.position - 10):self.position])
+            self.views[self.position] = view
+            for old in sorted(self.views, key=lambda i: abs(i - self.position))[VIEWS_KEPT:]:
+                del self.views[old]  # each view holds an analysis of every rank: keep the nearest few
+        return view
+
+    # -- drawing ---------------------------------------------------------------------------------------
+
+    def show_position(self) -> None:
+        view = self.current_view
+        if view is None:
+            return
+        self.main.show_view(view, self.marked, keep=self.first_suspect(view))
+        self._update_topbar()
+        self.refresh_drill()
+
+    def first_suspect(self, view: View) -> Optional[RankKey]:
+        for f in view.findings:
+            for k in f.ranks:
+                if k in view.class_of:
+                    return k
+        return None
+
+    def _update_topbar(self) -> None:
+        out = Text(end="")
+        out.append("hangscope", style="bold")
+        if self.sub_title:
+            out.append("  ")
+            out.append_text(literal(self.sub_title, 60))
+        view = self.current_view
+        if view is not None:
+            snap = view.snapshot
+            taken = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
+            out.append(f"  {len(snap.nodes)} nodes  {len(snap.ranks)} ranks  snapshot {self.position + 1}/"
+                       f"{len(self.history)} at {taken}")
+            if snap.interrupted:
+                out.append("  interrupted", style="bold #ffaf00")
+            elif not snap.complete:
+                out.append("  partial", style="bold #ffaf00")
+        opts = self.source.options
+        modes = [m for m, on in (("locals", opts.locals), ("native", opts.native), ("non-blocking", opts.nonblocking),
+                                 ("sudo", opts.sudo)) if on]
+        if modes and self.source.live:
+            out.append(f"  [{' '.join(modes)}]", style="dim")
+        if self.marked:
+            out.append(f"  {len(self.marked)} marked", style="bold")
+        if self.collecting:
+            out.append(f"  {self.collecting_what}…", style="bold #5fafff")
+        if self.watching:
+            out.append(f"  watch {self.interval:g}s", style="bold #5fd75f")
+        if self.query_text:
+            out.append("  filter: ")
+            out.append_text(literal(self.query_text, 40, "italic"))
+        if not self.source.live:
+            out.append("  (loaded file)", style="dim")
+        self.main.set_topbar(out)
+
+    def set_filter(self, text: str) -> None:
+        self.query_text = text.strip()
+        self.main.close_filter()
+        self.show_position()
+        self._update_topbar()
+        view = self.current_view
+        if view is not None and self.query_text:
+            found = filter_keys(view.snapshot, self.query_text) or set()
+            self.notify(f"{len(found)} ranks match", timeout=3)
+
+    # -- what actions apply to ---------------------------------------------------------------------------
+
+    def current_rank(self) -> Optional[RankSnapshot]:
+        screen = self.screen
+        if isinstance(screen, DrillScreen):
+            return screen.rank
+        cell = self.main.grid.current
+        return cell.rank if cell is not None else None
+
+    def targets(self) -> List[RankKey]:
+        """The ranks an action applies to: the marked ones, else the one under the cursor."""
+        view = self.current_view
+        if self.marked and view is not None:
+            return [k for k in view.ranks if k in self.marked]
+        rank = self.current_rank()
+        return [rank_key(rank)] if rank is not None else []
+
+    def drill_summary(self, rank: RankSnapshot) -> Text:
+        view = self.current_view
+        out = Text(end="")
+        if view is None:
+            return out
+        key = rank_key(rank)
+        cv = view.class_view(key)
+        if cv is not None:
+            out.append(f"{cv.symbol} class {cv.index + 1}: ", style=f"bold {cv.color}")
+            out.append(f"{cv.size} rank{'s' if cv.size != 1 else ''} {cv.where}")
+        if key in view.suspects:
+            out.append("  suspect", style="bold #ff5f87")
+        progress = progress_text(view.progress.get(key))
+        if progress:
+            out.append(f"  {progress}", style="italic")
+        return out
+
+    def refresh_drill(self) -> None:
+        """A newer snapshot arrived: the open drill-down shows the same rank (by node and pid) from it."""
+        view = self.current_view
+        for screen in self.screen_stack:
+            if isinstance(screen, DrillScreen) and view is not None:
+                rank = view.ranks.get(screen.key)
+                if rank is not None:
+                    screen.update(rank, self.drill_summary(rank))
