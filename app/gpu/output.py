@@ -187,9 +187,11 @@ class RunOutput:
             culprit = not _VICTIM.search(err) or phase in ("import", "store_connect")
             return dataclasses.replace(base, status="broken", error=err, culprit=culprit, phase=phase)
         if not s.phase:
-            own = node_error or _last_error(s.err_tail)
-            if not own and stopped and not blame_unstarted:
+            if stopped and not blame_unstarted and not node_error:
+                # stopped because another node failed: whatever its stderr says now (a traceback from being
+                # killed while importing torch) is the stop's doing, not a fault of its own
                 return dataclasses.replace(base, status="not_started", error="stopped before it started")
+            own = node_error or _last_error(s.err_tail)
             return dataclasses.replace(base, status="not_started", error=own or "the rank never started",
                                        culprit=True)
         if stopped:
