@@ -21,10 +21,11 @@ EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 EXAMPLES = """\
 examples:
-  hangscope hosts.txt                      investigate the job on the nodes listed in hosts.txt
+  hangscope hosts.txt                      open the TUI on the job on the nodes listed in hosts.txt
+  hangscope hosts.txt --print              headless: collect, print the summary (no TUI)
   hangscope -w 'gpu[001-004]' --native     nodes from a SLURM/pdsh node list, with C/C++ frames
   hangscope hosts.txt --snapshot out.json  headless: collect once, print the summary, write the snapshot
-  hangscope --load out.json                print the summary of a saved snapshot
+  hangscope --load out.json                open a saved snapshot in the TUI (--print: the summary)
   hangscope --load out.json --export rep/  write a shareable report bundle (secrets redacted)
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated nodes or node lists, e.g. 'gpu[001-004],login1' (repeatable)")
     p.add_argument("--version", action="store_true", help="print versions of hangscope and its tools")
     mode = p.add_argument_group("headless modes")
-    mode.add_argument("--snapshot", metavar="FILE", help="collect once, write the snapshot JSON to FILE")
+    mode.add_argument("--print", dest="print_summary", action="store_true",
+                      help="collect, print the summary and exit (no TUI)")
+    mode.add_argument("--snapshot", metavar="FILE", help="collect, print the summary, write the snapshot JSON")
     mode.add_argument("--load", metavar="FILE", help="read a snapshot JSON instead of collecting")
     mode.add_argument("--export", metavar="DIR",
                       help="write a report bundle (summary.md, report.html, snapshot.json, ...) to DIR")
@@ -85,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="connect deadline (10)")
     ssh.add_argument("--python", metavar="PATH", help="python3 on the nodes (default: python3 on PATH)")
     ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
+    tui = p.add_argument_group("TUI")
+    tui.add_argument("--refresh", dest="refresh_interval", type=float, default=None, metavar="S",
+                     help="refresh automatically every S seconds (non-blocking sampling)")
+    tui.add_argument("--fps", type=int, default=None, metavar="N",
+                     help="limit screen updates to N per second (slow links); below 30 also no animations")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
     from app.gpu.headless import add_test_arguments
 
@@ -142,10 +150,20 @@ def _error(exc: HangscopeError) -> None:
 def _run(args: argparse.Namespace) -> int:
     from app import headless
 
+    headless_mode = bool(args.print_summary or args.snapshot or args.export)
     if args.load:
         if args.hosts or args.nodelist:
             raise InputError("--load reads a saved snapshot; do not also give hosts")
-        return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar)
+        if headless_mode:
+            return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar)
+        snap = headless.load_snapshot(args.load)
+        _require_terminal()
+        from app.ui import run_tui
+        from app.ui.source import loaded_source
+
+        return run_tui(loaded_source(snap), fps=args.fps, title=args.load)
+    if args.refresh_interval is not None and args.refresh_interval <= 0 or args.fps is not None and args.fps < 1:
+        raise InputError("--refresh and --fps must be positive")
     if args.nonblocking and args.native:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
     if args.fanout < 1 or args.timeout <= 0 or args.connect_timeout <= 0 or args.strace < 0:
@@ -162,7 +180,22 @@ def _run(args: argparse.Namespace) -> int:
         return code
     if args.snapshot and os.path.lexists(args.snapshot) and not args.force:
         raise InputError(f"{args.snapshot} exists; pass --force to overwrite it")
-    return headless.collect_and_report(hosts, args)
+    if headless_mode:
+        return headless.collect_and_report(hosts, args)
+    _require_terminal()
+    from app.ui import run_tui
+    from app.ui.source import LiveSource
+
+    title = args.hosts or ",".join(args.nodelist) or "this machine"
+    return run_tui(LiveSource(hosts, headless.session_options(args)), fps=args.fps, title=title,
+                   interval=args.refresh_interval)
+
+
+def _require_terminal() -> None:
+    """The TUI needs a terminal on stdin and stdout; in a pipe or a batch job, say how to run headless."""
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise InputError("stdout or stdin is not a terminal, so the TUI cannot start",
+                         hint="use headless mode: --print (summary), --snapshot FILE or --export DIR")
 
 
 def _read_hosts(args: argparse.Namespace):

@@ -102,6 +102,12 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
 
 
 def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False) -> int:
+    report(load_snapshot(path), export=export, force=force, tar=tar)
+    return EXIT_OK
+
+
+def load_snapshot(path: str) -> Snapshot:
+    """Read a snapshot file; every way it can be wrong is an InputError naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -113,8 +119,7 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
         snap, _ = snapshot_from_json(text)
     except SnapshotFormatError as exc:
         raise InputError(f"{path}: {exc}") from exc
-    report(snap, export=export, force=force, tar=tar)
-    return EXIT_OK
+    return snap
 
 
 def write_private(path: str, text: str, *, force: bool = False) -> None:

@@ -102,6 +102,15 @@ def test_existing_snapshot_file_is_not_overwritten(tmp_path):
 def test_load_rejects_what_is_not_a_snapshot(tmp_path, content, expect):
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
-    res = hangscope("--load", str(bad))
+    res = hangscope("--load", str(bad), "--print")
     assert res.returncode == 2
     assert expect in res.stderr.decode()
+
+
+def test_tui_refused_without_a_terminal_with_a_hint(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node01\n")
+    res = hangscope(str(hosts))  # stdout is a pipe here
+    assert res.returncode == 2
+    err = res.stderr.decode()
+    assert "not a terminal" in err and "--snapshot" in err and "--print" in err
