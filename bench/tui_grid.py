@@ -104,7 +104,8 @@ async def run_case(nodes: int, per_node: int, size: Tuple[int, int], moves: int)
                 # where the key will put the cursor, to recognise the frame that shows it
                 grid_rows = grid.model.rows
                 if key in ("down", "up", "pagedown", "pageup"):
-                    step = {"down": 1, "up": -1}.get(key, max(grid.size.height - 2, 1) * (1 if key == "pagedown" else -1))
+                    page = max(grid.size.height - 2, 1)
+                    step = {"down": 1, "up": -1, "pagedown": page, "pageup": -page}[key]
                     row = max(0, min(row + step, len(grid_rows) - 1))
                     col = max(0, min(col, len(grid_rows[row].cells) - 1))
                 elif key in ("left", "right"):
