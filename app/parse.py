@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from app.model import (ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, RankSnapshot, StraceResult,
                        StraceThread, TcpSocket, ThreadStack, ToolInfo)
+from app.parse_flight import flight_record
 from workers.protocol import ERROR_HINTS
 
 
@@ -221,7 +222,7 @@ def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
     return dataclasses.replace(
         rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
         resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
-        state=_str(item.get("state_before")) or rank.state)
+        state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")))
 
 
 # --- strace and gdb ---------------------------------------------------------------------------------------

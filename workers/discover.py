@@ -19,7 +19,9 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PR
 ENV_ALLOW = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
              "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
              "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
-             "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_DISTRIBUTED_DEBUG")
+             "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_DISTRIBUTED_DEBUG",
+             # where a rank's Flight Recorder record can be read (workers/collect/flight.py)
+             "TORCH_WORKER_SERVER_SOCKET", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 ENV_ALLOW_PREFIXES = ("TORCHELASTIC_", "NCCL_")
 
 # Launchers recognised in an ancestor's command line: (argv[0] basename or script basename, -m module).

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict
 
 from workers import discover as discovery
 from workers import procinfo
-from workers.collect import gpus, pyspy, runas, sockets, traced
+from workers.collect import flight, gpus, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import error_dict
 from workers.request import Cancelled, OpError, Request
@@ -109,6 +109,7 @@ def dump(req: Request) -> Dict[str, Any]:
             except Exception as exc:  # a bug on one target must not lose the others: report it on this one
                 item = {"pid": pid, "start_time": st, "ok": False,
                         "error": error_dict("internal", "%s: %s" % (type(exc).__name__, exc))}
+            item["flight"] = flight.collect(pid)  # None unless the rank enables PyTorch's Flight Recorder
             req.item(item)
 
     threads = [threading.Thread(target=work, name="dump-%d-%d" % (req.id, i), daemon=True)

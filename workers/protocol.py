@@ -40,7 +40,11 @@ Ops (args -> items / done):
                                    "source": {"<file>": {"<line>": "text"}},
                                    "state_before": str, "state_after": str, "resumed": bool,
                                    "elapsed": float, "error": ErrorDict | None,
-                                   "notes": [str], "source_context": int}
+                                   "notes": [str], "source_context": int,
+                                   "flight": None | {"enabled": {var: value}, "source": "worker_server" |
+                                              "dump_file" | "", "path": str, "record": {...} | None,
+                                              "written_at": float | None, "notes": [str]}
+                                              (PyTorch Flight Recorder: workers/collect/flight.py)}
               -> done {"count": int, "elapsed": float}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.findings import Finding, identical_finding, order, stack_findings
+from app.analysis.flight import FlightSummary, flight_analysis
 from app.analysis.health import dump_failures, facts, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
@@ -37,6 +38,7 @@ class Analysis:
     ranks_with_stacks: int = 0
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
     elapsed: float = 0.0  # seconds the analysis took
+    flight: Optional[FlightSummary] = None  # PyTorch's Flight Recorder: used or not, and each rank's numbers
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-able: stored as the snapshot file's "analysis". Frames are shortened to their identity (the
@@ -54,6 +56,7 @@ class Analysis:
             "tree": _tree_dict(self.tree),
             "iteration_splits": [_split_dict(s) for s in self.iteration_splits],
             "progress": [to_dict(p) for p in self.progress],
+            "flight": to_dict(self.flight) if self.flight is not None else None,
         }
 
 
@@ -110,6 +113,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
     findings += process_states(rank_facts)
     findings += thread_counts(rank_facts)
+    flight, lagging = flight_analysis(ranks)
+    findings += lagging
 
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
     network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1)
@@ -128,7 +133,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
         findings.append(_no_data(snapshot))
     ordered = order(findings)
     return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
-                    len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started)
+                    len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)
 
 
 def _no_data(snapshot: Snapshot) -> Finding:

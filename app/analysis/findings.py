@@ -18,6 +18,7 @@ FindingKind = Literal[
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
     "iteration_split",  # same place, different loop iteration
+    "collective_lag",  # the Flight Recorder shows ranks that issued fewer collectives in a group than the rest
     "still_running",  # a few ranks change between samples while the rest are stuck
     "stopped",  # SIGSTOP / tracing stop
     "exited",  # a rank is a zombie, or vanished between samples

@@ -128,7 +128,7 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
 
 # Culprit findings read off one sample's stacks: in a job that moves, ranks caught at different places (one in
 # its data loader, the rest in all_reduce; one a step ahead) are the normal state of a running job, not a lead.
-_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split"})
+_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split", "collective_lag"})
 
 
 def while_progressing(findings: Sequence[Finding]) -> List[Finding]:

@@ -46,6 +46,11 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
                 out += _wrap(f"iterations: {split.text()}", width, " " * 10, first=" " * 8)
         if len(analysis.classes) > MAX_CLASSES:
             out.append(f"  ... {len(analysis.classes) - MAX_CLASSES} more groups")
+    if analysis.flight is not None:  # PyTorch's Flight Recorder: one line when the job does not use it
+        flight = analysis.flight
+        out += [""] + _wrap(flight.line + (":" if flight.rows else ""), width, "  ")
+        for row in flight.rows:
+            out += _wrap(f"{row.label}: {row.text}", width, "      ", first="  ")
     if analysis.progress:
         moving = sum(1 for p in analysis.progress if p.status == "progressing")
         line = stuck_summary(analysis.progress)

@@ -13,6 +13,8 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               them does) and exits with status 0, so torchrun does not tear the others down either
   healthy     trains forever, slowly (a short pause per step keeps the CPU free)
   netcut      trains like healthy; a test cuts a node's network and every rank then waits in all_reduce
+--worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
+Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
 step, where} just before the call it will hang in (healthy/netcut: after a few steps), flushed and fsynced.
 """
@@ -31,10 +33,32 @@ import time
 from datetime import timedelta
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+WORKER_SERVER_FLAG = "--worker-server"
+
+
+def own_worker_socket(argv: Sequence[str]) -> None:
+    """--worker-server DIR: this rank serves torch's debug handlers (Flight Recorder included) on its own unix
+    socket, DIR/rank<RANK>.sock. torchrun gives every rank the same environment, and tools read a rank's
+    settings from /proc/PID/environ, so the rank re-executes itself with its own TORCH_WORKER_SERVER_SOCKET
+    (and TORCH_FR_BUFFER_SIZE) before torch is loaded: the pid, which torchrun watches, stays the same."""
+    if WORKER_SERVER_FLAG not in argv[:-1]:
+        return
+    path = os.path.join(argv[argv.index(WORKER_SERVER_FLAG) + 1], f"rank{os.environ.get('RANK', '0')}.sock")
+    if os.environ.get("TORCH_WORKER_SERVER_SOCKET") == path:
+        return
+    env = dict(os.environ, TORCH_WORKER_SERVER_SOCKET=path)
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    argv0 = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]  # keeps the launcher's -u
+    os.execve(sys.executable, [sys.executable, *argv0[1:]], env)
+
+
+if __name__ == "__main__":
+    own_worker_socket(sys.argv)
+
+import torch  # noqa: E402 (after the re-exec above: a rank loads torch once)
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut")
 FEATURES = 16
@@ -191,6 +215,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--step-delay", type=float, default=0.05, help="healthy/netcut: seconds per step")
     parser.add_argument("--timeout-hours", type=float, default=2.0,
                         help="process-group timeout: long, so a hang stays hung while it is investigated")
+    parser.add_argument(WORKER_SERVER_FLAG, metavar="DIR",
+                        help="run the training under torch.distributed.elastic.control_plane.worker_main() with "
+                        "the Flight Recorder on; each rank serves on DIR/rank<RANK>.sock")
     return parser.parse_args(argv)
 
 
@@ -206,7 +233,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     # two groups over the same ranks, used on alternate steps (see "skip" above)
     groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
-    train(args, groups)
+    if args.worker_server:
+        from torch.distributed.elastic.control_plane import worker_main
+
+        with worker_main():  # serves TORCH_WORKER_SERVER_SOCKET while the rank trains (and hangs)
+            train(args, groups)
+    else:
+        train(args, groups)
     return 0
 
 

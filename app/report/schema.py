@@ -33,6 +33,9 @@ _ANALYSIS: Dict[str, Any] = {
                          "description": "ranks of one class told apart by loop iteration"},
     "progress": {"type": "array", "items": {"type": "object"},
                  "description": "per rank: stuck, progressing or gone, when earlier samples were given"},
+    "flight": {"type": ["object", "null"],
+               "description": "PyTorch's Flight Recorder: state (unused, no_record, recorded), the summary line, "
+                              "and rows of ranks with their last collective per process group"},
 }
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 

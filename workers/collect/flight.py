@@ -1,0 +1,253 @@
+"""PyTorch's Flight Recorder, when a rank runs with it: its per-process-group collective sequence numbers.
+
+Only for ranks whose environment enables the recorder (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0).
+With gloo nothing dumps it by itself, so the record comes from where the job made it reachable:
+- the rank's worker server (torch.distributed.elastic.control_plane.worker_main() with
+  TORCH_WORKER_SERVER_SOCKET): `POST /handler/fr_trace_json` on that unix socket, only after the rank is seen to
+  listen on that path itself (one of its own fds), reached through /proc/PID/root (its mount namespace);
+- a dump file, TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE followed by the rank number: owned by the
+  rank's user, written since the rank started, opened without following a link, JSON or a pickle of plain data
+  (unpickled with every global refused: a file from the job never runs code here).
+The record is trimmed on the node (group status, group names, the newest entries; no stack frames), and
+collect() never raises: a failure is a note, the rank's dump goes on without it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import pickle
+import socket
+import stat
+from typing import Any, Dict, List, Optional
+
+from workers import procinfo
+from workers.collect.sockets import socket_inodes
+from workers.redact import redact_text
+
+ENABLE_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"
+FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+HANDLER = "/handler/fr_trace_json"
+TIMEOUT = 3.0  # seconds for the worker server to answer: its handler runs in the rank's own server thread
+MAX_BYTES = 16 << 20  # a 2000-entry record with stack frames is a few MB
+MAX_ENTRIES = 32  # the newest entries travel back; pg_status already holds every group's numbers
+MAX_GROUPS = 256
+ENTRY_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "state",
+                "retired", "is_p2p", "time_created_ns")
+_ACCEPTCON = 0x10000  # /proc/net/unix Flags: a listening socket
+
+
+class FlightError(Exception):
+    """Why one source gave no record (a note for the user, never fatal)."""
+
+
+class _RefusingUnpickler(pickle.Unpickler):
+    """Plain data only (dict, list, str, numbers): any class or function reference is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError("refused global %s.%s" % (module, name))
+
+
+def enabled(env: Dict[str, str]) -> Dict[str, str]:
+    """The variables that switch the recorder on, with their values (buffer sizes > 0)."""
+    out = {}
+    for name in ENABLE_VARS:
+        try:
+            if int(env.get(name, "0").strip() or "0") > 0:
+                out[name] = env[name]
+        except ValueError:
+            continue
+    return out
+
+
+def collect(pid: int, timeout: float = TIMEOUT) -> Optional[Dict[str, Any]]:
+    """The rank's record and where it came from; None when its environment does not enable the recorder
+    (or cannot be read: then the login side, which saw the environment at discovery, says so)."""
+    try:
+        env = procinfo.parse_environ(procinfo.read_file("/proc/%d/environ" % pid))
+    except OSError:
+        return None
+    on = enabled(env)
+    if not on:
+        return None
+    out: Dict[str, Any] = {"enabled": on, "source": "", "path": "", "record": None, "written_at": None,
+                           "notes": []}
+    try:
+        _collect(pid, env, timeout, out)
+    except Exception as exc:  # a bug here must not cost the rank its stacks
+        out["notes"].append("flight recorder: %s: %s" % (type(exc).__name__, exc))
+    return out
+
+
+def _collect(pid: int, env: Dict[str, str], timeout: float, out: Dict[str, Any]) -> None:
+    path = env.get(SOCKET_VAR, "")
+    if path:
+        try:
+            out["record"] = trim(_from_server(pid, path, timeout))
+            out["source"], out["path"] = "worker_server", path
+            return
+        except FlightError as exc:
+            out["notes"].append("worker server %s: %s" % (path, exc))
+    rank = env.get("RANK", "").strip()
+    for var in FILE_VARS:
+        prefix = env.get(var, "")
+        if not prefix or not rank.isdigit():
+            continue
+        name = prefix + rank
+        try:
+            record, written = _from_file(pid, name)
+        except FlightError as exc:
+            out["notes"].append("dump file %s: %s" % (name, exc))
+            continue
+        out["record"], out["written_at"] = trim(record), written
+        out["source"], out["path"] = "dump_file", name
+        return
+
+
+def listens_on(pid: int, path: str) -> bool:
+    """Whether one of pid's own sockets listens on the unix socket `path` (as bound in its namespace)."""
+    mine = set(socket_inodes(pid))
+    try:
+        text = procinfo.read_file("/proc/%d/net/unix" % pid, 64 << 20).decode("utf-8", "replace")
+    except OSError:
+        return False
+    for line in text.splitlines()[1:]:
+        fields = line.split(None, 7)  # Num RefCount Protocol Flags Type St Inode Path
+        if len(fields) == 8 and fields[7] == path:
+            try:
+                if int(fields[6]) in mine and int(fields[3], 16) & _ACCEPTCON:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def _in_root(pid: int, path: str) -> str:
+    """`path` as the rank sees it: through its root (mount namespace) or, when relative, its cwd."""
+    return ("/proc/%d/root%s" if path.startswith("/") else "/proc/%d/cwd/%s") % (pid, path)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._unix = sock
+
+    def connect(self) -> None:
+        self.sock = self._unix
+
+
+def _from_server(pid: int, path: str, timeout: float) -> Any:
+    if not listens_on(pid, path):
+        raise FlightError("the rank does not listen on it (another rank's socket, or not started)")
+    try:
+        fd = os.open(_in_root(pid, path), os.O_PATH)
+    except OSError as exc:
+        raise FlightError("cannot reach it: %s" % (exc.strerror or exc))
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise FlightError("not a socket")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            # by the fd: /proc/PID/root/... can be longer than a socket address may be (108 bytes)
+            sock.connect("/proc/self/fd/%d" % fd)
+            conn = _UnixConnection(sock, timeout)
+            conn.request("POST", HANDLER, body=b"", headers={"Connection": "close"})
+            resp = conn.getresponse()
+            body = resp.read(MAX_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise FlightError("no answer within %.1f s: %s" % (timeout, exc) if isinstance(exc, socket.timeout)
+                              else "request failed: %s" % exc)
+        finally:
+            sock.close()
+    finally:
+        os.close(fd)
+    if resp.status != 200:
+        raise FlightError("HTTP %d from %s (torch too old for fr_trace_json?)" % (resp.status, HANDLER))
+    return _decode(body)
+
+
+def _from_file(pid: int, name: str) -> Any:
+    try:
+        fd = os.open(_in_root(pid, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise FlightError("not written (gloo writes none by itself)")
+    except OSError as exc:
+        raise FlightError("cannot open: %s" % (exc.strerror or exc))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FlightError("not a regular file")
+        try:
+            owner = os.stat("/proc/%d" % pid).st_uid
+        except OSError:
+            raise FlightError("the rank exited")
+        if st.st_uid != owner:
+            raise FlightError("owned by uid %d, not by the rank's user (uid %d)" % (st.st_uid, owner))
+        if st.st_mtime < _started_at(pid) - 1:
+            raise FlightError("older than the rank: left by an earlier run")
+        if st.st_size > MAX_BYTES:
+            raise FlightError("%d bytes, more than the %d read" % (st.st_size, MAX_BYTES))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    return _decode(data), st.st_mtime
+
+
+def _started_at(pid: int) -> float:
+    """The rank's start as epoch seconds (boot time + start ticks)."""
+    btime = 0.0
+    for line in procinfo.read_file("/proc/stat").decode("ascii", "replace").splitlines():
+        if line.startswith("btime "):
+            btime = float(line.split()[1])
+    return btime + procinfo.start_time(pid) / os.sysconf("SC_CLK_TCK")
+
+
+def _decode(data: bytes) -> Any:
+    if len(data) > MAX_BYTES:
+        raise FlightError("larger than %d bytes" % MAX_BYTES)
+    if data[:1] in (b"{", b"["):
+        try:
+            return json.loads(data.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise FlightError("not valid JSON: %s" % exc)
+    try:
+        return _RefusingUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # any malformed pickle: unpickling raises many kinds
+        raise FlightError("neither JSON nor a plain-data pickle (%s)" % type(exc).__name__)
+
+
+def _text(value: Any, limit: int = 200) -> str:
+    return redact_text(value if isinstance(value, str) else str(value))[:limit]
+
+
+def trim(record: Any) -> Dict[str, Any]:
+    """What travels back: every group's status and name, the newest entries' identifying fields."""
+    if not isinstance(record, dict):
+        raise FlightError("the record is not an object")
+    status = record.get("pg_status") if isinstance(record.get("pg_status"), dict) else {}
+    config = record.get("pg_config") if isinstance(record.get("pg_config"), dict) else {}
+    raw = record.get("entries") if isinstance(record.get("entries"), list) else []
+    entries = [e for e in raw if isinstance(e, dict)]
+    newest: List[Dict[str, Any]] = entries[-MAX_ENTRIES:]
+    have = {str(e.get("pg_id")) for e in newest}
+    for e in reversed(entries[:-MAX_ENTRIES]):  # each group's newest entry, even when older than the rest
+        pg = str(e.get("pg_id"))
+        if pg not in have and len(have) < MAX_GROUPS:
+            have.add(pg)
+            newest.insert(0, e)
+    keep = sorted(newest, key=lambda e: e.get("record_id") if isinstance(e.get("record_id"), int) else -1)
+    return {
+        "version": _text(record.get("version", ""), 40),
+        "pg_status": {_text(k, 40): {_text(n, 60): v for n, v in s.items() if isinstance(v, (int, str))}
+                      for k, s in list(status.items())[:MAX_GROUPS] if isinstance(s, dict)},
+        "pg_config": {_text(k, 40): {n: _text(v) for n, v in c.items() if n in ("name", "desc", "ranks")}
+                      for k, c in list(config.items())[:MAX_GROUPS] if isinstance(c, dict)},
+        "entries": [{k: (_text(e[k]) if isinstance(e[k], str) else e[k]) for k in ENTRY_FIELDS
+                     if k in e and isinstance(e[k], (int, str, bool))} for e in keep],
+        "entries_total": len(entries),
+    }
