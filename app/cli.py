@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also strace every rank for SECONDS (traces the rank; capped output)")
     col.add_argument("--gdb", action="store_true",
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
+    col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
+                     help="inspect only this process (repeatable; on every node, mostly for this machine)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
     col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
     col.add_argument("--samples", type=int, default=2, metavar="N",

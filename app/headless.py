@@ -30,6 +30,7 @@ def session_options(args: argparse.Namespace):
         collect=collect, fanout=args.fanout, connect_timeout=args.connect_timeout, dump_timeout=args.timeout,
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,
         ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
+        pids=tuple(args.pids) if args.pids else None,
     )
 
 

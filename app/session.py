@@ -46,6 +46,7 @@ class SessionOptions:
     known_hosts: Optional[tuple[str, ...]] = None
     identity: tuple[str, ...] = ()
     loops: bool = True
+    pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ class Session:
             phase = "discover"
             self._update(node, state="discovering", error=None, timings=tuple(timings.items()))
             t = time.monotonic()
-            async for item in conn.request("discover", {"pids": None}, timeout=DISCOVER_TIMEOUT):
+            pids = list(self.options.pids) if self.options.pids is not None else None
+            async for item in conn.request("discover", {"pids": pids}, timeout=DISCOVER_TIMEOUT):
                 rank = parse.rank_from_discover(node.name, item)
                 node.ranks[rank.pid] = rank
                 self._emit(RankUpdate(rank))

@@ -21,6 +21,8 @@ def demo_main(argv: Sequence[str]) -> int:
                         "healthy: the job keeps making progress")
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
+    parser.add_argument("--print", dest="print_summary", action="store_true",
+                        help="print the summary instead of opening the TUI (also when not in a terminal)")
     args = parser.parse_args(list(argv))
     if importlib.util.find_spec("torch") is None:
         print("hangscope demo needs PyTorch in this Python environment to run the demo job:\n"
@@ -45,10 +47,18 @@ def demo_main(argv: Sequence[str]) -> int:
             print(f"hangscope demo: {exc}", file=sys.stderr)
             return 1
         state = "running" if args.scenario == "healthy" else "hung"
-        print(f"hangscope demo: the job is {state} (launcher pid {job.proc.pid}); investigating this machine",
+        pids = [str(int(r["pid"])) for r in job.ready.values()]
+        print(f"hangscope demo: the job is {state} (launcher pid {job.proc.pid}, ranks {', '.join(pids)})",
               file=sys.stderr, flush=True)
-        options = build_parser().parse_args(["--locals"])
-        return collect_and_report(None, options)
+        # only the demo's ranks: other jobs on this machine are not part of the demo
+        options = build_parser().parse_args([arg for p in pids for arg in ("--pid", p)])
+        if args.print_summary or not (sys.stdout.isatty() and sys.stdin.isatty()):
+            return collect_and_report(None, options)
+        from app.headless import session_options
+        from app.ui import run_tui
+        from app.ui.source import LiveSource
+
+        return run_tui(LiveSource(None, session_options(options)), title=f"demo: {args.scenario}")
     except KeyboardInterrupt:
         return 130
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ class LocalJob:
     proc: subprocess.Popen
     workdir: str
     ready: Dict[int, dict] = field(default_factory=dict)  # rank -> the rank's ready line
+    owns_workdir: bool = False  # made by start_local_job: removed by stop()
 
     @property
     def ready_file(self) -> str:
@@ -91,10 +93,13 @@ class LocalJob:
             os.killpg(self.proc.pid, signal.SIGKILL)  # ranks may outlive a launcher that died first
         except (ProcessLookupError, PermissionError):
             pass
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def start_local_job(scenario: str = "skip", nproc: int = 4, python: str = sys.executable,
                     extra_args: Optional[List[str]] = None, workdir: Optional[str] = None) -> LocalJob:
+    owns_workdir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="hangscope-demo-")
     env = dict(os.environ, HANGSCOPE_READY_FILE=os.path.join(workdir, "ready.jsonl"),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -106,7 +111,7 @@ def start_local_job(scenario: str = "skip", nproc: int = 4, python: str = sys.ex
                                 start_new_session=True)
     finally:
         log.close()
-    return LocalJob(scenario=scenario, nproc=nproc, proc=proc, workdir=workdir)
+    return LocalJob(scenario=scenario, nproc=nproc, proc=proc, workdir=workdir, owns_workdir=owns_workdir)
 
 
 def _alive(pid: int) -> bool:
