@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from typing import Sequence
 
@@ -40,6 +41,10 @@ def demo_main(argv: Sequence[str]) -> int:
     print(f"hangscope demo: starting a {args.nproc}-rank gloo job (scenario {args.scenario!r}); "
           "importing torch takes ~20 s on 2 cores ...", file=sys.stderr, flush=True)
     job = start_local_job(args.scenario, args.nproc)
+    # a closed terminal (SIGHUP) or a kill (SIGTERM) must still stop the job: turn them into an exit that
+    # runs the finally below
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _exit_on_signal)
     try:
         try:
             job.wait_hung(args.timeout, expected=args.nproc - 1 if args.scenario == "die" else None)
@@ -64,3 +69,7 @@ def demo_main(argv: Sequence[str]) -> int:
     finally:
         job.stop()
         print("hangscope demo: job stopped", file=sys.stderr)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
