@@ -1,9 +1,11 @@
-"""The TUI in a real terminal (tmux): run_tui's driver, keys, resizing and exit codes, on a saved snapshot and,
-over SSH, on the hung torch job of the test cluster; the screen is read back with `tmux capture-pane`."""
+"""The TUI in a real terminal (tmux): the real `hangscope --load FILE` and `hangscope hosts.txt` (over SSH, on
+the hung torch job of the test cluster) with keys, resizing and exit codes; the screen is read back with
+`tmux capture-pane`."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,30 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 
-LOADED = """
-import sys
-sys.path.insert(0, {repo!r})
-from app.model import snapshot_from_json
-from app.ui import run_tui
-from app.ui.source import loaded_source
-snap, _ = snapshot_from_json(open({snap!r}).read())
-code = run_tui(loaded_source(snap), fps=20, title="tmux test")
-open({exit!r}, "w").write(str(code))
-"""
-
-LIVE = """
-import sys
-sys.path.insert(0, {repo!r})
-from app.hosts import read_hosts
-from app.model import CollectOptions
-from app.session import SessionOptions
-from app.ui import run_tui
-from app.ui.source import LiveSource
-hosts = list(read_hosts({hosts!r}).hosts)
-source = LiveSource(hosts, SessionOptions(collect=CollectOptions(locals=True)))
-code = run_tui(source, fps=20, title="hosts.txt")
-open({exit!r}, "w").write(str(code))
-"""
+def hangscope(*args: object, exit_file: Path) -> str:
+    """The shell command that runs the real CLI in the pane and leaves its exit code in exit_file."""
+    argv = " ".join(shlex.quote(str(a)) for a in (sys.executable, "-m", "app", *args))
+    return f"cd {shlex.quote(str(REPO))} && {argv}; echo $? > {shlex.quote(str(exit_file))}"
 
 
 class Terminal:
@@ -125,9 +107,7 @@ def loaded_command(tmp_path: Path, snap) -> tuple:
     snap_file = tmp_path / "snap.json"
     snap_file.write_text(snapshot_to_json(snap))
     exit_file = tmp_path / "exit"
-    script = tmp_path / "tui.py"
-    script.write_text(LOADED.format(repo=str(REPO), snap=str(snap_file), exit=str(exit_file)))
-    return f"{sys.executable} {script}", exit_file
+    return hangscope("--load", snap_file, "--fps", 20, exit_file=exit_file), exit_file
 
 
 def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
@@ -135,7 +115,7 @@ def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
                                                                  culprit=5))
     term = terminal(command)
     screen = term.wait_for(lambda s: "Rank 5 is in `barrier`" in s, "the verdict")
-    assert "node03  ● [▲]" in screen and "(loaded file)" in screen
+    assert "node03  ● [▲]" in screen and "(loaded file)" in screen and "snap.json" in screen
     term.keys("Enter")
     screen = term.wait_for(lambda s: "rank 5  on node03" in s, "the drill-down")
     assert "barrier  distributed_c10d.py:4159" in screen
@@ -165,10 +145,8 @@ def test_tui_finds_the_culprit_of_the_hung_job(terminal, cluster, hung_job, tmp_
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("".join(f"{n} slots=2\n" for n in cluster.names))
     exit_file = tmp_path / "exit"
-    script = tmp_path / "tui.py"
-    script.write_text(LIVE.format(repo=str(REPO), hosts=str(hosts), exit=str(exit_file)))
     env = {k: v for k, v in cluster.env().items() if k in ("HOME", "PATH")}
-    term = terminal(f"{sys.executable} {script}", env=env, size="150x44")
+    term = terminal(hangscope(hosts, "--fps", 20, exit_file=exit_file), env=env, size="150x44")
     culprit = f"rank {hung_job.culprit}"
     screen = term.wait_for(lambda s: "snapshot 1/1" in s and culprit in s, "the first snapshot", timeout=120)
     assert "nodes: 4 done" in screen

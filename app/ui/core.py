@@ -179,7 +179,12 @@ class HangscopeCore(App[int]):
         out.append("hangscope", style="bold")
         if self.sub_title:
             out.append("  ")
-            out.append_text(literal(self.sub_title, 60))
+            title = self.sub_title
+            if len(title) > 40:  # a long path: its end (the file name) says more than its start
+                title = "…" + title[-39:]
+            out.append_text(literal(title, 40))
+        if not self.source.live:
+            out.append("  (loaded file)", style="dim")
         view = self.current_view
         if view is not None:
             snap = view.snapshot
@@ -204,8 +209,6 @@ class HangscopeCore(App[int]):
         if self.query_text:
             out.append("  filter: ")
             out.append_text(literal(self.query_text, 40, "italic"))
-        if not self.source.live:
-            out.append("  (loaded file)", style="dim")
         self.main.set_topbar(out)
 
     def set_filter(self, text: str) -> None:
