@@ -125,3 +125,29 @@ def test_warm_refresh_reuses_the_open_connections(cluster, hung_job):
     assert n_cold == n_warm == len(hung_job.ranks)
     states = [e.node.state for e in events if isinstance(e, NodeUpdate)]
     assert states and "connecting" not in states and states.count("done") == len(hosts)
+
+
+def test_export_bundle_from_the_snapshot_and_load_it_back(snapshot_run, cluster, hung_job, tmp_path):
+    """`hangscope --load out.json --export DIR`: the bundle a user attaches to a ticket, read back by --load."""
+    res, snap, _ = snapshot_run
+    out = Path(res.args[res.args.index("--snapshot") + 1])
+    bundle = tmp_path / "bundle"
+    exported = run_login(hangscope_argv("--load", str(out), "--export", str(bundle)), cluster, cwd=str(REPO))
+    assert exported.returncode == 0, exported.stderr
+    names = {p.name for p in bundle.iterdir()}
+    assert {"summary.md", "report.html", "snapshot.json", "manifest.json", "stacks.speedscope.json"} <= names
+    assert oct(bundle.stat().st_mode & 0o777) == "0o700"
+    assert all(p.stat().st_mode & 0o077 == 0 for p in bundle.iterdir())
+    culprit = f"rank {hung_job.culprit}"
+    assert culprit in (bundle / "summary.md").read_text()
+    assert culprit in (bundle / "report.html").read_text()
+    again = run_login(hangscope_argv("--load", str(bundle / "snapshot.json"), "--print"), cluster, cwd=str(REPO))
+    assert again.returncode == 0, again.stderr
+    assert culprit in again.stdout
+    reloaded, _ = snapshot_from_json((bundle / "snapshot.json").read_text())
+    assert len(reloaded.ranks) == len(snap.ranks)
+    # a second export to the same place is refused without --force, and nothing is overwritten
+    before = (bundle / "summary.md").read_bytes()
+    refused = run_login(hangscope_argv("--load", str(out), "--export", str(bundle)), cluster, cwd=str(REPO))
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert (bundle / "summary.md").read_bytes() == before
