@@ -12,8 +12,8 @@ tests/test_golden.py asserts on, one job at a time on one 3-node cluster:
 
 For each scenario it takes two samples one second apart with the CLI's own default options (locals on) and
 writes <scenario>.json (the second sample with its analysis, app.model.snapshot_to_json) and
-<scenario>.earlier.json (the first sample: tests/test_golden.py passes it as history, so progress is judged
-as the CLI judges it). Node names and pids come from the cluster. Check each new diagnosis by hand before
+<scenario>.earlier.json (the first sample, without locals and source lines: tests/test_golden.py passes it as
+history, so progress is judged as the CLI judges it). Node names and pids come from the cluster. Check each new diagnosis by hand before
 updating the expectations in tests/test_golden.py: the goldens are the analysis's regression net.
 """
 
@@ -22,7 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
+import os
+import platform
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,13 +39,14 @@ for _p in (str(REPO), str(TESTS)):  # as a script: the repo (app) and tests/ hel
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
-from jobs import Job, start_job  # noqa: E402
+from cluster import Cluster, Node, build_cluster, poll, run_login  # noqa: E402
+from jobs import Job, _main_thread, start_job  # noqa: E402
 
-from app.model import Snapshot, snapshot_from_json, snapshot_to_json  # noqa: E402
+from app.model import Snapshot, ThreadStack, snapshot_from_json, snapshot_to_json  # noqa: E402
 
 GOLDEN_DIR = TESTS / "data" / "scenarios"
 CLI_TIMEOUT = 180.0
+_SLEEP_SYSCALL = {"x86_64": "230", "aarch64": "115"}  # clock_nanosleep: time.sleep between training steps
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,34 @@ def cut_off(cluster: Cluster, name: str, others: Sequence[str]) -> list[tuple[No
     return rules
 
 
+def cut_between_steps(running: Running, name: str) -> None:
+    """Cut node `name` off while no collective is in flight: every rank asleep between two steps, held there by
+    SIGSTOP for the moment of the cut, so every rank's next all_reduce runs into it. A cut in the middle of an
+    all_reduce stalls only the links that still had data to send (seen: node01-node02 alone, for node02 cut
+    off from node01 and node03), and the sockets then name a link, not the node."""
+    pids = [loc.host_pid for loc in running.job.ranks.values()]
+    sleeping = _SLEEP_SYSCALL.get(platform.machine(), "230")
+    others = [n for n in running.names if n != name]
+
+    def asleep(state: str) -> bool:
+        return all((_main_thread(p) or ("", ""))[:2] == (state, sleeping) for p in pids)
+
+    deadline = time.monotonic() + 60
+    while True:
+        poll(lambda: asleep("S"), max(1.0, deadline - time.monotonic()), "every rank asleep between two steps",
+             interval=0.002)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            poll(lambda: all((_main_thread(p) or ("",))[0] == "T" for p in pids), 10, "the ranks to stop")
+            if asleep("T"):  # none woke up between the check and its stop
+                running.rules = cut_off(running.cluster, name, others)
+                return
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+
+
 def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running:
     """The scenario's job, hung (healthy: training); stop() it when done."""
     job = start_job(cluster, scenario.name, nodes=scenario.nodes, ranks_per_node=scenario.ranks_per_node,
@@ -119,8 +152,7 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
     running = Running(scenario, job, cluster)
     try:
         if scenario.cut is not None:
-            others = [n for n in running.names if n != scenario.cut]
-            running.rules = cut_off(cluster, scenario.cut, others)
+            cut_between_steps(running, scenario.cut)
             job.wait_blocked(timeout=60)  # every rank now waits for data that cannot arrive
     except BaseException:
         running.stop()
@@ -201,11 +233,20 @@ def record(running: Running, out_dir: Path) -> list[Path]:
     name = running.scenario.name
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.earlier.json"]
     paths[0].write_text(snapshot_to_json(snap, analysis.to_dict()) + "\n", encoding="utf-8")
-    paths[1].write_text(snapshot_to_json(earlier) + "\n", encoding="utf-8")
+    paths[1].write_text(snapshot_to_json(lean(earlier)) + "\n", encoding="utf-8")
     print(f"{name}: {analysis.verdict}")
     for f in analysis.findings:
         print(f"  [{f.confidence}] {f.kind}: {f.title}")
     return paths
+
+
+def lean(snap: Snapshot) -> Snapshot:
+    """An earlier sample as progress reads it: frames without their locals and source lines (the loop
+    iteration, which progress compares, is kept on each frame)."""
+    def frames(t: ThreadStack) -> ThreadStack:
+        return dataclasses.replace(t, frames=tuple(dataclasses.replace(f, locals=(), source=()) for f in t.frames))
+    return dataclasses.replace(snap, ranks=tuple(dataclasses.replace(r, threads=tuple(map(frames, r.threads)))
+                                                 for r in snap.ranks))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

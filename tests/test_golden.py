@@ -1,0 +1,136 @@
+"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/record_scenarios.py), analysed
+again: the exact classes, findings (kind, confidence, ranks, order), iteration splits and progress.
+
+Each golden pair is what `hangscope HOSTS --snapshot` saw of a real torch gloo job on 2-3 nodes: the second
+sample (<scenario>.json) and the first (<scenario>.earlier.json, given as history, as the CLI does). Node
+names and pids are the cluster's. When an analysis change moves one of these, check the new diagnosis against
+the scenario before changing the expectation here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from app.analysis import Analysis, analyze
+from app.analysis.text import summary_text
+from app.model import Snapshot, snapshot_from_json
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy")
+
+
+@dataclass(frozen=True)
+class Expected:
+    classes: tuple  # (size, rank numbers, collective), largest first
+    findings: tuple  # (kind, confidence, rank numbers), in order
+    splits: tuple  # (class index, iteration split text)
+    progress: str  # every rank's status between the two samples
+    title: str  # the first finding's title starts with this
+
+
+EXPECTED = {
+    "skip": Expected(
+        classes=((4, (0, 1, 2, 3), "all_reduce"),),
+        findings=(("iteration_split", "high", (2,)),),
+        splits=((0, "step=3: ranks 0-1,3; step=4: rank 2"),),
+        progress="stuck", title="rank 2 is 1 iteration ahead (step=4 vs 3) at job.py:"),
+    "dataloader": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        findings=(("minority_stack", "high", (1,)),),
+        # the culprit's train() sits on its for-header fetching batch 3; `got` counts bytes read in _recv_exact
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3, got=0: rank 1")),
+        progress="stuck", title="rank 1 is in `StreamingLoader._recv_exact` (job.py:"),
+    "die": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"),),
+        findings=(("missing_ranks", "high", ()), ("all_identical", "high", (0, 1, 2))),
+        splits=((0, "step=3: ranks 0-2"),),
+        progress="stuck", title="rank 3 not found (WORLD_SIZE=4)"),
+    "netcut": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"),),
+        findings=(("network_stall", "high", ()), ("all_identical", "high", (0, 1, 2))),
+        splits=((0, "step=5: ranks 0-2"),),
+        progress="stuck", title="every stalled socket involves node02: node02 (or its link) is the problem"),
+    "healthy": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        # one sample catches rank 1 between steps; the two samples show the job moving, so that is no lead
+        findings=(("progressing", "high", (0, 1, 2, 3)), ("minority_stack", "low", (1,))),
+        splits=((0, "step=28: ranks 0,2-3"), (1, "step=27: rank 1")),
+        progress="progressing", title="the job is progressing: 4 of 4 ranks changed stack or iteration"),
+}
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> tuple[Snapshot, Snapshot, Optional[dict]]:
+    snap, stored = snapshot_from_json((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
+    earlier, _ = snapshot_from_json((GOLDEN / f"{name}.earlier.json").read_text(encoding="utf-8"))
+    return snap, earlier, stored
+
+
+@lru_cache(maxsize=None)
+def analysed(name: str) -> Analysis:
+    snap, earlier, _ = load(name)
+    return analyze(snap, history=[earlier])
+
+
+def numbers(snap: Snapshot, keys: tuple) -> tuple:
+    by_key = {(r.node, r.pid): r.rank for r in snap.ranks}
+    return tuple(by_key[tuple(k)] for k in keys)
+
+
+def test_every_scenario_has_a_golden_pair() -> None:
+    assert sorted(p.name for p in GOLDEN.glob("*.json")) == sorted(
+        f"{n}{suffix}.json" for n in SCENARIOS for suffix in ("", ".earlier"))
+    assert set(EXPECTED) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_classes_findings_and_iteration_splits(name: str) -> None:
+    snap, _, _ = load(name)
+    a, want = analysed(name), EXPECTED[name]
+    assert tuple((c.size, tuple(c.numbers), c.collective) for c in a.classes) == want.classes
+    assert tuple((f.kind, f.confidence, numbers(snap, f.ranks)) for f in a.findings) == want.findings
+    assert tuple((s.class_index, s.text()) for s in a.iteration_splits) == want.splits
+    assert {p.status for p in a.progress} == {want.progress} and len(a.progress) == len(snap.ranks)
+    assert a.findings[0].title.startswith(want.title), a.findings[0].title
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_recording_was_diagnosed_as_it_is_now(name: str) -> None:
+    """The stored analysis is what the recorder concluded live; the same first finding comes out again."""
+    _, _, stored = load(name)
+    assert stored is not None
+    assert stored["findings"][0]["kind"] == analysed(name).findings[0].kind
+    assert stored["flight"]["state"] == "unused" and analysed(name).flight is not None
+
+
+def test_the_culprits_are_named_where_they_ran() -> None:
+    skip, dataloader, die = analysed("skip"), analysed("dataloader"), analysed("die")
+    assert skip.findings[0].ranks_label == "rank 2 on node02"
+    assert dataloader.findings[0].ranks_label == "rank 1 on node01"
+    assert "node02: 1 of 2" in die.findings[0].detail and die.findings[0].nodes == "node02"
+    netcut = analysed("netcut").findings[0]
+    assert netcut.nodes == "node02" and "RTO backoff" in netcut.detail
+
+
+def test_without_history_one_sample_still_names_each_culprit() -> None:
+    """--load of a single snapshot: no progress, the same lead for every hung scenario."""
+    for name in ("skip", "dataloader", "die", "netcut"):
+        snap, _, _ = load(name)
+        assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
+
+
+def test_summaries_say_it_in_plain_words() -> None:
+    texts = {name: " ".join(summary_text(load(name)[0], analysed(name), width=120).split()) for name in SCENARIOS}
+    assert texts["skip"].startswith("hangscope: Rank 2 is 1 iteration ahead (step=4 vs 3)")
+    assert "iterations: step=3: ranks 0-1,3; step=4: rank 2" in texts["skip"]
+    assert texts["die"].startswith("hangscope: Rank 3 not found (WORLD_SIZE=4).")
+    assert texts["netcut"].startswith("hangscope: Every stalled socket involves node02")
+    assert texts["healthy"].startswith("hangscope: The job is progressing")
+    assert "Progress over samples: 4 ranks stuck for up to" in texts["skip"]
+    for text in texts.values():  # none of these jobs runs with the Flight Recorder: said once, no finding
+        assert text.count("Flight recorder: not used by this job") == 1
