@@ -8,9 +8,11 @@ pickle of the same plain data); a pickle that references a global is the one fak
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import time
@@ -120,13 +122,16 @@ def _live_record(job: jobs.Job) -> dict:
 
 
 def _post(fd: int) -> bytes:
-    import socket
-
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
+
+    class Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = s
+
     try:
         s.connect(f"/proc/self/fd/{fd}")
-        conn = flight._UnixConnection(s, 5)
+        conn = Connection("localhost", timeout=5)
         conn.request("POST", flight.HANDLER)
         return conn.getresponse().read()
     finally:
