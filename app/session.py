@@ -32,6 +32,7 @@ SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
 STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
+_CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ class Session:
         """The latest snapshot, including strace/gdb results added since."""
         if self._last is None:
             return self._build(time.time(), 0.0, interrupted=False)
-        return dataclasses.replace(self._last, nodes=tuple(n.status for n in self._nodes), ranks=self._ranks())
+        # a strace/gdb round cancelled since (Ctrl+C) makes the picture an interrupted one, as a cancelled pass does
+        return dataclasses.replace(self._last, nodes=tuple(n.status for n in self._nodes), ranks=self._ranks(),
+                                   interrupted=self._last.interrupted or self._cancelled)
 
     async def strace(self, ranks: Sequence[RankKey], seconds: float) -> list[RankSnapshot]:
         """strace each rank for `seconds` (all at once); failures are recorded on the rank, never raised."""
@@ -326,8 +329,14 @@ class Session:
                 rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
                                                                  ERROR_HINTS["cancelled"], op))
             except TransportError as exc:
-                rank = dataclasses.replace(node.ranks.get(rank.pid, rank), error=ErrorInfo(
-                    exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op))
+                error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op)
+                # The worker is gone (connection lost, worker died): the stacks already taken stay, but the
+                # rank and its node say the picture is partial, as a loss during the dump pass does.
+                gone = exc.code in _CONNECTION_GONE
+                rank = dataclasses.replace(node.ranks.get(rank.pid, rank), error=error,
+                                           partial=rank.partial or gone)
+                if gone and node.status.state == "done":
+                    self._update(node, state="partial", error=error)
             node.ranks[rank.pid] = rank
             results[key] = rank
             self._emit(RankUpdate(rank))

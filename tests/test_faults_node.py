@@ -1,0 +1,107 @@
+"""Fault matrix, on the node (worker level, this machine): a rank with 200 threads and deep stacks, and `sudo -n`
+that needs a password. Both are produced for real: a real target process, a real sudo and a real other user."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from app import parse
+from app.analysis import analyze
+from app.model import Snapshot
+from worker_client import WorkerProc
+from worker_targets import Target, rank_env, untouched, wait_blocked
+from workers import procinfo
+
+THREADS, DEPTH = 200, 120
+PYSPY = os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy")
+
+# Every thread recurses DEPTH frames deep, then blocks reading a pipe that never gets data; so does the main thread.
+MANY_THREADS = textwrap.dedent(f"""
+    import os, sys, threading
+    sys.setrecursionlimit(10000)
+    started, (never, _keep) = threading.Barrier({THREADS} + 1), os.pipe()
+    def deep(n, tag):
+        if n:
+            return deep(n - 1, tag)
+        started.wait()
+        os.read(never, 1)
+    for i in range({THREADS}):
+        threading.Thread(target=deep, args=({DEPTH}, i), name="worker-%d" % i, daemon=True).start()
+    started.wait()
+    print("ready", os.getpid(), flush=True)
+    os.read(never, 1)
+""")
+
+
+def _target(t: Target) -> dict:
+    return {"pid": t.pid, "start_time": procinfo.start_time(t.pid)}
+
+
+def test_200_threads_with_deep_stacks_are_dumped_whole_in_bounded_time_and_memory() -> None:
+    with Target([sys.executable, "-c", MANY_THREADS], env=rank_env(0)) as t, WorkerProc() as w:
+        wait_blocked(t.pid)
+        t0 = time.monotonic()
+        items, done = w.call("dump", {"targets": [_target(t)], "locals": True, "loops": True}, timeout=60)
+        took = time.monotonic() - t0
+        assert done["type"] == "done", done
+        (item,) = items
+        assert item["ok"], item["error"]
+        workers_ = [th for th in item["pyspy"] if str(th.get("thread_name", "")).startswith("worker-")]
+        assert len(workers_) == THREADS
+        assert all(sum(f["name"] == "deep" for f in th["frames"]) == DEPTH + 1 for th in workers_)
+        assert took < 20, f"one dump of {THREADS} deep threads took {took:.1f} s"
+        assert untouched(t.pid)
+        # the worker's peak memory on the node stays small: it streams the tool's output, it does not hoard it
+        with open(f"/proc/{w.proc.pid}/status") as f:
+            hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        assert hwm_kb < 150_000, f"worker peak RSS {hwm_kb} kB"
+        # login side: parse and analyse the rank, as the UI would, without blowing up
+        discovered, _ = w.call("discover", {"pids": [t.pid]})
+        rank = parse.apply_dump(parse.rank_from_discover("local", discovered[0]), item)
+        assert len(rank.threads) >= THREADS + 1
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t1 = time.monotonic()
+        analysis = analyze(Snapshot(taken_at=0.0, duration=0.0, ranks=(rank,)))
+        assert time.monotonic() - t1 < 5 and analysis.verdict
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # kB
+
+
+def test_sudo_that_needs_a_password_is_named_and_never_prompts() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the worker as another user")
+    if shutil.which("sudo") is None:
+        pytest.skip("sudo is not installed (tests/install-deps.sh installs it)")
+    # the worker runs as `nobody`, who has no sudo rule: `sudo -n` must refuse, never ask
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    with Target([sys.executable, "-c", "import os, time; print('ready', os.getpid(), flush=True); "
+                 "time.sleep(1000)"], env=rank_env(0)) as t, \
+            WorkerProc(python="/usr/bin/python3", isolated=True, prefix=as_nobody) as w:
+        assert w.hello["tools"]["sudo"] is not None
+        with open(PYSPY, "rb") as f:  # nobody's python has no py-spy beside it: push ours, as the session does
+            data = f.read()
+        _, pushed = w.call("push_tool", {"name": "py-spy", "data_b64": base64.b64encode(data).decode(),
+                                         "sha256": hashlib.sha256(data).hexdigest()}, timeout=60)
+        assert pushed["type"] == "done", pushed
+        t0 = time.monotonic()
+        item = w.call("dump", {"targets": [_target(t)], "sudo": True}, timeout=30)[0][0]
+        assert item["error"]["code"] == "sudo_password", item["error"]
+        assert "password" in item["error"]["message"]
+        assert "NOPASSWD" in item["error"]["hint"] and "sudo -n" in item["error"]["hint"]
+        _, err = w.call("strace", dict(_target(t), seconds=0.2, sudo=True), timeout=30)
+        assert err["code"] == "sudo_password", err
+        assert time.monotonic() - t0 < 10  # refused at once: no prompt waited on
+        assert untouched(t.pid)
+    # and sudo itself, asked the same way from a terminal-less process, says so too
+    res = subprocess.run([*as_nobody, "sudo", "-n", "true"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=10)
+    assert res.returncode != 0 and "password" in res.stderr
