@@ -30,6 +30,7 @@ examples:
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
   hangscope hosts.txt --test pairs         find the bad node or link with all_reduce tests on node pairs
+  hangscope --slurm 12345 --print          the nodes of SLURM job 12345 (SSH, or srun where SSH is blocked)
   scontrol show hostnames | hangscope -    hosts from stdin
 
 hosts file: one node per line: node01 | node01 slots=8 | node01:8 (8 slots) | user@node01:2222 |
@@ -97,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="limit screen updates to N per second (slow links); below 30 also no animations")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
     from app.gpu.headless import add_test_arguments
+    from app.slurm.cli import add_slurm_arguments
 
     add_test_arguments(p)
+    add_slurm_arguments(p)
     return p
 
 
@@ -172,7 +175,15 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError("--fanout, --timeout and --connect-timeout must be positive, --strace >= 0")
     if args.samples < 1 or args.interval < 0:
         raise InputError("--samples must be at least 1 and --interval not negative")
-    hosts = _read_hosts(args)
+    if args.slurm is not None:  # the job's nodes from SLURM, reached over --transport
+        from app.slurm.cli import slurm_hosts
+
+        hosts = slurm_hosts(args)
+    else:
+        from app.slurm.cli import check_transport
+
+        check_transport(args)
+        hosts = _read_hosts(args)
     if args.test:
         from app.gpu.headless import options_from_args, run_tests_headless
 

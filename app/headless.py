@@ -31,6 +31,7 @@ def session_options(args: argparse.Namespace):
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,
         ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
         pids=tuple(args.pids) if args.pids else None,
+        opener=getattr(args, "opener", None),  # set by --slurm (app.slurm.cli): srun or SSH-then-srun
     )
 
 

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
 from app import __version__, parse
 from app.errors import HangscopeError, TransportError
@@ -35,6 +35,11 @@ WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
 
+SshOpen = Callable[[], Awaitable[WorkerConnection]]  # opens this node over SSH, as the session would
+# Another way onto nodes (app.slurm: srun): given the node, the worker's options and the SSH way, a started worker.
+Opener = Callable[["HostSpec", Mapping[str, Any], SshOpen], Awaitable[WorkerConnection]]
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     collect: CollectOptions = CollectOptions()
@@ -48,6 +53,7 @@ class SessionOptions:
     identity: tuple[str, ...] = ()
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
+    opener: Optional[Opener] = field(default=None, compare=False)  # None: SSH to every node
 
 
 @dataclass(frozen=True)
@@ -245,6 +251,12 @@ class Session:
         worker_options = self._worker_options()
         if self._local:
             return await start_local(self.options.python, name=node.name, options=worker_options)
+        assert node.spec is not None
+        if self.options.opener is not None:
+            return await self.options.opener(node.spec, worker_options, lambda: self._open_ssh(node, worker_options))
+        return await self._open_ssh(node, worker_options)
+
+    async def _open_ssh(self, node: _Node, worker_options: dict) -> WorkerConnection:
         if self._ssh is None:
             o = self.options
             self._ssh = SshTransport(SshOptions(

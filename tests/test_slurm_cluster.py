@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
+import os
 from typing import Iterator
 
+import psutil
 import pytest
 
+from app.errors import TransportError
 from app.slurm.job import SlurmError
-from app.slurm.resolve import resolve_job
+from app.session import Session, SessionOptions
+from app.slurm.connect import slurm_opener
+from app.slurm.resolve import host_specs, resolve_job
+from app.slurm.srun import SrunOptions, SrunTransport
 from cluster import poll, support_problem
 from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
 
@@ -60,3 +69,101 @@ def test_unknown_job_is_refused(slurm: SlurmCluster) -> None:
     with pytest.raises(SlurmError) as err:
         resolve_job("987654", slurm.env())
     assert err.value.problem == "unknown_job" and "987654" in str(err.value)
+
+
+# -- the srun transport -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sleeper(slurm: SlurmCluster) -> Iterator[str]:
+    """A running 2-node job to attach steps to."""
+    job_id = submit(slurm, "-N", "2", "--wrap", "sleep 3000")
+    try:
+        wait_state(slurm, job_id, "RUNNING")
+        yield job_id
+    finally:
+        slurm.run("scancel", job_id, check=False)
+
+
+def srun_processes() -> list[int]:
+    """hangscope's srun steps started from this process (srun forks a helper of its own: not counted)."""
+    me = os.getpid()
+    return [p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["name"] == "srun" and p.info["ppid"] == me]
+
+
+def node_workers(slurm: SlurmCluster) -> list[str]:
+    """Processes of hangscope's stages (mux or worker) still alive on the compute nodes."""
+    def stage(host_pid: int) -> bool:
+        try:
+            return "base64,zlib" in " ".join(psutil.Process(host_pid).cmdline())
+        except psutil.Error:
+            return False
+
+    return [f"{n.name}:{p.pid}" for n in slurm.computes for p in n.procs() if stage(p.host_pid)]
+
+
+async def test_srun_transport_runs_a_worker_on_every_node_in_one_step(slurm: SlurmCluster, sleeper: str) -> None:
+    transport = SrunTransport(SrunOptions(job_id=sleeper, env=slurm.env(), start_timeout=60))
+    conns = await asyncio.gather(*(transport.open(n) for n in slurm.compute_names))
+    try:
+        assert [c.hello["hostname"] for c in conns] == slurm.compute_names
+        assert len(srun_processes()) == 1  # both nodes share one step
+        for conn in conns:
+            ranks = [item async for item in conn.request("discover", {"pids": None}, timeout=30)]
+            assert ranks == []  # `sleep` is no rank; the worker answers per node all the same
+        # a 3 MB request and its reply cross the multiplexer intact, node by node
+        data = os.urandom(3 << 20)
+        done = await conns[1].call("push_tool", {"name": "py-spy", "data_b64": base64.b64encode(data).decode(),
+                                                 "sha256": hashlib.sha256(data).hexdigest()}, timeout=60)
+        assert done["name"] == "py-spy"
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
+    assert srun_processes() == []  # the step ended with its last node
+    poll(lambda: node_workers(slurm) == [], 15, "no hangscope process left on the nodes")
+
+
+async def test_srun_transport_one_dead_worker_fails_only_its_node(slurm: SlurmCluster, sleeper: str) -> None:
+    transport = SrunTransport(SrunOptions(job_id=sleeper, env=slurm.env(), start_timeout=60))
+    a, b = await asyncio.gather(*(transport.open(n) for n in slurm.compute_names))
+    try:
+        assert b.pid is not None
+        slurm.computes[1].run(["kill", "-9", str(b.pid)])
+        with pytest.raises(TransportError) as err:
+            await b.call("discover", {"pids": None}, timeout=30)
+        assert err.value.code == "worker_crashed" and slurm.compute_names[1] in str(err.value)
+        assert await a.call("discover", {"pids": None}, timeout=30) is not None  # the other node goes on
+        # the session reopens a dead node's worker: a step of its own, beside the first
+        again = await transport.open(slurm.compute_names[1])
+        assert again.hello["hostname"] == slurm.compute_names[1] and len(srun_processes()) == 2
+        await again.close()
+    finally:
+        await asyncio.gather(a.close(), b.close())
+    assert srun_processes() == []
+
+
+async def test_srun_to_a_job_that_is_gone_fails_each_node_with_sruns_reason(slurm: SlurmCluster) -> None:
+    transport = SrunTransport(SrunOptions(job_id="987654", env=slurm.env(), start_timeout=30))
+    results = await asyncio.gather(*(transport.open(n) for n in slurm.compute_names), return_exceptions=True)
+    for node, result in zip(slurm.compute_names, results):
+        assert isinstance(result, TransportError), result
+        assert result.code == "lost" and node in str(result) and "srun step ended" in str(result)
+        assert "987654" in str(result)
+    assert srun_processes() == []
+
+
+async def test_session_over_srun_and_auto_falls_back_when_ssh_is_refused(slurm: SlurmCluster, sleeper: str) -> None:
+    job = resolve_job(sleeper, slurm.env())
+    srun = SrunOptions(job_id=job.job_id, env=slurm.env(), start_timeout=60)
+    ssh_config = (str(slurm.cluster.ssh_config),)
+    for choice in ("srun", "auto"):
+        opener = slurm_opener(choice, srun)
+        session = Session(host_specs(job), SessionOptions(opener=opener, ssh_config=ssh_config, connect_timeout=5))
+        try:
+            snap = await session.snapshot()
+        finally:
+            await session.close()
+        assert [(n.name, n.state) for n in snap.nodes] == [(n, "done") for n in slurm.compute_names], snap.nodes
+        if choice == "auto":  # no sshd on the nodes: every node said "refused", then srun got in
+            assert all(any("reached over srun" in w and "refused" in w for w in n.warnings) for n in snap.nodes)
+        assert srun_processes() == []
+    assert slurm_opener("ssh", srun) is None
