@@ -6,18 +6,26 @@ import asyncio
 import base64
 import hashlib
 import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
 
 from app.errors import TransportError
+from app.model import snapshot_from_json
 from app.slurm.job import SlurmError
 from app.session import Session, SessionOptions
 from app.slurm.connect import slurm_opener
 from app.slurm.resolve import host_specs, resolve_job
 from app.slurm.srun import SrunOptions, SrunTransport
 from cluster import poll, support_problem
+from jobs import JOB_SCRIPT, MARK, PYTHON, REPO, Job
 from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
 
 pytestmark = pytest.mark.skipif(bool(support_problem() or slurm_problem()),
@@ -167,3 +175,70 @@ async def test_session_over_srun_and_auto_falls_back_when_ssh_is_refused(slurm: 
             assert all(any("reached over srun" in w and "refused" in w for w in n.warnings) for n in snap.nodes)
         assert srun_processes() == []
     assert slurm_opener("ssh", srun) is None
+
+
+# -- end to end: the hung torch job submitted with sbatch, investigated with --slurm over srun only ----------
+
+
+@pytest.fixture(scope="module")
+def hung_sbatch_job(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Job]]:
+    """The dataloader hang (the culprit blocks reading its batch, the others in all_reduce), 2 nodes x 2 ranks,
+    launched the SLURM way: sbatch, then srun starts one torchrun per node."""
+    workdir = tmp_path_factory.mktemp("sbatch-job")
+    workdir.chmod(0o755)
+    nodes, per_node, culprit, step = len(slurm.computes), 2, 3, 3
+    job = Job("dataloader", culprit, step, nodes * per_node, list(slurm.computes), workdir,
+              f"{MARK}={secrets.token_hex(4)}")
+    launcher = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--master_addr",
+                slurm.computes[0].ip, "--master_port", "29500", "--nproc_per_node", str(per_node)]
+    program = [str(JOB_SCRIPT), "--scenario", "dataloader", "--hang-step", str(step), "--culprit", str(culprit)]
+    # one torchrun per node, its node rank from SLURM (expanded by the task's shell, not by ours)
+    per_task = f'exec {shlex.join(launcher)} --node_rank "$SLURM_NODEID" {shlex.join(program)}'
+    script = workdir / "job.sbatch"
+    script.write_text(f"#!/bin/bash\nexec srun --nodes={nodes} --ntasks-per-node=1 bash -c {shlex.quote(per_task)}\n")
+    env = {"HANGSCOPE_READY_FILE": str(job.ready_file), MARK: job.mark.split("=", 1)[1], "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(["sbatch", "--parsable", "-N", str(nodes), "--ntasks-per-node=1", "--job-name=hung",
+                           f"--output={workdir}/job.log", str(script)], env=slurm.env(env), capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    try:
+        try:
+            job.wait_ready(120)
+            job.wait_blocked(60)
+        except BaseException:
+            print((workdir / "job.log").read_text(errors="replace")[-3000:] if (workdir / "job.log").exists() else "")
+            raise
+        yield job_id, job
+    finally:
+        slurm.run("scancel", job_id, check=False)
+        job.stop()
+
+
+def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
+        slurm: SlurmCluster, hung_sbatch_job: tuple[str, Job], tmp_path: Path) -> None:
+    job_id, job = hung_sbatch_job
+    assert all(not n.listening(22) for n in slurm.computes), "SSH must be off on the nodes for this test"
+    out = tmp_path / "out.json"
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "app", "--slurm", job_id, "--transport", "srun", "--snapshot",
+                          str(out)], env=slurm.env(), capture_output=True, text=True, timeout=240,
+                         cwd=str(REPO), stdin=subprocess.DEVNULL)
+    print(f"\nhangscope --slurm --transport srun --snapshot (2 samples), cold: {time.monotonic() - started:.2f} s\n"
+          f"{res.stdout}")
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    assert f"job {job_id} (hung) of root: RUNNING, 2 node(s)" in res.stderr
+    snap, analysis = snapshot_from_json(out.read_text())
+    assert [(n.name, n.state) for n in snap.nodes] == [(n, "done") for n in slurm.compute_names]
+    found = {r.rank: r for r in snap.ranks}
+    assert sorted(found) == sorted(job.ranks)
+    for rank, loc in job.ranks.items():
+        r = found[rank]
+        assert (r.node, r.pid, r.collected, r.error) == (loc.node, loc.pid, True, None)
+        env = dict(r.env)
+        assert env.get("SLURM_NODEID") == str(slurm.compute_names.index(loc.node)) and "SLURM_PROCID" in env
+    first = analysis["findings"][0]
+    assert first["ranks"] == [[job.ranks[job.culprit].node, job.ranks[job.culprit].pid]], first
+    assert f"rank {job.culprit}" in res.stdout
+    assert srun_processes() == [] and node_workers(slurm) == []
