@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from app.errors import TransportError
+from app.gpu.connect import close_workers, open_workers
 from app.model import snapshot_from_json
 from app.slurm.job import SlurmError
 from app.session import Session, SessionOptions
@@ -242,3 +243,17 @@ def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
     assert first["ranks"] == [[job.ranks[job.culprit].node, job.ranks[job.culprit].pid]], first
     assert f"rank {job.culprit}" in res.stdout
     assert srun_processes() == [] and node_workers(slurm) == []
+
+
+async def test_gpu_test_workers_open_in_the_allocation_over_srun(slurm: SlurmCluster, sleeper: str) -> None:
+    job = resolve_job(sleeper, slurm.env())
+    opener = slurm_opener("srun", SrunOptions(job_id=job.job_id, env=slurm.env(), start_timeout=60))
+    conns, errors = await open_workers(host_specs(job), SessionOptions(opener=opener))
+    try:
+        assert errors == {} and list(conns) == slurm.compute_names
+        done = await conns[slurm.compute_names[0]].call("gpu_ports", {"count": 2, "exclude": [], "low": 20000,
+                                                                      "high": 30000}, timeout=30)
+        assert len(done["ports"]) == 2
+    finally:
+        await close_workers(conns)
+    assert srun_processes() == []

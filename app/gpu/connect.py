@@ -1,4 +1,4 @@
-"""Open one worker per node for the GPU tests (SSH, or this machine without hosts), and close them again.
+"""Open one worker per node for the GPU tests (SSH or the session's opener, or this machine), and close them.
 
 The tests use workers of their own rather than an investigation session's: closing them (EOF) kills
 whatever test processes are left on the nodes, without touching the session's collection.
@@ -36,7 +36,11 @@ async def open_workers(hosts: Optional[Sequence[HostSpec]], options: SessionOpti
 
     async def one(h: HostSpec) -> None:
         try:
-            conns[h.name] = await ssh.open(h.host, name=h.name, user=h.user, port=h.port)
+            if options.opener is not None:  # --slurm: srun (or SSH, then srun) into the job's allocation
+                conns[h.name] = await options.opener(
+                    h, {}, lambda: ssh.open(h.host, name=h.name, user=h.user, port=h.port))
+            else:
+                conns[h.name] = await ssh.open(h.host, name=h.name, user=h.user, port=h.port)
         except TransportError as exc:
             errors[h.name] = exc.message
 
