@@ -242,6 +242,8 @@ def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
     first = analysis["findings"][0]
     assert first["ranks"] == [[job.ranks[job.culprit].node, job.ranks[job.culprit].pid]], first
     assert f"rank {job.culprit}" in res.stdout
+    # the culprit's SLURM task ids next to its RANK: its node is the srun step's task 1 (node index 1)
+    assert f"RANK {job.culprit}: SLURM_PROCID=1 SLURM_NODEID=1 SLURM_LOCALID=0" in res.stdout, res.stdout
     assert srun_processes() == [] and node_workers(slurm) == []
 
 

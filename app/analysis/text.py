@@ -28,8 +28,11 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
     out += _wrap(f"hangscope: {analysis.verdict}", width, "  ")
     if analysis.findings:
         out += ["", "Findings, most likely culprit first:"]
+        slurm = _slurm_ids(snapshot)
         for i, f in enumerate(analysis.findings[:MAX_FINDINGS], 1):
             out += _finding(i, f, width)
+            if len(f.ranks) == 1 and f.ranks[0] in slurm:  # a SLURM user finds the rank by its task ids
+                out += _wrap(slurm[f.ranks[0]], width, "      ", first="      ")
         if len(analysis.findings) > MAX_FINDINGS:
             out.append(f"  ... {len(analysis.findings) - MAX_FINDINGS} more findings in the snapshot file")
     if analysis.classes:
@@ -62,6 +65,17 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
         for line in failures:
             out += _wrap(line, width, "    ", first="  ")
     return "\n".join(clean(line, 10 * width) for line in out)
+
+
+def _slurm_ids(snapshot: Snapshot) -> Dict[Tuple[str, int], str]:
+    """`RANK 3: SLURM_PROCID=1 SLURM_NODEID=1 SLURM_LOCALID=0` for ranks started under srun."""
+    names = ("SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
+    out = {}
+    for r in snapshot.ranks:
+        ids = [f"{n}={r.env_value(n)}" for n in names if r.env_value(n) is not None]
+        if ids:
+            out[(r.node, r.pid)] = f"RANK {r.rank if r.rank is not None else '?'}: {' '.join(ids)}"
+    return out
 
 
 def _wrap(text: str, width: int, indent: str, first: str = "") -> List[str]:
