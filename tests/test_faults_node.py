@@ -19,7 +19,7 @@ from app import parse
 from app.analysis import analyze
 from app.model import Snapshot
 from worker_client import WorkerProc
-from worker_targets import Target, rank_env, untouched, wait_blocked
+from worker_targets import Target, proc_state, rank_env, tracer_pid, untouched, wait_blocked, wait_until
 from workers import procinfo
 
 THREADS, DEPTH = 200, 120
@@ -105,3 +105,32 @@ def test_sudo_that_needs_a_password_is_named_and_never_prompts() -> None:
     res = subprocess.run([*as_nobody, "sudo", "-n", "true"], capture_output=True, text=True,
                          stdin=subprocess.DEVNULL, timeout=10)
     assert res.returncode != 0 and "password" in res.stderr
+
+
+# A FAKE gdb, for a fault that cannot be produced on demand with the real one: a debugger wedged on its
+# target. It stops the target, then really attaches with ptrace (strace) and never finishes.
+FAKE_HANGING_GDB = b"""#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = -p ] && pid=$2; shift; done
+kill -STOP "$pid"
+exec strace -qq -p "$pid" -o /dev/null
+"""
+
+
+def test_a_hanging_gdb_is_killed_at_its_deadline_and_the_target_left_neither_stopped_nor_traced() -> None:
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    with Target([sys.executable, "-c", "import os; r, w = os.pipe(); print('ready', os.getpid(), flush=True); "
+                 "os.read(r, 1)"], env=rank_env(0)) as t, WorkerProc() as w:
+        wait_blocked(t.pid)
+        _, pushed = w.call("push_tool", {"name": "gdb", "data_b64": base64.b64encode(FAKE_HANGING_GDB).decode(),
+                                         "sha256": hashlib.sha256(FAKE_HANGING_GDB).hexdigest()}, timeout=30)
+        assert pushed["type"] == "done", pushed
+        t0 = time.monotonic()
+        _, err = w.call("gdb", dict(_target(t), timeout=1.5), timeout=30)
+        took = time.monotonic() - t0
+        assert err["code"] == "timeout" and "gdb" in err["message"] and "killed" in err["message"], err
+        assert 1.5 <= took < 8, took
+        assert "target state after:" in err["message"]  # checked after the kill (resumed if it was stopped)
+        wait_until(lambda: untouched(t.pid), what="the rank neither stopped nor traced: %s (state %s, tracer %s)"
+                   % (err["message"], proc_state(t.pid), tracer_pid(t.pid)))
+

@@ -64,19 +64,24 @@ def check_before(pid: int, start_time: Optional[int], allow_tracer: bool = False
     return fields[2]
 
 
-def check_after(pid: int, before: str) -> Tuple[str, bool]:
+def check_after(pid: int, before: str, tool_killed: bool = False) -> Tuple[str, bool]:
     """(state after, resumed): SIGCONT a target the tool left stopped when it was not stopped before."""
     # The tool has been reaped, so the kernel has detached it; give a detach in flight a moment to land.
     deadline = time.monotonic() + 0.5
     while tracer_pid(pid) and time.monotonic() < deadline:
         time.sleep(0.005)
     after = state(pid)
-    if after in ("T", "t") and before not in ("T", "t"):
+    if before in ("T", "t"):
+        return after, False
+    # A tool killed mid-attach can leave a group stop in flight: right after the detach the target shows R,
+    # then stops for good. SIGCONT also discards a pending stop, so after a killed tool it is sent whatever
+    # the state reads; a target that was running anyway only sees a SIGCONT it ignores by default.
+    if after in ("T", "t") or (tool_killed and after):
         try:
             os.kill(pid, signal.SIGCONT)
         except OSError:
             return after, False
-        return state(pid) or after, True
+        return state(pid) or after, after in ("T", "t")
     return after, False
 
 

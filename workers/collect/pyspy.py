@@ -127,12 +127,14 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
     lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
     with lock:
+        res = None
         try:
             res = _run(req, tool, pid, nspid, other_ns, flags, opts, item)
         except OSError as exc:
             raise CollectError("tool_failed", "cannot run py-spy (%s): %s" % (tool.path, exc))
         finally:
-            item["state_after"], item["resumed"] = guard.check_after(pid, item["state_before"])
+            killed = res is not None and (res.timed_out or res.killed)
+            item["state_after"], item["resumed"] = guard.check_after(pid, item["state_before"], killed)
     stderr = redact_text(res.stderr.decode("utf-8", "replace"))
     item["pyspy_stderr"] = stderr[-4000:]
     if res.killed:

@@ -28,6 +28,7 @@ def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_t
                                % (tool_name, ", ".join(searched)))
         with guard.Exclusive(pid, "%s, request %d" % (tool_name, req.id)):
             path, fds = tool.exec_path(inside_ns=False)
+            res = None
             try:
                 res = req.run(prefix + [path] + args, timeout, pass_fds=fds, stop_after=stop_after,
                               stop_signal=signal.SIGINT, max_stdout=MAX_STRACE_BYTES, max_stderr=max_stderr,
@@ -35,7 +36,8 @@ def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_t
             except OSError as exc:
                 raise CollectError("tool_failed", "cannot run %s (%s): %s" % (tool_name, path, exc))
             finally:
-                after, resumed = guard.check_after(pid, before)
+                killed = res is not None and (res.timed_out or res.killed)
+                after, resumed = guard.check_after(pid, before, killed)
     except CollectError as exc:
         raise OpError(exc.code, exc.message)
     if res.killed:

@@ -1,0 +1,182 @@
+"""Soak: hangscope refreshing every 2 s for 30 minutes on a healthy 8-rank torch job (test cluster, 4 nodes x 2).
+
+Measures what a user leaving hangscope open on a production job relies on: the job's step rate with hangscope
+watching vs. without (a baseline window before and after), hangscope's memory (RSS) and open file count over
+the run, that no rank is ever seen stopped or traced, and that nothing of hangscope stays on a node after it
+exits. The watcher is a child process running the real Session loop the TUI's --refresh drives (non-blocking
+py-spy sampling, locals, analysis with a bounded history), so its /proc numbers are hangscope's alone.
+Needs root (network namespaces); not part of the test suite.
+
+    sudo python3 bench/soak.py                      # the 30-minute run
+    sudo python3 bench/soak.py --minutes 3 --baseline 45   # a short check that it works
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+PYSPY = Path(sys.executable).resolve().parent / "py-spy"
+
+
+def job_step(host_pid: int) -> int:
+    """train()'s `step` local, read without pausing the rank (py-spy --nonblocking; retried: a running rank's
+    memory can change under the read)."""
+    last = ""
+    for _ in range(10):
+        res = subprocess.run([str(PYSPY), "dump", "--nonblocking", "--locals", "--pid", str(host_pid)],
+                             capture_output=True, text=True, timeout=30)
+        if res.returncode == 0 and "    train (" in res.stdout:
+            section = res.stdout.split("    train (", 1)[1]
+            match = re.search(r"^\s+step: (\d+)$", section, re.MULTILINE)
+            if match:
+                return int(match.group(1))
+        last = res.stderr or res.stdout[-400:]
+    raise RuntimeError(f"could not read the step of pid {host_pid}: {last}")
+
+
+def step_rate(host_pid: int, seconds: float) -> float:
+    s0, t0 = job_step(host_pid), time.monotonic()
+    time.sleep(seconds)  # a benchmark window, not a test waiting for something
+    return (job_step(host_pid) - s0) / (time.monotonic() - t0)
+
+
+def proc_numbers(pid: int) -> tuple[int, int]:
+    """(RSS in kB, open file descriptors) of a live process."""
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- the watcher (child process) -------------------------------------------------------------------------
+
+async def watch(names: List[str], ssh_config: str, interval: float, seconds: float) -> None:
+    from app.analysis import analyze
+    from app.hosts import parse_hosts
+    from app.model import CollectOptions
+    from app.session import Session, SessionOptions
+
+    hosts = parse_hosts("".join(f"{n}\n" for n in names), "soak").hosts
+    options = SessionOptions(collect=CollectOptions(nonblocking=True, locals=True), ssh_config=(ssh_config,))
+    session = Session(hosts, options)
+    history: collections.deque = collections.deque(maxlen=30)  # the TUI bounds its history too
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    n = 0
+    try:
+        while loop.time() < end:
+            tick = loop.time()
+            snap = await (session.snapshot() if n == 0 else session.refresh())
+            analysis = analyze(snap, history=list(history))
+            history.append(snap)
+            n += 1
+            print(json.dumps({"n": n, "ranks": len(snap.ranks), "complete": snap.complete,
+                              "took": round(loop.time() - tick, 3), "findings": len(analysis.findings),
+                              "errors": sorted({r.error.code for r in snap.ranks if r.error is not None}
+                                               | {n.error.code for n in snap.nodes if n.error is not None})}),
+                  flush=True)
+            await asyncio.sleep(max(0.0, tick + interval - loop.time()))
+    finally:
+        await session.close()
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+def soak(minutes: float, interval: float, baseline: float) -> Dict[str, object]:
+    import cluster as cluster_mod
+    from faults_nodes import leftovers, stopped_or_traced
+    from jobs import start_job
+
+    with cluster_mod.build_cluster(4, prefix="soak") as c:
+        job = start_job(c, "healthy", nodes=4, ranks_per_node=2, timeout=300)
+        try:
+            pids = [loc.host_pid for loc in job.ranks.values()]
+            probe = job.ranks[min(job.ranks)].host_pid
+            before = step_rate(probe, baseline)
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--child", ",".join(c.names), "--ssh-config", str(c.ssh_config),
+                 "--interval", str(interval), "--seconds", str(minutes * 60)],
+                env=c.env(), stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+            lines: List[dict] = []
+            reader = threading.Thread(target=lambda: lines.extend(json.loads(x) for x in child.stdout), daemon=True)
+            reader.start()
+            mem: List[tuple[float, int, int]] = []
+            bad: List[str] = []
+            s0, t0 = job_step(probe), time.monotonic()
+            next_mem = t0
+            while child.poll() is None:
+                bad += stopped_or_traced(pids)
+                if time.monotonic() >= next_mem:
+                    try:
+                        rss, fds = proc_numbers(child.pid)
+                        mem.append((time.monotonic() - t0, rss, fds))
+                    except (OSError, StopIteration):
+                        pass
+                    next_mem += 10
+                time.sleep(0.5)  # sampling period of the stopped/traced check
+            watched = (job_step(probe) - s0) / (time.monotonic() - t0)
+            reader.join(10)
+            left_t0 = time.monotonic()
+            while leftovers(c.nodes) and time.monotonic() - left_t0 < 10:
+                time.sleep(0.1)
+            left = leftovers(c.nodes)
+            after = step_rate(probe, baseline)
+            bad += stopped_or_traced(pids)
+        finally:
+            job.stop()
+    warm = next((m for m in mem if m[0] >= 60), mem[0]) if mem else (0, 0, 0)
+    end = mem[-1] if mem else (0, 0, 0)
+    base = (before + after) / 2
+    took = sorted(x["took"] for x in lines) or [0.0]
+    return {
+        "minutes": minutes, "refreshes": len(lines), "child_exit": child.returncode,
+        "incomplete_refreshes": sum(1 for x in lines if not x["complete"] or x["ranks"] != 8),
+        "incomplete_why": sorted({e for x in lines for e in x["errors"]}),
+        "refresh_median_s": took[len(took) // 2], "refresh_max_s": took[-1],
+        "steps_per_s_before": round(before, 3), "steps_per_s_watched": round(watched, 3),
+        "steps_per_s_after": round(after, 3), "step_rate_drop_pct": round(100 * (base - watched) / base, 2),
+        "rss_kb_start": mem[0][1] if mem else 0, "rss_kb_warm": warm[1], "rss_kb_end": end[1],
+        "rss_kb_max": max((m[1] for m in mem), default=0),
+        "fds_start": mem[0][2] if mem else 0, "fds_warm": warm[2], "fds_end": end[2],
+        "fds_max": max((m[2] for m in mem), default=0),
+        "stopped_or_traced_seen": bad[:10], "left_on_nodes": left,
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (2)")
+    p.add_argument("--baseline", type=float, default=120.0, help="seconds of step-rate baseline before and after")
+    p.add_argument("--child", metavar="NODES", help=argparse.SUPPRESS)
+    p.add_argument("--ssh-config", help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        asyncio.run(watch(args.child.split(","), args.ssh_config, args.interval, args.seconds))
+        return 0
+    result = soak(args.minutes, args.interval, args.baseline)
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    ok = (result["step_rate_drop_pct"] < 2 and not result["stopped_or_traced_seen"] and not result["left_on_nodes"]
+          and result["child_exit"] == 0)
+    print("PASS" if ok else "FAIL (see above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
