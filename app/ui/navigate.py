@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.tree import build_tree
 from app.model import RankSnapshot
 from app.ui.core import HangscopeCore
 from app.ui.grid_model import rank_key
-from app.ui.screens.dialogs import GpuTestsScreen, HelpScreen
+from app.ui.screens.dialogs import HelpScreen
 from app.ui.screens.diff import DiffScreen
 from app.ui.screens.drill import DrillScreen
+from app.ui.screens.gpu import GpuTests
 from app.ui.screens.tree import TreeScreen
 
 class NavigateMixin(HangscopeCore):
+    _gpu_tests: Optional[GpuTests] = None  # created on first use: the running GPU test and the last results
+
     # -- marks -----------------------------------------------------------------------------------------
 
     def action_toggle_mark(self) -> None:
@@ -103,8 +108,17 @@ class NavigateMixin(HangscopeCore):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
+    @property
+    def gpu_tests(self) -> GpuTests:
+        if self._gpu_tests is None:
+            self._gpu_tests = GpuTests(self)
+        return self._gpu_tests
+
     def action_gpu_tests(self) -> None:
-        self.push_screen(GpuTestsScreen())
+        self.gpu_tests.open()
+
+    def action_gpu_results(self) -> None:
+        self.gpu_tests.show_results()
 
     def action_quit_app(self) -> None:
         self.exit(return_code=self.exit_code())

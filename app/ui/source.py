@@ -2,19 +2,36 @@
 
 The App is handed a source and never builds one (memray's pattern): tests give it a ReplaySource that emits
 the very events the real Session emits (NodeUpdate, RankUpdate, SnapshotDone), so the UI is tested without
-I/O, and a loaded snapshot file is just a replay with nothing more to collect.
+I/O, and a loaded snapshot file is just a replay with nothing more to collect. Only a live source can run
+the GPU tests (gpu_access()): they need the nodes themselves, not a recording of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Tuple
 
+from app.gpu.options import GpuTestOptions
+from app.hosts import HostSpec
 from app.model import CollectOptions, RankSnapshot, Snapshot
-from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
+from app.session import NodeUpdate, RankUpdate, SessionEvent, SessionOptions, SnapshotDone
 
 RankKey = Tuple[str, int]
 Listener = Callable[[SessionEvent], None]
+
+NEEDS_LIVE_NODES = ("the GPU tests need live nodes: this view replays a recording. Run `hangscope hosts.txt` "
+                    "to test from here, or `hangscope hosts.txt --test sanity|bench|pairs|net` headless.")
+
+
+@dataclass(frozen=True)
+class GpuAccess:
+    """How the GPU tests reach the nodes: the session's hosts (None: this machine) and its SSH settings; the
+    tests open workers of their own with them (app.gpu.connect), so they never disturb a collection."""
+
+    hosts: Optional[Sequence[HostSpec]]
+    session_options: SessionOptions
+    options: GpuTestOptions = GpuTestOptions()
 
 
 class SessionSource(Protocol):
@@ -38,17 +55,26 @@ class SessionSource(Protocol):
 
     async def close(self) -> None: ...
 
+    def gpu_access(self) -> Optional[GpuAccess]:
+        """Where the GPU tests may run; None when there are no live nodes (NEEDS_LIVE_NODES says why)."""
+        ...
+
 
 class LiveSource:
     """The real source: an app.session.Session, whose events are forwarded to the subscribed listener."""
 
     live = True
 
-    def __init__(self, hosts, options) -> None:  # (Optional[Sequence[HostSpec]], SessionOptions)
+    def __init__(self, hosts: Optional[Sequence[HostSpec]], options: SessionOptions, *,
+                 gpu_options: Optional[GpuTestOptions] = None) -> None:
         from app.session import Session
 
         self._listener: Optional[Listener] = None
         self.session = Session(hosts, options, on_event=self._emit)
+        self._hosts = list(hosts) if hosts is not None else None
+        # The tests' interpreter defaults to the session's --python; otherwise each node's is taken from the
+        # job's ranks (/proc/PID/exe) by the runner.
+        self._gpu_options = gpu_options or GpuTestOptions(python=options.python)
 
     @property
     def options(self) -> CollectOptions:
@@ -91,6 +117,9 @@ class LiveSource:
 
     async def close(self) -> None:
         await self.session.close()
+
+    def gpu_access(self) -> Optional[GpuAccess]:
+        return GpuAccess(self._hosts, self.session.options, self._gpu_options)
 
 
 class ReplaySource:
@@ -173,6 +202,9 @@ class ReplaySource:
 
     async def close(self) -> None:
         self.closed = True
+
+    def gpu_access(self) -> Optional[GpuAccess]:
+        return None  # a recording has no nodes to test (NEEDS_LIVE_NODES)
 
 
 def loaded_source(snapshot: Snapshot) -> ReplaySource:

@@ -96,29 +96,3 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="dialog"):
             yield Label(Text("hangscope: keys", style="bold"), id="dialog-title")
             yield Static(Text(HELP), id="help-text")
-
-
-GPU_TESTS = """\
-The GPU tests run their own small torch.distributed jobs on the nodes, outside this view, so nothing here
-touches the hung job. Run them from a shell on this login node with the same hosts file, once the hung job
-is gone (its GPUs must be free):
-
-  hangscope hosts.txt --test sanity    all_reduce and barrier on every GPU of every node
-  hangscope hosts.txt --test pairs     find the bad node or link: all_reduce on node pairs
-  hangscope hosts.txt --test bench     all_reduce bandwidth sweep
-  hangscope hosts.txt --test net       network interfaces and port reachability between nodes
-
-Each prints which node or link fails or is slow (`hangscope --help` lists their options). Nothing is
-started from this screen.
-"""
-
-
-class GpuTestsScreen(ModalScreen[None]):
-    """Explains how to run the GPU tests; the runner is its own command, so this screen invents no results."""
-
-    BINDINGS = [Binding("escape,q", "dismiss", "close")]
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(id="dialog"):
-            yield Label(Text("GPU tests", style="bold"), id="dialog-title")
-            yield Static(Text(GPU_TESTS), id="gpu-text")
