@@ -52,12 +52,14 @@ def discover(req: Request) -> Dict[str, Any]:
     notes += scan.notes
     use = gpus.query(req, notes) if ranks else {}
     ss_by_ns: Dict[str, Any] = {}
+    tcp_by_ns: Dict[str, Any] = {}  # the ranks of a node usually share one network namespace
     for rank in ranks:
         rank["gpus"] = use.get(rank["pid"], [])
         netns = procinfo.namespace(rank["pid"], "net") or ""
         if netns not in ss_by_ns:
             ss_by_ns[netns] = _ss(req, rank["pid"], netns)
-        rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns])
+            tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
+        rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
         req.item(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
 

@@ -97,11 +97,11 @@ def parse_ss(text: str) -> Dict[Tuple[str, str], Dict[str, int]]:
     return out
 
 
-def for_pid(pid: int, ss: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None) -> List[Dict[str, Any]]:
-    """The TCP sockets pid holds (empty when its fds are not readable)."""
-    inodes = socket_inodes(pid)
-    if not inodes:
-        return []
+def tcp_table(pid: int) -> Dict[int, Dict[str, Any]]:
+    """Every TCP socket of pid's network namespace by inode (/proc/PID/net/tcp and tcp6).
+
+    Reading these files walks the kernel's whole TCP hash table, ~3 ms of system time each on a node with
+    much memory whatever the namespace holds: read them once per namespace, not once per rank."""
     rows: Dict[int, Dict[str, Any]] = {}
     for name in ("tcp", "tcp6"):
         try:
@@ -109,11 +109,23 @@ def for_pid(pid: int, ss: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None
                                        .decode("ascii", "replace")))
         except OSError:
             continue
+    return rows
+
+
+def for_pid(pid: int, ss: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None,
+            table: Optional[Dict[int, Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """The TCP sockets pid holds (empty when its fds are not readable). table: tcp_table() of a process in
+    pid's network namespace, when the caller has it already."""
+    inodes = socket_inodes(pid)
+    if not inodes:
+        return []
+    rows = tcp_table(pid) if table is None else table
     out = []
     for inode in inodes:
         row = rows.get(inode)
         if row is None:
             continue  # a unix or UDP socket
+        row = dict(row)  # the table may be shared by several ranks
         extra = (ss or {}).get((row["local"], row["peer"]))
         if extra:
             row["backoff"] = extra.get("backoff", 0)
