@@ -25,6 +25,7 @@ from app.session import Session, SessionOptions
 from app.slurm.connect import slurm_opener
 from app.slurm.resolve import host_specs, resolve_job
 from app.slurm.srun import SrunOptions, SrunTransport
+from app.transport.base import WorkerConnection
 from cluster import poll
 from jobs import JOB_SCRIPT, MARK, PYTHON, REPO, Job
 from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
@@ -32,13 +33,17 @@ from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def slurm(cluster_support: None) -> Iterator[SlurmCluster]:
+def require_slurm() -> None:
     problem = slurm_problem()
     if problem:  # like the cluster itself: skipped on a dev box without the packages, a failure in CI
         if os.environ.get("CI"):
             pytest.fail(f"{problem} (env CI is set: tests/install-deps.sh installs them)", pytrace=False)
         pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster_support: None) -> Iterator[SlurmCluster]:
+    require_slurm()
     with build_slurm(2) as s:
         yield s
 
@@ -180,6 +185,30 @@ async def test_session_over_srun_and_auto_falls_back_when_ssh_is_refused(slurm: 
             assert all(any("reached over srun" in w and "refused" in w for w in n.warnings) for n in snap.nodes)
         assert srun_processes() == []
     assert slurm_opener("ssh", srun) is None
+
+
+async def test_a_node_srun_cannot_launch_on_fails_alone(cluster_support: None) -> None:
+    """srun aborts the whole step when one node's slurmd is gone; the other node gets in with a second step."""
+    require_slurm()
+    with build_slurm(2) as own:  # its own SLURM: this test breaks a node
+        job_id = submit(own, "-N", "2", "--wrap", "sleep 3000")
+        wait_state(own, job_id, "RUNNING")
+        good, bad = own.compute_names
+        for proc in own.computes[1].procs():
+            if proc.comm == "slurmd":
+                own.computes[1].run(["kill", "-9", str(proc.pid)])
+        transport = SrunTransport(SrunOptions(job_id=job_id, env=own.env(), start_timeout=60))
+        ok, failed = await asyncio.gather(transport.open(good), transport.open(bad), return_exceptions=True)
+        try:
+            assert isinstance(ok, WorkerConnection), ok
+            assert ok.hello["hostname"] == good and any("second step" in w for w in ok.warnings)
+            assert isinstance(failed, TransportError) and failed.code == "lost"
+            assert f"failed on node {bad}" in str(failed) and str(failed).startswith(f"{bad}:")
+        finally:
+            if isinstance(ok, WorkerConnection):
+                await ok.close()
+            await transport.close()
+        assert srun_processes() == []
 
 
 # -- end to end: the hung torch job submitted with sbatch, investigated with --slurm over srun only ----------

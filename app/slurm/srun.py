@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import shutil
 import signal
 import time
@@ -154,7 +155,7 @@ class _Step:
             pass  # a line that is no frame of ours and longer than 64 KB: srun's stream is unusable
         code = await self.proc.wait()
         await asyncio.wait(self.tasks[1:], timeout=1.0)
-        why = self.stderr.decode("utf-8", "replace").strip()[-1500:]
+        why = self.stderr_text()
         self._fail_all(ExitInfo(lost=f"the srun step ended (exit status {code})" + (f": {why}" if why else "")))
 
     def _on_frame(self, line: bytes) -> None:
@@ -198,6 +199,13 @@ class _Step:
             self.stderr += chunk
             del self.stderr[:-STDERR_KEEP]
 
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace").strip()[-1500:]
+
+    def blames(self, host: str) -> bool:
+        """srun named this node as the one it could not launch on (it then aborts every node's task)."""
+        return re.search(rf"\bon node {re.escape(host)}\b", self.stderr_text()) is not None
+
     def _fail_all(self, info: ExitInfo) -> None:
         for chan in self.channels.values():
             chan.finish(info)
@@ -227,6 +235,14 @@ class _Step:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+class _StepAborted(Exception):
+    """The step died before this node's worker started, and srun blamed another node."""
+
+    def __init__(self, error: TransportError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -244,8 +260,21 @@ class SrunTransport:
         self._steps: list[_Step] = []
 
     async def open(self, host: str, *, name: Optional[str] = None) -> WorkerConnection:
-        """Start (or join) a step on `host` (a SLURM node name) and wait for its worker's hello."""
-        name = name or host
+        """Start (or join) a step on `host` (a SLURM node name) and wait for its worker's hello.
+
+        srun aborts a whole step when it cannot launch on one node; the nodes srun did not blame for that
+        get one more try, in a step without the blamed node, within the same start deadline."""
+        t0 = time.monotonic()
+        try:
+            return await self._open(host, name or host, self.options.start_timeout)
+        except _StepAborted as aborted:
+            remaining = self.options.start_timeout - (time.monotonic() - t0)
+            if remaining <= 1.0:
+                raise aborted.error from None
+            return await self._open(host, name or host, remaining, retried=aborted.error)
+
+    async def _open(self, host: str, name: str, timeout: float,
+                    retried: Optional[TransportError] = None) -> WorkerConnection:
         t0 = time.monotonic()
         step = await self._join(host)
         chan = step.channels[host]
@@ -258,16 +287,25 @@ class SrunTransport:
         conn = WorkerConnection(name, chan.stdout, chan, chan.stderr, chan.wait_exit, kill=chan.kill,
                                 on_close=on_close, python=self.options.python)
         conn.timings["connect"] = time.monotonic() - t0
-        remaining = max(0.1, self.options.start_timeout - (time.monotonic() - t0))
+        remaining = max(0.1, timeout - (time.monotonic() - t0))
         try:
             await conn.start(b"", remaining)  # the payload went to every node once, with the step
         except TransportError as exc:
             await conn.close(kill=True, timeout=1.0)
-            raise TransportError(exc.code, f"{exc.message} (over srun, job {self.options.job_id})",
-                                 phase=exc.phase, hint=exc.hint) from None
+            srun_says = step.stderr_text()
+            if exc.code == "timeout" and srun_says:
+                exc = TransportError(exc.code, f"{exc.message}; srun says: {srun_says}", phase=exc.phase)
+            error = TransportError(exc.code, f"{exc.message} (over srun, job {self.options.job_id})",
+                                   phase=exc.phase, hint=exc.hint)
+            if retried is None and exc.code == "lost" and len(step.channels) > 1 and not step.blames(host):
+                raise _StepAborted(error) from None
+            raise error from None
         except BaseException:
             await conn.close(kill=True, timeout=1.0)
             raise
+        if retried is not None:
+            conn.warnings.append(f"the first srun step failed because of another node; reached in a second "
+                                 f"step ({retried.message})")
         conn.timings["total"] = time.monotonic() - t0
         return conn
 
