@@ -199,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
     from app.ui import run_tui
     from app.ui.source import LiveSource
 
-    title = args.hosts or ",".join(args.nodelist) or "this machine"
+    title = getattr(args, "slurm_title", "") or args.hosts or ",".join(args.nodelist) or "this machine"
     return run_tui(LiveSource(hosts, headless.session_options(args)), fps=args.fps, title=title,
                    interval=args.refresh_interval)
 

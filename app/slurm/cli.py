@@ -25,7 +25,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
-    """Resolve --slurm into the job's nodes and set `args.opener` for --transport; InputError when unusable."""
+    """Resolve --slurm into the job's nodes; sets `args.opener` (--transport) and `args.slurm_title` (the TUI's
+    title); InputError when the job cannot be used."""
     if args.hosts or args.nodelist:
         raise InputError("--slurm finds the job's nodes itself; do not also give HOSTS or -w")
     job = resolve_job(args.slurm or None, os.environ)
@@ -33,6 +34,7 @@ def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
         print(f"hangscope: {job.summary()} (from {job.source})", file=sys.stderr)
     for warning in job.warnings:
         print(f"hangscope: warning: {warning}", file=sys.stderr)
+    args.slurm_title = f"SLURM job {job.job_id} ({job.name})" if job.name else f"SLURM job {job.job_id}"
     args.opener = slurm_opener(args.transport, SrunOptions(job_id=job.job_id, python=args.python or "python3"))
     return host_specs(job)
 
