@@ -174,10 +174,28 @@ async def test_cancel_stops_the_test_and_every_process_of_it() -> None:
         await pilot.press("G", "b", "enter")
         await until(pilot, lambda: screen_text(app).count("□□ bench") == 2, "both ranks in the sweep", timeout=90)
         assert len(tagged_pids(needle)) >= 3  # torchrun and its two ranks
+        await pilot.press("escape")  # back to the grid: the test goes on ...
+        assert app.screen is app.main and app.gpu_tests.running
+        await pilot.press("G")  # ... and G shows its progress again, not a new setup
+        assert isinstance(app.screen, GpuProgressScreen)
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results screen", timeout=60)
         assert "INTERRUPTED" in screen_text(app)
         assert not app.gpu_tests.running
+    assert await until_gone(needle) == []
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("torch_support")
+async def test_quitting_while_a_test_runs_leaves_no_process_of_it() -> None:
+    options, needle = tagged(procs_per_node=2, sizes=(64 << 20,), iters=100000, warmup=1, timeout=60)
+    app = HangscopeApp(LocalGpuSource(options))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("G", "b", "enter")
+        await until(pilot, lambda: len(tagged_pids(needle)) >= 3, "torchrun and its two ranks", timeout=90)
+        await pilot.press("escape", "q")
     assert await until_gone(needle) == []
 
 

@@ -120,6 +120,11 @@ class NavigateMixin(HangscopeCore):
     def action_gpu_results(self) -> None:
         self.gpu_tests.show_results()
 
+    async def on_unmount(self) -> None:
+        # Textual calls every class's handler: this one runs next to CollectMixin's (which closes the source).
+        if self._gpu_tests is not None:
+            await self._gpu_tests.close()
+
     def action_quit_app(self) -> None:
         self.exit(return_code=self.exit_code())
 

@@ -183,6 +183,7 @@ class GpuTests:
         self.results: Optional[GpuTestResults] = None
         self.runner: Optional["GpuTestRunner"] = None
         self.running = False
+        self._conns: dict = {}  # the running test's workers, for close()
 
     # -- opening ---------------------------------------------------------------------------------------
 
@@ -245,7 +246,7 @@ class GpuTests:
         self._redraw()
 
     async def _run(self, plan: Plan, access: GpuAccess) -> None:
-        from app.gpu.connect import close_workers, open_workers
+        from app.gpu.connect import open_workers
         from app.gpu.runner import GpuTestRunner
 
         progress = self.progress
@@ -254,6 +255,7 @@ class GpuTests:
         conns: dict = {}
         try:
             conns, errors = await open_workers(hosts, access.session_options)
+            self._conns = conns
             progress.stage = "checking the nodes (GPUs and who holds them, the job's python)"
             self._redraw()
             options = access.options
@@ -278,13 +280,18 @@ class GpuTests:
             raise
         finally:
             self.runner = None
-            try:
-                await asyncio.wait_for(close_workers(conns), CLOSE_TIMEOUT)
-            except (asyncio.TimeoutError, HangscopeError, OSError):
-                pass  # a node that does not answer: its worker still exits on EOF when its channel closes
+            await _close(conns)
+            self._conns = {}
             self.running = False
             if self.app.is_running:  # not when the app is quitting: nothing is left to show it on
                 self._finished(progress)
+
+    async def close(self) -> None:
+        """The app is quitting: stop the test and wait until its workers are closed (which kills every process
+        of it on the nodes): Textual only cancels the worker running it, and would not wait for that."""
+        if self.runner is not None:
+            self.runner.cancel()
+        await _close(self._conns)
 
     async def _confirm_busy(self, exc: GpusBusyError) -> bool:
         lines = [f"{clean(node, 60)}: pid {h.pid} {clean(h.process, 80)} holds {clean(h.uuid, 60)} "
@@ -316,3 +323,12 @@ class GpuTests:
             word = "interrupted" if results.interrupted else ("passed" if results.ok else "found a problem")
             self.app.notify(f"{clean(results.verdict, 300)}\n(Ctrl+P, GPU test results)",
                             title=f"GPU test {results.kind} {word}", markup=False, timeout=20)
+
+
+async def _close(conns: dict) -> None:
+    from app.gpu.connect import close_workers
+
+    try:
+        await asyncio.wait_for(close_workers(conns), CLOSE_TIMEOUT)
+    except (asyncio.TimeoutError, HangscopeError, OSError):
+        pass  # a node that does not answer: its worker still exits on EOF when its channel closes
