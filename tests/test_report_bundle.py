@@ -135,7 +135,7 @@ def test_snapshot_json_validates_against_the_schema_and_loads_back(tmp_path: Pat
     assert analyze(back).verdict == analysis.verdict  # redaction kept everything the analysis looks at
 
     # and the CLI's --load reads it back
-    out = subprocess.run([sys.executable, "-m", "app", "--load", str(tmp_path / "b" / "snapshot.json")],
+    out = subprocess.run([sys.executable, "-m", "app", "--load", str(tmp_path / "b" / "snapshot.json"), "--print"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "rank 5" in out.stdout and "_next_data" in out.stdout
@@ -296,7 +296,7 @@ def test_empty_failed_and_oversized_snapshots_still_give_a_bundle(tmp_path: Path
     assert "f" * 199 + "\u2026" in "".join(page.text)
 
 
-GOLDEN = sorted(p for p in (ROOT / "tests" / "data").glob("*.json")
+GOLDEN = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json")
                 if '"schema": "hangscope.snapshot"' in p.read_text(encoding="utf-8")[:200])
 
 
