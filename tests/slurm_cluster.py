@@ -91,8 +91,8 @@ class SlurmCluster:
         key.write_bytes(os.urandom(128))
         key.chmod(0o400)
         socket = self.dir / "munge.socket"
-        self._munged = subprocess.Popen(
-            ["/usr/sbin/munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket}",
+        self._munged = subprocess.Popen(  # pdeathsig: a killed test run takes munged along (the nodes go too)
+            ["setpriv", "--pdeathsig", "KILL", "--", "/usr/sbin/munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket}",
              f"--pid-file={self.dir / 'munged.pid'}", f"--seed-file={self.dir / 'munge.seed'}",
              f"--log-file={self.dir / 'munged.log'}", "--num-threads=2"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
