@@ -1,7 +1,7 @@
 # One command per job: `make test` installs what the tests need and runs every test (what CI runs).
 PY ?= python3
 
-.PHONY: deps test demo bench
+.PHONY: deps test demo bench bench-snapshot
 
 deps:
 	bash tests/install-deps.sh
@@ -14,3 +14,6 @@ demo:
 
 bench:
 	$(PY) bench/analysis.py
+
+bench-snapshot:  # needs root: hangscope vs the ssh recipes and the floor, 4-32 fake nodes (docs/performance.md)
+	$(PY) bench/snapshot.py
