@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -118,7 +119,7 @@ async def test_a_loaded_snapshot_says_the_tests_need_live_nodes() -> None:
 @pytest.mark.torch
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("torch_support")
-async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw() -> None:
+async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw(tmp_path) -> None:
     options, needle = tagged(procs_per_node=2, sizes=(4096, 1 << 20), iters=3, warmup=1, timeout=30)
     app = HangscopeApp(LocalGpuSource(options))
     async with app.run_test(size=SIZE) as pilot:
@@ -147,7 +148,11 @@ async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw() -> None:
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results again")
         assert "peak busbw" in screen_text(app)
+        await pilot.press("escape", "e", "ctrl+a", "ctrl+k", *str(tmp_path / "report"), "enter")
+        await app.workers.wait_for_complete()
     assert await until_gone(needle) == []
+    saved = json.loads((tmp_path / "report" / "tests.json").read_text())  # the report carries the results
+    assert saved["kind"] == "bench" and saved["ok"] and len(saved["runs"][0]["bench"]) == 2
 
 
 @pytest.mark.timeout(60)

@@ -210,7 +210,7 @@ class CollectMixin(HangscopeCore):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(view.snapshot.taken_at))
         self.push_screen(PathScreen("Export a report of this snapshot", f"hangscope-{stamp}",
                                     "A directory (created 0700): summary.md, report.html, snapshot.json and flame "
-                                    "graphs, secrets redacted. `hangscope --load DIR/snapshot.json` reads it back."),
+                                    "graphs (and the last GPU test's results), secrets redacted. `hangscope --load DIR/snapshot.json` reads it back."),
                          lambda path: self._export(path) if path else None)
 
     def _export(self, path: str) -> None:
@@ -220,13 +220,13 @@ class CollectMixin(HangscopeCore):
         history = self.history[max(0, self.position - 10):self.position]
         # Rendering the HTML of a large job takes a while: a thread keeps the screen responsive.
         self.run_worker(partial(self._export_in_thread, view.snapshot, view.analysis, os.path.expanduser(path),
-                                history), thread=True, group="export", exit_on_error=False)
+                                history, self.gpu_results), thread=True, group="export", exit_on_error=False)
 
-    def _export_in_thread(self, snapshot, analysis, path: str, history) -> None:
+    def _export_in_thread(self, snapshot, analysis, path: str, history, tests=None) -> None:
         from app.report import export_bundle
 
         try:
-            result = export_bundle(snapshot, analysis, path, history=history)
+            result = export_bundle(snapshot, analysis, path, history=history, tests=tests)
         except HangscopeError as exc:
             self.call_from_thread(self.notify, f"{exc}\n{exc.hint}" if exc.hint else str(exc), title=exc.title,
                                   severity="error", markup=False, timeout=15)

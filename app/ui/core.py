@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.app import App
 from textual.message import Message
 
+from app.gpu.model import GpuTestResults
 from app.model import NodeStatus, RankSnapshot, Snapshot
 from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
 from app.ui.grid_model import RankKey, rank_key
@@ -72,6 +73,7 @@ class HangscopeCore(App[int]):
         self.collecting = False
         self.collecting_what = ""
         self.watching = False
+        self.gpu_results: Optional[GpuTestResults] = None  # the last GPU test's, exported with the report
 
     def get_default_screen(self) -> MainScreen:
         return self.main

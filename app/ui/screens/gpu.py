@@ -316,7 +316,7 @@ class GpuTests:
                 self.app.pop_screen()
             self.app.notify(f"GPU test {progress.plan.kind}: {progress.stage}", severity="warning", markup=False)
             return
-        self.results = results
+        self.results = self.app.gpu_results = results
         if isinstance(self.app.screen, GpuProgressScreen):
             self.app.switch_screen(GpuResultsScreen(results))
         else:
