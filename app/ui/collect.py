@@ -209,8 +209,9 @@ class CollectMixin(HangscopeCore):
             return
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(view.snapshot.taken_at))
         self.push_screen(PathScreen("Export a report of this snapshot", f"hangscope-{stamp}",
-                                    "A directory (created 0700): summary.md, report.html, snapshot.json and flame "
-                                    "graphs (and the last GPU test's results), secrets redacted. `hangscope --load DIR/snapshot.json` reads it back."),
+                                    "A directory (created 0700): summary.md, report.html, snapshot.json, flame graphs "
+                                    "and the last GPU test's results, secrets redacted. `hangscope --load "
+                                    "DIR/snapshot.json` reads it back."),
                          lambda path: self._export(path) if path else None)
 
     def _export(self, path: str) -> None:
