@@ -113,6 +113,28 @@ async def test_a_loaded_snapshot_says_the_tests_need_live_nodes() -> None:
         assert isinstance(app.screen, HelpScreen)
 
 
+async def test_marked_ranks_choose_the_nodes_and_space_toggles_one() -> None:
+    snap = build_snapshot(nodes=4, per_node=2, culprit=5)
+    source = LocalGpuSource(GpuTestOptions(), snap)  # four hosts: only the setup is used, nothing connects
+    source.access = GpuAccess([HostSpec(name=n.name, host=n.name) for n in snap.nodes], SessionOptions())
+    app = HangscopeApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for rank in (snap.rank_by_number(2), snap.rank_by_number(7)):  # on node02 and node04
+            assert app.main.grid.move_to((rank.node, rank.pid))
+            await pilot.press("space")
+        await pilot.press("G")
+        text = screen_text(app)
+        assert "sanity on 2 nodes: node02, node04" in text and "node04  marked" in text
+        await pilot.press("p")  # marks win over the suspect's default for pairs
+        assert "pairs on 2 nodes: node02, node04" in screen_text(app)
+        assert "cannot be told from a slow node" in screen_text(app)  # fewer than 3 nodes: said before running
+        await pilot.press("space")  # the list's first node: node01
+        assert "pairs on 3 nodes: node01, node02, node04" in screen_text(app)
+        await pilot.press("escape")
+        assert app.screen is app.main and not app.gpu_tests.running
+
+
 # -- running for real on this machine -----------------------------------------------------------------------
 
 

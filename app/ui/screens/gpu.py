@@ -145,8 +145,7 @@ class GpuProgressScreen(Screen[None]):
     """The running test: each run's ranks and their phase, the rounds of pairs. c cancels; Esc leaves it
     running in the background (G comes back here)."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "back (the test goes on)"),
-                Binding("c", "cancel_test", "cancel the test")]
+    BINDINGS = [Binding("escape", "back", "back (the test goes on)"), Binding("c", "cancel_test", "cancel the test")]
     DEFAULT_CSS = """
     GpuProgressScreen #gpu-progress-title { height: 1; background: $boost; padding: 0 1; text-style: bold; }
     GpuProgressScreen #gpu-progress-body { height: 1fr; padding: 0 1; }
@@ -172,6 +171,11 @@ class GpuProgressScreen(Screen[None]):
 
     def action_cancel_test(self) -> None:
         self.tests.cancel()
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+        if self.tests.running:
+            self.app.notify("the GPU test goes on: G shows its progress, its results come when it ends", timeout=5)
 
 
 class GpuTests:
