@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from workers.gputest import inventory, netprobe, ports
-from workers.gputest.launch import Launch, request_stop
 from workers.request import OpError, Request
+
+# workers.gputest is imported by each op, not here: every worker start (on every node, for every snapshot)
+# would otherwise load and compile it, although only `hangscope --test` uses it.
 
 MAX_TARGETS = 256
 
 
 def gpu_launch(req: Request) -> Dict[str, Any]:
+    from workers.gputest.launch import Launch
     return Launch(req).run()
 
 
 def gpu_stop(req: Request) -> Dict[str, Any]:
+    from workers.gputest.launch import request_stop
     return {"found": request_stop(req.arg_str("token"))}
 
 
@@ -29,6 +32,7 @@ def gpu_ports(req: Request) -> Dict[str, Any]:
     if not (1 <= count <= 64 and 1024 <= low <= high <= 65535) or \
             not all(isinstance(p, int) and not isinstance(p, bool) for p in exclude):
         raise OpError("bad_request", "count 1..64, 1024 <= low <= high <= 65535, integer excludes")
+    from workers.gputest import ports
     return {"ports": ports.free_ports(count, exclude, low, high)}
 
 
@@ -40,10 +44,12 @@ def net_probe(req: Request) -> Dict[str, Any]:
         if not (isinstance(t, dict) and isinstance(t.get("host"), str) and isinstance(t.get("port"), int)
                 and 0 < t["port"] < 65536 and 0 < len(t["host"]) <= 255):
             raise OpError("bad_request", "each target needs a host and a port 1..65535, got %r" % (t,))
+    from workers.gputest import netprobe
     return netprobe.probe(targets, min(req.arg_float("timeout", 3.0), 30.0))
 
 
 def gpu_inventory(req: Request) -> Dict[str, Any]:
+    from workers.gputest import inventory
     return inventory.inventory(req)
 
 
