@@ -68,12 +68,10 @@ def plan_text(plan: Plan, *, gpus_checked: bool = True) -> Text:
     if plan.kind == "net":
         out.append("Only looks at the nodes (interfaces, one TCP connect per target): nothing is launched.")
     else:
-        out.append("Launches its own small torch.distributed job (torchrun, the job's own python) on these nodes, "
-                   "outside the hung job, with a deadline: a test that hangs is stopped and every process of it "
-                   "is killed. ")
+        out.append("Runs its own small torch.distributed job (torchrun, the job's python) on these nodes, with a "
+                   "deadline: a hung test is stopped and all its processes killed. ")
         if gpus_checked:
-            out.append("It never starts on GPUs the hung job still holds without asking you first.",
-                       style="bold")
+            out.append("Never starts on GPUs the hung job still holds without asking first.", style="bold")
     if plan.kind == "pairs" and len(plan.nodes) < 3:
         out.append("\nWith fewer than 3 nodes a slow pair cannot be told from a slow node.", style="#ffaf00")
     return out

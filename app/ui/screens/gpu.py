@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, List, Optional, Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, SelectionList, Static
 from textual.widgets.selection_list import Selection
@@ -76,11 +76,13 @@ class GpuSetupScreen(ModalScreen[Optional[Plan]]):
         self.kind: TestKind = kind
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
+        with VerticalScroll(id="dialog"):  # scrolls in a small terminal: Enter runs even with the buttons hidden
             yield Label(Text("Run a GPU test", style="bold"), id="dialog-title")
             yield Static(self._kinds_text(), id="gpu-kinds")
             chosen = set(self.defaults(self.kind))
-            yield SelectionList[str](*(Selection(self._label(n), n, n in chosen) for n in self.nodes), id="gpu-nodes")
+            nodes = SelectionList[str](*(Selection(self._label(n), n, n in chosen) for n in self.nodes), id="gpu-nodes")
+            nodes.border_title = "nodes (space toggles)"
+            yield nodes
             yield Static(id="gpu-plan")
             with Horizontal(id="dialog-buttons"):
                 yield Button("Run (enter)", variant="warning", id="run")
@@ -103,7 +105,6 @@ class GpuSetupScreen(ModalScreen[Optional[Plan]]):
             style = "bold reverse" if kind == self.kind else ""
             out.append(f" [{key}] {kind} ", style=style)
             out.append(" ")
-        out.append("   space: toggle a node", style="dim")
         return out
 
     @property
