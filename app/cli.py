@@ -200,7 +200,11 @@ def _run(args: argparse.Namespace) -> int:
     from app.ui.source import LiveSource
 
     title = getattr(args, "slurm_title", "") or args.hosts or ",".join(args.nodelist) or "this machine"
-    return run_tui(LiveSource(hosts, headless.session_options(args)), fps=args.fps, title=title,
+    from app.gpu.headless import options_from_args
+
+    # the GPU-test flags (--test-timeout, --nccl-env, ...) also apply to tests started from the TUI
+    source = LiveSource(hosts, headless.session_options(args), gpu_options=options_from_args(args))
+    return run_tui(source, fps=args.fps, title=title,
                    interval=args.refresh_interval)
 
 
