@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import PROG, Target, copy_as, start_rank, wait_blocked
+from worker_targets import PROG, Target, copy_as, start_rank, wait_blocked, without_sudo
 from workers import discover, procinfo
 
 SECRET_TOKEN = "hf_" + "Q" * 34
@@ -124,14 +124,13 @@ def test_other_users_processes_are_counted_as_unreadable() -> None:
         assert any("could not be inspected" in n and "--sudo" in n for n in done["notes"])
 
 
-def test_sudo_for_other_users_processes_needs_sudo() -> None:
+def test_sudo_for_other_users_processes_needs_sudo(tmp_path) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root to run the worker as another user")
     with start_rank(0) as t, WorkerProc(python="/usr/bin/python3", isolated=True,
-                                        prefix=["setpriv", "--reuid=65534", "--regid=65534",
-                                                "--clear-groups"]) as w:
-        if w.hello["tools"]["sudo"] is not None:
-            pytest.skip("sudo is installed here; this checks a node without it")
+                                        prefix=[*without_sudo(str(tmp_path)), "setpriv", "--reuid=65534",
+                                                "--regid=65534", "--clear-groups"]) as w:
+        assert w.hello["tools"]["sudo"] is None, "a node without sudo"
         ranks, done = discover_all(w, sudo=True)
         assert t.pid not in ranks and done["unreadable"] >= 1
         assert any("sudo is not on this node" in n for n in done["notes"])

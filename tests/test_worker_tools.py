@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import PROG, Target, proc_state, rank_env, start_rank, untouched, wait_blocked, wait_until
+from worker_targets import (PROG, Target, proc_state, rank_env, start_rank, untouched, wait_blocked, wait_until,
+                            without_sudo)
 from workers import procinfo
 from workers.collect import runas
 
@@ -91,10 +92,11 @@ def test_ptrace_denied_for_another_users_rank_still_gives_proc_data() -> None:
         assert untouched(t.pid)
 
 
-def test_sudo_without_sudo_installed_is_tool_missing_and_its_refusal_is_recognised() -> None:
-    with start_rank(0) as t, WorkerProc() as w:
-        if w.hello["tools"]["sudo"] is not None:
-            pytest.skip("sudo is installed here; this checks a node without it")
+def test_sudo_without_sudo_installed_is_tool_missing_and_its_refusal_is_recognised(tmp_path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root for a mount namespace that hides sudo")
+    with start_rank(0) as t, WorkerProc(prefix=without_sudo(str(tmp_path))) as w:
+        assert w.hello["tools"]["sudo"] is None, "a node without sudo"
         item = w.call("dump", {"targets": [target_of(t)], "sudo": True})[0][0]
         assert item["error"]["code"] == "tool_missing" and "sudo" in item["error"]["message"]
         _, err = w.call("strace", dict(target_of(t), seconds=0.2, sudo=True))

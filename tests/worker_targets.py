@@ -138,3 +138,17 @@ def alive(pid: int) -> bool:
 def untouched(pid: int) -> bool:
     """Not stopped and not traced: what every tool must leave behind."""
     return proc_state(pid) not in ("T", "t") and tracer_pid(pid) == 0
+
+
+def without_sudo(tmp_dir: str) -> list:
+    """An argv prefix that runs a command as on a node with no sudo: in a private mount namespace where an
+    empty, non-executable file covers every sudo on PATH. Needs root (mount namespaces)."""
+    import shutil
+
+    empty = os.path.join(tmp_dir, "no-sudo")
+    open(empty, "w").close()
+    os.chmod(empty, 0o644)
+    covered = sorted({os.path.realpath(p) for d in os.environ.get("PATH", "").split(os.pathsep)
+                      for p in [os.path.join(d, "sudo")] if os.path.exists(p)} | {shutil.which("sudo") or ""} - {""})
+    mounts = " && ".join(f'mount --bind "$0" {c}' for c in covered) or "true"
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts + ' && exec "$@"', empty]
