@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 import tempfile
@@ -53,6 +54,9 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
     async def collect() -> Snapshot:
         try:
             snap = await session.snapshot()
+            if args.samples > 1 and not args.native:
+                # later samples only tell stuck from progressing: take them without pausing the ranks
+                session.use(dataclasses.replace(session.options.collect, nonblocking=True))
             for _ in range(args.samples - 1):
                 if snap.interrupted:
                     break

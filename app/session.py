@@ -133,6 +133,11 @@ class Session:
         """Collect again over the open connections and workers; ranks are rediscovered."""
         return await self._pass()
 
+    def use(self, collect: CollectOptions) -> None:
+        """Collect with these options from the next pass on (native frames, locals, non-blocking sampling)."""
+        if collect != self.options.collect:
+            self.options = dataclasses.replace(self.options, collect=collect)
+
     def current(self) -> Snapshot:
         """The latest snapshot, including strace/gdb results added since."""
         if self._last is None:

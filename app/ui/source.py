@@ -90,8 +90,8 @@ class LiveSource:
     def _use(self, options: Optional[CollectOptions]) -> None:
         # The session reads its collect options at the start of each pass; this is how the TUI's "collect
         # with native frames / locals" and the watch mode's non-blocking sampling reach it.
-        if options is not None and options != self.session.options.collect:
-            self.session.options = dataclasses.replace(self.session.options, collect=options)
+        if options is not None:
+            self.session.use(options)
 
     async def snapshot(self, options: Optional[CollectOptions] = None) -> Snapshot:
         self._use(options)
