@@ -37,14 +37,16 @@ def simulate(n: int, fault: tuple[str, object], **kw) -> tuple[PairIsolation, li
     return sched, rounds
 
 
-def check_rounds(rounds: list[list[tuple[str, ...]]]) -> None:
+def check_rounds(rounds: list[list[tuple[str, ...]]], retested: frozenset = frozenset()) -> None:
     seen: set[frozenset[str]] = set()
     for tests in rounds:
         used = [u for t in tests for u in t]
         assert len(used) == len(set(used)), f"a unit appears twice in one round: {tests}"
         for t in tests:
             if len(t) == 2:
-                assert frozenset(t) not in seen, f"pair {t} tested twice"
+                if frozenset(t) in seen:
+                    assert frozenset(t) in retested, f"pair {t} tested twice"
+                    retested = retested - {frozenset(t)}  # a slow link is confirmed once, never more
                 seen.add(frozenset(t))
 
 
@@ -131,3 +133,26 @@ def test_gpu_scope_verdicts_name_the_node() -> None:
         sched.record(t, Outcome("failed" if "2" in t else "ok", None if "2" in t else 5.0))
     report = sched.report()
     assert report.verdict.startswith("node03: GPU 2's link is broken")
+
+
+def test_a_slow_link_is_confirmed_by_a_retest_and_a_noisy_one_is_cleared() -> None:
+    """Both ends work with others: the slow link is measured again; named only if slow again."""
+    for second, named in ((SLOW, True), (FAST, False)):
+        sched = PairIsolation(["a", "b", "c", "d"], singles=False)
+        measured: dict = {}
+        rounds = []
+        while tests := sched.next_round():
+            rounds.append(tests)
+            for t in tests:
+                key = frozenset(t)
+                bw = FAST if key != {"a", "b"} else (SLOW if key not in measured else second)
+                measured[key] = measured.get(key, 0) + 1
+                sched.record(t, Outcome("ok", bw))
+        check_rounds(rounds, retested=frozenset(sched.retested))
+        assert measured[frozenset("ab")] == 2, rounds
+        report = sched.report()
+        if named:
+            assert [(f.kind, f.units) for f in report.faults] == [("link", ("a", "b"))], report.verdict
+            assert "again when retested" in report.faults[0].evidence
+        else:
+            assert not report.faults and not report.inconclusive, report.verdict

@@ -5,7 +5,9 @@ pair is re-paired with a unit known to be good, until every bad pair is explaine
 with good partners too) or a bad link (both ends work with others). The caller runs each round's tests (in
 parallel: a unit appears once per round) and records their outcomes; `report()` gives the matrix and verdict.
 A pair is slow when its bus bandwidth is below `slow_ratio` x the median of the pairs measured so far (the
-median of its round, once rounds hold several pairs), or below `min_busbw` when that is given.
+median of its round, once rounds hold several pairs), or below `min_busbw` when that is given. Bandwidth is
+noisy (a busy host, a congested switch), so a slow link is tested once more before it is named: a second
+slow result confirms it, a normal one clears it. Failed and hung pairs are not retested.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class PairIsolation:
         self._pending: list[tuple[frozenset[str], Outcome]] = []
         self._singles_done = not singles
         self._circle: Optional[list[list[tuple[str, str]]]] = None
+        self.retested: set[frozenset[str]] = set()  # slow links measured a second time
 
     # -- driving ---------------------------------------------------------------------------------------------
 
@@ -144,6 +147,12 @@ class PairIsolation:
             if partner is not None:
                 tests.append((partner, x))
                 busy.update((x, partner))
+        for key, c in self.cell.items():
+            if (c.status == "slow" and key not in self.retested and not key & busy
+                    and self._verdict_for(c.a, c.b) == self._verdict_for(c.b, c.a) == "exonerated"):
+                tests.append((c.a, c.b))  # both ends work with others: confirm the slow link itself
+                busy.update(key)
+                self.retested.add(key)
         return tests
 
     def _partner(self, x: str, healthy: list[str], busy: set[str]) -> Optional[str]:
@@ -206,7 +215,8 @@ class PairIsolation:
                     return self._describe(cc)
             return ""
 
-        return (f"{self._describe(c)}, but {c.a} works with others ({partner(c.a, c.b)}) and {c.b} too "
+        again = " (again when retested)" if c.status == "slow" and frozenset((c.a, c.b)) in self.retested else ""
+        return (f"{self._describe(c)}{again}, but {c.a} works with others ({partner(c.a, c.b)}) and {c.b} too "
                 f"({partner(c.b, c.a)})")
 
     def report(self) -> PairReport:
