@@ -54,6 +54,31 @@ def step_rate(host_pid: int, seconds: float) -> float:
     return (job_step(host_pid) - s0) / (time.monotonic() - t0)
 
 
+def by_whom(findings: List[str], nodes: List[object]) -> tuple[List[str], List[str]]:
+    """Split 'pid/tid: state X, tracer T' findings into those hangscope caused (a tracer inside a soak node, i.e.
+    started by the watcher's worker, or a stop with no tracer) and those of other processes on this shared
+    machine (e.g. a local test session that discovered every rank on the host)."""
+    namespaces = set()
+    for node in nodes:
+        try:
+            namespaces.add(os.readlink(f"/proc/{node.init_pid}/ns/pid"))  # type: ignore[attr-defined]
+        except OSError:
+            pass
+    ours, others = [], []
+    for finding in findings:
+        tracer = int(finding.rsplit("tracer ", 1)[1])
+        try:
+            ns = os.readlink(f"/proc/{tracer}/ns/pid") if tracer else ""
+            comm = Path(f"/proc/{tracer}/comm").read_text().strip() if tracer else ""
+        except OSError:
+            ns, comm = "?", "?"
+        if tracer == 0 or ns in namespaces:
+            ours.append(finding)
+        else:
+            others.append(f"{finding} ({comm or 'gone'}, outside the soak nodes)")
+    return ours, others
+
+
 def proc_numbers(pid: int) -> tuple[int, int]:
     """(RSS in kB, open file descriptors) of a live process."""
     rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -115,10 +140,13 @@ def soak(minutes: float, interval: float, baseline: float) -> Dict[str, object]:
             reader.start()
             mem: List[tuple[float, int, int]] = []
             bad: List[str] = []
+            foreign: List[str] = []
             s0, t0 = job_step(probe), time.monotonic()
             next_mem = t0
             while child.poll() is None:
-                bad += stopped_or_traced(pids)
+                ours, others = by_whom(stopped_or_traced(pids), c.nodes)
+                bad += ours
+                foreign += others
                 if time.monotonic() >= next_mem:
                     try:
                         rss, fds = proc_numbers(child.pid)
@@ -134,7 +162,9 @@ def soak(minutes: float, interval: float, baseline: float) -> Dict[str, object]:
                 time.sleep(0.1)
             left = leftovers(c.nodes)
             after = step_rate(probe, baseline)
-            bad += stopped_or_traced(pids)
+            ours, others = by_whom(stopped_or_traced(pids), c.nodes)
+            bad += ours
+            foreign += others
         finally:
             job.stop()
     warm = next((m for m in mem if m[0] >= 60), mem[0]) if mem else (0, 0, 0)
@@ -152,7 +182,8 @@ def soak(minutes: float, interval: float, baseline: float) -> Dict[str, object]:
         "rss_kb_max": max((m[1] for m in mem), default=0),
         "fds_start": mem[0][2] if mem else 0, "fds_warm": warm[2], "fds_end": end[2],
         "fds_max": max((m[2] for m in mem), default=0),
-        "stopped_or_traced_seen": bad[:10], "left_on_nodes": left,
+        "rss_kb_by_quarter": [next((m[1] for m in mem if m[0] >= q * minutes * 15), end[1]) for q in (1, 2, 3, 4)],
+        "stopped_or_traced_seen": bad[:10], "traced_by_other_processes": foreign[:5], "left_on_nodes": left,
     }
 
 
