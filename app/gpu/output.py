@@ -204,7 +204,9 @@ class RunOutput:
                 why = "waited for other ranks to join"
             else:
                 why = f"stuck in {s.phase}"
-            culprit = s.rank in store_stuck or s.rank in waited_for
+            # the ranks already in the world say who never joined: when they do, that is the authority (a slow
+            # rank whose "joined" line had not arrived yet is not to blame); otherwise blame the stragglers
+            culprit = s.rank in waited_for if waited_for else s.rank in store_stuck
             return dataclasses.replace(base, status="hung", error=why, stack=tuple(_main_stack(s.stacks)),
                                        culprit=culprit)
         why = _last_error(s.err_tail) or node_error or f"exited during {s.phase} without a result"
