@@ -56,12 +56,14 @@ def test_one_slow_or_failing_node_is_named_and_nobody_else(n: int, data: st.Data
     bad = f"node{data.draw(st.integers(1, n)):02d}"
     kind = data.draw(st.sampled_from(["slow", "fail"]))
     sched, rounds = simulate(n, (kind, bad), singles=False)
-    check_rounds(rounds)
+    check_rounds(rounds, retested=frozenset(sched.retested))
     report = sched.report()
     assert [(f.kind, f.units) for f in report.faults] == [("node", (bad,))], report.verdict
     assert report.faults[0].how == ("slow" if kind == "slow" else "failed")
     assert bad in report.verdict and not report.inconclusive
-    assert len(rounds) <= 3  # one pair round, then one round of re-pairing with known-good nodes
+    # one pair round, then one round of re-pairing with known-good nodes; a slow result is measured twice,
+    # which adds a confirming round after each of those
+    assert len(rounds) <= (3 if kind == "fail" else 5)
 
 
 @settings(max_examples=60, deadline=None)
@@ -71,7 +73,7 @@ def test_a_blocked_link_is_named_as_the_link_when_its_pair_is_tested(n: int, dat
     b = data.draw(st.integers(1, n).filter(lambda x: x != a))
     link = (f"node{a:02d}", f"node{b:02d}")
     sched, rounds = simulate(n, ("link", link), all_pairs=True, singles=False)
-    check_rounds(rounds)
+    check_rounds(rounds, retested=frozenset(sched.retested))
     report = sched.report()
     assert [(f.kind, set(f.units), f.how) for f in report.faults] == [("link", set(link), "hung")], report.verdict
     assert f"{link[0]}<->{link[1]}" in report.verdict or f"{link[1]}<->{link[0]}" in report.verdict
@@ -136,7 +138,7 @@ def test_gpu_scope_verdicts_name_the_node() -> None:
 
 
 def test_a_slow_link_is_confirmed_by_a_retest_and_a_noisy_one_is_cleared() -> None:
-    """Both ends work with others: the slow link is measured again; named only if slow again."""
+    """A slow pair is measured again; the link is named only if it is slow again."""
     for second, named in ((SLOW, True), (FAST, False)):
         sched = PairIsolation(["a", "b", "c", "d"], singles=False)
         measured: dict = {}

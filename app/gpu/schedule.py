@@ -6,15 +6,16 @@ with good partners too) or a bad link (both ends work with others). The caller r
 parallel: a unit appears once per round) and records their outcomes; `report()` gives the matrix and verdict.
 A pair is slow when its bus bandwidth is below `slow_ratio` x the median of the pairs measured so far (the
 median of its round, once rounds hold several pairs), or below `min_busbw` when that is given. Bandwidth is
-noisy (a busy host, a congested switch), so a slow link is tested once more before it is named: a second
-slow result confirms it, a normal one clears it. Failed and hung pairs are not retested.
+noisy (a busy host, a congested switch), so a slow pair is measured once more before it counts against a
+node or a link: a second slow result confirms it, a normal one clears it. Failed and hung pairs are not
+retested.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence, cast
+from typing import Collection, Optional, Sequence, cast
 
 from app.gpu.model import CellStatus, Fault, PairCell, PairReport
 
@@ -93,7 +94,8 @@ class PairIsolation:
         """Classify the round's pairs: ok pairs far below the reference median become slow."""
         if not self._pending:
             return
-        ref = self.reference([o for _, o in self._pending])
+        # a pair measured again is compared with the others, not with its own earlier (slow) result
+        ref = self.reference([o for _, o in self._pending], exclude={k for k, _ in self._pending})
         for key, o in self._pending:
             status: str = o.status if o.status in ("ok", "failed", "hung") else "failed"
             if status == "ok" and o.busbw is not None and (
@@ -106,8 +108,8 @@ class PairIsolation:
                 self.order.append(key)
         self._pending = []
 
-    def reference(self, extra: Sequence[Outcome] = ()) -> Optional[float]:
-        values = [c.busbw for c in self.cell.values() if c.status in ("ok", "slow") and c.busbw]
+    def reference(self, extra: Sequence[Outcome] = (), exclude: Collection[frozenset[str]] = ()) -> Optional[float]:
+        values = [c.busbw for k, c in self.cell.items() if c.status in ("ok", "slow") and c.busbw and k not in exclude]
         values += [o.busbw for o in extra if o.status == "ok" and o.busbw]
         return statistics.median(values) if values else None
 
@@ -140,6 +142,12 @@ class PairIsolation:
         needy += [u for u in healthy if u not in tested and u not in needy and len(healthy) > 1]
         busy: set[str] = set()
         tests: list[tuple[str, ...]] = []
+        for key, c in self.cell.items():
+            # a slow result is evidence only once it is confirmed: measure every slow pair a second time
+            if c.status == "slow" and key not in self.retested and not key & busy:
+                tests.append((c.a, c.b))
+                busy.update(key)
+                self.retested.add(key)
         for x in needy:
             if x in busy:
                 continue
@@ -147,12 +155,6 @@ class PairIsolation:
             if partner is not None:
                 tests.append((partner, x))
                 busy.update((x, partner))
-        for key, c in self.cell.items():
-            if (c.status == "slow" and key not in self.retested and not key & busy
-                    and self._verdict_for(c.a, c.b) == self._verdict_for(c.b, c.a) == "exonerated"):
-                tests.append((c.a, c.b))  # both ends work with others: confirm the slow link itself
-                busy.update(key)
-                self.retested.add(key)
         return tests
 
     def _partner(self, x: str, healthy: list[str], busy: set[str]) -> Optional[str]:
