@@ -74,7 +74,7 @@ def build_schema() -> Dict[str, Any]:
 def _define(cls: type, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]) -> Dict[str, Any]:
     name = cls.__name__
     if name not in defs:
-        defs[name] = {}  # placeholder first: dataclasses may refer to each other
+        defs[name] = {}  # an empty entry first: dataclasses may refer to each other
         hints = typing.get_type_hints(cls, vars(model))
         props: Dict[str, Any] = {}
         required: List[str] = []

@@ -37,7 +37,7 @@ def rank_key(rank: RankSnapshot) -> RankKey:
 @dataclass(frozen=True)
 class Cell:
     kind: CellKind
-    rank: Optional[RankSnapshot] = None  # None for a missing slot or a failed node's placeholder
+    rank: Optional[RankSnapshot] = None  # None for a missing slot or a failed node's stand-in cell
     klass: int = -1  # class index (largest class 0) when kind == "class"
     suspect: bool = False
 
