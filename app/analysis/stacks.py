@@ -30,16 +30,7 @@ def selected_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions) -> 
         fast = _main_stacks(ranks)
         if fast is not None:
             return fast
-        for r in ranks:
-            threads = r.threads
-            t = (threads[0] if threads[0].is_main else r.main_thread) if threads else None
-            if t is not None and t.frames:
-                with_stack.append(r)
-                stacks.append(t.frames)
-            else:
-                no_stack.append(r)
-        return with_stack, stacks, no_stack
-    select = selector(options)
+    select = selector(options)  # the general pass: a chosen thread, or main threads in the unusual shapes
     for r in ranks:
         t = select(r)
         if t is not None and t.frames:
