@@ -61,7 +61,7 @@ async def test_stage_is_shell_safe_and_small() -> None:
     assert set(payload.modules) >= {"workers", "workers.__main__", "workers.protocol"}
     # --python is split like shell words (so it may carry flags); the remote command quotes every word again
     cmd = bootstrap.remote_command("'/opt/my python/bin/python3' -I", stage)
-    assert cmd.startswith("exec '/opt/my python/bin/python3' -I -c 'import base64")
+    assert cmd.startswith("exec '/opt/my python/bin/python3' -I -c 'import binascii")
 
 
 async def test_keep_dir_keeps_a_copy_only_when_asked(tmp_path: Path) -> None:

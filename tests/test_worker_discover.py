@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,3 +136,88 @@ def test_sudo_for_other_users_processes_needs_sudo(tmp_path) -> None:
         ranks, done = discover_all(w, sudo=True)
         assert t.pid not in ranks and done["unreadable"] >= 1
         assert any("sudo is not on this node" in n for n in done["notes"])
+
+
+class CountingSource:
+    """The /proc reader, counting full reads: what a refresh with the worker's cache must not repeat."""
+
+    name = "procfs"
+
+    def __init__(self) -> None:
+        self.inner = procinfo.ProcfsSource()
+        self.reads: list = []
+
+    def pids(self) -> list:
+        return self.inner.pids()
+
+    def read(self, pid: int, with_environ: bool = True, stat=None):  # type: ignore[no-untyped-def]
+        self.reads.append(pid)
+        return self.inner.read(pid, with_environ=with_environ, stat=stat)
+
+
+def test_a_refresh_reads_only_new_processes_in_full_and_sees_ranks_come_and_go() -> None:
+    cache = discover.ProcCache()
+    src = CountingSource()
+
+    def scan() -> dict:
+        src.reads.clear()
+        return {r["pid"]: r for r in discover.Scan(src, me=-1, cache=cache).ranks()}
+
+    with start_rank(0, ["--helper"]) as t0:
+        first = scan()
+        assert t0.pid in first and t0.pid in src.reads
+        again = scan()
+        assert src.reads == [], "nothing changed: every process comes from the cache"
+        volatile = {"cpu_time", "rss", "state", "wchan", "num_threads"}
+        assert {k: v for k, v in again[t0.pid].items() if k not in volatile} == \
+            {k: v for k, v in first[t0.pid].items() if k not in volatile}
+        with start_rank(1) as t1:
+            found = scan()
+            assert t1.pid in found and t1.pid in src.reads and t0.pid not in src.reads
+            assert found[t1.pid]["rank"] == 1
+        gone = scan()
+        assert t1.pid not in gone and t0.pid in gone
+    assert t0.pid not in scan()
+
+
+EXEC_INTO_RANK = """
+import os, sys, time
+ready, go, prog = sys.argv[1:4]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.01)
+env = dict(os.environ, RANK="3", LOCAL_RANK="0", WORLD_SIZE="4")
+os.execve(sys.executable, [sys.executable, prog, "rank"], env)
+"""
+
+
+def test_a_python_process_that_execs_into_a_rank_is_found_on_the_next_refresh(tmp_path) -> None:
+    # python exec'ing python keeps its pid, start time and comm: the cache must still see a new image
+    ready, go = str(tmp_path / "ready"), str(tmp_path / "go")
+    # started through a shell that exits, so the process is not in this test's (the worker's) tree
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    out = subprocess.run(["sh", "-c", '"$0" -c "$1" "$2" "$3" "$4" >/dev/null 2>&1 & echo $!', sys.executable,
+                          EXEC_INTO_RANK, ready, go, PROG], env=env, capture_output=True, text=True, check=True)
+    pid = int(out.stdout.split()[0])
+    try:
+        with WorkerProc() as w:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(ready):
+                assert time.monotonic() < deadline, "the process did not start"
+                time.sleep(0.02)
+            before, _ = discover_all(w)
+            assert pid not in before, "no rank environment yet"
+            open(go, "w").close()
+            deadline = time.monotonic() + 20
+            while True:
+                after, _ = discover_all(w)
+                if pid in after:
+                    break
+                assert time.monotonic() < deadline, "the exec'd rank was never found"
+                time.sleep(0.05)
+            assert after[pid]["rank"] == 3 and after[pid]["cmdline"][1:] == [PROG, "rank"]
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass

@@ -93,3 +93,58 @@ def test_gpu_table_parsing_skips_noise() -> None:
     assert gpus.by_pid("No running processes found\n", GPUS) == {}
     assert gpus.by_pid("42, GPU-x, [N/A]\n", "") == {42: [{"index": None, "uuid": "GPU-x", "name": "",
                                                           "used_mib": None}]}
+
+
+def _proc_and_ss_rows() -> dict:
+    """The slow path's rows for this namespace: /proc/self/net/tcp{,6} joined with `ss -tin`."""
+    import subprocess
+
+    ss = sockets.parse_ss(subprocess.run(["ss", "-tinHn"], capture_output=True, text=True).stdout)
+    table = sockets.tcp_table(os.getpid())
+    out = {}
+    for inode in table:
+        row = dict(table[inode])
+        extra = ss.get((row["local"], row["peer"]))
+        if extra:
+            row["backoff"] = extra.get("backoff", 0)
+            row["total_retrans"] = extra.get("retrans")
+            row["last_send_ms"], row["last_recv_ms"] = extra.get("lastsnd"), extra.get("lastrcv")
+            row["last_ack_ms"] = extra.get("lastack")
+        out[inode] = row
+    return out
+
+
+def test_netlink_dump_gives_what_proc_net_tcp_and_ss_give() -> None:
+    if not shutil.which("ss"):
+        import pytest
+
+        pytest.skip("needs ss for the comparison")
+    with socket.socket() as l4, socket.socket(socket.AF_INET6) as l6:
+        l4.bind(("127.0.0.1", 0))
+        l4.listen(4)
+        l6.bind(("::", 0))  # dual stack: an IPv4 client shows as v4-mapped on the accepted side
+        l6.listen(4)
+        with socket.create_connection(l4.getsockname()) as c4, \
+                socket.create_connection(("127.0.0.1", l6.getsockname()[1])) as c6:
+            s4, _ = l4.accept()
+            s6, _ = l6.accept()
+            with s4, s6:
+                s4.sendall(b"x" * 3000)  # unread by c4: its receive queue
+                c6.sendall(b"y" * 10)
+                ino = {name: os.fstat(s.fileno()).st_ino
+                       for name, s in (("l4", l4), ("l6", l6), ("c4", c4), ("c6", c6), ("s4", s4), ("s6", s6))}
+                fast = sockets.netlink_table()
+                slow = _proc_and_ss_rows()
+    assert fast is not None, "netlink sock_diag refused here"
+    mine = set(ino.values())
+    assert mine <= set(fast) and mine <= set(slow)
+    for inode in mine:
+        a, b = fast[inode], slow[inode]
+        for key in ("last_send_ms", "last_recv_ms", "last_ack_ms"):
+            # read milliseconds apart; ss leaves a zero out (None), so a fresh socket may be None on one side
+            assert abs((a[key] or 0) - (b[key] or 0)) < 2000, (key, a, b)
+        assert {k: v for k, v in a.items() if not k.startswith("last_")} == \
+            {k: v for k, v in b.items() if not k.startswith("last_")}
+    assert fast[ino["c4"]]["recv_q"] == 3000 and fast[ino["c4"]]["state"] == "ESTABLISHED"
+    assert fast[ino["l6"]]["state"] == "LISTEN" and fast[ino["l6"]]["local"].startswith("[::]:")
+    assert fast[ino["s6"]]["peer"].startswith("127.0.0.1:"), "v4-mapped peers are written as IPv4"

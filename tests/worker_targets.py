@@ -143,12 +143,19 @@ def untouched(pid: int) -> bool:
 def without_sudo(tmp_dir: str) -> list:
     """An argv prefix that runs a command as on a node with no sudo: in a private mount namespace where an
     empty, non-executable file covers every sudo on PATH. Needs root (mount namespaces)."""
+    return without_tool(tmp_dir, "sudo")
+
+
+def without_tool(tmp_dir: str, name: str) -> list:
+    """An argv prefix that runs a command as on a node without the tool `name`: in a private mount namespace
+    an empty, non-executable file covers it on PATH and in the system directories. Needs root."""
     import shutil
 
-    empty = os.path.join(tmp_dir, "no-sudo")
+    empty = os.path.join(tmp_dir, "no-" + name)
     open(empty, "w").close()
     os.chmod(empty, 0o644)
-    covered = sorted({os.path.realpath(p) for d in os.environ.get("PATH", "").split(os.pathsep)
-                      for p in [os.path.join(d, "sudo")] if os.path.exists(p)} | {shutil.which("sudo") or ""} - {""})
+    dirs = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+    covered = sorted({os.path.realpath(p) for d in dirs for p in [os.path.join(d, name)] if os.path.exists(p)}
+                     | {shutil.which(name) or ""} - {""})
     mounts = " && ".join(f'mount --bind "$0" {c}' for c in covered) or "true"
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts + ' && exec "$@"', empty]

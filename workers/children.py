@@ -3,6 +3,12 @@
 The worker must never leave anything behind on a node: each child runs in its own process group (so a
 deadline kills its helpers too), carries PR_SET_PDEATHSIG=SIGKILL (so a SIGKILLed worker still takes it
 along), and is listed here until reaped so that EOF on stdin can kill whatever is still running.
+
+The parent-death signal is set by util-linux's `setpriv --pdeathsig KILL` in front of the tool where the node
+has it (then subprocess vforks: cheap enough to start four py-spy per rank refresh), else by a preexec_fn
+(fork; the child also checks that the worker did not die before the prctl). setpriv cannot make that last
+check: a worker SIGKILLed in the microseconds between the fork and setpriv's prctl leaves that one tool to
+finish by itself (every tool here ends on its own: a dump, a bounded strace, gdb in batch mode).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 PR_SET_PDEATHSIG = 1
+_SETPRIV_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 
 def _load_prctl():  # type: ignore[no-untyped-def]
@@ -30,14 +37,40 @@ def _load_prctl():  # type: ignore[no-untyped-def]
         return None
 
 
-# Resolved once in the parent: the preexec hook must do as little as possible between fork and exec.
-_PRCTL = _load_prctl()
+_PRCTL: object = None  # resolved once, in the parent: the preexec hook must do little between fork and exec
+_SETPRIV: Optional[str] = None
+_LOADED = False
+_LOAD_LOCK = threading.Lock()
+
+
+def _find_setpriv() -> Optional[str]:
+    """util-linux's setpriv when it knows --pdeathsig (2.33+): found by the option's name in the binary,
+    which costs a read instead of a run."""
+    for d in _SETPRIV_DIRS:
+        path = os.path.join(d, "setpriv")
+        try:
+            with open(path, "rb") as f:
+                if b"pdeathsig" in f.read(4 << 20) and os.access(path, os.X_OK):
+                    return path
+        except OSError:
+            continue
+    return None
+
+
+def _load() -> None:
+    global _PRCTL, _SETPRIV, _LOADED
+    with _LOAD_LOCK:
+        if not _LOADED:
+            _SETPRIV = _find_setpriv()
+            if _SETPRIV is None:
+                _PRCTL = _load_prctl()
+            _LOADED = True
 
 
 def _preexec(parent_pid: int) -> None:
-    """Runs in the child between fork and exec."""
+    """Runs in the child between fork and exec (only where setpriv is missing)."""
     if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # type: ignore[operator]
     # The worker may have died between fork and prctl: then no signal will ever come, so go now.
     if os.getppid() != parent_pid:
         os._exit(127)
@@ -77,15 +110,25 @@ class Children:
         PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so call this from the thread
         that also waits for the child (every op does: one thread per request).
         """
+        if not _LOADED:
+            _load()
         with self._lock:
             if self._closed:
                 raise OSError("the worker is shutting down")
             parent = os.getpid()
-            proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                close_fds=True, pass_fds=tuple(pass_fds), env=env, start_new_session=True,
-                preexec_fn=lambda: _preexec(parent),
-            )
+            if _SETPRIV is not None:
+                # setpriv sets the parent-death signal and execs the tool: no Python code runs in the child,
+                # so subprocess can vfork (~0.8 ms of CPU per start against ~3.4 ms for fork + preexec_fn).
+                proc = subprocess.Popen(
+                    [_SETPRIV, "--pdeathsig", "KILL", "--"] + list(argv), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True, pass_fds=tuple(pass_fds),
+                    env=env, start_new_session=True)
+            else:
+                proc = subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    close_fds=True, pass_fds=tuple(pass_fds), env=env, start_new_session=True,
+                    preexec_fn=lambda: _preexec(parent),
+                )
             self._procs[proc.pid] = (proc, owner)
         return proc
 

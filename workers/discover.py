@@ -100,24 +100,72 @@ def own_tree(procs: Dict[int, Proc], me: int) -> Set[int]:
     return tree
 
 
+class ProcCache:
+    """What a process cannot change without exec (command line, exe, environment), kept between the scans
+    of one worker so that a refresh reads one /proc/PID/stat per process instead of five to ten files.
+
+    An entry is used while the pid shows the same start time (not reused) and the same process image (not
+    exec'd since: procinfo.exec_key); what changes while a process lives (state, parent, CPU time, threads,
+    RSS) is read again every scan. Environments read through sudo are kept like the others."""
+
+    def __init__(self) -> None:
+        self._procs: Dict[int, Proc] = {}
+        self._described: Dict[Tuple[int, int], Dict[str, Any]] = {}
+
+    def get(self, pid: int, stat: List[str]) -> Optional[Proc]:
+        p = self._procs.get(pid)
+        if p is None or p.exec_key != procinfo.exec_key(stat):
+            return None
+        fresh = p.copy()
+        fresh.update(stat)
+        return fresh
+
+    def put(self, p: Proc) -> None:
+        self._procs[p.pid] = p.copy()
+        self._described.pop((p.pid, p.start_time), None)
+
+    def keep_only(self, pids: Set[int]) -> None:
+        """Forget processes that are gone: the cache never outgrows the node's process table."""
+        for pid in [pid for pid in self._procs if pid not in pids]:
+            del self._procs[pid]
+        for key in [k for k in self._described if k[0] not in pids]:
+            del self._described[key]
+
+    def described(self, p: Proc) -> Optional[Dict[str, Any]]:
+        return self._described.get((p.pid, p.start_time))
+
+    def remember(self, p: Proc, fields: Dict[str, Any]) -> None:
+        self._described[(p.pid, p.start_time)] = fields
+
+
 class Scan:
     """One pass over the node's processes."""
 
     def __init__(self, source: Any = None, me: Optional[int] = None,
-                 read_denied: Optional[Callable[[List[int]], Dict[int, Dict[str, str]]]] = None) -> None:
+                 read_denied: Optional[Callable[[List[int]], Dict[int, Dict[str, str]]]] = None,
+                 cache: Optional[ProcCache] = None) -> None:
         # read_denied: environments this user may not read, read another way (sudo); pid -> environ
+        # cache: kept by the caller across scans (the worker keeps one), or None to read everything
         self.source = source or procinfo.source()
         self.me = os.getpid() if me is None else me
         self.procs: Dict[int, Proc] = {}
         self.unreadable = 0
         self.notes: List[str] = []
         self._read_denied = read_denied
+        self._cache = cache
+        self._fresh: Set[int] = set()  # read in full by this scan, not taken from the cache
 
     def _load(self) -> None:
-        for pid in self.source.pids():
+        cache = self._cache
+        pids = self.source.pids()
+        for pid in pids:
             try:
-                p = self.source.read(pid, with_environ=False)
-            except (Gone, OSError):
+                stat = procinfo.stat_fields(pid)
+                p = cache.get(pid, stat) if cache is not None else None
+                if p is None:
+                    p = self.source.read(pid, with_environ=False, stat=stat)
+                    self._fresh.add(pid)
+            except (Gone, OSError, IndexError, ValueError):
                 continue  # exited mid-scan, or unreadable stat (hidepid): not ours to inspect
             self.procs[pid] = p
         skip = own_tree(self.procs, self.me)
@@ -126,7 +174,7 @@ class Scan:
                 del self.procs[pid]
                 continue
             p = self.procs[pid]
-            if not is_python(p):
+            if pid not in self._fresh or not is_python(p):
                 continue
             try:
                 full = self.source.read(pid, with_environ=True)
@@ -143,6 +191,11 @@ class Scan:
                 if pid in self.procs:
                     self.procs[pid].environ, self.procs[pid].environ_denied = env, False
         self.unreadable = sum(1 for p in self.procs.values() if p.environ_denied)
+        if cache is not None:
+            for pid in self._fresh:
+                if pid in self.procs:
+                    cache.put(self.procs[pid])
+            cache.keep_only(set(pids))
 
     def ranks(self, pids: Optional[Iterable[int]] = None) -> List[Dict[str, Any]]:
         """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not."""
@@ -219,8 +272,28 @@ class Scan:
 
     def _describe(self, pid: int, children: List[int]) -> Dict[str, Any]:
         p = self.procs[pid]
-        env = p.environ or {}
+        fixed = self._cache.described(p) if self._cache is not None and pid not in self._fresh else None
+        if fixed is None:
+            fixed = self._fixed(p)
+            if self._cache is not None:
+                self._cache.remember(p, fixed)
         launcher, launcher_pid = self._launcher(p)
+        if pid not in self._fresh:
+            try:
+                p.rss = procinfo.rss(pid)
+            except (OSError, IndexError, ValueError):
+                pass
+        out = dict(fixed)
+        out.update({
+            "launcher": launcher, "launcher_pid": launcher_pid, "ppid": p.ppid,
+            "state": p.state, "wchan": procinfo.wchan(pid), "num_threads": p.num_threads,
+            "cpu_time": p.cpu_time, "rss": p.rss, "gpus": [], "children": sorted(children),
+        })
+        return out
+
+    def _fixed(self, p: Proc) -> Dict[str, Any]:
+        """What does not change while the process lives: identity, command line, environment, namespaces."""
+        pid, env = p.pid, p.environ or {}
         status = procinfo.status_lines(pid)
         nspids = status.get("NSpid", "").split()
         nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() and int(nspids[-1]) != pid else None
@@ -234,11 +307,8 @@ class Scan:
             "local_world_size": _int(env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
             "master_addr": env.get("MASTER_ADDR", ""),
             "master_port": _int(env, "MASTER_PORT"),
-            "launcher": launcher, "launcher_pid": launcher_pid, "ppid": p.ppid,
             "cmdline": redact_argv(p.cmdline), "exe": p.exe, "uid": p.uid, "user": procinfo.user_name(p.uid),
-            "state": p.state, "wchan": procinfo.wchan(pid), "num_threads": p.num_threads,
-            "cpu_time": p.cpu_time, "rss": p.rss, "gpus": [], "env": allowed_env(env),
-            "nspid": nspid, "in_container": in_container(pid, self.me), "children": sorted(children),
+            "env": allowed_env(env), "nspid": nspid, "in_container": in_container(pid, self.me),
         }
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import platform
 import pwd
-import socket
 import sys
 from typing import Any, Dict, Optional
 
@@ -38,11 +36,13 @@ def cpu_count() -> int:
 
 
 def has_psutil() -> bool:
+    """Whether psutil could be imported (discovery uses it on request); found without importing it."""
+    import importlib.machinery
+
     try:
-        import psutil  # noqa: F401
-    except ImportError:
+        return importlib.machinery.PathFinder.find_spec("psutil") is not None
+    except (ImportError, ValueError):
         return False
-    return True
 
 
 def pid_namespace(pid: str = "self") -> Optional[str]:
@@ -55,11 +55,12 @@ def pid_namespace(pid: str = "self") -> Optional[str]:
 def hello(tools: Tools) -> Dict[str, Any]:
     found, searched = tools.describe()
     uid = os.getuid()
+    uname = os.uname()  # what platform.release()/machine() and socket.gethostname() read, minus two imports
     return {
         "type": "hello", "protocol": PROTOCOL_VERSION, "worker_version": WORKER_VERSION,
-        "python": platform.python_version(), "python_exe": sys.executable or "",
+        "python": "%d.%d.%d" % sys.version_info[:3], "python_exe": sys.executable or "",
         "pid": os.getpid(), "uid": uid, "euid": os.geteuid(), "user": user_name(uid),
-        "hostname": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine(),
+        "hostname": uname.nodename, "kernel": uname.release, "machine": uname.machine,
         "ptrace_scope": ptrace_scope(), "cpus": cpu_count(), "psutil": has_psutil(),
         "pid_ns": pid_namespace(), "tools": found, "searched": searched,
     }

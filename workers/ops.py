@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import queue
 import threading
@@ -26,6 +24,9 @@ def push_tool(req: Request) -> Dict[str, Any]:
     name = req.arg_str("name")
     if name not in ("py-spy", "strace", "gdb"):
         raise OpError("bad_request", "push_tool: %r is not a tool hangscope pushes" % name)
+    import base64
+    import binascii
+
     try:
         data = base64.b64decode(req.arg_str("data_b64"), validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -45,20 +46,39 @@ def discover(req: Request) -> Dict[str, Any]:
         raise OpError("bad_request", "discover: pids must be integers")
     notes: list = []
     read_denied = (lambda denied: runas.read_environs(req, denied, notes)) if req.sudo else None
-    scan = discovery.Scan(procinfo.source(prefer_psutil=not req.worker.options.get("no_psutil")),
-                          read_denied=read_denied)
-    ranks = scan.ranks(pids)
+    worker = req.worker
+    with worker.lock:
+        if worker.proc_cache is None:
+            worker.proc_cache = discovery.ProcCache()
+        if worker.proc_source is None:
+            # /proc by default: the same facts (tests/test_worker_discover.py compares the two) for a quarter
+            # of psutil's reads and without its ~13 ms import on every worker start; psutil on request.
+            worker.proc_source = procinfo.source(prefer_psutil=bool(worker.options.get("psutil")))
+    # One scan at a time shares the cache (a second discover meanwhile reads everything itself).
+    cache = worker.proc_cache if worker.scan_lock.acquire(blocking=False) else None
+    try:
+        scan = discovery.Scan(worker.proc_source, read_denied=read_denied, cache=cache)
+        ranks = scan.ranks(pids)
+    finally:
+        if cache is not None:
+            worker.scan_lock.release()
     req.check()
     notes += scan.notes
     use = gpus.query(req, notes) if ranks else {}
     ss_by_ns: Dict[str, Any] = {}
     tcp_by_ns: Dict[str, Any] = {}  # the ranks of a node usually share one network namespace
+    own_netns = procinfo.namespace(os.getpid(), "net")
     for rank in ranks:
         rank["gpus"] = use.get(rank["pid"], [])
         netns = procinfo.namespace(rank["pid"], "net") or ""
-        if netns not in ss_by_ns:
-            ss_by_ns[netns] = _ss(req, rank["pid"], netns)
-            tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
+        if netns not in tcp_by_ns:
+            # ours: one netlink dump has every socket with its details; otherwise /proc/PID/net/tcp + ss there
+            table = sockets.netlink_table() if netns and netns == own_netns else None
+            if table is not None:
+                ss_by_ns[netns], tcp_by_ns[netns] = {}, table
+            else:
+                ss_by_ns[netns] = _ss(req, rank["pid"], netns)
+                tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
         rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
         req.item(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}

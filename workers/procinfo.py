@@ -1,4 +1,4 @@
-"""Facts about one process, read through psutil when importable and from /proc otherwise (same results).
+"""Facts about one process, read from /proc, or through psutil when asked for (same results, slower).
 
 Raises Gone for a process that disappears mid-read; an unreadable environment is `environ is None` with
 `environ_denied` set, never an exception, so a scan can count processes it could not inspect.
@@ -26,7 +26,7 @@ class Proc:
     """One process as discovery needs it."""
 
     __slots__ = ("pid", "ppid", "comm", "exe", "cmdline", "uid", "state", "start_time", "num_threads",
-                 "cpu_time", "rss", "environ", "environ_denied")
+                 "cpu_time", "rss", "environ", "environ_denied", "exec_key")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -42,6 +42,21 @@ class Proc:
         self.rss = 0
         self.environ: Optional[Dict[str, str]] = None
         self.environ_denied = False
+        self.exec_key: tuple = ()
+
+    def copy(self) -> "Proc":
+        p = Proc(self.pid)
+        for name in Proc.__slots__:
+            setattr(p, name, getattr(self, name))
+        return p
+
+    def update(self, fields: List[str]) -> None:
+        """Take what changes while a process lives from its parsed /proc/PID/stat (parse_stat's list); RSS
+        is not among them: stat's figure is the kernel's approximate per-CPU sum, statm's the exact one."""
+        self.comm, self.state, self.ppid = fields[1], fields[2], int(fields[3])
+        self.cpu_time = (int(fields[13]) + int(fields[14])) / CLK_TCK
+        self.num_threads, self.start_time = int(fields[19]), int(fields[21])
+        self.exec_key = exec_key(fields)
 
 
 def read_file(path: str, limit: int = 1 << 20) -> bytes:
@@ -68,6 +83,19 @@ def stat_fields(pid: int) -> List[str]:
 def start_time(pid: int) -> int:
     """Field 22 of /proc/PID/stat: start time in clock ticks after boot; the pid-reuse check compares it."""
     return int(stat_fields(pid)[21])
+
+
+def exec_key(fields: List[str]) -> tuple:
+    """What tells this process image from the one before an exec, from parsed /proc/PID/stat: comm (an exec
+    names it after the new program, but python re-exec'ing python keeps it) and the start of its stack and
+    of its arguments and environment (28, 48-51: every exec lays out a new stack, randomised by ASLR; zero
+    for processes this user may not trace, where comm and the start time are all there is)."""
+    return (fields[1], fields[21], fields[27]) + tuple(fields[47:51])
+
+
+def rss(pid: int) -> int:
+    """Resident bytes, from /proc/PID/statm (what psutil's memory_info().rss reads)."""
+    return int(read_file("/proc/%d/statm" % pid).split()[1]) * PAGE_SIZE
 
 
 def parse_environ(data: bytes) -> Dict[str, str]:
@@ -128,16 +156,13 @@ class ProcfsSource:
     def pids(self) -> List[int]:
         return all_pids()
 
-    def read(self, pid: int, with_environ: bool = True) -> Proc:
+    def read(self, pid: int, with_environ: bool = True, stat: Optional[List[str]] = None) -> Proc:
         p = Proc(pid)
-        f = stat_fields(pid)
-        p.comm, p.state, p.ppid = f[1], f[2], int(f[3])
-        p.cpu_time = (int(f[13]) + int(f[14])) / CLK_TCK
-        p.num_threads, p.start_time = int(f[19]), int(f[21])
+        p.update(stat or stat_fields(pid))
         try:
             raw = read_file("/proc/%d/cmdline" % pid)
             p.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
-            p.rss = int(read_file("/proc/%d/statm" % pid).split()[1]) * PAGE_SIZE
+            p.rss = rss(pid)
         except (FileNotFoundError, ProcessLookupError) as exc:
             raise Gone(pid) from exc
         try:
@@ -172,7 +197,7 @@ class PsutilSource:
     def pids(self) -> List[int]:
         return sorted(self._ps.pids())
 
-    def read(self, pid: int, with_environ: bool = True) -> Proc:
+    def read(self, pid: int, with_environ: bool = True, stat: Optional[List[str]] = None) -> Proc:
         ps = self._ps
         p = Proc(pid)
         try:
@@ -187,7 +212,8 @@ class PsutilSource:
                 p.uid = proc.uids().real
                 p.cmdline = proc.cmdline()
             # psutil gives create_time in seconds; discovery needs /proc's ticks for the pid-reuse check.
-            p.start_time = start_time(pid)
+            f = stat or stat_fields(pid)
+            p.start_time, p.exec_key = int(f[21]), exec_key(f)
             try:
                 p.exe = proc.exe()
             except ps.AccessDenied:
@@ -202,8 +228,8 @@ class PsutilSource:
         return p
 
 
-def source(prefer_psutil: bool = True):  # type: ignore[no-untyped-def]
-    """psutil when importable (and wanted), /proc otherwise."""
+def source(prefer_psutil: bool = False):  # type: ignore[no-untyped-def]
+    """/proc, or psutil when wanted and importable."""
     if prefer_psutil:
         try:
             return PsutilSource()

@@ -32,6 +32,10 @@ class Worker:
         self.options = options
         self.children = children.Children()
         self.tools = Tools()
+        self.lock = threading.Lock()
+        self.scan_lock = threading.Lock()
+        self.proc_cache: Any = None  # discover.ProcCache, made by the first discover
+        self.proc_source: Any = None  # procinfo's psutil or /proc reader, chosen once
 
 
 class Request:

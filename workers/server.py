@@ -9,7 +9,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 from typing import IO, Any, Callable, Dict, Optional
 
 from workers.protocol import ProtocolError, decode, encode, error
@@ -169,6 +168,8 @@ class Server:
         except Cancelled:
             pass
         except Exception as exc:  # a bug must not take the other requests down: report it as internal
+            import traceback  # only for a bug's report
+
             log(self.options, traceback.format_exc())
             req.error("internal", "%s: %s" % (type(exc).__name__, exc))
         finally:

@@ -34,7 +34,7 @@ if sys.version_info<(3,9):
  sys.stderr.flush();sys.exit(@EXIT_OLD@)
 if sys.path and sys.path[0]=="":
  del sys.path[0]
-import json,zlib,importlib.abc,importlib.util
+import json,zlib,importlib.machinery
 n=@SIZE@
 r=sys.stdin.buffer
 b=b""
@@ -45,10 +45,10 @@ while len(b)<n:
  b+=c
 M=json.loads(zlib.decompress(b).decode("utf-8"))
 O=json.loads(@OPTS@)
-class L(importlib.abc.MetaPathFinder,importlib.abc.Loader):
+class L(object):
  def find_spec(self,name,path=None,target=None):
   if name in M:
-   return importlib.util.spec_from_loader(name,self,origin="<hangscope>/"+name,is_package=M[name][0])
+   return importlib.machinery.ModuleSpec(name,self,origin="<hangscope>/"+name,is_package=M[name][0])
  def create_module(self,spec):
   return None
  def exec_module(self,m):
@@ -89,7 +89,7 @@ class Payload:
                 .replace("@OPTS@", repr(json.dumps(opts, sort_keys=True)))
                 .replace("@KEEP@", _KEEP if opts.get("keep_dir") else ""))
         packed = base64.b64encode(zlib.compress(code.encode("ascii"), 9)).decode("ascii")
-        return 'import base64,zlib;exec(zlib.decompress(base64.b64decode("%s")))' % packed
+        return 'import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64("%s")))' % packed
 
 
 def _module_name(rel: Path) -> tuple[str, bool]:

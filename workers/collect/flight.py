@@ -14,11 +14,8 @@ collect() never raises: a failure is a note, the rank's dump goes on without it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
-import socket
 import stat
 from typing import Any, Dict, List, Optional
 
@@ -43,11 +40,17 @@ class FlightError(Exception):
     """Why one source gave no record (a note for the user, never fatal)."""
 
 
-class _RefusingUnpickler(pickle.Unpickler):
-    """Plain data only (dict, list, str, numbers): any class or function reference is refused."""
+def _plain_unpickler(data: bytes) -> Any:
+    """An unpickler of plain data only (dict, list, str, numbers): any class or function reference is
+    refused. pickle is imported here, by the few ranks that have a record, not by every worker start."""
+    import io
+    import pickle
 
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError("refused global %s.%s" % (module, name))
+    class RefusingUnpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError("refused global %s.%s" % (module, name))
+
+    return RefusingUnpickler(io.BytesIO(data))
 
 
 def enabled(env: Dict[str, str]) -> Dict[str, str]:
@@ -129,7 +132,7 @@ def _in_root(pid: int, path: str) -> str:
     return ("/proc/%d/root%s" if path.startswith("/") else "/proc/%d/cwd/%s") % (pid, path)
 
 
-def _unix_connection(sock: socket.socket, timeout: float) -> Any:
+def _unix_connection(sock: Any, timeout: float) -> Any:
     """An HTTP connection over an already connected unix socket."""
     import http.client  # see _from_server
 
@@ -144,8 +147,9 @@ def _from_server(pid: int, path: str, timeout: float) -> Any:
     if not listens_on(pid, path):
         raise FlightError("the rank does not listen on it (another rank's socket, or not started)")
     # Imported here, not at the top: http.client pulls in email, ssl and urllib, ~0.1 s of every worker's
-    # start (~0.4 s on a loaded node), and only ranks serving the Flight Recorder need it.
+    # start (~0.4 s on a loaded node), and only ranks serving the Flight Recorder need it (socket too).
     import http.client
+    import socket
     try:
         fd = os.open(_in_root(pid, path), os.O_PATH)
     except OSError as exc:
@@ -220,7 +224,7 @@ def _decode(data: bytes) -> Any:
         except ValueError as exc:
             raise FlightError("not valid JSON: %s" % exc)
     try:
-        return _RefusingUnpickler(io.BytesIO(data)).load()
+        return _plain_unpickler(data).load()
     except Exception as exc:  # any malformed pickle: unpickling raises many kinds
         raise FlightError("neither JSON nor a plain-data pickle (%s)" % type(exc).__name__)
 

@@ -6,7 +6,6 @@ These still show where a rank waits when py-spy is denied (ptrace_scope, other u
 from __future__ import annotations
 
 import os
-import platform
 from typing import Any, Dict, List, Optional
 
 from workers import procinfo
@@ -44,7 +43,7 @@ def syscall_name(text: str, machine: Optional[str] = None) -> str:
         return ""
     if nr < 0:
         return ""  # blocked, but not inside a system call
-    table = SYSCALLS.get(machine or platform.machine(), {})
+    table = SYSCALLS.get(machine or os.uname().machine, {})
     return table.get(nr, "syscall_%d" % nr)
 
 

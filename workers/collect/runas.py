@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 from typing import Dict, List, Optional
@@ -63,6 +62,8 @@ def read_environs(req: Request, pids: List[int], notes: List[str]) -> Dict[int, 
         return {}
     try:
         raw = json.loads(res.stdout.decode("utf-8", "replace"))
+        import base64
+
         return {int(p): parse_environ(base64.b64decode(v)) for p, v in raw.items()}
     except (ValueError, TypeError, AttributeError):
         notes.append("reading other users' processes with sudo gave unreadable output")

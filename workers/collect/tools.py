@@ -7,21 +7,19 @@ and for tool_missing messages.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import stat
 import sys
-import tempfile
 import threading
 from typing import Dict, List, Optional, Tuple
 
 from workers import children
 
 TOOL_NAMES = ("py-spy", "strace", "gdb", "nsenter", "nvidia-smi", "sudo")
-# How each tool tells its version (first line of output). gdb (~0.17 s to start) and nvidia-smi (driver
-# initialisation, up to seconds) are not probed: the hello is on every node's critical path.
-_VERSION_ARGS = {"py-spy": ["--version"], "strace": ["-V"], "nsenter": ["--version"], "sudo": ["-V"]}
+# How a tool tells its version (first line of output). The hello is on every node's critical path, so only
+# py-spy, which every snapshot runs, is asked (~2 ms); the others are listed with their path only: strace,
+# nsenter and sudo cost ~2-4 ms each to ask, gdb ~0.17 s, nvidia-smi up to seconds (driver initialisation).
+_VERSION_ARGS = {"py-spy": ["--version"]}
 _FD_LOCK = threading.Lock()
 _MFD_EXEC = 0x0010  # kernels >= 6.3 with vm.memfd_noexec may refuse exec of a memfd created without it
 
@@ -111,7 +109,7 @@ class Tools:
         return None, searched
 
     def describe(self) -> Tuple[Dict[str, Optional[Dict[str, str]]], Dict[str, List[str]]]:
-        """The hello's tools and searched fields; versions are probed concurrently under a deadline."""
+        """The hello's tools and searched fields; py-spy's version is asked for under a deadline."""
         found: Dict[str, Optional[Tool]] = {}
         searched: Dict[str, List[str]] = {}
         for name in TOOL_NAMES:
@@ -121,23 +119,17 @@ class Tools:
                 searched[name] = paths
         versions: Dict[str, str] = {}
         reg = children.Children()
-
-        def probe(name: str, tool: Tool) -> None:
+        for name, tool in found.items():
+            if tool is None or name not in _VERSION_ARGS:
+                continue
             path, fds = tool.exec_path(inside_ns=False)
             try:
                 res = children.run(reg, [path] + _VERSION_ARGS[name], timeout=3.0, pass_fds=fds,
                                    max_stdout=4096, max_stderr=4096)
             except OSError:
-                return
+                continue
             text = (res.stdout or res.stderr).decode("utf-8", "replace").strip().splitlines()
             versions[name] = text[0][:200] if text else ""
-
-        threads = [threading.Thread(target=probe, args=(n, t), daemon=True)
-                   for n, t in found.items() if t is not None and n in _VERSION_ARGS]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(4.0)
         reg.kill_all()
         tools = {n: (None if t is None else {"path": t.path, "version": versions.get(n, "")})
                  for n, t in found.items()}
@@ -145,6 +137,8 @@ class Tools:
 
     def push(self, name: str, data: bytes, sha256: str) -> Tool:
         """Keep a pushed binary executable for this worker's lifetime; ValueError on a checksum mismatch."""
+        import hashlib
+
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha256.lower():
             raise ValueError("sha256 mismatch for %s: got %s, expected %s" % (name, digest, sha256))
@@ -185,6 +179,8 @@ class Tools:
         return Tool(name, path, fd)
 
     def _push_file(self, name: str, data: bytes) -> Tool:
+        import tempfile
+
         with self._lock:
             if self._tmpdir is None:
                 self._tmpdir = tempfile.mkdtemp(prefix="hangscope-")  # mkdtemp makes it 0700
@@ -214,4 +210,6 @@ class Tools:
                     pass
                 t.fd = None
         if tmpdir is not None:
+            import shutil
+
             shutil.rmtree(tmpdir, ignore_errors=True)
