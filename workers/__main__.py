@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Dict, Optional
 
@@ -13,6 +14,7 @@ from workers.server import Server
 def main(options: Optional[Dict[str, Any]] = None) -> int:
     """Run the worker on this process's stdin/stdout; options: {"sudo": bool, "log": bool}."""
     opts = dict(options or {})
+    os.environ["RUST_BACKTRACE"] = "0"  # py-spy's failures as a message, not a Rust backtrace (workers/collect)
     stdout = sys.stdout.buffer
     saved = sys.stdout
     # Anything printed by mistake must not corrupt the protocol stream: text output goes to stderr.

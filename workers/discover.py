@@ -131,6 +131,13 @@ class ProcCache:
         for key in [k for k in self._described if k[0] not in pids]:
             del self._described[key]
 
+    def environ(self, pid: int, start_time: Optional[int]) -> Optional[Dict[str, str]]:
+        """The environment discovery read for this process, if it is still the same one."""
+        p = self._procs.get(pid)
+        if p is None or start_time is None or p.start_time != start_time:
+            return None
+        return p.environ
+
     def described(self, p: Proc) -> Optional[Dict[str, Any]]:
         return self._described.get((p.pid, p.start_time))
 

@@ -131,7 +131,9 @@ def dump(req: Request) -> Dict[str, Any]:
             except Exception as exc:  # a bug on one target must not lose the others: report it on this one
                 item = {"pid": pid, "start_time": st, "ok": False,
                         "error": error_dict("internal", "%s: %s" % (type(exc).__name__, exc))}
-            item["flight"] = flight.collect(pid)  # None unless the rank enables PyTorch's Flight Recorder
+            cache = req.worker.proc_cache
+            env = cache.environ(pid, st) if cache is not None else None  # read at discovery, same process
+            item["flight"] = flight.collect(pid, env=env)  # None unless the rank enables the Flight Recorder
             req.item(item)
 
     threads = [threading.Thread(target=work, name="dump-%d-%d" % (req.id, i), daemon=True)

@@ -119,6 +119,24 @@ def status_lines(pid: int) -> Dict[str, str]:
     return out
 
 
+def status_field(pid: int, name: str) -> str:
+    """One field of /proc/PID/status ("" when absent or unreadable), without splitting the whole file."""
+    return status_field_at("/proc/%d/status" % pid, name)
+
+
+def status_field_at(path: str, name: str) -> str:
+    try:
+        data = b"\n" + read_file(path)
+    except OSError:
+        return ""
+    key = b"\n" + name.encode("ascii") + b":"
+    at = data.find(key)
+    if at < 0:
+        return ""
+    end = data.find(b"\n", at + len(key))
+    return data[at + len(key):end if end >= 0 else len(data)].decode("utf-8", "replace").strip()
+
+
 def wchan(pid: int, tid: Optional[int] = None) -> str:
     path = "/proc/%d/wchan" % pid if tid is None else "/proc/%d/task/%d/wchan" % (pid, tid)
     try:

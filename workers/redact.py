@@ -68,10 +68,19 @@ def secret_value(name: str, value: str) -> bool:
     return strength == 2
 
 
+# Each local of each frame goes through here: one scan for any shape's prefix, and the patterns one by one
+# (as before: a shape can start inside another's run) only on text that has one.
+_ANY_PREFIX = re.compile(r"PRIVATE KEY-----|hf_|github_pat_|gh[pousr]_|AKIA|ASIA|eyJ|xox[abposr]-|sk-|glpat-|AIza")
+_URL_HINT = "://"
+
+
 def redact_text(text: str) -> str:
     """Mask credential-shaped values and URL passwords anywhere in free text (tool output, locals)."""
-    for pattern in _TOKEN_PATTERNS:
-        text = pattern.sub(MASK, text)
+    if _ANY_PREFIX.search(text):
+        for pattern in _TOKEN_PATTERNS:
+            text = pattern.sub(MASK, text)
+    if _URL_HINT not in text:
+        return text
     return _URL_CREDENTIALS.sub(lambda m: m.group(1) + MASK + m.group(3), text)
 
 

@@ -65,13 +65,15 @@ def enabled(env: Dict[str, str]) -> Dict[str, str]:
     return out
 
 
-def collect(pid: int, timeout: float = TIMEOUT) -> Optional[Dict[str, Any]]:
+def collect(pid: int, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     """The rank's record and where it came from; None when its environment does not enable the recorder
-    (or cannot be read: then the login side, which saw the environment at discovery, says so)."""
-    try:
-        env = procinfo.parse_environ(procinfo.read_file("/proc/%d/environ" % pid))
-    except OSError:
-        return None
+    (or cannot be read: then the login side, which saw the environment at discovery, says so). env: the
+    environment discovery read, when the caller has it."""
+    if env is None:
+        try:
+            env = procinfo.parse_environ(procinfo.read_file("/proc/%d/environ" % pid))
+        except OSError:
+            return None
     on = enabled(env)
     if not on:
         return None

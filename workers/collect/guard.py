@@ -33,7 +33,7 @@ def comm(pid: int) -> str:
 
 
 def tracer_pid(pid: int) -> int:
-    value = procinfo.status_lines(pid).get("TracerPid", "0")
+    value = procinfo.status_field(pid, "TracerPid") or "0"
     return int(value) if value.isdigit() else 0
 
 

@@ -54,7 +54,7 @@ def _read(path: str, limit: int = 4096) -> Optional[str]:
         return None
 
 
-def thread(pid: int, tid: int) -> Optional[Dict[str, Any]]:
+def thread(pid: int, tid: int, ns_tid: bool = True) -> Optional[Dict[str, Any]]:
     base = "/proc/%d/task/%d/" % (pid, tid)
     stat = _read(base + "stat")
     if stat is None:
@@ -64,10 +64,9 @@ def thread(pid: int, tid: int) -> Optional[Dict[str, Any]]:
     stack = _read(base + "stack", 16384)
     # py-spy run inside a container reports thread ids of the container's pid namespace
     nstid = None
-    for line in (_read(base + "status") or "").splitlines():
-        if line.startswith("NSpid:"):
-            last = line.split()[-1]
-            nstid = int(last) if last.isdigit() and int(last) != tid else None
+    if ns_tid:
+        ids = procinfo.status_field_at(base + "status", "NSpid").split()
+        nstid = int(ids[-1]) if ids and ids[-1].isdigit() and int(ids[-1]) != tid else None
     return {"nstid": nstid,
         "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid),
         "syscall": syscall_name(syscall) if syscall else "",
@@ -77,15 +76,16 @@ def thread(pid: int, tid: int) -> Optional[Dict[str, Any]]:
     }
 
 
-def collect(pid: int) -> Dict[str, Any]:
-    """{"threads": [...]} for every thread of pid (empty when the process is gone or /proc is hidden)."""
+def collect(pid: int, ns_tids: bool = True) -> Dict[str, Any]:
+    """{"threads": [...]} for every thread of pid (empty when the process is gone or /proc is hidden).
+    ns_tids: read each thread's id in its own pid namespace (only differs for a rank in a container)."""
     try:
         tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % pid) if t.isdigit())
     except OSError:
         return {"threads": []}
     threads: List[Dict[str, Any]] = []
     for tid in tids:
-        info = thread(pid, tid)
+        info = thread(pid, tid, ns_tids)
         if info is not None:
             threads.append(info)
     return {"threads": threads}

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from workers import loops as loopinfo
 from workers.collect import guard, procfs, runas
 from workers.collect.guard import CollectError
-from workers.procinfo import status_lines
+from workers.procinfo import status_field
 from workers.protocol import error_dict
 from workers.redact import redact_text, secret_value
 from workers.request import Cancelled, Request
@@ -34,7 +34,7 @@ class DumpOptions:
 
 def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
     """(in another pid or mount namespace, the pid as seen inside its pid namespace)."""
-    nspids = status_lines(pid).get("NSpid", "").split()
+    nspids = status_field(pid, "NSpid").split()
     nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
     other = False
     for kind in ("pid", "mnt"):
@@ -116,13 +116,13 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
         if exc.code == "already_traced":  # the right process, only not ours to attach: /proc still tells
             item["state_before"], item["procfs"] = guard.state(pid), procfs.collect(pid)
         raise
-    item["procfs"] = procfs.collect(pid)
+    other_ns, nspid = namespaces(pid)
+    item["procfs"] = procfs.collect(pid, ns_tids=nspid is not None)
     tool, searched = req.worker.tools.find("py-spy", pid)
     if tool is None:
         item["error"] = error_dict("tool_missing", "py-spy not found on this node; searched: %s"
                                    % ", ".join(searched))
         return
-    other_ns, nspid = namespaces(pid)
     flags = ["--native"] * opts.native + ["--locals"] * opts.locals + ["--nonblocking"] * opts.nonblocking
     # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
     lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
@@ -170,7 +170,9 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
 
 def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],
          opts: DumpOptions, item: Dict[str, Any]) -> Any:
-    env = dict(os.environ, RUST_BACKTRACE="0")  # a failure message, not a Rust backtrace
+    # a failure message, not a Rust backtrace (the worker sets it for all its children at start; copying the
+    # environment for each dump costs more than the dump's own bookkeeping)
+    env = None if os.environ.get("RUST_BACKTRACE") == "0" else dict(os.environ, RUST_BACKTRACE="0")
     if other_ns and nspid is not None:
         # From outside a container py-spy misreports idle threads and --native fails (UNW_EBADREG): enter
         # its pid and mount namespaces; the binary goes along as an fd, it need not exist in there.

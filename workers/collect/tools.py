@@ -66,15 +66,17 @@ class Tools:
         self._lock = threading.Lock()
         self._pushed: Dict[str, Tool] = {}
         self._nspath: Dict[str, Tool] = {}
+        self._static: Dict[str, Tool] = {}  # found in PATH or next to this interpreter: the same for any pid
         self._tmpdir: Optional[str] = None
+
+    def _static_dirs(self) -> List[str]:
+        dirs = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d]
+        dirs.append(os.path.dirname(os.path.realpath(sys.executable)) if sys.executable else "")
+        return dirs
 
     def candidates(self, name: str, target_pid: Optional[int] = None) -> List[str]:
         """Every path looked at, in order: PATH, next to this interpreter and the rank's, ~/.local/bin."""
-        dirs: List[str] = []
-        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-            if d:
-                dirs.append(d)
-        dirs.append(os.path.dirname(os.path.realpath(sys.executable)) if sys.executable else "")
+        dirs = self._static_dirs()
         if target_pid is not None:
             try:
                 exe = os.readlink("/proc/%d/exe" % target_pid)
@@ -95,8 +97,11 @@ class Tools:
         """The tool to use, and the paths searched (all of them when it was not found)."""
         with self._lock:
             pushed = self._pushed.get(name)
+            static = self._static.get(name)
         if pushed is not None:
             return pushed, []
+        if static is not None and _executable(static.path):  # every dump asks: one stat, not a PATH walk
+            return static, []
         searched = []
         for path in self.candidates(name, target_pid):
             searched.append(path)
@@ -105,6 +110,8 @@ class Tools:
                     known = self._nspath.get(path)
                     if known is None:
                         known = self._nspath[path] = Tool(name, path)
+                    if os.path.dirname(path) in self._static_dirs():
+                        self._static[name] = known
                 return known, searched
         return None, searched
 
