@@ -405,3 +405,24 @@ async def test_a_chatty_login_shell_does_not_break_the_protocol(ssh_cluster) -> 
             await w.close()
     finally:
         bashrc.write_text(before)
+
+
+async def test_aes_gcm_is_preferred_unless_the_ssh_config_names_ciphers(ssh_cluster, tmp_path) -> None:
+    # asyncssh runs chacha20-poly1305 from Python per packet, AES-GCM in one call: GCM is offered first;
+    # a config's own Ciphers line still decides.
+    c = ssh_cluster
+    t = SshTransport(_opts(c))
+    conn, _, _, _ = await t._connect("node01", "node01", None, None)
+    try:
+        assert conn.get_extra_info("send_cipher").endswith("-gcm@openssh.com")
+        assert conn.get_extra_info("recv_cipher").endswith("-gcm@openssh.com")
+    finally:
+        conn.close()
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n  Ciphers chacha20-poly1305@openssh.com\n" + Path(c.ssh_config).read_text())
+    t = SshTransport(_opts(c, config_paths=(str(cfg),)))
+    conn, _, _, _ = await t._connect("node01", "node01", None, None)
+    try:
+        assert conn.get_extra_info("send_cipher") == "chacha20-poly1305@openssh.com"
+    finally:
+        conn.close()
