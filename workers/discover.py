@@ -161,6 +161,7 @@ class Scan:
         self._read_denied = read_denied
         self._cache = cache
         self._fresh: Set[int] = set()  # read in full by this scan, not taken from the cache
+        self._own: Dict[int, Proc] = {}  # the worker's own tree: never ranks, but maybe a rank's ancestor
 
     def _load(self) -> None:
         cache = self._cache
@@ -178,7 +179,7 @@ class Scan:
         skip = own_tree(self.procs, self.me)
         for pid in list(self.procs):
             if pid in skip:
-                del self.procs[pid]
+                self._own[pid] = self.procs.pop(pid)
                 continue
             p = self.procs[pid]
             if pid not in self._fresh or not is_python(p):
@@ -270,6 +271,8 @@ class Scan:
     def _peek(self, pid: int) -> Optional[Proc]:
         if pid <= 0:
             return None
+        if pid in self._own:  # pid 1 of a container, the sshd that also started the job's shell
+            return self._own[pid]
         try:
             p = self.source.read(pid, with_environ=False)
         except (Gone, OSError):

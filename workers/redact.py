@@ -43,8 +43,20 @@ _URL_CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]
 _INLINE_ASSIGN = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_.-]*)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&|)]+)")
 
 
+_STRENGTH: dict = {}  # name -> _strength; the same few local and variable names come back on every frame
+
+
 def _strength(name: str) -> int:
     """2: the name says secret; 1: it may (weak word); 0: harmless."""
+    known = _STRENGTH.get(name)
+    if known is None:
+        if len(_STRENGTH) > 4096:
+            _STRENGTH.clear()
+        known = _STRENGTH[name] = _word_strength(name)
+    return known  # type: ignore[no-any-return]
+
+
+def _word_strength(name: str) -> int:
     found = 0
     for word in _WORD_SPLIT.split(name.lstrip("-")):
         w = word.lower()

@@ -11,6 +11,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 from workers import children
@@ -21,6 +22,9 @@ TOOL_NAMES = ("py-spy", "strace", "gdb", "nsenter", "nvidia-smi", "sudo")
 # nsenter and sudo cost ~2-4 ms each to ask, gdb ~0.17 s, nvidia-smi up to seconds (driver initialisation).
 _VERSION_ARGS = {"py-spy": ["--version"]}
 _FD_LOCK = threading.Lock()
+# A tool not found is looked for again after this long (nvidia-smi is asked for at every discovery; one
+# installed meanwhile is seen within a refresh or two).
+MISS_TTL = 10.0
 _MFD_EXEC = 0x0010  # kernels >= 6.3 with vm.memfd_noexec may refuse exec of a memfd created without it
 
 
@@ -67,6 +71,7 @@ class Tools:
         self._pushed: Dict[str, Tool] = {}
         self._nspath: Dict[str, Tool] = {}
         self._static: Dict[str, Tool] = {}  # found in PATH or next to this interpreter: the same for any pid
+        self._missing: Dict[str, Tuple[float, List[str]]] = {}  # name -> (when, searched), without a pid
         self._tmpdir: Optional[str] = None
 
     def _static_dirs(self) -> List[str]:
@@ -102,6 +107,11 @@ class Tools:
             return pushed, []
         if static is not None and _executable(static.path):  # every dump asks: one stat, not a PATH walk
             return static, []
+        if target_pid is None:
+            with self._lock:
+                miss = self._missing.get(name)
+            if miss is not None and time.monotonic() - miss[0] < MISS_TTL:
+                return None, list(miss[1])
         searched = []
         for path in self.candidates(name, target_pid):
             searched.append(path)
@@ -113,6 +123,9 @@ class Tools:
                     if os.path.dirname(path) in self._static_dirs():
                         self._static[name] = known
                 return known, searched
+        if target_pid is None:
+            with self._lock:
+                self._missing[name] = (time.monotonic(), list(searched))
         return None, searched
 
     def describe(self) -> Tuple[Dict[str, Optional[Dict[str, str]]], Dict[str, List[str]]]:
