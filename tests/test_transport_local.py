@@ -64,6 +64,48 @@ async def test_stage_is_shell_safe_and_small() -> None:
     assert cmd.startswith("exec '/opt/my python/bin/python3' -I -c 'import binascii")
 
 
+def _payload_with_marked_code(tmp_path: Path, blob: bytes | None = None) -> bootstrap.Payload:
+    """A payload of a tiny `workers` package whose shipped code for workers.mod differs from its source, so
+    the output tells which one ran (source: X = "source"; shipped code: X = "code"); blob replaces the
+    whole compiled half."""
+    import json
+    import marshal
+    import zlib
+
+    root = tmp_path / "workers"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "mod.py").write_text('X = "source"\n')
+    (root / "__main__.py").write_text("import sys\ndef main(options):\n    from workers import mod\n"
+                                      "    sys.stdout.write(mod.X)\n    return 0\n")
+    payload = bootstrap.build_payload.__wrapped__(root)
+    raw = zlib.decompress(payload.data)
+    head, _, code = raw.partition(b"\n")
+    modules = json.loads(head)
+    assert modules["workers.mod"][1] == 'X = "source"\n'
+    shipped = marshal.loads(code)
+    shipped["workers.mod"] = compile('X = "code"\n', bootstrap.module_filename("workers.mod", False), "exec")
+    raw = head + b"\n" + (marshal.dumps(shipped) if blob is None else blob)
+    return bootstrap.Payload(data=zlib.compress(raw), modules=payload.modules, magic=payload.magic)
+
+
+@pytest.mark.parametrize("python,blob,expect", [
+    (sys.executable, None, "code"),  # same interpreter: the shipped code runs, nothing is compiled
+    ("/root/.pyenv/versions/3.9.18/bin/python3.9", None, "source"),  # other bytecode magic: the sources
+    (sys.executable, b"\x00garbage", "source"),  # a damaged compiled half: the sources
+])
+def test_shipped_code_runs_only_where_the_bytecode_matches(tmp_path: Path, python: str, blob: bytes | None,
+                                                           expect: str) -> None:
+    import subprocess
+
+    if not os.path.exists(python):
+        pytest.skip("no %s here" % python)
+    payload = _payload_with_marked_code(tmp_path, blob)
+    out = subprocess.run([python, "-c", payload.stage({})], input=payload.data, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode() == expect
+
+
 async def test_keep_dir_keeps_a_copy_only_when_asked(tmp_path: Path) -> None:
     keep = tmp_path / "kept"
     conn = await start_local(options={"keep_dir": str(keep)}, timeout=20)
