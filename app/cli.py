@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add UNKNOWN host keys to ~/.ssh/known_hosts (a CHANGED key is always refused)")
     ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
     ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="connect deadline (10)")
-    ssh.add_argument("--python", metavar="PATH", help="python3 on the nodes (default: python3 on PATH)")
+    ssh.add_argument("--python", metavar="PATH", help="the nodes' python3, flags allowed (default: \"python3 -S\": the worker is stdlib-only)")
     ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
     tui = p.add_argument_group("TUI")
     tui.add_argument("--refresh", dest="refresh_interval", type=float, default=None, metavar="S",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, S
 from app import __version__, parse
 from app.errors import HangscopeError, TransportError
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
+from app.transport import bootstrap
 from app.transport.base import WorkerConnection
 from app.transport.local import start_local
 from app.transport.ssh import SshOptions, SshTransport
@@ -266,7 +267,7 @@ class Session:
             o = self.options
             self._ssh = SshTransport(SshOptions(
                 config_paths=o.ssh_config, known_hosts=o.known_hosts, identity=o.identity,
-                python=o.python or "python3", connect_timeout=o.connect_timeout,
+                python=o.python or bootstrap.DEFAULT_PYTHON, connect_timeout=o.connect_timeout,
                 accept_new_host_keys=o.accept_new_host_keys, fanout=o.fanout, worker_options=worker_options))
         spec = node.spec
         assert spec is not None

@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 from app.errors import TransportError
 from app.hosts import HostSpec
 from app.session import SessionOptions
+from app.transport import bootstrap
 from app.transport.base import WorkerConnection
 from app.transport.local import start_local
 from app.transport.ssh import SshOptions, SshTransport
@@ -29,7 +30,7 @@ async def open_workers(hosts: Optional[Sequence[HostSpec]], options: SessionOpti
             return {}, {name: exc.message}
     ssh = SshTransport(SshOptions(
         config_paths=options.ssh_config, known_hosts=options.known_hosts, identity=options.identity,
-        python=options.python or "python3", connect_timeout=options.connect_timeout,
+        python=options.python or bootstrap.DEFAULT_PYTHON, connect_timeout=options.connect_timeout,
         accept_new_host_keys=options.accept_new_host_keys, fanout=options.fanout, push_pyspy=False))
     conns: dict[str, WorkerConnection] = {}
     errors: dict[str, str] = {}

@@ -11,6 +11,7 @@ from app.hosts import HostSpec
 from app.slurm.connect import slurm_opener
 from app.slurm.resolve import host_specs, resolve_job
 from app.slurm.srun import SrunOptions
+from app.transport import bootstrap
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,8 @@ def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
     for warning in job.warnings:
         print(f"hangscope: warning: {warning}", file=sys.stderr)
     args.slurm_title = f"SLURM job {job.job_id} ({job.name})" if job.name else f"SLURM job {job.job_id}"
-    args.opener = slurm_opener(args.transport, SrunOptions(job_id=job.job_id, python=args.python or "python3"))
+    srun = SrunOptions(job_id=job.job_id, python=args.python or bootstrap.DEFAULT_PYTHON)
+    args.opener = slurm_opener(args.transport, srun)
     return host_specs(job)
 
 

@@ -25,7 +25,7 @@ STOP_WAIT = 10.0  # seconds for srun to end after EOF, then after SIGTERM
 @dataclass(frozen=True)
 class SrunOptions:
     job_id: str
-    python: str = "python3"
+    python: str = bootstrap.DEFAULT_PYTHON
     start_timeout: float = 60.0  # srun step creation plus worker start, per node
     gres_none: bool = True  # --gres=gpu:0: the step must not take (or wait for) the job's GPUs
     batch_window: float = 0.0  # seconds opens wait to share one step (0: the same event-loop turn)

@@ -37,7 +37,7 @@ class SshOptions:
     config_paths: Optional[tuple[str, ...]] = None  # None: ~/.ssh/config then /etc/ssh/ssh_config
     known_hosts: Optional[tuple[str, ...]] = None  # None: UserKnownHostsFile + GlobalKnownHostsFile
     identity: tuple[str, ...] = ()
-    python: str = "python3"
+    python: str = bootstrap.DEFAULT_PYTHON
     connect_timeout: float = 10.0  # until the TCP connection (through any ProxyJump) is up
     login_timeout: float = 20.0  # key exchange and authentication
     start_timeout: float = 30.0  # the command starts and the worker says hello
