@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, Optional
 
 from workers.hello import hello
 from workers.ops import HANDLERS

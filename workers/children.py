@@ -19,7 +19,9 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, List, Optional, Sequence
 
 PR_SET_PDEATHSIG = 1
 _SETPRIV_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from typing import Any, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, Optional
 
 from workers import WORKER_VERSION
 from workers.collect.tools import Tools

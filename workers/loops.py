@@ -10,13 +10,16 @@ import ast
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, List, Optional, Tuple
 
 MAX_FILE_BYTES = 2 << 20
 MAX_CACHED_FILES = 64
 MAX_LINE_CHARS = 400
 
-_Scope = Tuple[int, int]  # (first line, last line) of a function or of the module
+if TYPE_CHECKING:
+    _Scope = Tuple[int, int]  # (first line, last line) of a function or of the module
 
 
 class _Loop:

@@ -6,7 +6,9 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Callable, Dict
 
 from workers import discover as discovery
 from workers import procinfo

@@ -5,7 +5,9 @@ Registered in workers/ops.py's HANDLERS; argument and reply shapes are in worker
 
 from __future__ import annotations
 
-from typing import Any, Dict
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict
 
 from workers.request import OpError, Request
 

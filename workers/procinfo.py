@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import pwd
-from typing import Dict, List, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, List, Optional
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

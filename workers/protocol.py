@@ -79,7 +79,9 @@ GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, Optional
 
 PROTOCOL_VERSION = 1
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from workers import children
 from workers.collect.tools import Tools

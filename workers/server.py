@@ -9,12 +9,15 @@ import queue
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import IO, Any, Callable, Dict, Optional
 
 from workers.protocol import ProtocolError, decode, encode, error
 from workers.request import Cancelled, OpError, Request, Worker
 
-Handler = Callable[[Request], Dict[str, Any]]
+if TYPE_CHECKING:
+    Handler = Callable[[Request], Dict[str, Any]]
 
 # How long exiting waits for request threads to finish their after-tool checks (resume a stopped target).
 _WIND_DOWN = 3.0

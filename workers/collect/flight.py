@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Dict, List, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, List, Optional
 
 from workers import procinfo
 from workers.collect.sockets import socket_inodes

@@ -11,7 +11,9 @@ import os
 import signal
 import threading
 import time
-from typing import Dict, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, Optional, Tuple
 
 from workers import procinfo
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, List, Optional, Tuple
 
 from workers import loops as loopinfo
 from workers.collect import guard, procfs, runas

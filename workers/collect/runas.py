@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Dict, List, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, List, Optional
 
 from workers.collect.guard import CollectError
 from workers.procinfo import parse_environ

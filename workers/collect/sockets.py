@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, List, Optional, Tuple
 
 from workers import procinfo
 

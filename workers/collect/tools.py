@@ -12,7 +12,9 @@ import stat
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, List, Optional, Tuple
 
 from workers import children
 

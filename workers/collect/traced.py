@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Dict, List
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Any, Dict, List
 
 from workers.collect import guard, runas
 from workers.collect.guard import CollectError
