@@ -106,11 +106,13 @@ class Children:
         self._closed = False
 
     def spawn(self, argv: Sequence[str], owner: object = None, pass_fds: Sequence[int] = (),
-              env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[bytes]":
+              env: Optional[Dict[str, str]] = None, pdeathsig: bool = True) -> "subprocess.Popen[bytes]":
         """Start argv with piped stdout/stderr and no stdin.
 
         PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so call this from the thread
-        that also waits for the child (every op does: one thread per request).
+        that also waits for the child (every op does: one thread per request). pdeathsig=False is for
+        children that never stop or trace anything and end by themselves within moments (a --version,
+        a --nonblocking dump): they start ~0.8 ms cheaper, without setpriv in front.
         """
         if not _LOADED:
             _load()
@@ -118,7 +120,11 @@ class Children:
             if self._closed:
                 raise OSError("the worker is shutting down")
             parent = os.getpid()
-            if _SETPRIV is not None:
+            if not pdeathsig:
+                proc = subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    close_fds=True, pass_fds=tuple(pass_fds), env=env, start_new_session=True)
+            elif _SETPRIV is not None:
                 # setpriv sets the parent-death signal and execs the tool: no Python code runs in the child,
                 # so subprocess can vfork (~0.8 ms of CPU per start against ~3.4 ms for fork + preexec_fn).
                 proc = subprocess.Popen(
@@ -195,7 +201,8 @@ def kill_group(proc: "subprocess.Popen[bytes]") -> None:
 def run(children: Children, argv: Sequence[str], timeout: float, owner: object = None,
         pass_fds: Sequence[int] = (), env: Optional[Dict[str, str]] = None,
         stop_after: Optional[float] = None, stop_signal: int = signal.SIGINT,
-        max_stdout: int = 16 << 20, max_stderr: int = 1 << 20, keep_tail: int = 0) -> Result:
+        max_stdout: int = 16 << 20, max_stderr: int = 1 << 20, keep_tail: int = 0,
+        pdeathsig: bool = True) -> Result:
     """Run a child to completion under a hard deadline, capturing capped output.
 
     At stop_after seconds the child gets stop_signal (strace detaches cleanly on SIGINT); at timeout seconds
@@ -205,7 +212,7 @@ def run(children: Children, argv: Sequence[str], timeout: float, owner: object =
     """
     res = Result()
     start = time.monotonic()
-    proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env)
+    proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env, pdeathsig=pdeathsig)
     try:
         _pump(proc, res, start, timeout, stop_after, stop_signal, max_stdout, max_stderr, keep_tail)
         remaining = max(0.0, timeout - (time.monotonic() - start))

@@ -182,7 +182,8 @@ def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool
         if nsenter is not None and not opts.sudo:
             path, fds = tool.exec_path(inside_ns=True)
             argv = [nsenter.path, "-t", str(pid), "-p", "-m", "--", path, "dump", "--json", "--pid", str(nspid)]
-            res = req.run(argv + flags, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20)
+            res = req.run(argv + flags, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20,
+                          pdeathsig=not opts.nonblocking)
             err = res.stderr.decode("utf-8", "replace")
             if not (res.returncode != 0 and err.startswith("nsenter:")):
                 return res
@@ -193,4 +194,6 @@ def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool
                                  % ("nsenter not found" if nsenter is None else "nsenter is not used with sudo"))
     path, fds = tool.exec_path(inside_ns=False)
     argv = runas.prefix(req, opts.sudo) + [path, "dump", "--json", "--pid", str(pid)] + flags
-    return req.run(argv, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20)
+    # A --nonblocking dump never attaches (nothing to leave stopped if the worker died) and ends by itself:
+    # it starts without setpriv in front.
+    return req.run(argv, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20, pdeathsig=not opts.nonblocking)

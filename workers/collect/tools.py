@@ -147,7 +147,7 @@ class Tools:
             path, fds = tool.exec_path(inside_ns=False)
             try:
                 res = children.run(reg, [path] + _VERSION_ARGS[name], timeout=3.0, pass_fds=fds,
-                                   max_stdout=4096, max_stderr=4096)
+                                   max_stdout=4096, max_stderr=4096, pdeathsig=False)
             except OSError:
                 continue
             text = (res.stdout or res.stderr).decode("utf-8", "replace").strip().splitlines()
