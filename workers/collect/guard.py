@@ -69,10 +69,13 @@ def check_before(pid: int, start_time: Optional[int], allow_tracer: bool = False
 def check_after(pid: int, before: str, tool_killed: bool = False) -> Tuple[str, bool]:
     """(state after, resumed): SIGCONT a target the tool left stopped when it was not stopped before."""
     # The tool has been reaped, so the kernel has detached it; give a detach in flight a moment to land.
-    deadline = time.monotonic() + 0.5
-    while tracer_pid(pid) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    # Only a stopped target can be one (stat is cheap; status, which has TracerPid, costs ~0.1 ms).
     after = state(pid)
+    if after in ("T", "t"):
+        deadline = time.monotonic() + 0.5
+        while tracer_pid(pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        after = state(pid)
     if before in ("T", "t"):
         return after, False
     # A tool killed mid-attach can leave a group stop in flight: right after the detach the target shows R,

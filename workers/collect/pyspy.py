@@ -36,15 +36,18 @@ class DumpOptions:
 
 def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
     """(in another pid or mount namespace, the pid as seen inside its pid namespace)."""
-    nspids = status_field(pid, "NSpid").split()
-    nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
-    other = False
+    other = other_pidns = False
     for kind in ("pid", "mnt"):
         try:
             if os.readlink("/proc/%d/ns/%s" % (pid, kind)) != os.readlink("/proc/self/ns/%s" % kind):
                 other = True
+                other_pidns = other_pidns or kind == "pid"
         except OSError:
-            pass
+            other_pidns = other_pidns or kind == "pid"  # unknown: ask /proc/PID/status below
+    if not other_pidns:
+        return other, None  # the same pid namespace: the same pid (status costs ~0.1 ms to generate)
+    nspids = status_field(pid, "NSpid").split()
+    nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
     return other, (nspid if nspid != pid else None)
 
 
