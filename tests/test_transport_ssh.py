@@ -426,3 +426,24 @@ async def test_aes_gcm_is_preferred_unless_the_ssh_config_names_ciphers(ssh_clus
         assert conn.get_extra_info("send_cipher") == "chacha20-poly1305@openssh.com"
     finally:
         conn.close()
+
+
+async def test_the_ssh_config_is_read_once_per_connection(ssh_cluster, monkeypatch) -> None:
+    # asyncssh's parser runs in Python (~15 us a line) and a config may hold a block per node: the config
+    # parsed for the connection is handed to asyncssh instead of being parsed a second time.
+    c = ssh_cluster
+    parsed = []
+    real = asyncssh.config.SSHConfig.parse
+
+    def counting(self, path):  # type: ignore[no-untyped-def]
+        parsed.append(str(path))
+        return real(self, path)
+
+    monkeypatch.setattr(asyncssh.config.SSHConfig, "parse", counting)
+    t = SshTransport(_opts(c))
+    w = await t.open("node01")
+    try:
+        assert w.hello["hostname"] == "node01"  # HostName, User, IdentityFile from the config still apply
+    finally:
+        await w.close()
+    assert parsed == [str(c.ssh_config)]
