@@ -170,26 +170,62 @@ _SHARED_FRAMES: dict = {}
 MAX_SHARED_FRAMES = 1 << 16
 
 
+_ABSENT = object()
+_NATIVE_CACHE: dict[str, bool] = {}  # filename -> whether it names native code (the regex, once per name)
+
+
+def _locals(raw: Any) -> tuple[Local, ...]:
+    if not raw or type(raw) is not list:
+        return ()
+    out = []
+    for lc in raw:
+        if type(lc) is dict:
+            name, value = lc.get("name"), lc.get("repr")
+            out.append(Local(name if type(name) is str else "", value if type(value) is str else "",
+                             lc.get("arg") is True))
+    return tuple(out)
+
+
 def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
-    filename, line = _str(f.get("filename")), _int(f.get("line")) or 0
-    module = f.get("module") if isinstance(f.get("module"), str) else None
-    native = module is not None or bool(_NATIVE_FILE.search(filename))
-    local_vars = tuple(Local(_str(lc.get("name")), _str(lc.get("repr")), lc.get("arg") is True)
-                       for lc in _list(f.get("locals")) if isinstance(lc, dict))
-    frame_loops = tuple(lp for lp in (_loop(d) for d in _list(loops.get("%s:%d" % (filename, line)))
-                                      if isinstance(d, dict)) if lp is not None)
-    text = _dict(source.get(filename))
-    lines = tuple((n, _str(text[str(n)])) for n in range(max(1, line - context), line + context + 1)
-                  if str(n) in text) if line and not native else ()
-    name = _str(f.get("name"))
+    # Every frame of every rank of every refresh comes through here: type checks are inlined (the helpers'
+    # calls were most of the cost), the answers that depend only on the file name are remembered.
+    filename, line, module, name = f.get("filename"), f.get("line"), f.get("module"), f.get("name")
+    if type(filename) is not str:
+        filename = ""
+    if type(line) is not int:
+        line = 0
+    if type(module) is not str:
+        module = None
+    if type(name) is not str:
+        name = ""
+    native = _NATIVE_CACHE.get(filename)
+    if native is None:
+        if len(_NATIVE_CACHE) > MAX_SHARED_FRAMES:
+            _NATIVE_CACHE.clear()
+        native = _NATIVE_CACHE[filename] = bool(_NATIVE_FILE.search(filename))
+    native = native or module is not None
+    local_vars = _locals(f.get("locals"))
+    raw_loops = loops.get("%s:%d" % (filename, line)) if loops else None
+    frame_loops = tuple(lp for lp in (_loop(d) for d in raw_loops if isinstance(d, dict)) if lp is not None) \
+        if type(raw_loops) is list else ()
+    lines: tuple[tuple[int, str], ...] = ()
+    if line and not native:
+        text = source.get(filename)
+        if type(text) is dict:
+            got = []
+            for n in range(max(1, line - context), line + context + 1):
+                value = text.get(str(n), _ABSENT)
+                if value is not _ABSENT:
+                    got.append((n, value if type(value) is str else ""))
+            lines = tuple(got)
     key = (name, filename, line, module, native, frame_loops, lines) if not local_vars else None
     if key is not None:
         shared = _SHARED_FRAMES.get(key)
         if shared is not None:
             return shared  # type: ignore[no-any-return]
     frame = Frame(function=name, filename=filename, line=line, module=module, native=native,
-                  locals=local_vars, loops=frame_loops, iteration=iteration(frame_loops, local_vars, line),
-                  source=lines)
+                  locals=local_vars, loops=frame_loops,
+                  iteration=iteration(frame_loops, local_vars, line) if frame_loops else (), source=lines)
     if key is not None:
         if len(_SHARED_FRAMES) >= MAX_SHARED_FRAMES:
             _SHARED_FRAMES.clear()
@@ -205,13 +241,17 @@ def _procfs_threads(item: Mapping[str, Any]) -> dict[int, dict]:
     return out
 
 
-def _with_procfs(thread: ThreadStack, t: dict | None) -> ThreadStack:
+def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Frame, ...], is_main: bool,
+            t: dict | None) -> ThreadStack:
+    """One thread, py-spy's view merged with /proc's (t) in one construction (dataclasses.replace costs more
+    than the thread's whole parse)."""
     if t is None:
-        return thread
-    return dataclasses.replace(thread, state=_str(t.get("state")), wchan=_str(t.get("wchan")),
-                               syscall=_str(t.get("syscall")),
-                               kernel_stack=tuple(s for s in _list(t.get("kernel_stack")) if isinstance(s, str)),
-                               name=thread.name or _str(t.get("comm")))
+        return ThreadStack(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main)
+    stack = t.get("kernel_stack")
+    return ThreadStack(tid=tid, name=name or _str(t.get("comm")), active=active, owns_gil=owns_gil, frames=frames,
+                       state=_str(t.get("state")), wchan=_str(t.get("wchan")), syscall=_str(t.get("syscall")),
+                       kernel_stack=tuple(s for s in stack if isinstance(s, str)) if isinstance(stack, list) else (),
+                       is_main=is_main)
 
 
 def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
@@ -232,11 +272,10 @@ def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
         seen.add(tid)
         name = _str(t.get("thread_name"))
         frames = tuple(_frame(f, loops, source, context) for f in _list(t.get("frames")) if isinstance(f, dict))
-        thread = ThreadStack(tid=tid, name=name, active=t.get("active") is True, owns_gil=t.get("owns_gil") is True,
-                             frames=frames, is_main=name == "MainThread" or tid == rank.pid)
-        threads.append(_with_procfs(thread, procfs.get(tid)))
+        threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
+                               name == "MainThread" or tid == rank.pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):  # threads py-spy does not show (native ones), or all without it
-        threads.append(_with_procfs(ThreadStack(tid=tid, is_main=tid == rank.pid), procfs[tid]))
+        threads.append(_thread(tid, "", False, False, (), tid == rank.pid, procfs[tid]))
     return dataclasses.replace(
         rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
         resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
