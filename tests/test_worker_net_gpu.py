@@ -80,6 +80,25 @@ def test_gpus_of_a_rank_from_nvidia_smi(tmp_path) -> None:
             assert done["data"]["notes"] == []
 
 
+def test_nvidia_smi_runs_again_only_when_the_ranks_change(tmp_path) -> None:
+    # nvidia-smi initialises the driver at every run (~0.1-0.5 s of CPU): a refresh of the same ranks reuses
+    # the answer; a new rank asks again. The FAKE nvidia-smi counts its runs in a file.
+    runs = tmp_path / "runs"
+    with start_rank(0) as t:
+        body = ('echo x >> %s\ncase "$1" in --query-compute-apps*) printf "%s";; --query-gpu*) printf "%s";; '
+                'esac\n' % (runs, APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
+        bindir = fake_nvidia_smi(tmp_path, body)
+        with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
+            for _ in range(3):
+                items, _ = w.call("discover")
+                assert {i["pid"]: i for i in items}[t.pid]["gpus"][0]["used_mib"] == 8123
+            assert runs.read_text().count("x") == 2, "one query (two nvidia-smi runs) for three refreshes"
+            with start_rank(1) as t1:
+                items, _ = w.call("discover")
+                assert t1.pid in {i["pid"] for i in items}
+                assert runs.read_text().count("x") == 4, "a new rank: asked again"
+
+
 def test_a_failing_nvidia_smi_becomes_a_note_not_a_failure(tmp_path) -> None:
     msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     bindir = fake_nvidia_smi(tmp_path, 'echo "%s"; exit 9\n' % msg)

@@ -66,7 +66,7 @@ def discover(req: Request) -> Dict[str, Any]:
             worker.scan_lock.release()
     req.check()
     notes += scan.notes
-    use = gpus.query(req, notes) if ranks else {}
+    use = gpus.query_cached(req, notes, {(r["pid"], r["start_time"]) for r in ranks}) if ranks else {}
     ss_by_ns: Dict[str, Any] = {}
     tcp_by_ns: Dict[str, Any] = {}  # the ranks of a node usually share one network namespace
     own_netns = procinfo.namespace(os.getpid(), "net")

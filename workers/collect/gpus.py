@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
 from workers.request import Request
 
@@ -43,6 +46,27 @@ def by_pid(apps_text: str, gpus_text: str) -> Dict[int, List[Dict[str, Any]]]:
         out.setdefault(app["pid"], []).append({"index": info.get("index"), "uuid": app["uuid"],
                                                "name": info.get("name", ""), "used_mib": app["used_mib"]})
     return out
+
+
+# nvidia-smi initialises the driver on every run: ~0.1-0.5 s of CPU and the driver's lock, at every
+# refresh of every node. Which GPUs a rank holds does not change while it lives, so the answer is kept
+# for the same set of ranks (the memory figures then date from the first query; at most REUSE_S old).
+REUSE_S = 60.0
+_cache: Dict[str, Any] = {"ranks": None, "at": 0.0, "use": {}}
+_lock = threading.Lock()
+
+
+def query_cached(req: Request, notes: List[str], ranks: Set[Tuple[int, int]]) -> Dict[int, List[Dict[str, Any]]]:
+    """query(), reused while the node's ranks (pid, start time) are the same ones and the answer is recent."""
+    with _lock:
+        if _cache["ranks"] == ranks and time.monotonic() - _cache["at"] < REUSE_S:
+            return _cache["use"]  # type: ignore[no-any-return]
+    before = len(notes)
+    use = query(req, notes)
+    if len(notes) == before:  # a failed query is asked again next time
+        with _lock:
+            _cache.update(ranks=set(ranks), at=time.monotonic(), use=use)
+    return use
 
 
 def query(req: Request, notes: List[str]) -> Dict[int, List[Dict[str, Any]]]:
