@@ -11,7 +11,8 @@ import json
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Tuple, Union
+from operator import attrgetter
+from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 SCHEMA_NAME = "hangscope.snapshot"
 SCHEMA_VERSION = 1
@@ -77,6 +78,64 @@ class ThreadStack:
     syscall: str = ""  # first field of /proc/PID/task/TID/syscall, as a syscall name when known
     kernel_stack: Tuple[str, ...] = ()  # /proc/PID/task/TID/stack (root only)
     is_main: bool = False
+
+    # `path` is derived, not data: where the thread is, frame by frame (innermost first), without what differs
+    # between ranks on the same spot. Each frame appears as a Frame with its function, filename, line, module,
+    # native flag and loop iteration values only (no locals, loops or source), and the whole is interned:
+    # threads at the same lines in the same loop iteration hold the same tuple object even when their frames
+    # differ in locals, which name per-process objects by address. The analysis groups ranks by it with one
+    # lookup per rank and reads loop iterations from it once per distinct path (app/analysis/stacks.py).
+    # It is set when the stack is built and is not a dataclass field: JSON, the schema, equality and repr never
+    # see it, and dataclasses.replace() computes it again. Sharing is an optimisation only: equal paths may be
+    # distinct objects (after the intern tables start over, or after unpickling).
+    if typing.TYPE_CHECKING:  # declared for type checkers only: at run time a plain instance attribute
+        @property
+        def path(self) -> Tuple[Frame, ...]: ...
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", frame_path(self.frames))
+
+
+# Interned paths. Built here, where the frames were just made (and sit in the CPU cache), rather than in the
+# analysis, which would read 6M scattered frames again at 100k ranks x 60 frames (bench/analysis.py). The
+# table is keyed column by column (six tuples, no tuple per frame).
+_PATH_FIELDS = ("function", "filename", "line", "module", "native", "iteration")
+_COLUMNS = tuple(map(attrgetter, _PATH_FIELDS))
+_PATHS: Dict[tuple, Tuple[Frame, ...]] = {}
+_BARE: Dict[tuple, Frame] = {}
+# Frames over all interned paths before both tables start over (~100 bytes each): bounds a TUI that runs
+# for days, and ranks whose loop counters all differ; a snapshot holds a few hundred distinct paths.
+MAX_INTERNED_FRAMES = 1 << 18
+_interned = 0
+
+
+def frame_path(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
+    """The interned path of these frames (ThreadStack.path): the same tuple object for equal positions."""
+    if not frames:
+        return ()
+    key = tuple(tuple(map(get, frames)) for get in _COLUMNS)
+    path = _PATHS.get(key)
+    return path if path is not None else _intern(key)
+
+
+def _intern(key: tuple) -> Tuple[Frame, ...]:
+    """A new path in the tables. Dict setdefault keeps concurrent builders (the session's threads) consistent:
+    the first to arrive wins and the others take its objects; a clear() in between costs sharing, not
+    correctness."""
+    global _interned
+    if _interned + len(key[0]) > MAX_INTERNED_FRAMES:
+        _PATHS.clear()
+        _BARE.clear()
+        _interned = 0
+    _interned += len(key[0])
+    bare = []
+    for function, filename, line, module, native, iteration in zip(*key):
+        ident = (function, filename, line, module, native, iteration)
+        frame = _BARE.get(ident)
+        if frame is None:
+            frame = _BARE.setdefault(ident, Frame(function, filename, line, module, native, iteration=iteration))
+        bare.append(frame)
+    return _PATHS.setdefault(key, tuple(bare))
 
 
 @dataclass(frozen=True)
@@ -381,9 +440,9 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
     """Build a dataclass from to_dict()'s output; unknown keys (from newer versions) are ignored.
 
     Within one call, identical frames without locals are built once and shared: a snapshot of 100k ranks
-    holds a few hundred distinct frames, and the analysis, which keys frames by identity, then reads each
-    once instead of once per rank (bench/analysis.py: 100k ranks ~2.4 s -> ~0.6 s). Frames are frozen, so
-    sharing cannot be observed other than by `is`."""
+    holds a few hundred distinct frames, so it is built faster and holds less, and each thread's interned path
+    (ThreadStack.path) is derived from frames already seen. Frames are frozen, so sharing cannot be observed
+    other than by `is`."""
     if not isinstance(data, dict):
         raise ValueError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
     frames: dict = {} if _frames is None else _frames
