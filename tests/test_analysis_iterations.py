@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from analysis_snapshots import ALL_REDUCE, LOADING, STEP_LOOP, in_step, rank, snapshot
+import dataclasses
+from pathlib import Path
+
+from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, STEP_LOOP, in_step, rank, snapshot
 from app.analysis import analyze
 from app.analysis.iterations import split_iterations
 from app.analysis.tree import group_stacks
-from app.model import Frame, LoopInfo
+from app.model import Frame, Local, LoopInfo, Snapshot, snapshot_from_json
+
+SCENARIOS = Path(__file__).resolve().parent / "data" / "scenarios"
 
 
 def stepped(steps: dict, n: int = 8, default: int = 1203):  # type: ignore[no-untyped-def]
@@ -81,3 +86,39 @@ def test_outer_and_inner_loops_compare_outermost_first() -> None:
     ranks = [rank(r, "n1", at(1, 0) if r == 3 else at(0, 99)) for r in range(6)]
     top = analyze(snapshot(ranks, locals=True)).findings[0]
     assert top.title.startswith("rank 3 is 1 iteration ahead (epoch=1 vs 0) at job.py:40 `for epoch in range(epochs)`")
+
+
+def without_locals(snap: Snapshot) -> Snapshot:
+    return dataclasses.replace(snap, ranks=tuple(dataclasses.replace(r, threads=tuple(
+        dataclasses.replace(t, frames=tuple(dataclasses.replace(f, locals=()) for f in t.frames))
+        for t in r.threads)) for r in snap.ranks))
+
+
+def concluded(snap: Snapshot, history: tuple = ()) -> dict:
+    out = analyze(snap, history=history).to_dict()
+    del out["elapsed"]
+    return out
+
+
+def test_per_rank_locals_change_no_class_finding_or_split() -> None:
+    """Every rank's frames carry locals naming its own objects, so no two ranks' frames are equal: ranks must
+    still group, split by iteration and read exactly as they do without locals."""
+    def with_locals(frames, r):  # type: ignore[no-untyped-def]
+        return tuple(dataclasses.replace(f, locals=(Local("self", f"<DDP at 0x7f{r:04x}{i:02x}0>", True),))
+                     for i, f in enumerate(frames))
+    places = {5: LOADING, 9: BARRIER, 13: LOADING}
+    ranks = [rank(r, f"node{r // 4 + 1:02d}", with_locals(in_step(places.get(r, ALL_REDUCE), 1204 if r == 7 else
+                                                                   1203), r), world=17) for r in range(16)]
+    snap = snapshot(ranks, locals=True)
+    got = concluded(snap)
+    assert got == concluded(without_locals(snap))
+    assert [c["size"] for c in got["classes"]] == [13, 2, 1]
+    assert [s["text"] for s in got["iteration_splits"]] == ["step=1203: ranks 0-4,6,8,10-12,14-15; step=1204: rank 7",
+                                                            "step=1203: ranks 5,13", "step=1203: rank 9"]
+    assert {f["kind"] for f in got["findings"]} >= {"iteration_split", "minority_stack", "missing_ranks"}
+    # the recorded scenarios (py-spy --locals on real torch jobs), with their earlier samples as history
+    for path in sorted(SCENARIOS.glob("*.earlier.json")):
+        earlier = snapshot_from_json(path.read_text())[0]
+        now = snapshot_from_json(path.with_name(path.name.replace(".earlier", "")).read_text())[0]
+        assert any(f.locals for r in now.ranks for t in r.threads for f in t.frames), path.name
+        assert concluded(now, (earlier,)) == concluded(without_locals(now), (without_locals(earlier),)), path.name

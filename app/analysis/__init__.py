@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from app.analysis.columns import facts
 from app.analysis.findings import Finding, identical_finding, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
-from app.analysis.health import dump_failures, facts, failed_nodes, jobs, missing_ranks, process_states
+from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
@@ -92,7 +93,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first)."""
     started = time.perf_counter()
     ranks = snapshot.ranks
-    grouping = group_stacks(ranks, options)
+    rank_facts = facts(ranks)  # the one read of every rank (columns.py)
+    grouping = group_stacks(ranks, options, rank_facts)
     classes = grouping.classes
     tree = build_tree(classes, options)
     splits = split_iterations(grouping)
@@ -105,7 +107,6 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     if locals_missing and dominant_split is not None:
         findings.append(locals_missing_finding(dominant_split, snapshot.options.locals, classes[0].label))
 
-    rank_facts = facts(ranks)
     by_job = jobs(rank_facts)
     findings += several_jobs(by_job)
     findings += missing_ranks(snapshot, by_job)
@@ -113,11 +114,12 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
     findings += process_states(rank_facts)
     findings += thread_counts(rank_facts)
-    flight, lagging = flight_analysis(ranks)
+    flight, lagging = flight_analysis(ranks, rank_facts)
     findings += lagging
 
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
-    network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1)
+    network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1,
+                               sockets=rank_facts.sockets)
     findings += network
 
     progress: Tuple[RankProgress, ...] = ()
@@ -128,7 +130,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     if same_place:
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
-                                          sockets=any(r.sockets for r in ranks)))
+                                          sockets=any(rank_facts.sockets)))
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)

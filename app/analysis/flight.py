@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
+from app.analysis.columns import Facts, facts_of
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, count_phrase, describe, fold_nodes, keys_of, short, sort_ranks
 from app.analysis.frames import clean
@@ -24,8 +25,6 @@ HOW_TO = ("gloo dumps no record by itself: run the training under torch.distribu
           "worker_main() with TORCH_WORKER_SERVER_SOCKET set to a path of its own for each rank, and hangscope "
           "reads the record from that socket")
 MAX_ROWS = 8
-_flight = attrgetter("flight")
-_env = attrgetter("env")
 _name = itemgetter(0)
 
 FlightState = Literal["unused", "no_record", "recorded"]
@@ -70,9 +69,9 @@ def rank_text(record: Optional[FlightRecord]) -> str:
     return "; ".join(map(group_text, record.groups)) or "flight recorder: no collective recorded yet"
 
 
-def _enabled_names(ranks: Sequence[RankSnapshot]) -> List[str]:
+def _enabled_names(envs: Sequence[Tuple[Tuple[str, str], ...]]) -> List[str]:
     # every rank's allowlisted env in one C-level sweep (100k ranks: a few ms)
-    names = set(map(_name, chain.from_iterable(map(_env, ranks))))
+    names = set(map(_name, chain.from_iterable(envs)))
     return [n for n in ENABLE_VARS if n in names]
 
 
@@ -84,11 +83,14 @@ def _enabled(r: RankSnapshot) -> bool:
     return r.flight is not None
 
 
-def flight_analysis(ranks: Sequence[RankSnapshot]) -> Tuple[Optional[FlightSummary], List[Finding]]:
-    """The summary line (None without ranks) and a finding per group of ranks that lag."""
+def flight_analysis(ranks: Sequence[RankSnapshot], known: Optional[Facts] = None
+                    ) -> Tuple[Optional[FlightSummary], List[Finding]]:
+    """The summary line (None without ranks) and a finding per group of ranks that lag. `known`: the ranks'
+    columns when the caller has read them already."""
     if not ranks:
         return None, []
-    if not any(map(_flight, ranks)) and not _enabled_names(ranks):
+    f = facts_of(ranks, known)
+    if not any(f.flight) and not _enabled_names(f.env):
         return FlightSummary("unused", "Flight recorder: not used by this job (no TORCH_FR_BUFFER_SIZE or "
                              "TORCH_NCCL_TRACE_BUFFER_SIZE in the ranks' environment)"), []
     enabled = [r for r in ranks if _enabled(r)]

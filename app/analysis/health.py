@@ -4,11 +4,11 @@ thread counts, and snapshots that mix several jobs."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from app.analysis.columns import Facts, facts
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import count_phrase, describe, fold_ints, fold_nodes, keys_of, short
 from app.analysis.frames import clean
@@ -18,30 +18,8 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 
 _job = attrgetter("master_addr", "master_port", "world_size")
-_COLUMNS = tuple(attrgetter(name) for name in ("node", "rank", "world_size", "local_world_size", "master_addr",
-                                                "master_port", "num_threads", "state"))
 _state = attrgetter("state")
-_threads = attrgetter("threads")
 _ODD_STATES = frozenset("TtZXD")
-
-
-@dataclass(frozen=True)
-class Facts:
-    """Per-rank facts as columns, read once in C and shared by every check below (100k ranks: ~70 ms)."""
-
-    ranks: Sequence[RankSnapshot]
-    node: Tuple[str, ...]
-    rank: Tuple[Optional[int], ...]
-    world: Tuple[Optional[int], ...]
-    local_world: Tuple[Optional[int], ...]
-    addr: Tuple[str, ...]
-    port: Tuple[Optional[int], ...]
-    num_threads: Tuple[int, ...]
-    state: Tuple[str, ...]
-
-
-def facts(ranks: Sequence[RankSnapshot]) -> Facts:
-    return Facts(ranks, *(tuple(map(get, ranks)) for get in _COLUMNS))  # type: ignore[arg-type]
 
 
 def jobs(f: Facts) -> Dict[JobId, Facts]:
@@ -200,7 +178,7 @@ def process_states(f: Facts) -> List[Finding]:
     ranks = f.ranks
     stopped, dead, dstate = [], [], []
     # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
-    seen = set(f.state) | set(map(_state, chain.from_iterable(map(_threads, ranks))))
+    seen = set(f.state) | set(map(_state, chain.from_iterable(f.threads)))
     if _ODD_STATES.isdisjoint(seen):
         return []  # the usual case, checked in C
     for r in ranks:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, keys_of, label_parts, sort_ranks
+from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, label_parts
 from app.analysis.frames import clean
 from app.analysis.tree import Grouping
-from app.model import Frame, LoopInfo, RankSnapshot
+from app.model import Frame, LoopInfo
 
 Coordinate = Tuple[Tuple[str, str], ...]  # (name, value repr), outermost loop first
 MAX_GROUP_FINDINGS = 3
@@ -73,38 +73,33 @@ def _meaningful(pairs: Tuple[Tuple[str, str], ...]) -> Coordinate:
 def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:
     """For every class with loops on its path: its ranks grouped by loop iteration."""
     out = []
-    for c, groups in zip(grouping.classes, grouping.groups):
+    for c, groups, at in zip(grouping.classes, grouping.groups, grouping.at):
         lead = groups[0]
         positions = [j for j, i in enumerate(lead.kept) if lead.frames[i].loops or lead.frames[i].iteration]
         if not positions:
             continue
-        by_raw: Dict[tuple, List[RankSnapshot]] = defaultdict(list)
+        # Iteration values are read from the members' paths (ThreadStack.path), once per distinct path, not
+        # from 100k scattered frames; ranks are their places in the class (c.ranks and c.numbers are sorted
+        # and parallel), so a group's keys and numbers come from the class, not from the rank objects again.
+        place = dict(zip(at, range(len(at))))
+        by_raw: Dict[tuple, List[int]] = defaultdict(list)
         for g in groups:
             last = len(g.frames) - 1
-            idxs = [last - g.kept[j] for j in positions]  # stacks are innermost first
-            raws: List[tuple]
-            if len(idxs) == 1:  # the usual case (one training loop), kept to one C-level read per rank
-                i0 = idxs[0]
-                raws = [(s[i0].iteration,) for s in g.stacks]
-            else:
-                raws = [tuple(s[i].iteration for i in idxs) for s in g.stacks]
-            prev: Optional[tuple] = None
-            bucket: List[RankSnapshot] = []
-            for r, raw in zip(g.ranks, raws):
-                if raw != prev:  # neighbours mostly agree: comparing is cheaper than hashing fresh strings
-                    bucket, prev = by_raw[raw], raw
-                bucket.append(r)
-        by_coord: Dict[Coordinate, List[RankSnapshot]] = defaultdict(list)
-        for raw, ranks in by_raw.items():
-            by_coord[tuple(p for pairs in raw for p in _meaningful(pairs))].extend(ranks)
+            idxs = [last - g.kept[j] for j in positions]  # paths are innermost first, like the stacks
+            for path, members in g.parts:
+                by_raw[tuple(path[i].iteration for i in idxs)].extend(map(place.__getitem__, members))
+        by_coord: Dict[Coordinate, List[int]] = defaultdict(list)
+        for raw, places in by_raw.items():
+            by_coord[tuple(p for pairs in raw for p in _meaningful(pairs))].extend(places)
         loops = tuple(c.frames[j] for j in positions)
         missing = list(by_coord) == [()]
         ordered = sorted(by_coord.items(), key=lambda kv: (-len(kv[1]), _numeric_key(kv[0])))
         made = []
-        for coord, ranks in ordered:
-            ranks = sort_ranks(ranks)
-            keys = keys_of(ranks)
-            numbers = tuple(r.rank for r in ranks)
+        for coord, places in ordered:
+            # the class's order restricted to these ranks is sort_ranks' order of them (fold.sort_positions)
+            places.sort()
+            keys = tuple(map(c.ranks.__getitem__, places))
+            numbers = tuple(map(c.numbers.__getitem__, places))
             made.append(IterationGroup(coord, keys, numbers, *label_parts(keys, numbers)))
         out.append(IterationSplit(c.index, loops, tuple(made), _varying([g.coordinate for g in made]), missing))
     return tuple(out)

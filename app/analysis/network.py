@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from operator import attrgetter
 from statistics import median
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import fold_nodes
@@ -137,10 +137,12 @@ def silent_peers(snapshot: Snapshot) -> List[StalledSocket]:
     return out
 
 
-def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool = False) -> List[Finding]:
+def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool = False,
+                     sockets: Optional[Sequence[Tuple[TcpSocket, ...]]] = None) -> List[Finding]:
     """Name the node or link whose sockets stall, with the sockets as evidence. `same_place`: every rank on one
-    stack in one iteration; `same_stack`: on one stack, perhaps in different iterations."""
-    if not any(map(_sockets, snapshot.ranks)):
+    stack in one iteration; `same_stack`: on one stack, perhaps in different iterations. `sockets`: each
+    rank's sockets when the caller has read them already (columns.Facts)."""
+    if not any(map(_sockets, snapshot.ranks) if sockets is None else sockets):
         return []
     stalls = stalled_sockets(snapshot)
     silent = not stalls

@@ -1,114 +1,104 @@
-"""Each rank's selected stack, and ranks grouped by raw path: the one pass over every frame of every rank.
+"""Each rank's selected thread, and ranks grouped by raw path.
 
-At 100k ranks x 60 frames this pass is most of the analysis time, so it stays in C (attrgetter and map over
-frame tuples, dict lookups on whole-path keys); nothing here is done per frame in Python.
+At 100k ranks x 60 frames nothing here may read every frame of every rank: ranks are grouped by their
+threads' interned paths (model.ThreadStack.path: one lookup per run of ranks on the same path), and frames
+are read once per distinct path.
 """
 
 from __future__ import annotations
 
+from itertools import groupby
 from operator import attrgetter, itemgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.options import AnalysisOptions, selector
-from app.model import Frame, RankSnapshot
+from app.model import Frame, RankSnapshot, ThreadStack
 
 raw_frame = attrgetter("function", "filename", "line")
-_threads = attrgetter("threads")
-_frames = attrgetter("frames")
-_is_main = attrgetter("is_main")
+_main_and_path = attrgetter("is_main", "path")
 _first = itemgetter(0)
+_second = itemgetter(1)
 
-Stacks = Tuple[List[RankSnapshot], List[Tuple[Frame, ...]], List[RankSnapshot]]
+Path = Tuple[Frame, ...]
 
 
-def selected_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions) -> Stacks:
-    """The selected thread's frames of every rank that has some, and the ranks that have none."""
-    with_stack: List[RankSnapshot] = []
-    stacks: List[Tuple[Frame, ...]] = []
-    no_stack: List[RankSnapshot] = []
+class Selected:
+    """The thread the analysis merges of each rank: `at` the positions of the ranks whose thread has frames,
+    `paths` their threads' paths (parallel to `at`), `no_stack` the other ranks."""
+
+    __slots__ = ("at", "paths", "no_stack", "_chosen", "_threads")
+
+    def __init__(self, at: Sequence[int], paths: Sequence[Path], no_stack: List[RankSnapshot], *,
+                 chosen: Optional[Sequence[Optional[ThreadStack]]] = None,
+                 threads: Sequence[Tuple[ThreadStack, ...]] = ()) -> None:
+        self.at = at
+        self.paths = paths
+        self.no_stack = no_stack
+        self._chosen = chosen
+        self._threads = threads  # the fast path's: the selected thread is the first
+
+    def thread(self, i: int) -> ThreadStack:
+        """The selected thread of the rank at position i (one with frames: i is in `at`)."""
+        t = self._chosen[i] if self._chosen is not None else self._threads[i][0]
+        assert t is not None
+        return t
+
+
+def selected_stacks(ranks: Sequence[RankSnapshot], threads: Sequence[Tuple[ThreadStack, ...]],
+                    options: AnalysisOptions) -> Selected:
+    """The selected thread of every rank; `threads` is each rank's threads (columns.Facts.threads)."""
     if options.thread == "main":
-        fast = _main_stacks(ranks)
+        fast = _main_stacks(ranks, threads)
         if fast is not None:
             return fast
     select = selector(options)  # the general pass: a chosen thread, or main threads in the unusual shapes
-    for r in ranks:
-        t = select(r)
-        if t is not None and t.frames:
-            with_stack.append(r)
-            stacks.append(t.frames)
-        else:
-            no_stack.append(r)
-    return with_stack, stacks, no_stack
+    chosen = list(map(select, ranks))
+    at = [i for i, t in enumerate(chosen) if t is not None and t.frames]
+    paths = [chosen[i].path for i in at]  # type: ignore[union-attr]
+    return Selected(at, paths, _without(ranks, at), chosen=chosen)
 
 
-def _main_stacks(ranks: Sequence[RankSnapshot]) -> Optional[Stacks]:
-    """The usual case in C: every rank has threads and its first thread is the main one (None otherwise)."""
-    threads = list(map(_threads, ranks))
+def _main_stacks(ranks: Sequence[RankSnapshot], threads: Sequence[Tuple[ThreadStack, ...]]) -> Optional[Selected]:
+    """The usual case in C: every rank has threads and its first thread is the main one (None otherwise).
+    One read of each first thread: is_main and path together."""
     if not all(threads):
         return None
-    first = list(map(_first, threads))
-    if not all(map(_is_main, first)):
+    heads = list(map(_main_and_path, map(_first, threads)))
+    if not all(map(_first, heads)):
         return None
-    stacks = list(map(_frames, first))
-    if all(stacks):
-        return list(ranks), stacks, []
-    with_stack = [r for r, s in zip(ranks, stacks) if s]
-    return with_stack, [s for s in stacks if s], [r for r, s in zip(ranks, stacks) if not s]
+    paths = list(map(_second, heads))  # a path is empty exactly when the frames are
+    if all(paths):
+        return Selected(range(len(ranks)), paths, [], threads=threads)
+    at = [i for i, p in enumerate(paths) if p]
+    return Selected(at, [paths[i] for i in at], _without(ranks, at), threads=threads)
+
+
+def _without(ranks: Sequence[RankSnapshot], at: Sequence[int]) -> List[RankSnapshot]:
+    kept = set(at)
+    return [r for i, r in enumerate(ranks) if i not in kept]
 
 
 RawKey = Tuple[Tuple[str, str, int], ...]
+Part = Tuple[Path, List[int]]  # one path object and the positions (in the snapshot) of the ranks on it
 
 
-_Members = Tuple[List[RankSnapshot], List[Tuple[Frame, ...]]]  # ranks and their stacks, in parallel
-
-
-def raw_groups(ranks: List[RankSnapshot], stacks: List[Tuple[Frame, ...]]) -> Dict[RawKey, _Members]:
-    """Ranks by raw path: (function, file, line) of every frame. The one pass over every frame of every rank,
-    so it stays in C: reading three attributes of 6M frames is most of the analysis time at 100k ranks.
-    When identical frames are one shared object (an interning parser), frames are keyed by identity first,
-    which skips the attribute reads; the grouping is the same either way."""
-    raw: Dict[RawKey, _Members] = {}
-    if _shares_frames(stacks):
-        by_id: Dict[Tuple[int, ...], _Members] = {}
-        prev: Tuple[Frame, ...] = ()
-        entry: Optional[_Members] = ([], [])
-        for r, frames in zip(ranks, stacks):
-            # Neighbouring ranks mostly share a stack: tuple == compares shared frames by identity, 60
-            # pointer checks instead of a 60-element key (a frame equal in content but not in identity
-            # falls back to Frame.__eq__, which is slow but right).
-            if frames != prev:
-                k = tuple(map(id, frames))  # valid: the snapshot keeps every frame alive meanwhile
-                entry = by_id.get(k)
-                if entry is None:
-                    entry = by_id[k] = ([], [])
-                prev = frames
-            assert entry is not None
-            entry[0].append(r)
-            entry[1].append(frames)
-        for members, group_stacks_ in by_id.values():
-            key = tuple(map(raw_frame, group_stacks_[0]))
-            entry = raw.get(key)
-            if entry is None:
-                raw[key] = (members, group_stacks_)
-            else:
-                entry[0].extend(members)
-                entry[1].extend(group_stacks_)
-        return raw
-    for r, frames in zip(ranks, stacks):
-        key = tuple(map(raw_frame, frames))
-        entry = raw.get(key)
-        if entry is None:
-            raw[key] = ([r], [frames])
+def raw_groups(at: Sequence[int], paths: Sequence[Path]) -> Dict[RawKey, List[Part]]:
+    """Ranks by raw path, (function, file, line) of every frame, as the parts of each raw path: its distinct
+    path objects with their ranks, positions ascending within a part. Paths are interned when a stack is
+    built, so neighbouring ranks on one path hold one object and a run of them costs one dict lookup, whatever
+    the depth and whether or not their frames carry per-rank locals. A raw path has several parts when its
+    ranks are in different loop iterations, or when equal paths are distinct objects (the intern table started
+    over meanwhile): the raw key, computed once per path object, brings them together."""
+    ids = list(map(id, paths))  # valid keys: the ranks keep their paths alive during this call
+    by_id: Dict[int, Part] = {}
+    for key, run in groupby(range(len(ids)), ids.__getitem__):  # j: an index into `at` and `paths`
+        part = by_id.get(key)
+        if part is None:
+            js = list(run)
+            by_id[key] = (paths[js[0]], list(map(at.__getitem__, js)))
         else:
-            entry[0].append(r)
-            entry[1].append(frames)
+            part[1].extend(map(at.__getitem__, run))
+    raw: Dict[RawKey, List[Part]] = {}
+    for part in by_id.values():
+        raw.setdefault(tuple(map(raw_frame, part[0])), []).append(part)
     return raw
-
-
-def _shares_frames(stacks: List[Tuple[Frame, ...]], sample: int = 64) -> bool:
-    """Whether ranks share Frame objects: the outermost frames of a sample of ranks are mostly the same objects."""
-    if len(stacks) < 4:
-        return False
-    step = max(1, len(stacks) // sample)
-    outer = [s[-1] for s in stacks[::step]]
-    return len(set(map(id, outer))) * 2 <= len(outer)

@@ -1,22 +1,25 @@
 """Equivalence classes and the merged prefix tree: one stack per rank, grouped by path (LLNL STAT's idea).
 
-Built for 100k ranks: each rank's frames are read once (stacks.py) into raw groups; everything here (folding
-machinery, dropping native frames, coarser identities, the tree) is done once per distinct path, not per rank.
+Built for 100k ranks: ranks are grouped by their threads' interned paths (stacks.py) into raw groups, and are
+ordered and named from the rank columns (columns.py); everything here (folding machinery, dropping native
+frames, coarser identities, the tree) is done once per distinct path, not per rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from app.analysis.fold import RankKey, describe_keys, label_parts, sort_key, sort_ranks
+from app.analysis.columns import Facts, facts_of
+from app.analysis.fold import RankKey, describe_keys, label_parts, lowest_position, position_key, sort_positions
+from app.analysis.fold import sort_ranks
 from app.analysis.frames import FrameId, fold_path, frame_id, path_collective
 from app.analysis.options import AnalysisOptions
-from app.analysis.stacks import raw_frame, raw_groups, selected_stacks
-from app.model import Frame, RankSnapshot
+from app.analysis.stacks import Part, Selected, raw_frame, raw_groups, selected_stacks
+from app.model import Frame, RankSnapshot, ThreadStack
 
-_rank_of = attrgetter("rank")
 _native = attrgetter("native")
 
 
@@ -106,12 +109,14 @@ class StackTree:
 
 @dataclass
 class RawGroup:
-    """Ranks whose stacks are identical frame by frame (function, file, line): the unit of all later work."""
+    """Ranks whose stacks are identical frame by frame (function, file, line): the unit of all later work.
+    Members are positions in the snapshot's ranks; Grouping.thread(i) is a member's selected thread, with its
+    own frames (locals, iteration values)."""
 
-    frames: Tuple[Frame, ...]  # a member's frames, outermost first
+    frames: Tuple[Frame, ...]  # the lowest member's frames, outermost first
     kept: Tuple[int, ...]  # indices into `frames` that the folded path keeps
-    ranks: List[RankSnapshot]
-    stacks: List[Tuple[Frame, ...]]  # each member's own frames, innermost first (py-spy order)
+    at: List[int]  # the members' positions in the snapshot, ascending
+    parts: List[Part]  # the members by path object (ThreadStack.path, which holds loop iteration values)
     first: Tuple[bool, int, str, int] = (True, 0, "", 0)  # order key of the lowest member
 
 
@@ -121,45 +126,63 @@ class Grouping:
 
     classes: Tuple[StackClass, ...]
     groups: Tuple[Tuple[RawGroup, ...], ...]  # per class
-    members: Tuple[Tuple[RankSnapshot, ...], ...]  # per class, in the class's rank order
+    at: Tuple[Tuple[int, ...], ...]  # per class: its members' positions in the snapshot, in the class's order
     no_stack: Tuple[RankSnapshot, ...]
+    ranks: Sequence[RankSnapshot] = ()  # the ranks the positions refer to
+    selected: Optional[Selected] = None
+
+    def members(self, index: int) -> Tuple[RankSnapshot, ...]:
+        """A class's ranks, in the class's rank order."""
+        return tuple(map(self.ranks.__getitem__, self.at[index]))
+
+    def thread(self, i: int) -> ThreadStack:
+        """The selected thread of the rank at position i, when it has a stack."""
+        assert self.selected is not None
+        return self.selected.thread(i)
 
 
-def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions()) -> Grouping:
-    """Group ranks by the path of their selected thread into equivalence classes, largest first."""
-    with_stack, stacks, no_stack = selected_stacks(ranks, options)
-    raw = raw_groups(with_stack, stacks)
+def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions(),
+                 known: Optional[Facts] = None) -> Grouping:
+    """Group ranks by the path of their selected thread into equivalence classes, largest first. `known`: the
+    ranks' columns when the caller has read them already."""
+    f = facts_of(ranks, known)
+    numbers, keys = f.rank, f.key
+    selected = selected_stacks(ranks, f.threads, options)
 
     by_path: Dict[Tuple[FrameId, ...], List[RawGroup]] = {}
-    for members, stacks in raw.values():
+    for parts in raw_groups(selected.at, selected.paths).values():
+        at = parts[0][1] if len(parts) == 1 else sorted(chain.from_iterable(p[1] for p in parts))
         # the lowest rank's frames stand for the group, so the output does not depend on input order
-        first = _lowest(members)
-        outer = stacks[first][::-1]
+        first = lowest_position(at, numbers, keys)
+        outer = selected.thread(first).frames[::-1]
         kept = fold_path(outer, native=options.native, fold_machinery=options.fold_machinery)
         if options.identity == "function+line" and not any(map(_native, outer)):
             path = tuple(map(raw_frame, map(outer.__getitem__, kept)))  # no native frame: ids are raw keys
         else:
             path = tuple(frame_id(outer[i], options.identity) for i in kept)
-        by_path.setdefault(path, []).append(RawGroup(outer, kept, members, stacks, sort_key(members[first])))
+        by_path.setdefault(path, []).append(RawGroup(outer, kept, at, parts, position_key(numbers, keys, first)))
 
     pending = []
     for path, groups in by_path.items():
-        members = sort_ranks([r for g in groups for r in g.ranks])
-        pending.append((path, groups, members))
-    pending.sort(key=lambda p: (-len(p[2]), sort_key(p[2][0]), p[0]))
+        at = groups[0].at if len(groups) == 1 else [i for g in groups for i in g.at]
+        in_order = sort_positions(at, numbers, keys)
+        pending.append((path, groups, in_order, position_key(numbers, keys, in_order[0])))
+    pending.sort(key=lambda p: (-len(p[2]), p[3], p[0]))
 
-    classes, all_groups, all_members = [], [], []
-    for index, (path, groups, members) in enumerate(pending):
+    classes, all_groups, all_at = [], [], []
+    for index, (path, groups, in_order, _) in enumerate(pending):
         groups.sort(key=attrgetter("first"))
         lead = groups[0]
         frames = tuple(lead.frames[i] for i in lead.kept)
-        keys = tuple(zip(map(attrgetter("node"), members), map(attrgetter("pid"), members)))
-        numbers = tuple(map(attrgetter("rank"), members))
         collective, _ = path_collective(frames)
-        classes.append(StackClass(index, frames, keys, numbers, *label_parts(keys, numbers), collective))
+        class_keys = tuple(map(keys.__getitem__, in_order))
+        class_numbers = tuple(map(numbers.__getitem__, in_order))
+        classes.append(StackClass(index, frames, class_keys, class_numbers, *label_parts(class_keys, class_numbers),
+                                  collective))
         all_groups.append(tuple(groups))
-        all_members.append(tuple(members))
-    return Grouping(tuple(classes), tuple(all_groups), tuple(all_members), tuple(sort_ranks(no_stack)))
+        all_at.append(tuple(in_order))
+    return Grouping(tuple(classes), tuple(all_groups), tuple(all_at), tuple(sort_ranks(selected.no_stack)), ranks,
+                    selected)
 
 
 def build_tree(classes: Sequence[StackClass], options: AnalysisOptions = AnalysisOptions()) -> StackTree:
@@ -215,14 +238,3 @@ class _Node:
             done[id(node)] = TreeNode(node.frame, node.count, tuple(node.classes), tuple(node.ends),
                                       tuple(done[id(child)] for _, child in kids), depth)
         return done[id(self)]
-
-
-def _lowest(ranks: List[RankSnapshot]) -> int:
-    """Index of the lowest rank (C-level keys when every rank has a number)."""
-    numbers = list(map(_rank_of, ranks))
-    if None not in numbers:
-        low = min(numbers)
-        if numbers.count(low) == 1:
-            return numbers.index(low)
-    keys = list(map(sort_key, ranks))
-    return keys.index(min(keys))
