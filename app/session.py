@@ -229,17 +229,24 @@ class Session:
             phase = "discover"
             self._update(node, state="discovering", error=None, timings=tuple(timings.items()))
             t = time.monotonic()
-            pids = list(self.options.pids) if self.options.pids is not None else None
-            async for item in conn.request("discover", {"pids": pids}, timeout=DISCOVER_TIMEOUT):
-                rank = parse.rank_from_discover(node.name, item)
-                node.ranks[rank.pid] = rank
-                self._emit(RankUpdate(rank))
-            timings["discover"] = time.monotonic() - t
-            phase = "collect"
-            self._update(node, state="collecting", ranks_found=len(node.ranks), timings=tuple(timings.items()))
+            # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
+            req = conn.request("collect", self._collect_args(), timeout=DISCOVER_TIMEOUT)
+            async for item in req:
+                if isinstance(item.get("dump"), dict):
+                    self._apply_dump(node, item["dump"])
+                elif isinstance(item.get("rank"), dict):
+                    rank = parse.rank_from_discover(node.name, item["rank"])
+                    node.ranks[rank.pid] = rank
+                    self._emit(RankUpdate(rank))
+                elif "discovered" in item:
+                    timings["discover"] = time.monotonic() - t
+                    phase, t = "collect", time.monotonic()
+                    self._update(node, state="collecting", ranks_found=len(node.ranks),
+                                 timings=tuple(timings.items()))
+                    # A backstop only (the worker enforces each rank's deadline): as if every rank ran into
+                    # it, one by one.
+                    req.set_deadline(self.options.dump_timeout * len(node.ranks) + 15.0)
             if node.ranks:
-                t = time.monotonic()
-                await self._dump(node, conn)
                 timings["dump"] = time.monotonic() - t
             self._update(node, state="done", timings=tuple(timings.items()))
         except asyncio.CancelledError:
@@ -281,21 +288,19 @@ class Session:
             opts["keep_dir"] = os.environ[KEEP_WORKER_ENV]
         return opts
 
-    async def _dump(self, node: _Node, conn: WorkerConnection) -> None:
+    def _collect_args(self) -> dict:
         c, o = self.options.collect, self.options
-        targets = [{"pid": r.pid, "start_time": r.start_time} for r in node.ranks.values()]
-        args = {"targets": targets, "native": c.native, "locals": c.locals, "nonblocking": c.nonblocking,
-                "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
+        return {"pids": list(o.pids) if o.pids is not None else None, "native": c.native, "locals": c.locals,
+                "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
                 "source_context": SOURCE_CONTEXT, "sudo": c.sudo}
-        # A backstop only (the worker enforces each rank's deadline): as if every rank ran into it, one by one.
-        deadline = o.dump_timeout * len(targets) + 15.0
-        async for item in conn.request("dump", args, timeout=deadline):
-            rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
-            if rank is None:
-                continue
-            rank = parse.apply_dump(rank, item)
-            node.ranks[rank.pid] = rank
-            self._emit(RankUpdate(rank))
+
+    def _apply_dump(self, node: _Node, item: dict) -> None:
+        rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
+        if rank is None:
+            return
+        rank = parse.apply_dump(rank, item)
+        node.ranks[rank.pid] = rank
+        self._emit(RankUpdate(rank))
 
     def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
                      phase: str = "") -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from app.model import CollectOptions, RankSnapshot
 from app.session import NodeUpdate, RankUpdate, Session, SessionEvent, SessionOptions, SnapshotDone
+from app.transport import bootstrap
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,7 +93,7 @@ def _worker_children() -> set[int]:
     found = set()
     for child in psutil.Process().children():
         try:
-            if child.cmdline()[-1:] and child.cmdline()[-1].startswith("import base64,zlib;exec("):
+            if child.cmdline()[-1:] and child.cmdline()[-1].startswith(bootstrap.STAGE_PREFIX):
                 found.add(child.pid)
         except psutil.Error:
             continue

@@ -221,3 +221,22 @@ def test_a_python_process_that_execs_into_a_rank_is_found_on_the_next_refresh(tm
             os.kill(pid, 9)
         except OSError:
             pass
+
+
+def test_collect_discovers_then_dumps_what_it_found_in_one_request() -> None:
+    # the session's one request per pass: rank items, one `discovered`, then a dump item per rank
+    with start_rank(0) as t0, start_rank(1) as t1, WorkerProc() as w:
+        items, done = w.call("collect", {"pids": [t0.pid, t1.pid], "locals": True, "loops": True,
+                                         "source_context": 1})
+        assert done["type"] == "done", done
+        kinds = [next(iter(i)) for i in items]
+        assert kinds == ["rank", "rank", "discovered", "dump", "dump"], kinds
+        assert {i["rank"]["pid"] for i in items[:2]} == {t0.pid, t1.pid}
+        assert items[2]["discovered"]["count"] == 2
+        dumps = {i["dump"]["pid"]: i["dump"] for i in items[3:]}
+        assert set(dumps) == {t0.pid, t1.pid} and all(d["ok"] for d in dumps.values())
+        assert dumps[t0.pid]["start_time"] == procinfo.start_time(t0.pid)
+        assert done["data"]["discover"]["count"] == 2 and done["data"]["dump"]["count"] == 2
+        # nothing found: no dumps, still one `discovered` and a done
+        items, done = w.call("collect", {"pids": [999999999]})
+        assert [next(iter(i)) for i in items] == ["discovered"] and done["data"]["dump"]["count"] == 0

@@ -8,7 +8,7 @@ import threading
 import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Callable, Dict
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from workers import discover as discovery
 from workers import procinfo
@@ -43,6 +43,11 @@ def push_tool(req: Request) -> Dict[str, Any]:
 
 
 def discover(req: Request) -> Dict[str, Any]:
+    return _discover(req, req.item)
+
+
+def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+    """Find the node's ranks (or exactly `pids`), emit each with its GPUs and TCP sockets; the done data."""
     pids = req.arg_list("pids")
     if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
         raise OpError("bad_request", "discover: pids must be integers")
@@ -82,7 +87,7 @@ def discover(req: Request) -> Dict[str, Any]:
                 ss_by_ns[netns] = _ss(req, rank["pid"], netns)
                 tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
         rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
-        req.item(rank)
+        emit(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
 
 
@@ -108,16 +113,41 @@ def _ss(req: Request, pid: int, netns: str) -> Dict[Any, Any]:
 
 def dump(req: Request) -> Dict[str, Any]:
     """py-spy on every target concurrently (bounded), one item per target as soon as it is done."""
-    started = time.monotonic()
-    opts = pyspy.DumpOptions(req)
-    targets = req.arg_list("targets") or []
-    todo: "queue.Queue[tuple]" = queue.Queue()
-    for t in targets:
+    targets = []
+    for t in req.arg_list("targets") or []:
         pid = t.get("pid") if isinstance(t, dict) else None
         st = t.get("start_time") if isinstance(t, dict) else None
         if isinstance(pid, bool) or not isinstance(pid, int) or not (st is None or isinstance(st, int)):
             raise OpError("bad_request", "dump: each target needs an integer pid and start_time, got %r" % (t,))
-        todo.put((pid, st))
+        targets.append((pid, st))
+    return _dump(req, targets, req.item)
+
+
+def collect(req: Request) -> Dict[str, Any]:
+    """discover, then dump what it found, in one request: a refresh costs one round trip and the dumps start
+    the moment discovery ends. Items: {"rank": <discover item>}, then one {"discovered": <discover's done
+    data>}, then {"dump": <dump item>} per rank; done: {"discover": ..., "dump": ...}. Arguments: discover's
+    and dump's (without targets)."""
+    found: List[Tuple[int, Optional[int]]] = []
+
+    def rank(item: Dict[str, Any]) -> None:
+        found.append((item["pid"], item["start_time"]))
+        req.item({"rank": item})
+
+    discovered = _discover(req, rank)
+    req.item({"discovered": discovered})
+    req.check()
+    dumped = _dump(req, found, lambda item: req.item({"dump": item}))
+    return {"discover": discovered, "dump": dumped}
+
+
+def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],
+          emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+    started = time.monotonic()
+    opts = pyspy.DumpOptions(req)
+    todo: "queue.Queue[tuple]" = queue.Queue()
+    for target in targets:
+        todo.put(target)
     workers = min(len(targets), req.arg_int("concurrency") or cpu_count()) or 1
 
     def work() -> None:
@@ -136,7 +166,7 @@ def dump(req: Request) -> Dict[str, Any]:
             cache = req.worker.proc_cache
             env = cache.environ(pid, st) if cache is not None else None  # read at discovery, same process
             item["flight"] = flight.collect(pid, env=env)  # None unless the rank enables the Flight Recorder
-            req.item(item)
+            emit(item)
 
     threads = [threading.Thread(target=work, name="dump-%d-%d" % (req.id, i), daemon=True)
                for i in range(max(1, workers))]
@@ -157,6 +187,7 @@ def gdb(req: Request) -> Dict[str, Any]:
 
 
 HANDLERS: Dict[str, Callable[[Request], Dict[str, Any]]] = {
+    "collect": collect,
     "dump": dump,
     "strace": strace,
     "gdb": gdb,

@@ -46,6 +46,10 @@ Ops (args -> items / done):
                                               "written_at": float | None, "notes": [str]}
                                               (PyTorch Flight Recorder: workers/collect/flight.py)}
               -> done {"count": int, "elapsed": float}
+    collect   discover's args + dump's args without "targets": a snapshot pass in one request (the session's)
+              -> item {"rank": <discover item>} per rank, then one {"discovered": <discover's done data>},
+                 then {"dump": <dump item>} per rank as each finishes
+              -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
                        "seconds": float}   (output: first and last max_lines/2 lines around a [truncated] marker)

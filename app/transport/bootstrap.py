@@ -33,6 +33,8 @@ MARK_OLD_PYTHON = "hangscope-stage: old python"
 MARK_SHORT_PAYLOAD = "hangscope-stage: short payload"
 
 WORKERS_DIR = Path(__file__).resolve().parents[2] / "workers"
+# How every stage's `-c` argument begins (binascii is built in: no base64.py to import first).
+STAGE_PREFIX = "import binascii,zlib;exec("
 # How the worker's interpreter is started unless --python says otherwise. -S: the worker needs only the
 # standard library, and without site no sitecustomize or .pth hook of the node's Python runs first (one
 # that prints would corrupt the protocol stream; all of them cost start-up time, ~2.5 ms on Debian).
@@ -116,7 +118,7 @@ class Payload:
                 .replace("@OPTS@", repr(json.dumps(opts, sort_keys=True)))
                 .replace("@KEEP@", _KEEP if opts.get("keep_dir") else ""))
         packed = base64.b64encode(zlib.compress(code.encode("ascii"), 9)).decode("ascii")
-        return 'import binascii,zlib;exec(zlib.decompress(binascii.a2b_base64("%s")))' % packed
+        return STAGE_PREFIX + 'zlib.decompress(binascii.a2b_base64("%s")))' % packed
 
 
 def _module_name(rel: Path) -> tuple[str, bool]:

@@ -77,6 +77,11 @@ class Request:
                                  f"{self.timeout or 0:.1f} s deadline",
                                  hint="the worker or the node is overloaded or stuck; try again") from None
 
+    def set_deadline(self, timeout: float) -> None:
+        """From now on, wait at most `timeout` seconds more (a request whose size is known only midway)."""
+        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.timeout = timeout
+
     def _finish(self) -> None:
         self.finished = True
         self.conn.forget(self.id)
