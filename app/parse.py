@@ -163,9 +163,10 @@ def _loop(d: dict) -> LoopInfo | None:
                     counters=tuple(v for v in _list(d.get("counters")) if isinstance(v, str)))
 
 
-# Identical frames without locals, shared between ranks and passes: the analysis keys frames by identity, so a
-# snapshot of 100k ranks that shares its few hundred distinct frames analyses ~4x faster (bench/analysis.py).
-# Frames are frozen: sharing is invisible but to `is`. Bounded: emptied when it grows past MAX_SHARED_FRAMES.
+# Identical frames without locals, shared between ranks and passes: a snapshot of 100k ranks then holds its few
+# hundred distinct frames once, and building a thread's interned path (ThreadStack.path, what the analysis
+# groups by) is cheaper on shared frames. Frames are frozen: sharing is invisible but to `is`. Bounded:
+# emptied when it grows past MAX_SHARED_FRAMES.
 _SHARED_FRAMES: dict = {}
 MAX_SHARED_FRAMES = 1 << 16
 
