@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, Optional

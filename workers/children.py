@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, List, Optional, Sequence

@@ -9,6 +9,7 @@ a rank. The worker's own process tree (its shell, its tools) is never considered
 from __future__ import annotations
 
 import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple

@@ -10,6 +10,7 @@ import ast
 import os
 import threading
 from collections import OrderedDict
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple

@@ -6,6 +6,7 @@ import os
 import queue
 import threading
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Optional, Tuple

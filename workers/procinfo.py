@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, List, Optional

@@ -83,6 +83,7 @@ GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
 from __future__ import annotations
 
 import json
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, Optional

@@ -7,6 +7,7 @@ err on the side of hiding: a false positive costs a little context, a false nega
 from __future__ import annotations
 
 import re
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import List, Sequence

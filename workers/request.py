@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Optional, Sequence

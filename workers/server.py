@@ -9,6 +9,7 @@ import queue
 import sys
 import threading
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import IO, Any, Callable, Dict, Optional

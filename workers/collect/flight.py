@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional

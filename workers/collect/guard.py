@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, Optional, Tuple

@@ -6,6 +6,7 @@ These still show where a rank waits when py-spy is denied (ptrace_scope, other u
 from __future__ import annotations
 
 import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional

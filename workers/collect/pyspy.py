@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, List, Optional

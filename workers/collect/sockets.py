@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple

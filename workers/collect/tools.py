@@ -12,6 +12,7 @@ import stat
 import sys
 import threading
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, List, Optional, Tuple
