@@ -7,6 +7,7 @@ Xid lines, the NCCL_SOCKET_IFNAME suggestion, and the CLI options.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -149,3 +150,27 @@ def test_the_gpu_package_never_imports_textual() -> None:
     code = ("import sys, app.gpu.headless, app.gpu.runner, app.gpu.connect; "
             "assert 'textual' not in sys.modules, 'textual imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_ranks_that_lose_the_store_when_a_hung_run_is_stopped_are_victims_not_culprits() -> None:
+    # A hung run is stopped: rank 0's store goes first, and ranks still waiting on it report torch's
+    # "Failed to recv ... Connection was likely closed" before they are killed. The rank that never joined
+    # (named by rank 0) is the culprit, not them. Lines as the GPU test program prints them.
+    from app.gpu.output import EVENT, RunOutput
+
+    def ev(**kw: object) -> str:
+        return EVENT + json.dumps(kw)
+
+    out = RunOutput(["node01", "node02", "node03", "node04"], [1, 1, 1, 1])
+    lost = ("DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+            "shutdown or crash?")
+    out.feed("node01", [("out", 0, ev(event="phase", phase="join")), ("out", 0, ev(event="waiting", missing=[3]))])
+    for node, rank in (("node02", 1), ("node03", 2)):
+        out.feed(node, [("out", 0, ev(event="phase", phase="join")),
+                        ("out", 0, ev(event="result", ok=False, phase="join", rank=rank, error=lost))])
+    out.feed("node04", [("out", 0, ev(event="phase", phase="store_connect", master="node01:29605"))])
+    results = {r.node: r for r in out.results(stopped=True, node_errors={})}
+    assert results["node02"].status == "broken" and not results["node02"].culprit
+    assert results["node03"].status == "broken" and not results["node03"].culprit
+    assert results["node04"].status == "hung" and results["node04"].culprit
+    assert [n for n, r in results.items() if r.culprit] == ["node04"]

@@ -21,9 +21,12 @@ EVENT = "HANGSCOPE-GPUTEST "
 LOG_LINES = 400  # lines of log kept per run
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
-# errors a rank reports because *another* rank went away: the rank reporting them is a victim
-_VICTIM = re.compile(r"connection (closed|reset)|closed by (remote )?peer|broken pipe|timed out|timeout|"
-                     r"communicator was aborted|socket", re.IGNORECASE)
+# errors a rank reports because *another* rank went away: the rank reporting them is a victim (torch's store
+# client, when the store's rank is gone: "Failed to recv, got 0 bytes. Connection was likely closed. Did the
+# remote server shutdown or crash?")
+_VICTIM = re.compile(r"connection (was (likely )?)?(closed|reset)|closed by (remote )?peer|broken pipe|timed out|"
+                     r"timeout|communicator was aborted|socket|failed to recv|remote server shut ?down",
+                     re.IGNORECASE)
 
 
 @dataclass
