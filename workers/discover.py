@@ -285,7 +285,8 @@ class Scan:
 
     def _describe(self, pid: int, children: List[int]) -> Dict[str, Any]:
         p = self.procs[pid]
-        fixed = self._cache.described(p) if self._cache is not None and pid not in self._fresh else None
+        # a process read afresh has no description left: ProcCache.put() dropped the old one
+        fixed = self._cache.described(p) if self._cache is not None else None
         if fixed is None:
             fixed = self._fixed(p)
             if self._cache is not None:
@@ -307,9 +308,6 @@ class Scan:
     def _fixed(self, p: Proc) -> Dict[str, Any]:
         """What does not change while the process lives: identity, command line, environment, namespaces."""
         pid, env = p.pid, p.environ or {}
-        status = procinfo.status_lines(pid)
-        nspids = status.get("NSpid", "").split()
-        nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() and int(nspids[-1]) != pid else None
         return {
             "pid": pid, "start_time": p.start_time,
             "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
@@ -321,7 +319,7 @@ class Scan:
             "master_addr": env.get("MASTER_ADDR", ""),
             "master_port": _int(env, "MASTER_PORT"),
             "cmdline": redact_argv(p.cmdline), "exe": p.exe, "uid": p.uid, "user": procinfo.user_name(p.uid),
-            "env": allowed_env(env), "nspid": nspid, "in_container": in_container(pid, self.me),
+            "env": allowed_env(env), "nspid": procinfo.ns_id(pid), "in_container": in_container(pid, self.me),
         }
 
 

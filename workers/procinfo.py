@@ -110,18 +110,6 @@ def parse_environ(data: bytes) -> Dict[str, str]:
     return env
 
 
-def status_lines(pid: int) -> Dict[str, str]:
-    try:
-        text = read_file("/proc/%d/status" % pid).decode("utf-8", "replace")
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        out[key] = value.strip()
-    return out
-
-
 def status_field(pid: int, name: str) -> str:
     """One field of /proc/PID/status ("" when absent or unreadable), without splitting the whole file."""
     return status_field_at("/proc/%d/status" % pid, name)
@@ -138,6 +126,16 @@ def status_field_at(path: str, name: str) -> str:
         return ""
     end = data.find(b"\n", at + len(key))
     return data[at + len(key):end if end >= 0 else len(data)].decode("utf-8", "replace").strip()
+
+
+def ns_id(pid: int, tid: Optional[int] = None) -> Optional[int]:
+    """The process's (or thread's) id in its own, innermost pid namespace, from NSpid; None when that is the
+    id seen here (same namespace) or cannot be read."""
+    own = pid if tid is None else tid
+    path = "/proc/%d/status" % pid if tid is None else "/proc/%d/task/%d/status" % (pid, tid)
+    ids = status_field_at(path, "NSpid").split()
+    inner = int(ids[-1]) if ids and ids[-1].isdigit() else None
+    return inner if inner != own else None
 
 
 def wchan(pid: int, tid: Optional[int] = None) -> str:
@@ -193,7 +191,7 @@ class ProcfsSource:
                 raise Gone(pid)
         except OSError:
             pass  # another user's process: exe is hidden, the cmdline still tells
-        uids = status_lines(pid).get("Uid", "").split()
+        uids = status_field(pid, "Uid").split()
         p.uid = int(uids[0]) if uids else None
         if with_environ:
             try:

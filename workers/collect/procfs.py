@@ -66,10 +66,7 @@ def thread(pid: int, tid: int, ns_tid: bool = True) -> Optional[Dict[str, Any]]:
     syscall = _read(base + "syscall")
     stack = _read(base + "stack", 16384)
     # py-spy run inside a container reports thread ids of the container's pid namespace
-    nstid = None
-    if ns_tid:
-        ids = procinfo.status_field_at(base + "status", "NSpid").split()
-        nstid = int(ids[-1]) if ids and ids[-1].isdigit() and int(ids[-1]) != tid else None
+    nstid = procinfo.ns_id(pid, tid) if ns_tid else None
     return {"nstid": nstid,
         "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid),
         "syscall": syscall_name(syscall) if syscall else "",

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 from workers import loops as loopinfo
 from workers.collect import guard, procfs, runas
 from workers.collect.guard import CollectError
-from workers.procinfo import status_field
+from workers.procinfo import ns_id
 from workers.protocol import error_dict
 from workers.redact import redact_text, secret_value
 from workers.request import Cancelled, Request
@@ -47,9 +47,7 @@ def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
             other_pidns = other_pidns or kind == "pid"  # unknown: ask /proc/PID/status below
     if not other_pidns:
         return other, None  # the same pid namespace: the same pid (status costs ~0.1 ms to generate)
-    nspids = status_field(pid, "NSpid").split()
-    nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
-    return other, (nspid if nspid != pid else None)
+    return other, ns_id(pid)
 
 
 def classify(stderr: str, pid: int) -> Tuple[str, str]:

@@ -73,6 +73,15 @@ def normalise(endpoint: str) -> str:
         return endpoint
 
 
+def _socket_row(local: str, peer: str, state: str, send_q: int, recv_q: int, retransmits: int
+                ) -> Dict[str, Any]:
+    """A TcpSocket dict; the `ss -ti` details (backoff, retransmission total, last send/receive/ack) are
+    filled in where they are known."""
+    return {"local": local, "peer": peer, "state": state, "send_q": send_q, "recv_q": recv_q,
+            "retransmits": retransmits, "backoff": 0, "total_retrans": None,
+            "last_send_ms": None, "last_recv_ms": None, "last_ack_ms": None}
+
+
 def parse_proc_tcp(text: str) -> Dict[int, Dict[str, Any]]:
     """Rows of /proc/net/tcp or tcp6 by socket inode, as TcpSocket dicts."""
     rows: Dict[int, Dict[str, Any]] = {}
@@ -82,10 +91,8 @@ def parse_proc_tcp(text: str) -> Dict[int, Dict[str, Any]]:
             continue
         try:
             tx, rx = (int(x, 16) for x in f[4].split(":"))
-            rows[int(f[9])] = {"local": _hex_addr(f[1]), "peer": _hex_addr(f[2]),
-                               "state": TCP_STATES.get(int(f[3], 16), f[3]), "send_q": tx, "recv_q": rx,
-                               "retransmits": int(f[6], 16), "backoff": 0, "total_retrans": None,
-                               "last_send_ms": None, "last_recv_ms": None, "last_ack_ms": None}
+            rows[int(f[9])] = _socket_row(_hex_addr(f[1]), _hex_addr(f[2]), TCP_STATES.get(int(f[3], 16), f[3]),
+                                          tx, rx, int(f[6], 16))
         except ValueError:
             continue
     return rows
@@ -212,11 +219,9 @@ def _diag_rows(family: int) -> Dict[int, Dict[str, Any]]:
 def _row(data: bytes, start: int, end: int, rows: Dict[int, Dict[str, Any]]) -> None:
     (family, state, _timer, retrans, sport, dport, src, dst, _if, _cookie, _expires, rqueue, wqueue, _uid,
      inode) = _DIAG_MSG.unpack_from(data, start)
-    row = {"local": _ntop(family, src, sport), "peer": _ntop(family, dst, dport),
-           # for a listener the diag queue is its backlog limit; /proc/net/tcp shows write_seq - snd_una: 0
-           "state": TCP_STATES.get(state, "%02X" % state), "send_q": 0 if state == 10 else wqueue, "recv_q": rqueue,
-           "retransmits": retrans, "backoff": 0, "total_retrans": None,
-           "last_send_ms": None, "last_recv_ms": None, "last_ack_ms": None}
+    # for a listener the diag queue is its backlog limit; /proc/net/tcp shows write_seq - snd_una: 0
+    row = _socket_row(_ntop(family, src, sport), _ntop(family, dst, dport), TCP_STATES.get(state, "%02X" % state),
+                      0 if state == 10 else wqueue, rqueue, retrans)
     off = start + _DIAG_MSG.size
     while off + _RTA.size <= end and state not in _SS_HIDDEN:
         length, kind = _RTA.unpack_from(data, off)
