@@ -17,13 +17,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import cluster_sweep as sweep
+import testenv
 from cluster_node import NODE_PATH, Node, NodeCommandError, wait_until
 
 __all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login", "poll",
@@ -31,8 +31,8 @@ __all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_prob
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
 SSHD = "/usr/sbin/sshd"  # sshd refuses to re-exec itself unless started by an absolute path
-# py-spy as pip installs it next to the test's python (a static binary); nodes get it on their PATH
-PYSPY = Path(sys.executable).resolve().parent / "py-spy"
+# py-spy as pip installs it into the tests' environment (a static binary); nodes get it on their PATH
+PYSPY = testenv.PYSPY
 
 # Runs as the node's first process (PID 1 of the new PID namespace, in its new mount namespace; mount
 # propagation is private, so none of this is seen outside the node). $1 hostname, $2 the node's directory.
@@ -41,8 +41,8 @@ PYSPY = Path(sys.executable).resolve().parent / "py-spy"
 # - a private /run: sshd needs /run/sshd, and the host's /run (netns mounts, locks) is none of a node's business.
 # - root's home is a clean directory whose .bashrc does nothing: sshd runs every remote command through the
 #   login shell, and this image's /root/.bashrc runs `pyenv init` (0.1 s per command, and a shared lock that
-#   serialised the first command on all nodes). /root/.pyenv stays visible (torch and py-spy live there),
-#   the rest of /root (tokens, caches) does not.
+#   serialised the first command on all nodes). The folders of /root that hold the tests' interpreter, venv
+#   and py-spy ($3...: .pyenv, a venv) stay visible; the rest of /root (tokens, caches) does not.
 # - /usr/local/bin is the node's own directory holding py-spy: the remote PATH finds py-spy and Debian's
 #   /usr/bin/python3, like a compute node with py-spy installed; a test removes it to simulate its absence.
 NODE_SETUP = r"""
@@ -52,10 +52,15 @@ mount --bind "$2/etc/hosts" /etc/hosts
 mount --bind "$2/etc/resolv.conf" /etc/resolv.conf
 mount -t tmpfs -o mode=0755,size=16m tmpfs /run
 mkdir -p /run/sshd
-if [ -d /root/.pyenv ]; then
-    mkdir -p "$2/home/.pyenv"
-    mount --bind /root/.pyenv "$2/home/.pyenv"
-fi
+node_dir=$2
+shift 2
+for keep in "$@"; do
+    if [ -d "/root/$keep" ]; then
+        mkdir -p "$node_dir/home/$keep"
+        mount --bind "/root/$keep" "$node_dir/home/$keep"
+    fi
+done
+set -- "$(hostname)" "$node_dir"
 mount --rbind "$2/home" /root
 mount --bind "$2/bin" /usr/local/bin
 exec tini -- sleep infinity
@@ -306,7 +311,7 @@ def _populate(cluster: Cluster, n: int, prefix: str) -> None:
         # no default route: the node reaches the bridge's /24 and nothing else
         _ip_batch(["link set lo up", f"addr add {node.ip}/24 dev eth0", "link set eth0 up"], netns=node.ns)
     for node in cluster.nodes:
-        node.boot(NODE_SETUP)
+        node.boot(NODE_SETUP, *testenv.root_dirs_to_keep())
     for proc in keygens:
         _, err = proc.communicate(timeout=30)
         if proc.returncode != 0:

@@ -88,11 +88,11 @@ class Node:
         return self.dir / "sshd.log"
 
     # --- lifecycle -----------------------------------------------------------------------------------------
-    def boot(self, setup_script: str) -> None:
+    def boot(self, setup_script: str, *extra_args: str) -> None:
         argv = ["setpriv", "--pdeathsig", "KILL",  # the node dies with the test process, however it dies
                 "ip", "netns", "exec", self.ns,
                 "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--ipc", "--mount",
-                "--propagation", "private", "/bin/sh", "-c", setup_script, "node-setup", self.name, str(self.dir)]
+                "--propagation", "private", "/bin/sh", "-c", setup_script, "node-setup", self.name, str(self.dir), *extra_args]
         with open(self.dir / "boot.log", "wb") as log:
             self._boot = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True, env={"PATH": NODE_PATH})

@@ -21,9 +21,10 @@ from app.model import Snapshot
 from worker_client import WorkerProc
 from worker_targets import Target, proc_state, rank_env, tracer_pid, untouched, wait_blocked, wait_until
 from workers import procinfo
+import testenv
 
 THREADS, DEPTH = 200, 120
-PYSPY = os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy")
+PYSPY = str(testenv.PYSPY)
 
 # Every thread recurses DEPTH frames deep, then blocks reading a pipe that never gets data; so does the main thread.
 MANY_THREADS = textwrap.dedent(f"""

@@ -30,9 +30,10 @@ from app.hosts import HostSpec
 from app.model import from_dict
 from app.session import SessionOptions
 from cluster import Cluster, poll
+import testenv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-JOB_PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3"  # torch lives here; visible on every node
+JOB_PYTHON = testenv.PYTHON  # the tests' python (torch is there); tests/cluster.py keeps it visible on every node
 MARK = b"HANGSCOPE_GPUTEST="
 
 

@@ -15,8 +15,9 @@ from worker_targets import (PROG, Target, proc_state, rank_env, start_rank, unto
                             without_sudo)
 from workers import procinfo
 from workers.collect import runas
+import testenv
 
-PYSPY = os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy")
+PYSPY = str(testenv.PYSPY)
 SYSTEM_PYTHON = "/usr/bin/python3"  # a python without py-spy next to it, runnable by any user
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
