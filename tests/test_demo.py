@@ -33,3 +33,26 @@ def _is_demo_rank(pid: str) -> bool:
             return b"demo/job.py" in f.read()
     except OSError:
         return False
+
+
+@pytest.mark.torch
+def test_a_failing_demo_job_shows_the_ranks_own_error_and_keeps_its_log(torch_support):
+    from app.demo.runner import JobFailed, start_local_job
+
+    # a real failure inside the ranks: job.py refuses a culprit that is not a rank of the job (its own stderr)
+    job = start_local_job("skip", 2, extra_args=["--culprit", "99"])
+    try:
+        with pytest.raises(JobFailed) as failed:
+            job.wait_hung(timeout=240)
+    finally:
+        job.stop()
+    message = str(failed.value)
+    assert message.startswith("the job exited with code ")
+    # the rank's own words come first, not only torchrun's "exitcode: 1" summary
+    assert "wrote to stderr:\n" in message and "--culprit 99 is not a rank of this 2-rank job" in message
+    assert message.index("--culprit 99") < message.index("the job's output ends with")
+    # the log outlives stop(): the user can still read all of it
+    assert f"the whole log is kept in {job.log_file}" in message
+    assert os.path.isfile(job.log_file) and "--culprit 99" in Path(job.log_file).read_text()
+    import shutil
+    shutil.rmtree(job.workdir)

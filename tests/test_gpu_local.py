@@ -20,7 +20,7 @@ from app.gpu import events as ev
 from app.gpu.launch import Launcher, LaunchSpec, PortBook
 from app.gpu.model import PHASES
 from app.gpu.options import GpuTestOptions
-from app.gpu.runner import GpuTestRunner
+from app.gpu.runner import GpuTestRunner, Preflight
 from app.transport.local import start_local
 from workers.gputest.marked import marked_pids
 
@@ -99,12 +99,13 @@ async def test_closing_the_worker_kills_a_running_test() -> None:
 
 
 async def test_an_interpreter_without_torch_is_reported_not_hung(worker) -> None:
-    runner = GpuTestRunner({"local": worker}, GpuTestOptions(python=NO_TORCH, timeout=30))
+    stall = 240  # the test's own deadline: a run that waited for it would have hung on the missing torch
+    runner = GpuTestRunner({"local": worker}, GpuTestOptions(python=NO_TORCH, timeout=stall))
     results = await runner.run("sanity")
     (run,) = results.runs
     assert run.status == "failed" and not results.ok
     assert run.ranks[0].status == "not_started" and "No module named" in run.ranks[0].error
-    assert run.elapsed < 25
+    assert run.elapsed < stall  # ended by the rank's own exit, not by the deadline
 
 
 async def test_the_interpreter_comes_from_the_jobs_ranks(worker) -> None:
@@ -113,12 +114,67 @@ async def test_the_interpreter_comes_from_the_jobs_ranks(worker) -> None:
                             env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"})
     try:
-        pre = await GpuTestRunner({"local": worker}, GpuTestOptions()).preflight()
+        runner = GpuTestRunner({"local": worker}, GpuTestOptions())
+        pre = await runner.preflight()
+        # this rank's interpreter (other jobs' ranks on this shared machine are discovered too; not this test's)
+        own = Preflight()
+        await runner.choose_python("local", worker, [rank.pid], own)
     finally:
         rank.send_signal(signal.SIGKILL)
         rank.wait()
-    assert os.path.realpath(pre.pythons["local"]) == os.path.realpath(PY)
+    # the path the rank was started by, not /proc/PID/exe: in a venv that is the base interpreter, without torch
+    assert own.pythons["local"] == PY and pre.pythons["local"]
+    assert own.python_notes["local"] == f"local: python {PY} (the job's interpreter: pid {rank.pid}'s command line " \
+        f"(argv[0] {PY}))"
     assert ("127.0.0.1", 29400) in pre.masters and pre.errors == {}
+
+
+async def test_a_rank_started_through_a_venv_symlink_by_a_relative_path_keeps_its_venv(tmp_path) -> None:
+    # a venv's bin/python is a symlink to the base interpreter; the rank was started as ./bin/python from the
+    # venv's folder: the interpreter is that path, resolved against the rank's cwd, not the symlink's target
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(os.path.realpath(PY))
+    rank = subprocess.Popen(["./bin/python", "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                            cwd=str(venv), env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        from workers.gputest.interpreters import rank_python
+        python, why = rank_python(rank.pid)
+    finally:
+        rank.kill()
+        rank.wait()
+    assert python == str(venv / "bin" / "python") and python != os.path.realpath(PY)
+    assert why == f"pid {rank.pid}'s command line (argv[0] ./bin/python)"
+
+
+async def test_with_no_job_on_the_node_the_python3_on_path_with_torch_is_used_and_named(monkeypatch) -> None:
+    # the user killed the hung job and now tests the nodes: no --python needed when python3 on PATH has torch
+    folder = os.path.dirname(PY)
+    assert os.access(os.path.join(folder, "python3"), os.X_OK), "the tests' environment has a python3"
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    conn = await start_local(PY)
+    try:
+        pre = Preflight()  # no rank on the node (other jobs on this shared machine are none of this test's)
+        await GpuTestRunner({"local": conn}, GpuTestOptions()).choose_python("local", conn, [], pre)
+    finally:
+        await conn.close()
+    assert pre.errors == {} and pre.pythons["local"] == os.path.join(folder, "python3")
+    assert pre.python_notes["local"].startswith(f"local: python {folder}/python3 (python3 on this node's PATH "
+                                                "(torch 2.13.0")
+
+
+async def test_with_no_job_and_no_torch_on_path_the_error_says_what_was_tried(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # Debian's python3 only: no torch
+    conn = await start_local(PY)
+    try:
+        pre = Preflight()  # no rank on the node (other jobs on this shared machine are none of this test's)
+        await GpuTestRunner({"local": conn}, GpuTestOptions()).choose_python("local", conn, [], pre)
+    finally:
+        await conn.close()
+    error = pre.errors["local"]
+    assert error.startswith("no job runs here and no python with torch was found (tried /usr/bin/python3 "
+                            "(python3 on this node's PATH): ") and "torch" in error
+    assert error.endswith("; pass --python PATH") and "local" not in pre.pythons
 
 
 async def test_events_stream_ends_with_finished(worker) -> None:
@@ -133,12 +189,13 @@ async def test_a_node_whose_launch_fails_is_blamed_and_the_others_are_stopped(wo
     other = await start_local(PY)
     try:
         conns = {"a": worker, "b": other}
-        launcher = Launcher(conns, GpuTestOptions(timeout=60), {"a": PY, "b": NO_TORCH},
+        stall = 240  # a's stall deadline: the run must end because b failed, long before it
+        launcher = Launcher(conns, GpuTestOptions(timeout=stall), {"a": PY, "b": NO_TORCH},
                             {"a": "127.0.0.1", "b": "127.0.0.1"}, lambda e: None)
         run = await launcher.run(LaunchSpec("sanity", ("a", "b"), (1, 1)))
     finally:
         await other.close()
-    assert run.status == "failed" and run.elapsed < 45  # not the 60 s stall timeout: b ended early
+    assert run.status == "failed" and run.elapsed < stall  # not the stall deadline: b ended early
     a, b = run.ranks
     assert (b.node, b.status, b.culprit) == ("b", "not_started", True) and "No module named" in b.error
     assert a.status in ("hung", "not_started") and not a.culprit  # stopped: it waited (or was starting)

@@ -55,7 +55,16 @@ def gpu_inventory(req: Request) -> Dict[str, Any]:
     return inventory.inventory(req)
 
 
+def gpu_python(req: Request) -> Dict[str, Any]:
+    pids = req.arg_list("pids") or []
+    if len(pids) > 4096 or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
+        raise OpError("bad_request", "pids must be at most 4096 positive integers")
+    from workers.gputest import interpreters
+    return interpreters.choose(pids, req.arg_str("python"), min(req.arg_float("timeout", 60.0), 300.0))
+
+
 HANDLERS = {
+    "gpu_python": gpu_python,
     "gpu_launch": gpu_launch,
     "gpu_stop": gpu_stop,
     "gpu_ports": gpu_ports,

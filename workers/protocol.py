@@ -75,6 +75,10 @@ GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
     gpu_ports {"count", "exclude": [int], "low", "high"} -> done {"ports": [int]} (bindable now)
     net_probe {"targets": [{"host", "port"}], "timeout"}
               -> done {"interfaces": [...], "infiniband": [...], "hostname": {...}, "checks": [...], "env": {...}}
+    gpu_python {"pids": [int], "python": str, "timeout"} -> done {"python": str ("" none found), "why": str,
+                                                     "tried": [{"python", "why", "ok", "detail"}]}
+              the tests' interpreter: "python" as given, else the ranks' own (argv[0] as their command line
+              names it), else the first candidate that imports torch (gputest/interpreters.py)
     gpu_inventory {}                              -> done {"source": "nvidia-smi" | "nvidia-ml-py" | None,
                                                            "gpus_csv", "apps_csv" | "gpus", "apps",
                                                            "xid_lines": [str], "xid_source", "notes": [str]}

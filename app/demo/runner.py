@@ -5,6 +5,8 @@ Used by `hangscope demo`; nothing here imports torch (the job runs in its own pr
 
 from __future__ import annotations
 
+import collections
+import glob
 import json
 import os
 import shutil
@@ -49,6 +51,36 @@ class LocalJob:
         except OSError:
             return ""
 
+    @property
+    def rank_log_dir(self) -> str:
+        return os.path.join(self.workdir, "ranks")
+
+    def rank_errors(self, lines: int = 40) -> Dict[str, str]:
+        """Each failed rank's own stderr (torchrun --tee writes it to RUN/attempt_N/LOCAL_RANK/stderr.log),
+        by local rank, its last `lines`: the ranks with a traceback, or else every rank that wrote to stderr."""
+        logs: Dict[str, str] = {}
+        for path in sorted(glob.glob(os.path.join(self.rank_log_dir, "*", "attempt_*", "*", "stderr.log"))):
+            try:
+                with open(path, errors="replace") as f:
+                    tail = "".join(collections.deque(f, maxlen=lines)).strip()
+            except OSError:
+                continue
+            if tail:
+                logs[os.path.basename(os.path.dirname(path))] = tail
+        failed = {rank: text for rank, text in logs.items() if "Traceback (most recent call last)" in text}
+        return failed or logs
+
+    def failure(self, what: str) -> JobFailed:
+        """A JobFailed that shows the failing ranks' own errors first (torchrun's summary after them), and
+        keeps the work folder so that the whole log can still be read."""
+        self.owns_workdir = False
+        parts = [what]
+        for rank, text in self.rank_errors().items():
+            parts.append(f"local rank {rank} wrote to stderr:\n{text}")
+        parts.append(f"the job's output ends with:\n{self.log_tail()}".rstrip())
+        parts.append(f"the whole log is kept in {self.log_file}")
+        return JobFailed("\n\n".join(parts))
+
     def _read_ready(self) -> None:
         try:
             with open(self.ready_file) as f:
@@ -71,10 +103,9 @@ class LocalJob:
                                                if _alive(int(r["pid"]))):
                 return self.ready
             if self.proc.poll() is not None:
-                raise JobFailed(f"the job exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                raise self.failure(f"the job exited with code {self.proc.returncode}")
             time.sleep(0.2)  # polling a file another process writes; there is nothing to block on
-        raise JobFailed(f"the job did not hang within {timeout:.0f} s ({len(self.ready)}/{want} ranks "
-                        f"ready):\n{self.log_tail()}")
+        raise self.failure(f"the job did not hang within {timeout:.0f} s ({len(self.ready)}/{want} ranks ready)")
 
     def stop(self) -> None:
         """Terminate the whole process group (launcher and ranks), then kill what is left."""
@@ -103,8 +134,9 @@ def start_local_job(scenario: str = "skip", nproc: int = 4, python: str = sys.ex
     workdir = workdir or tempfile.mkdtemp(prefix="hangscope-demo-")
     env = dict(os.environ, HANGSCOPE_READY_FILE=os.path.join(workdir, "ready.jsonl"),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # --tee 2: each rank's stderr also goes to its own file under ranks/, so a failure shows the rank's error
     argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            JOB_SCRIPT, "--scenario", scenario, *(extra_args or [])]
+            "--log-dir", os.path.join(workdir, "ranks"), "--tee", "2", JOB_SCRIPT, "--scenario", scenario, *(extra_args or [])]
     log = open(os.path.join(workdir, "job.log"), "wb")
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable, Mapping, Optional
 
@@ -23,6 +22,9 @@ from app.gpu.model import GpuTestResults, NetReport, NodeInventory, PairReport, 
 from app.gpu.options import CPU_PAIR_SIZE, CPU_SIZES, GPU_PAIR_SIZE, GPU_SIZES, GpuTestOptions
 from app.gpu.schedule import Outcome, PairIsolation
 from app.transport.base import WorkerConnection
+
+
+PYTHON_PROBE_S = 60.0  # per node: trying candidate interpreters for torch (importing it takes seconds)
 
 
 class NoInterpreterError(HangscopeError):
@@ -39,6 +41,7 @@ class Preflight:
     gpus: dict[str, int] = field(default_factory=dict)
     inventories: list[NodeInventory] = field(default_factory=list)
     masters: list[tuple[str, int]] = field(default_factory=list)  # the job's MASTER_ADDR:PORT, from its ranks
+    python_notes: dict[str, str] = field(default_factory=dict)  # node -> which interpreter, and why
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -80,18 +83,35 @@ class GpuTestRunner:
                 return
             ranks = [parse.rank_from_discover(node, item) for item in items]
             pre.masters += [(r.master_addr, r.master_port) for r in ranks if r.master_addr and r.master_port]
-            exes = Counter(r.exe for r in ranks if r.exe)
-            if self.o.python:
-                pre.pythons[node] = self.o.python
-            elif exes:
-                pre.pythons[node] = exes.most_common(1)[0][0]
-            elif need_python:
-                pre.errors[node] = "no ranks of a job run here to take the interpreter from (--python PATH)"
+            if need_python:
+                await self.choose_python(node, conn, [r.pid for r in ranks], pre)
 
         await asyncio.gather(*(one(n, c) for n, c in self.conns.items()))
         pre.masters = sorted(set(pre.masters))
         pre.inventories.sort(key=lambda i: list(self.conns).index(i.node))
         return pre
+
+    async def choose_python(self, node: str, conn: WorkerConnection, pids: list[int], pre: Preflight) -> None:
+        """The node's interpreter for the tests (workers/gputest/interpreters.py): --python, else the ranks'
+        own as their command lines name it (a venv's python, not the base binary its symlink ends at), else
+        the first candidate that imports torch; pre.python_notes says which and why."""
+        try:
+            got = await conn.call("gpu_python", {"pids": pids, "python": self.o.python or "",
+                                                 "timeout": PYTHON_PROBE_S}, timeout=PYTHON_PROBE_S + 15.0)
+        except TransportError as exc:
+            pre.errors[node] = exc.message
+            return
+        python = got.get("python") if isinstance(got, dict) else None
+        if isinstance(python, str) and python:
+            pre.pythons[node] = python
+            if not self.o.python:  # chosen here, not named by the user: say which, and why
+                pre.python_notes[node] = f"{node}: python {python} ({str(got.get('why') or '')[:300]})"
+            return
+        tried = [t for t in (got.get("tried") if isinstance(got, dict) else None) or [] if isinstance(t, dict)]
+        detail = "; ".join(f"{str(t.get('python'))[:200]} ({str(t.get('why'))[:100]}): {str(t.get('detail'))[:200]}"
+                           for t in tried[:6])
+        pre.errors[node] = ("no job runs here and no python with torch was found"
+                            + (f" (tried {detail})" if detail else " (no python3 on PATH)") + "; pass --python PATH")
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -150,6 +170,10 @@ class GpuTestRunner:
         usable = [n for n in self.conns if n not in pre.errors]
         if not usable:
             raise NoInterpreterError("; ".join(f"{n}: {e}" for n, e in pre.errors.items()))
+        for node in usable:
+            if node in pre.python_notes:
+                self.emit(ev.Note(pre.python_notes[node]))
+        base = replace(base, notes=base.notes + tuple(pre.python_notes[n] for n in usable if n in pre.python_notes))
         launcher = Launcher(self.conns, self.o, pre.pythons, pre.hostnames, self.emit)
         gpu = all(pre.gpus.get(n) for n in usable)
         if kind in ("sanity", "bench"):
