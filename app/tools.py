@@ -7,15 +7,18 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from typing import Optional
 
 
 @functools.lru_cache(maxsize=None)
 def local_pyspy() -> Optional[str]:
-    """The py-spy binary installed with hangscope (next to this interpreter) or on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.path.isfile(beside) and os.access(beside, os.X_OK):
-        return beside
+    """The py-spy binary installed with hangscope (in this environment's scripts folder: a venv's or pipx's
+    bin/, activated or not) or on PATH."""
+    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        beside = os.path.join(folder, "py-spy")
+        if os.path.isfile(beside) and os.access(beside, os.X_OK):
+            return beside
     return shutil.which("py-spy")
 
 

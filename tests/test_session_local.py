@@ -218,3 +218,15 @@ async def test_a_dead_worker_is_replaced_on_the_next_refresh(stand_ins: dict[int
         assert first.nodes[0].state == "done"
     finally:
         await session.close()
+
+
+def test_local_mode_uses_hangscopes_own_pyspy_when_its_venv_is_not_activated(stand_ins: dict[int, int]) -> None:
+    # installed in a venv (or with pipx) that is not activated: py-spy is beside hangscope, not on PATH
+    env = dict(os.environ, PATH="/usr/bin:/bin")
+    pid = next(iter(stand_ins))  # {pid: rank}
+    res = subprocess.run([sys.executable, "-m", "app", "--pid", str(pid), "--print"], capture_output=True,
+                         text=True, env=env, timeout=90, cwd=str(Path(__file__).resolve().parent.parent),
+                         stdin=subprocess.DEVNULL)
+    assert "tool missing" not in res.stdout + res.stderr and "py-spy not found" not in res.stdout + res.stderr
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "wait_for_peers" in res.stdout  # the stack came from py-spy, not from /proc alone

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 from app.errors import TransportError
 from app.transport import bootstrap
 from app.transport.base import ExitInfo, WorkerConnection
+from app.tools import local_pyspy
 
 START_TIMEOUT = 30.0
 
@@ -23,18 +24,33 @@ async def start_local(python: Optional[str] = None, *, name: str = "localhost",
     argv = bootstrap.python_argv(python) if python else [sys.executable]
     payload = bootstrap.build_payload()
     return await spawn_worker([*argv, "-c", payload.stage(options)], payload.data, name=name, timeout=timeout,
-                              python=python or sys.executable)
+                              python=python or sys.executable, env=_with_own_pyspy(os.environ))
+
+
+def _with_own_pyspy(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a local worker: hangscope's own py-spy (installed beside it by pip or pipx, in a venv
+    that need not be activated) comes after the user's PATH, so a node-less run finds it as a remote node would
+    get it pushed."""
+    env = dict(environ)
+    own = local_pyspy()
+    if own:
+        folder = os.path.dirname(own)
+        dirs = [d for d in env.get("PATH", os.defpath).split(os.pathsep) if d]
+        if folder not in dirs:
+            env["PATH"] = os.pathsep.join([*dirs, folder])
+    return env
 
 
 async def spawn_worker(argv: Sequence[str], payload: bytes, *, name: str = "localhost",
-                       timeout: float = START_TIMEOUT, python: str = "") -> WorkerConnection:
-    """Run argv as a worker process, send it `payload`, wait for its hello."""
+                       timeout: float = START_TIMEOUT, python: str = "",
+                       env: Optional[Mapping[str, str]] = None) -> WorkerConnection:
+    """Run argv as a worker process (in `env`, default this process's), send it `payload`, wait for its hello."""
     t0 = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             # its own session: a Ctrl-C meant for the TUI must not kill the worker mid-dump (it resumes ranks)
-            start_new_session=True)
+            start_new_session=True, env=None if env is None else dict(env))
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         raise TransportError("no_python", f"{name}: cannot run {argv[0]!r}: {exc.strerror or exc}",
                              phase="start") from None

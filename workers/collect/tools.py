@@ -79,7 +79,8 @@ class Tools:
 
     def _static_dirs(self) -> List[str]:
         dirs = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d]
-        dirs.append(os.path.dirname(os.path.realpath(sys.executable)) if sys.executable else "")
+        if sys.executable:  # a venv's bin/ (the path it was started by), then the base interpreter's folder
+            dirs += [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
         return dirs
 
     def candidates(self, name: str, target_pid: Optional[int] = None) -> List[str]:
