@@ -17,6 +17,7 @@ command -v tini >/dev/null 2>&1 || need+=(tini)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+[ -x /usr/bin/python3 ] || need+=(python3)  # Debian's own python3: "a python without torch or py-spy" in tests
 command -v sudo >/dev/null 2>&1 || need+=(sudo)  # `sudo -n` needing a password is a fault-matrix row
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v srun >/dev/null 2>&1; } || need+=(slurmctld slurmd slurm-client munge)  # the SLURM test bed
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)  # report.html is rendered in tests

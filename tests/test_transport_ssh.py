@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -15,6 +14,7 @@ import asyncssh
 import pytest
 
 from app.errors import TransportError
+from app.tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
 
 import cluster as cluster_mod  # noqa: E402  (tests/ helpers, put on sys.path by conftest)
@@ -248,8 +248,9 @@ async def test_missing_pyspy_is_pushed_from_the_login_node(ssh_cluster) -> None:
     node = c["node04"]
     link = node.bin_dir / "py-spy"
     target = os.readlink(link) if link.is_symlink() else None
-    if target is None or shutil.which("py-spy") is None:
-        pytest.skip("the cluster node has no py-spy to take away")
+    # both are the suite's own set-up (py-spy is a pinned dependency), not the machine's luck: never a skip
+    assert target is not None, f"the test cluster gives every node py-spy ({link})"
+    assert local_pyspy() is not None, "hangscope's own py-spy (a pinned dependency) is installed beside it"
     link.unlink()
     try:
         w = await SshTransport(_opts(c)).open("node04")

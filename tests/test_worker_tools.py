@@ -43,8 +43,8 @@ def target_of(t: Target, pid: int = 0) -> dict:
 
 
 def needs(path: str) -> None:
-    if not os.path.exists(path):
-        pytest.skip("%s is not installed here" % path)
+    # each is installed by tests/install-deps.sh (py-spy with the project): missing is a broken set-up, not a skip
+    assert os.path.exists(path), "%s is missing: run `make test` (tests/install-deps.sh installs it)" % path
 
 
 def test_missing_py_spy_lists_where_it_looked_then_a_pushed_one_works(tmp_path: str) -> None:
