@@ -244,7 +244,7 @@ def _free_port(place: Any) -> int:
 
 
 def _launch(places: Sequence[Place], scenario: str, ranks_per_node: int, culprit: int | None, step: int,
-            extra_args: Sequence[str], standalone: bool) -> Job:
+            extra_args: Sequence[str], standalone: bool, extra_env: Mapping[str, str] | None = None) -> Job:
     workdir = Path(tempfile.mkdtemp(prefix="hangscope-job-"))
     workdir.chmod(0o755)
     if culprit is None and scenario not in FOREVER:
@@ -258,7 +258,7 @@ def _launch(places: Sequence[Place], scenario: str, ranks_per_node: int, culprit
     if culprit is not None:
         job_args += ["--culprit", str(culprit)]
     env = {"HANGSCOPE_READY_FILE": str(job.ready_file), MARK: job.mark.split("=", 1)[1],
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     try:
         for index, place in enumerate(places):
             node_rank = [] if standalone else ["--node_rank", str(index)]
@@ -294,7 +294,8 @@ def start_job(cluster: Cluster, scenario: str, nodes: int = 4, ranks_per_node: i
 
 
 def start_local_job(scenario: str, nproc: int = 4, culprit: int | None = None, step: int = 3,
-                    timeout: float = 90, extra_args: Sequence[str] = (), wait: bool = True) -> Job:
+                    timeout: float = 90, extra_args: Sequence[str] = (), wait: bool = True,
+                    extra_env: Mapping[str, str] | None = None) -> Job:
     """`torchrun --standalone` on this machine (no SSH); same Job as start_job, pids are host pids."""
-    job = _launch([LocalPlace()], scenario, nproc, culprit, step, extra_args, standalone=True)
+    job = _launch([LocalPlace()], scenario, nproc, culprit, step, extra_args, standalone=True, extra_env=extra_env)
     return _finish(job, timeout, wait)

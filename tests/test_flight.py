@@ -94,6 +94,44 @@ def test_the_rank_behind_is_flagged_and_every_rank_shown_next_to_the_stacks(coll
     assert stored["state"] == "recorded" and stored["recorded"] == 2
 
 
+@pytest.fixture(scope="module")
+def set_in_python(torch_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Snapshot]:
+    """A job whose ranks set TORCH_WORKER_SERVER_SOCKET in os.environ just before worker_main(), as many
+    training scripts do: the Flight Recorder is on (launch environment), the socket is not in /proc/PID/environ."""
+    sockets = tmp_path_factory.mktemp("fr-in-python")
+    started = jobs.start_local_job("dataloader", nproc=2, culprit=1, extra_env={"TORCH_FR_BUFFER_SIZE": "2000"},
+                                   extra_args=["--worker-server", str(sockets), "--worker-server-set-in-python"])
+    try:
+        pids = {loc.host_pid for loc in started.ranks.values()}
+        with WorkerProc() as w:
+            found, done = w.call("discover", {"pids": sorted(pids)})
+            assert done["type"] == "done", done
+            ranks = {i["pid"]: parse.rank_from_discover("local", i) for i in found if i["pid"] in pids}
+            items, done = w.call("dump", {"targets": [{"pid": r.pid, "start_time": r.start_time}
+                                                      for r in ranks.values()]})
+            assert done["type"] == "done", done
+        dumped = tuple(sorted((parse.apply_dump(ranks[i["pid"]], i) for i in items), key=lambda r: r.rank or 0))
+        yield Snapshot(taken_at=time.time(), options=CollectOptions(), ranks=dumped)
+        for loc in started.ranks.values():  # asking their listening sockets left the ranks alive and waiting
+            assert jobs._main_thread(loc.host_pid) is not None
+    finally:
+        started.stop()
+
+
+def test_a_worker_server_set_inside_python_is_found_by_its_listening_socket(set_in_python: Snapshot) -> None:
+    r0, r1 = set_in_python.ranks
+    for rank, r in ((0, r0), (1, r1)):
+        assert r.env_value("TORCH_WORKER_SERVER_SOCKET") is None, "set in os.environ only: not in environ"
+        assert r.flight is not None and r.flight.source == "worker_server", r.flight
+        assert r.flight.path.endswith(f"/rank{rank}.sock"), r.flight.path
+        assert any("found by its listening socket" in n for n in r.flight.notes), r.flight.notes
+    g0 = {g.pg_id: g for g in r0.flight.groups}  # type: ignore[union-attr]
+    g1 = {g.pg_id: g for g in r1.flight.groups}  # type: ignore[union-attr]
+    assert (g0["2"].last_enqueued, g1["2"].last_enqueued) == (2, 1)  # the record itself, as with the env var
+    lag = next(f for f in analyze(set_in_python).findings if f.kind == "collective_lag")
+    assert lag.ranks == ((r1.node, r1.pid),)
+
+
 @pytest.fixture
 def impostor(job: jobs.Job, tmp_path: Path) -> Iterator[subprocess.Popen]:
     """A process claiming rank 0's socket in its environment, and a dump-file prefix under tmp_path."""

@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 WORKER_SERVER_FLAG = "--worker-server"
+IN_PYTHON_FLAG = "--worker-server-set-in-python"  # set the socket in os.environ, as many jobs do: not in environ
 
 
 def own_worker_socket(argv: Sequence[str]) -> None:
@@ -41,7 +42,7 @@ def own_worker_socket(argv: Sequence[str]) -> None:
     socket, DIR/rank<RANK>.sock. torchrun gives every rank the same environment, and tools read a rank's
     settings from /proc/PID/environ, so the rank re-executes itself with its own TORCH_WORKER_SERVER_SOCKET
     (and TORCH_FR_BUFFER_SIZE) before torch is loaded: the pid, which torchrun watches, stays the same."""
-    if WORKER_SERVER_FLAG not in argv[:-1]:
+    if WORKER_SERVER_FLAG not in argv[:-1] or IN_PYTHON_FLAG in argv:
         return
     path = os.path.join(argv[argv.index(WORKER_SERVER_FLAG) + 1], f"rank{os.environ.get('RANK', '0')}.sock")
     if os.environ.get("TORCH_WORKER_SERVER_SOCKET") == path:
@@ -219,6 +220,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument(WORKER_SERVER_FLAG, metavar="DIR",
                         help="run the training under torch.distributed.elastic.control_plane.worker_main() with "
                         "the Flight Recorder on; each rank serves on DIR/rank<RANK>.sock")
+    parser.add_argument(IN_PYTHON_FLAG, action="store_true",
+                        help="with --worker-server: set TORCH_WORKER_SERVER_SOCKET in os.environ just before "
+                        "worker_main(), so it is not in /proc/PID/environ (the Flight Recorder must be switched on "
+                        "by the launch environment)")
     return parser.parse_args(argv)
 
 
@@ -236,6 +241,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
     if args.worker_server:
         from torch.distributed.elastic.control_plane import worker_main
+
+        if args.worker_server_set_in_python:
+            os.environ["TORCH_WORKER_SERVER_SOCKET"] = os.path.join(args.worker_server, f"rank{dist.get_rank()}.sock")
 
         with worker_main():  # serves TORCH_WORKER_SERVER_SOCKET while the rank trains (and hangs)
             train(args, groups)

@@ -20,7 +20,7 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
 from workers import procinfo
 from workers.collect.sockets import socket_inodes
@@ -37,6 +37,8 @@ MAX_GROUPS = 256
 ENTRY_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "state",
                 "retired", "is_p2p", "time_created_ns")
 _ACCEPTCON = 0x10000  # /proc/net/unix Flags: a listening socket
+MAX_PROBED = 4  # listening unix sockets of one rank asked whether they are its worker server
+PING_TIMEOUT = 1.0
 
 
 class FlightError(Exception):
@@ -98,6 +100,21 @@ def _collect(pid: int, env: Dict[str, str], timeout: float, out: Dict[str, Any])
             return
         except FlightError as exc:
             out["notes"].append("worker server %s: %s" % (path, exc))
+    else:
+        # A job may set TORCH_WORKER_SERVER_SOCKET inside Python, before worker_main(): not in
+        # /proc/PID/environ. The rank's own listening unix sockets are asked, the ones that answer the worker
+        # server's handler protocol (`ping`) are asked for the record.
+        for candidate in listening_unix_paths(pid)[:MAX_PROBED]:
+            try:
+                if not _answers_ping(pid, candidate, min(timeout, PING_TIMEOUT)):
+                    continue
+                out["record"] = trim(_from_server(pid, candidate, timeout))
+                out["source"], out["path"] = "worker_server", candidate
+                out["notes"].append("worker server found by its listening socket %s (%s is not in the rank's "
+                                    "environment)" % (candidate, SOCKET_VAR))
+                return
+            except FlightError as exc:
+                out["notes"].append("worker server %s: %s" % (candidate, exc))
     rank = env.get("RANK", "").strip()
     for var in FILE_VARS:
         prefix = env.get(var, "")
@@ -112,6 +129,39 @@ def _collect(pid: int, env: Dict[str, str], timeout: float, out: Dict[str, Any])
         out["record"], out["written_at"] = trim(record), written
         out["source"], out["path"] = "dump_file", name
         return
+
+
+def listening_unix_paths(pid: int) -> List[str]:
+    """The paths (as bound in the rank's namespace) of the unix stream sockets the rank itself listens on,
+    except multiprocessing's own listeners (pymp-*: they authenticate, a request would only be refused)."""
+    mine = set(socket_inodes(pid))
+    if not mine:
+        return []
+    try:
+        text = procinfo.read_file("/proc/%d/net/unix" % pid, 64 << 20).decode("utf-8", "replace")
+    except OSError:
+        return []
+    found: List[str] = []
+    for line in text.splitlines()[1:]:
+        fields = line.split(None, 7)  # Num RefCount Protocol Flags Type St Inode Path
+        if len(fields) != 8 or not fields[7].startswith("/") or "/pymp-" in fields[7]:
+            continue
+        try:
+            if int(fields[6]) in mine and int(fields[3], 16) & _ACCEPTCON and int(fields[4], 16) == 1:
+                if fields[7] not in found:
+                    found.append(fields[7])
+        except ValueError:
+            continue
+    return found
+
+
+def _answers_ping(pid: int, path: str, timeout: float) -> bool:
+    """Whether the socket speaks the worker server's handler protocol: `POST /handler/ping` answers 200."""
+    try:
+        status, _ = _request(pid, path, "/handler/ping", timeout, 4096)
+    except FlightError:
+        return False
+    return status == 200
 
 
 def listens_on(pid: int, path: str) -> bool:
@@ -151,6 +201,14 @@ def _unix_connection(sock: Any, timeout: float) -> Any:
 def _from_server(pid: int, path: str, timeout: float) -> Any:
     if not listens_on(pid, path):
         raise FlightError("the rank does not listen on it (another rank's socket, or not started)")
+    status, body = _request(pid, path, HANDLER, timeout, MAX_BYTES + 1)
+    if status != 200:
+        raise FlightError("HTTP %d from %s (torch too old for fr_trace_json?)" % (status, HANDLER))
+    return _decode(body)
+
+
+def _request(pid: int, path: str, handler: str, timeout: float, limit: int) -> Tuple[int, bytes]:
+    """(status, body up to `limit` bytes) of `POST handler` on the unix socket `path` in the rank's namespace."""
     # Imported here, not at the top: http.client pulls in email, ssl and urllib, ~0.1 s of every worker's
     # start (~0.4 s on a loaded node), and only ranks serving the Flight Recorder need it (socket too).
     import http.client
@@ -168,9 +226,9 @@ def _from_server(pid: int, path: str, timeout: float) -> Any:
             # by the fd: /proc/PID/root/... can be longer than a socket address may be (108 bytes)
             sock.connect("/proc/self/fd/%d" % fd)
             conn = _unix_connection(sock, timeout)
-            conn.request("POST", HANDLER, body=b"", headers={"Connection": "close"})
+            conn.request("POST", handler, body=b"", headers={"Connection": "close"})
             resp = conn.getresponse()
-            body = resp.read(MAX_BYTES + 1)
+            body = resp.read(limit)
         except (OSError, http.client.HTTPException) as exc:
             raise FlightError("no answer within %.1f s: %s" % (timeout, exc) if isinstance(exc, socket.timeout)
                               else "request failed: %s" % exc)
@@ -178,9 +236,7 @@ def _from_server(pid: int, path: str, timeout: float) -> Any:
             sock.close()
     finally:
         os.close(fd)
-    if resp.status != 200:
-        raise FlightError("HTTP %d from %s (torch too old for fr_trace_json?)" % (resp.status, HANDLER))
-    return _decode(body)
+    return resp.status, body
 
 
 def _from_file(pid: int, name: str) -> Any:
