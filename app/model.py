@@ -361,6 +361,9 @@ class Snapshot:
     nodes: Tuple[NodeStatus, ...] = ()
     ranks: Tuple[RankSnapshot, ...] = ()
     interrupted: bool = False
+    # (address, name, how) for addresses the ranks talk to that no inspected node has, named on the login side
+    # (ssh config, reverse DNS, the SLURM job's node list); see app/analysis/peers.py
+    peer_names: Tuple[Tuple[str, str, str], ...] = ()
 
     @property
     def complete(self) -> bool:

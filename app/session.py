@@ -21,6 +21,7 @@ from app.errors import HangscopeError, TransportError
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
+from app.peer_names import PeerNamer
 from app.transport.local import start_local
 from app.transport.ssh import SshOptions, SshTransport
 from workers.protocol import ERROR_HINTS
@@ -121,6 +122,7 @@ class Session:
         self._closed = False
         self._lock: Optional[asyncio.Lock] = None
         self._last: Optional[Snapshot] = None
+        self._namer = PeerNamer(options.ssh_config)
         self._closing: set[asyncio.Task[None]] = set()
         raise_nofile_limit()
 
@@ -202,6 +204,8 @@ class Session:
             finally:
                 self._tasks = []
             snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
+            # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
+            snap = await self._namer.name(snap)
             self._last = snap
             self._emit(SnapshotDone(snap))
             return snap

@@ -151,3 +151,19 @@ def test_export_bundle_from_the_snapshot_and_load_it_back(snapshot_run, cluster,
     refused = run_login(hangscope_argv("--load", str(out), "--export", str(bundle)), cluster, cwd=str(REPO))
     assert refused.returncode == 2 and "--force" in refused.stderr
     assert (bundle / "summary.md").read_bytes() == before
+
+
+def test_a_node_left_out_of_the_hosts_list_is_named_from_the_ranks_connections(cluster, hung_job, tmp_path):
+    """The hosts list leaves out the culprit's node: the headline says which ranks are missing and names that
+    node (its address from the ranks' sockets, its name from the ssh config), with no [high] false lead."""
+    culprit_node = hung_job.ranks[hung_job.culprit].node
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("".join(f"{n}\n" for n in cluster.names if n != culprit_node))
+    res = run_login(hangscope_argv(str(hosts), "--print", "--samples", "1"), cluster, timeout=180, cwd=str(REPO))
+    missing = sorted(r for r, loc in hung_job.ranks.items() if loc.node == culprit_node)
+    headline = " ".join(res.stdout.split("\n\n", 1)[0].split())
+    assert headline.startswith(f"hangscope: Likely lead: ranks {missing[0]}-{missing[-1]} are not in the snapshot: "
+                               f"the job runs on {culprit_node} ({cluster[culprit_node].ip}) too"), res.stdout
+    text = " ".join(res.stdout.split())
+    assert f"Add {culprit_node} to the hosts list" in text and "by the ssh config" in text
+    assert "[high]" not in res.stdout.split("Stacks:", 1)[0], res.stdout  # no confident false lead

@@ -18,6 +18,7 @@ from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
+from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.options import AnalysisOptions
 from app.analysis.progress import RankProgress, progress_findings, track, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
@@ -109,7 +110,15 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
 
     by_job = jobs(rank_facts)
     findings += several_jobs(by_job)
-    findings += missing_ranks(snapshot, by_job)
+    missing = missing_ranks(snapshot, by_job)
+    findings += missing
+    # Ranks not found while every node answered, and the ranks that are here talk to addresses no inspected node
+    # has: the missing ranks are there (a hosts list that leaves out a node of the job).
+    peers = outside_peers(snapshot)
+    unexplained = [f for f in missing if f.kind == "missing_ranks" and not f.culprit and f.ranks_label]
+    failed_any = any(n.state in ("failed", "partial") for n in snapshot.nodes)
+    gap = (unexplained[0].ranks_label, "") if unexplained and not failed_any else None
+    findings += outside_peer_findings(snapshot, peers, gap)
     findings += failed_nodes(snapshot)
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
     findings += process_states(rank_facts)
@@ -127,7 +136,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
         findings = while_progressing(findings)
-    if same_place:
+    if same_place and (gap is None or not peers):
+        # (with ranks missing on a node the hosts list leaves out, the ranks here wait for those: no puzzle)
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
                                           sockets=any(rank_facts.sockets)))

@@ -25,6 +25,7 @@ FindingKind = Literal[
     "uninterruptible",  # D state: I/O or a driver
     "missing_ranks",  # rank numbers expected from WORLD_SIZE / slots not found
     "node_failed",  # a node could not be inspected: its ranks are unknown
+    "outside_peer",  # the ranks talk to addresses no inspected node has: the job runs there too
     "network_stall",  # sockets retransmitting or peers silent
     "thread_count",  # ranks with another number of threads than the rest
     "dump_failed",  # stacks missing for some ranks: the picture is incomplete
