@@ -43,6 +43,18 @@ class LoopInfo:
 
 
 @dataclass(frozen=True)
+class WithInfo:
+    """A `with` block around a frame's current line (from the frame's source, like LoopInfo): the frame holds its
+    context managers, or waits to enter it when the current line is the statement's header (`entering`)."""
+
+    line: int
+    end_line: int
+    header: str  # as written, e.g. "with _metrics_lock:"
+    items: Tuple[str, ...] = ()  # each context manager's expression: ("_metrics_lock",)
+    entering: bool = False
+
+
+@dataclass(frozen=True)
 class Frame:
     """One stack frame. Python frames carry locals and loops when collected; native frames carry a module."""
 
@@ -57,6 +69,7 @@ class Frame:
     # outermost loop first, e.g. (("epoch", "0"), ("step", "1203"))
     iteration: Tuple[Tuple[str, str], ...] = ()
     source: Tuple[Tuple[int, str], ...] = ()  # (line number, text) around the current line, when readable
+    withs: Tuple[WithInfo, ...] = ()  # enclosing `with` blocks, outermost first (locks held or being entered)
 
     @property
     def location(self) -> str:
@@ -88,12 +101,31 @@ class ThreadStack:
     # It is set when the stack is built and is not a dataclass field: JSON, the schema, equality and repr never
     # see it, and dataclasses.replace() computes it again. Sharing is an optimisation only: equal paths may be
     # distinct objects (after the intern tables start over, or after unpickling).
-    if typing.TYPE_CHECKING:  # declared for type checkers only: at run time a plain instance attribute
+    # `enters_with`, derived the same way: the thread stands at a `with` header in one of its three innermost
+    # Python frames (it may be waiting for a lock; app/analysis/locks.py reads it, and only then the frames).
+    if typing.TYPE_CHECKING:  # declared for type checkers only: at run time plain instance attributes
         @property
         def path(self) -> Tuple[Frame, ...]: ...
 
+        @property
+        def enters_with(self) -> bool: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", frame_path(self.frames))
+        object.__setattr__(self, "enters_with", _enters_with(self.frames))
+
+
+def _enters_with(frames: Tuple[Frame, ...]) -> bool:
+    n = 0
+    for f in frames:
+        if f.native:
+            continue
+        if f.withs and any(w.entering for w in f.withs):
+            return True
+        n += 1
+        if n == 3:
+            return False
+    return False
 
 
 # Interned paths. Built here, where the frames were just made (and sit in the CPU cache), rather than in the
@@ -285,6 +317,15 @@ class RankSnapshot:
     @property
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+    # Derived, like ThreadStack.path (not a field): one of its threads stands at a `with` header. Read by the
+    # analysis in its one pass over the ranks (columns.py), so 100k ranks cost no visit to their threads.
+    if typing.TYPE_CHECKING:
+        @property
+        def enters_with(self) -> bool: ...
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "enters_with", any(t.enters_with for t in self.threads))
 
     def env_value(self, name: str) -> Optional[str]:
         for k, v in self.env:

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 from app.model import (ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, RankSnapshot, StraceResult,
-                       StraceThread, TcpSocket, ThreadStack, ToolInfo)
+                       StraceThread, TcpSocket, ThreadStack, ToolInfo, WithInfo)
 from app.parse_flight import flight_record
 from workers.protocol import ERROR_HINTS
 
@@ -163,6 +163,14 @@ def _loop(d: dict) -> LoopInfo | None:
                     counters=tuple(v for v in _list(d.get("counters")) if isinstance(v, str)))
 
 
+def _with(d: dict) -> WithInfo | None:
+    if d.get("kind") != "with":
+        return None
+    return WithInfo(line=_int(d.get("line")) or 0, end_line=_int(d.get("end_line")) or 0, header=_str(d.get("header")),
+                    items=tuple(v[:200] for v in _list(d.get("items"))[:4] if isinstance(v, str)),
+                    entering=d.get("entering") is True)
+
+
 # Identical frames without locals, shared between ranks and passes: a snapshot of 100k ranks then holds its few
 # hundred distinct frames once, and building a thread's interned path (ThreadStack.path, what the analysis
 # groups by) is cheaper on shared frames. Frames are frozen: sharing is invisible but to `is`. Bounded:
@@ -209,6 +217,8 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
     raw_loops = loops.get("%s:%d" % (filename, line)) if loops else None
     frame_loops = tuple(lp for lp in (_loop(d) for d in raw_loops if isinstance(d, dict)) if lp is not None) \
         if type(raw_loops) is list else ()
+    frame_withs = tuple(w for w in (_with(d) for d in raw_loops if isinstance(d, dict)) if w is not None) \
+        if type(raw_loops) is list else ()
     lines: tuple[tuple[int, str], ...] = ()
     if line and not native:
         text = source.get(filename)
@@ -219,14 +229,15 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
                 if value is not _ABSENT:
                     got.append((n, value if type(value) is str else ""))
             lines = tuple(got)
-    key = (name, filename, line, module, native, frame_loops, lines) if not local_vars else None
+    key = (name, filename, line, module, native, frame_loops, frame_withs, lines) if not local_vars else None
     if key is not None:
         shared = _SHARED_FRAMES.get(key)
         if shared is not None:
             return shared  # type: ignore[no-any-return]
     frame = Frame(function=name, filename=filename, line=line, module=module, native=native,
                   locals=local_vars, loops=frame_loops,
-                  iteration=iteration(frame_loops, local_vars, line) if frame_loops else (), source=lines)
+                  iteration=iteration(frame_loops, local_vars, line) if frame_loops else (), source=lines,
+                  withs=frame_withs)
     if key is not None:
         if len(_SHARED_FRAMES) >= MAX_SHARED_FRAMES:
             _SHARED_FRAMES.clear()

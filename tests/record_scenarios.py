@@ -73,6 +73,8 @@ SCENARIOS = {
     "die": Scenario("die", 2, 2, culprit=3),
     "netcut": Scenario("netcut", 3, 1, cut="node02"),
     "healthy": Scenario("healthy", 2, 2),
+    "lock": Scenario("lock", 2, 2, culprit=1),
+    "deadlock": Scenario("deadlock", 2, 2, culprit=2),
 }
 
 

@@ -21,7 +21,7 @@ from app.analysis.text import summary_text
 from app.model import Snapshot, snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
-SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy")
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,20 @@ EXPECTED = {
         findings=(("progressing", "high", (0, 1, 2, 3)), ("minority_stack", "low", (1,))),
         splits=((0, "step=28: ranks 0,2-3"), (1, "step=27: rank 1")),
         progress="progressing", title="the job is progressing: 4 of 4 ranks changed stack or iteration"),
+    "lock": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        # the stacks single rank 1 out; its threads say why: the lock its main thread needs is held by its
+        # checkpoint-writer, which waits for an upload that never completes
+        findings=(("lock_wait", "high", (1,)), ("minority_stack", "high", (1,))),
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+        progress="stuck", title="rank 1's main thread waits for `_metrics_lock`, which its thread "
+                                "`checkpoint-writer` holds while it is in `CheckpointWriter.save` (job.py:"),
+    "deadlock": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        findings=(("lock_wait", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2 is deadlocked: its thread `checkpoint-writer` and main thread wait for "
+                                "each other's locks"),
 }
 
 
@@ -119,7 +133,7 @@ def test_the_culprits_are_named_where_they_ran() -> None:
 
 def test_without_history_one_sample_still_names_each_culprit() -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
-    for name in ("skip", "dataloader", "die", "netcut"):
+    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock"):
         snap, _, _ = load(name)
         assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
 

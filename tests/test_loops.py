@@ -122,3 +122,16 @@ def test_cache_parses_once_and_notices_changes(tmp_path) -> None:
     for n in range(3):
         cache.get(write(tmp_path, "x = %d\n" % n, "f%d.py" % n))
     assert len(cache._files) == 2  # bounded
+
+
+def test_with_blocks_around_a_line_say_what_is_held_and_what_is_being_entered(tmp_path) -> None:
+    from workers import loops as loopinfo
+
+    src = tmp_path / "job.py"
+    src.write_text("import threading\n_lock = threading.Lock()\n\ndef f(self):\n    with _lock:\n        x = 1\n"
+                   "        with self._m, open('a') as g:\n            y = 2\n")
+    found, _ = loopinfo.annotate(0, [(str(src), 5), (str(src), 8)], -1, cache=loopinfo.SourceCache())
+    assert found[f"{src}:5"] == [{"kind": "with", "line": 5, "end_line": 8, "header": "with _lock:",
+                                  "items": ["_lock"], "entering": True}]
+    held = found[f"{src}:8"]
+    assert [(w["items"], w["entering"]) for w in held] == [(["_lock"], False), (["self._m", "open('a')"], False)]

@@ -143,3 +143,41 @@ def test_healthy_job_is_progressing_not_hung(healthy: Case) -> None:
                                      "between samples; it is not hung."), d.stdout
     culprits = [f for f in d.analysis["findings"] if f["culprit"] and f["confidence"] != "low"]
     assert culprits == [], "a running job's ranks are caught at different places: nobody is to blame"
+
+
+@pytest.fixture(scope="module")
+def lock(run_case: Callable[[str], Case]) -> Case:
+    return run_case("lock")
+
+
+@pytest.fixture(scope="module")
+def deadlock(run_case: Callable[[str], Case]) -> Case:
+    return run_case("deadlock")
+
+
+def test_a_lock_held_by_another_thread_of_the_culprit_is_named_with_its_holder(lock: Case) -> None:
+    """(issue 17, case 9) rank 1's checkpoint-writer holds the metrics lock while it waits for an upload; the
+    main thread blocks entering `with _metrics_lock:`; the others wait in all_reduce. The lock and its holder
+    are the answer, not "a thread that died"."""
+    d = lock.diagnosis
+    assert_complete(lock, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "lock_wait" and first["confidence"] == "high", first
+    assert first["ranks"] == [lock.key(1)]
+    assert first["title"].startswith("rank 1's main thread waits for `_metrics_lock`, which its thread "
+                                     "`checkpoint-writer` holds while it is in `CheckpointWriter.save`"), first
+    assert "blocked entering `with _metrics_lock:`" in first["detail"]
+    assert not [f for f in d.analysis["findings"] if f["kind"] == "thread_count" and f["confidence"] == "high"]
+    assert flat(d.stdout).startswith("hangscope: Rank 1's main thread waits for `_metrics_lock`"), d.stdout
+
+
+def test_two_threads_taking_two_locks_in_opposite_orders_are_a_deadlock(deadlock: Case) -> None:
+    d = deadlock.diagnosis
+    assert_complete(deadlock, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "lock_wait" and first["confidence"] == "high", first
+    assert first["ranks"] == [deadlock.key(2)]
+    assert first["title"] == ("rank 2 is deadlocked: its thread `checkpoint-writer` and main thread wait for "
+                              "each other's locks")
+    assert "holds `_weights_lock` and waits for `_metrics_lock`" in first["detail"]
+    assert "holds `_metrics_lock` and waits for `_weights_lock`" in first["detail"]

@@ -32,13 +32,22 @@ class _Loop:
         self.variables, self.counters, self.scope = variables, counters, scope
 
 
+class _With:
+    """A `with` statement: the context managers it holds while its body runs (a lock's `with lock:`)."""
+    __slots__ = ("line", "body_line", "end_line", "items", "scope")
+
+    def __init__(self, line: int, body_line: int, end_line: int, items: Tuple[str, ...], scope: _Scope) -> None:
+        self.line, self.body_line, self.end_line, self.items, self.scope = line, body_line, end_line, items, scope
+
+
 class _File:
-    """One parsed source file: its lines, its functions' line ranges and its loops."""
+    """One parsed source file: its lines, its functions' line ranges, its loops and its `with` blocks."""
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
         self.scopes: List[_Scope] = []
         self.loops: List[_Loop] = []
+        self.withs: List[_With] = []
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -61,6 +70,10 @@ class _File:
             variables = _names(node.target) if not isinstance(node, ast.While) else ()
             end = getattr(node, "end_lineno", None) or node.lineno
             self.loops.append(_Loop(kind, node.lineno, end, variables, _counters(node.body), scope))
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and node.body:
+            items = tuple(_expression(i.context_expr) for i in node.items[:4])
+            end = getattr(node, "end_lineno", None) or node.lineno
+            self.withs.append(_With(node.lineno, node.body[0].lineno, end, items, scope))
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.stmt) or isinstance(child, ast.excepthandler):
                 self._node(child, scope)
@@ -82,9 +95,26 @@ class _File:
         return [{"kind": lp.kind, "line": lp.line, "end_line": lp.end_line, "header": self.text(lp.line),
                  "variables": list(lp.variables), "counters": list(lp.counters)} for lp in found]
 
+    def withs_at(self, line: int) -> List[Dict[str, Any]]:
+        """The `with` blocks of line's function that contain it, outermost first; "entering" when the line is
+        the statement's own header (the frame waits to enter it: a lock not acquired yet), else it holds them."""
+        scope = self.scope_of(line)
+        found = [w for w in self.withs if w.scope == scope and w.line <= line <= w.end_line]
+        found.sort(key=lambda w: (w.line, -w.end_line))
+        return [{"kind": "with", "line": w.line, "end_line": w.end_line, "header": self.text(w.line),
+                 "items": list(w.items), "entering": line < w.body_line} for w in found]
+
     def text(self, line: int) -> str:
         if 1 <= line <= len(self.lines):
             return self.lines[line - 1].strip()[:MAX_LINE_CHARS]
+        return ""
+
+
+def _expression(node: ast.AST) -> str:
+    """A context manager's expression as written, e.g. `self._lock` or `_metrics_lock`, capped."""
+    try:
+        return ast.unparse(node)[:200]  # (python 3.9+)
+    except Exception:  # a very deep expression (RecursionError) or an odd node: no name, still a block
         return ""
 
 
@@ -179,7 +209,8 @@ def annotate(pid: int, frames: List[Tuple[str, int]], context: int, in_container
         if parsed is None:
             continue
         if want_loops:
-            found = parsed.loops_at(line)
+            # the loops, then the `with` blocks (kind "with") around the line: one list per frame line
+            found = parsed.loops_at(line) + parsed.withs_at(line)
             if found:
                 loops["%s:%d" % (filename, line)] = found
         if context >= 0:

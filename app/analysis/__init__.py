@@ -17,6 +17,7 @@ from app.analysis.flight import FlightSummary, flight_analysis
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
+from app.analysis.locks import lock_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.options import AnalysisOptions
@@ -101,6 +102,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     splits = split_iterations(grouping)
 
     findings: List[Finding] = stack_findings(classes)
+    odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
+    findings += lock_findings(ranks, odd, rank_facts.enters_with)
     for split in splits:
         findings.extend(iteration_findings(split))
     dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)

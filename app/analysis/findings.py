@@ -15,6 +15,7 @@ from app.analysis.tree import StackClass
 
 FindingKind = Literal[
     "progressing",  # samples over time show ranks moving: not hung
+    "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
     "iteration_split",  # same place, different loop iteration

@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Sequence
 
-SCENARIOS = ("skip", "dataloader", "die", "healthy")
+SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock")
 
 
 def demo_main(argv: Sequence[str]) -> int:
@@ -19,7 +19,9 @@ def demo_main(argv: Sequence[str]) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, default="skip",
                         help="skip: one rank is one loop iteration ahead on the same line (default); "
                         "dataloader: one rank blocks in data loading; die: one rank exits; "
-                        "healthy: the job keeps making progress")
+                        "healthy: the job keeps making progress; lock: one rank's main thread waits for a lock "
+                        "its checkpoint thread holds; deadlock: two threads of one rank take two locks in "
+                        "opposite orders")
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
     parser.add_argument("--print", dest="print_summary", action="store_true",

@@ -13,6 +13,11 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               them does) and exits with status 0, so torchrun does not tear the others down either
   healthy     trains forever, slowly (a short pause per step keeps the CPU free)
   netcut      trains like healthy; a test cuts a node's network and every rank then waits in all_reduce
+  lock        every rank logs its metrics under a lock that its checkpoint-writer thread also takes; at step K
+              the culprit asks for a checkpoint, whose upload never completes: the writer keeps the lock, and
+              the culprit's main thread blocks on it while the others wait in that step's all_reduce
+  deadlock    at step K the culprit's main thread holds the metrics lock and needs the weights lock, while its
+              checkpoint-writer holds the weights lock and needs the metrics lock (the opposite order)
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -61,7 +66,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut")
+SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock")
 FEATURES = 16
 BATCH = 8
 READY_AFTER = 3  # healthy/netcut report ready after this many steps
@@ -164,6 +169,53 @@ def keep_sockets_open(seconds: float) -> None:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+_metrics_lock = threading.Lock()
+_weights_lock = threading.Lock()
+METRICS: List[Tuple[int, float]] = []
+
+
+class CheckpointWriter(threading.Thread):
+    """Writes a checkpoint when asked, in the background, holding the locks the training loop also takes."""
+
+    def __init__(self, upload_hangs: bool, opposite_order: bool) -> None:
+        super().__init__(name="checkpoint-writer", daemon=True)
+        self.requested = threading.Event()
+        self.uploaded = threading.Event()  # the storage's acknowledgement (never comes when upload_hangs)
+        self.holds_weights = threading.Event()
+        self.upload_hangs, self.opposite_order = upload_hangs, opposite_order
+
+    def run(self) -> None:
+        while True:
+            self.requested.wait()
+            self.requested.clear()
+            if self.opposite_order:
+                with _weights_lock:
+                    self.holds_weights.set()
+                    with _metrics_lock:  # the training loop takes these in the other order: a deadlock
+                        self.save()
+            else:
+                with _metrics_lock:  # the metrics go into the checkpoint, consistent with the weights
+                    self.save()
+
+    def save(self) -> None:
+        if self.upload_hangs:
+            self.uploaded.wait()
+
+
+def log_metrics(step: int, loss: float) -> None:
+    with _metrics_lock:
+        METRICS.append((step, loss))
+
+
+def log_metrics_and_weights(step: int, loss: float, writer: CheckpointWriter) -> None:
+    with _metrics_lock:
+        METRICS.append((step, loss))
+        writer.requested.set()
+        writer.holds_weights.wait()
+        with _weights_lock:  # the writer holds it and waits for _metrics_lock, which this thread holds
+            METRICS.append((step, 0.0))
+
+
 def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     """Average gradients over all ranks: one flat all_reduce per step."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -187,6 +239,11 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None
                              stall_at=args.hang_step if culprit and args.scenario == "dataloader" else None,
                              poison_at=args.hang_step if culprit and args.scenario == "skip" else None)
     forever = args.scenario in ("healthy", "netcut")
+    writer = None
+    if args.scenario in ("lock", "deadlock"):
+        writer = CheckpointWriter(upload_hangs=culprit and args.scenario == "lock",
+                                  opposite_order=culprit and args.scenario == "deadlock")
+        writer.start()
     for step, batch in enumerate(loader):
         inputs, targets = batch
         optimizer.zero_grad()
@@ -199,7 +256,17 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None
             report_ready("exit", step)
             keep_sockets_open(args.timeout_hours * 3600)
             os._exit(0)
-        if not forever and step == hang_step:
+        if writer is not None:
+            if culprit and step == args.hang_step and args.scenario == "lock":
+                writer.requested.set()
+                while not _metrics_lock.locked():  # the writer has taken the lock for its checkpoint
+                    time.sleep(0.01)
+                report_ready("lock", step)
+            if culprit and step == args.hang_step and args.scenario == "deadlock":
+                report_ready("deadlock", step)
+                log_metrics_and_weights(step, loss.item(), writer)
+            log_metrics(step, loss.item())
+        if not forever and step == hang_step and not (culprit and writer is not None):
             report_ready("all_reduce", step)
         sync_gradients(model, groups[step % len(groups)])
         optimizer.step()
