@@ -19,7 +19,7 @@ from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
-from app.analysis.progress import RankProgress, progress_findings, track, while_progressing
+from app.analysis.progress import RankProgress, progress_findings, slow_nodes, track, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
 from app.model import Frame, Snapshot, to_dict
 
@@ -126,11 +126,15 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     if history:
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
-        findings = while_progressing(findings)
+        findings += slow_nodes(progress)
     if same_place:
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
-                                          sockets=any(rank_facts.sockets)))
+                                          sockets=any(rank_facts.sockets), locals_collected=snapshot.options.locals,
+                                          moving=any(p.net_bytes for p in progress),
+                                          explained=any(f.culprit and f.confidence == "high" for f in findings)))
+    if history:
+        findings = while_progressing(findings)
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)
@@ -155,7 +159,10 @@ def _verdict(findings: Sequence[Finding]) -> str:
         return "Nothing stands out."
     top = findings[0]
     title = top.title[:1].upper() + top.title[1:]
-    if top.kind == "progressing" or not top.culprit:
+    if top.kind == "progressing":
+        slow = [f for f in findings if f.kind == "slow_node"]
+        return f"{title}; " + "; ".join(f.title for f in slow) + "." if slow else f"{title}."
+    if not top.culprit:
         if top.kind == "dump_failed":
             return f"No culprit found, and the picture is incomplete: {top.title}."
         return f"{title}."
