@@ -7,6 +7,7 @@ Import contract: nothing under app/analysis imports textual, asyncssh, app.trans
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -98,6 +99,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     classes = grouping.classes
     tree = build_tree(classes, options)
     splits = split_iterations(grouping)
+    if snapshot.options.locals:
+        splits = tuple(dataclasses.replace(s, locals_collected=True) if s.locals_missing else s for s in splits)
 
     findings: List[Finding] = stack_findings(classes)
     for split in splits:

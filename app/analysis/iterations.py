@@ -49,6 +49,7 @@ class IterationSplit:
     groups: Tuple[IterationGroup, ...]  # largest first
     varying: Tuple[str, ...] = ()  # names whose value differs between groups
     locals_missing: bool = False  # loops on the path, but no loop variable values were collected
+    locals_collected: bool = False  # the dump asked for locals (then missing values were not readable)
 
     @property
     def split(self) -> bool:
@@ -57,7 +58,8 @@ class IterationSplit:
     def text(self) -> str:
         """`step=1203: ranks 0-6; step=1204: rank 7`."""
         if self.locals_missing:
-            return "no loop variable values (run with --locals)"
+            return "no readable loop variable values" if self.locals_collected else \
+                "no loop variable values (run with --locals)"
         return "; ".join(f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups)
 
 

@@ -315,6 +315,10 @@ def _evidence(moving: Sequence[RankProgress]) -> str:
     return ", ".join(parts) or "counters moved"
 
 
+def _strong(why: Tuple[str, str]) -> bool:
+    return "(cpu.stat)" in why[1] or "(schedstat)" in why[1]
+
+
 def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
     """Nodes whose ranks are held back: their cgroup throttles them, they wait for a CPU far longer than the
     other nodes' ranks, or they are caught outside the collective (running) while the others wait in it."""
@@ -323,7 +327,7 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
     if len(nodes) < 2:
         return []
     by_node: Dict[str, List[RankProgress]] = {n: [p for p in live if p.node == n] for n in nodes}
-    evidence: Dict[str, List[str]] = {}
+    evidence: Dict[str, List[Tuple[str, str]]] = {}
     strong: Dict[str, int] = {}
     for node, ranks in by_node.items():
         others = [p for p in live if p.node != node]
@@ -333,15 +337,16 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
         if throttled and len(throttled) * 2 >= len(ranks):
             worst = max(throttled, key=lambda p: p.throttled or 0.0)
             limit = f" {worst.cgroup}" if worst.cgroup else ""
-            why.append(f"its ranks' cgroup{limit} was CPU-throttled {worst.throttled:.0%} of the time "
-                       "between samples (cpu.stat)")
+            why.append(("its ranks are CPU-throttled by their cgroup",
+                        f"its ranks' cgroup{limit} was CPU-throttled {worst.throttled:.0%} of the time between "
+                        "samples (cpu.stat)"))
             score += 2
         waits = [p.run_wait for p in ranks if p.run_wait is not None]
         other_waits = [p.run_wait for p in others if p.run_wait is not None]
         if waits and other_waits and median(waits) >= RUN_WAIT_SHARE and \
                 median(waits) >= RUN_WAIT_RATIO * max(median(other_waits), 0.01):
-            why.append(f"its ranks waited for a CPU {median(waits):.0%} of the time, the other nodes' "
-                       f"{median(other_waits):.0%} (schedstat)")
+            why.append(("its ranks wait for a CPU", f"its ranks waited for a CPU {median(waits):.0%} of the time, "
+                        f"the other nodes' {median(other_waits):.0%} (schedstat)"))
             score += 2
         seen = [p for p in ranks if p.inside + p.outside >= 2]
         other_seen = [p for p in others if p.inside + p.outside >= 2]
@@ -349,8 +354,9 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
             out_share = sum(p.outside for p in seen) / sum(p.inside + p.outside for p in seen)
             other_in = sum(p.inside for p in other_seen) / sum(p.inside + p.outside for p in other_seen)
             if out_share >= 0.6 and other_in >= 0.6:
-                why.append(f"its ranks were caught outside the collective in {out_share:.0%} of samples while "
-                           f"the others waited in it in {other_in:.0%}")
+                why.append(("its ranks compute while the others wait for them",
+                            f"its ranks were caught outside the collective in {out_share:.0%} of samples while "
+                            f"the others waited in it in {other_in:.0%}"))
                 score += 1
         samples = sum(p.inside + p.outside for p in ranks)
         other_samples = sum(p.inside + p.outside for p in others)
@@ -358,12 +364,17 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
             r_share = sum(p.running for p in ranks) / samples
             other_r = sum(p.running for p in others) / other_samples
             if r_share >= 0.6 and other_r <= 0.25:
-                why.append(f"its ranks were running (state R) in {r_share:.0%} of samples, the others' in "
-                           f"{other_r:.0%}")
+                why.append(("its ranks are busy while the others sleep",
+                            f"its ranks were running (state R) in {r_share:.0%} of samples, the others' in "
+                            f"{other_r:.0%}"))
                 score += 1
         if why:
             evidence[node], strong[node] = why, score
-    slow = [n for n in evidence if strong[n] >= 2]
+    # The counters (throttling, run-queue wait) are evidence on their own; where ranks were caught and in which
+    # state is not, with few samples: a running job's ranks are caught anywhere. Both of those, over 4 samples
+    # or more, are.
+    slow = [n for n in evidence if strong[n] >= 2 and (any(_strong(w) for w in evidence[n]) or
+                                                       min(p.inside + p.outside for p in by_node[n]) >= 4)]
     if not slow or len(slow) * 2 > len(nodes):
         return []  # most nodes alike: nothing stands out, or the whole job is short of CPU
     out = []
@@ -371,8 +382,8 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
         ranks = by_node[node]
         keys, numbers = _keys(ranks)
         conf: Confidence = "high" if strong[node] >= 3 else "medium"
-        out.append(Finding("slow_node", f"{node} is slow: {evidence[node][0].split(' (')[0]}",
-                           "; ".join(evidence[node]) + ". The other ranks wait for its ranks at every collective, "
+        out.append(Finding("slow_node", f"{node} is slow: {evidence[node][0][0]}",
+                           "; ".join(long for _, long in evidence[node]) + ". The other ranks wait for its ranks at every collective, "
                            "so the whole job runs at its pace.", conf,
                            "counters read on the node between samples" + ("" if conf == "high" else
                                                                          "; one kind of evidence"),
