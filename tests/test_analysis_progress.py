@@ -268,3 +268,15 @@ def test_ddp_backward_counts_as_waiting_in_the_gradient_all_reduce() -> None:
     assert _in_collective(r, AnalysisOptions(), sockets_active=False) is False
     native = counted(1.0, 0, "node01", cpu=1.0, sent=0, frames=(reducer,) + BACKWARD)
     assert _in_collective(native, AnalysisOptions(), sockets_active=False) is True
+
+
+def test_every_rank_in_ddp_backward_with_sockets_in_use_waits_in_the_gradient_all_reduce() -> None:
+    """One snapshot: every rank in `Tensor.backward`, sockets to the peers used within the last second."""
+    ranks = [replace(counted(1.0, r, f"node{r // 2 + 1:02d}", cpu=1.0, sent=5),
+                     sockets=(TcpSocket(f"10.0.0.{r}:4000", "10.0.0.9:41000", "ESTABLISHED", last_send_ms=20,
+                                        last_recv_ms=30),)) for r in range(8)]
+    same = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "all_identical")
+    assert same.title.startswith("all 8 ranks wait in DDP's gradient all_reduce, inside `backward`, in `<module>`")
+    idle = [replace(r, sockets=(replace(r.sockets[0], last_send_ms=60_000, last_recv_ms=60_000),)) for r in ranks]
+    same = next(f for f in analyze(snapshot(idle)).findings if f.kind == "all_identical")
+    assert same.title.startswith("all 8 ranks are in `<module>`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
@@ -20,9 +21,10 @@ from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
-from app.analysis.progress import RankProgress, progress_findings, slow_nodes, track, while_progressing
+from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
+from app.analysis.progress import while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
-from app.model import Frame, Snapshot, to_dict
+from app.model import Frame, RankSnapshot, Snapshot, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
            "RankProgress", "analyze"]
@@ -135,7 +137,9 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
                                           sockets=any(rank_facts.sockets), locals_collected=snapshot.options.locals,
                                           moving=any(p.net_bytes for p in progress),
-                                          explained=any(f.culprit and f.confidence == "high" for f in findings)))
+                                          explained=any(f.culprit and f.confidence == "high" for f in findings),
+                                          ddp=classes[0].collective is None and _ddp_wait(ranks, classes[0],
+                                                                                          options)))
     if history:
         findings = while_progressing(findings)
     if not classes:
@@ -143,6 +147,12 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     ordered = order(findings)
     return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
                     len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)
+
+
+def _ddp_wait(ranks: Sequence[RankSnapshot], c: StackClass, options: AnalysisOptions) -> bool:
+    """Whether the class waits for DDP's gradient all_reduce inside backward (judged on a few members)."""
+    members = set(c.ranks[:8])
+    return ddp_backward_wait(list(islice((r for r in ranks if (r.node, r.pid) in members), 8)), options)
 
 
 def _no_data(snapshot: Snapshot) -> Finding:

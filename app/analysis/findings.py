@@ -171,11 +171,16 @@ def _parting(c: StackClass, d: StackClass, k: int) -> str:
 
 def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, history: bool,
                       incomplete: bool = False, sockets: bool = True, locals_collected: bool = False,
-                      moving: bool = False, explained: bool = False) -> Finding:
+                      moving: bool = False, explained: bool = False, ddp: bool = False) -> Finding:
     """Every rank at the same place: say so, and where the answer can come from instead. "Check the links" is
     advice for when nothing else explains it (`explained`: a [high] culprit finding does), never [high]: sockets
     that move bytes between samples (`moving`) say the links work."""
-    at = f"wait in `{c.collective}`" if c.collective else f"are {where(c)}"
+    if c.collective:
+        at = f"wait in `{c.collective}`"
+    elif ddp:  # DDP's all_reduce runs inside autograd's engine: no torch.distributed frame shows
+        at = f"wait in DDP's gradient all_reduce, inside `backward`, {where(c)}"
+    else:
+        at = f"are {where(c)}"
     who = f"all {c.size} ranks" + (" with stacks" if incomplete else "")
     title = f"{who} {at} at the same place: stacks cannot tell the culprit"
     hints = []

@@ -98,6 +98,26 @@ def socket_bytes(before: RankSnapshot, after: RankSnapshot) -> Tuple[Optional[in
     return peers, store
 
 
+ACTIVE_MS = 2000  # a socket that sent or received within this many milliseconds is in use
+
+
+def sockets_active(rank: RankSnapshot) -> bool:
+    """Whether the rank's connections to its peers (not the store) carried data in the last ACTIVE_MS, from
+    tcp_info's last send/receive times: in use now, in one snapshot."""
+    for s in rank.sockets:
+        if s.state != "ESTABLISHED" or _store_socket(s, rank.master_port):
+            continue
+        if any(ms is not None and ms < ACTIVE_MS for ms in (s.last_send_ms, s.last_recv_ms)):
+            return True
+    return False
+
+
+def ddp_backward_wait(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions()) -> bool:
+    """Whether these ranks (one class: the same path) wait for DDP's gradient all_reduce inside backward: the
+    path runs autograd's backward and the Reducer shows natively or their sockets to the peers are in use."""
+    return bool(ranks) and all(_in_collective(r, options, sockets_active(r)) for r in ranks[:8])
+
+
 def _cpu_seconds(c: ProgressCounters) -> Optional[float]:
     return c.utime + c.stime if c.utime is not None and c.stime is not None else None
 
@@ -232,7 +252,7 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions) -> dict:
             out["cgroup"] = clean(f"{cg.path} ({cg.quota_us / cg.period_us:.0%} of a CPU)", 200)
     inside = outside = running = 0
     for before, after in zip((None,) + tuple(ranks[:-1]), ranks):
-        active = bool(before is not None and (socket_bytes(before, after)[0] or 0) > 0)
+        active = bool(before is not None and (socket_bytes(before, after)[0] or 0) > 0) or sockets_active(after)
         where = _in_collective(after, options, active)
         if where is True:
             inside += 1
