@@ -28,6 +28,25 @@ from workers import procinfo
 
 MAX_CGROUP_DEPTH = 32  # ancestors walked up to find the cgroup that sets a CPU limit
 _mounts: Optional[Tuple[Optional[str], Optional[str]]] = None  # (cgroup2 mount, v1 cpu controller mount)
+# What changes rarely in a process (its cgroup, whether stdout/stderr are files) is read again after this many
+# seconds, not on every sample: a long-lived worker (the TUI's refreshes) still sees a rank moved to a cgroup.
+STICKY_SECONDS = 5.0
+MAX_CACHED = 4096
+_sticky: Dict[Tuple[str, int, str], Tuple[float, Any]] = {}
+
+
+def _cached(kind: str, pid: int, read: Any, start: str = "") -> Any:
+    """read() for this process (pid and start time: a reused pid is another process), at most every
+    STICKY_SECONDS."""
+    now = time.monotonic()
+    hit = _sticky.get((kind, pid, start))
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    if len(_sticky) >= MAX_CACHED:
+        _sticky.clear()
+    value = read()
+    _sticky[(kind, pid, start)] = (now + STICKY_SECONDS, value)
+    return value
 
 
 def _read(path: str, limit: int = 4096) -> Optional[str]:
@@ -97,14 +116,14 @@ def _ancestors(path: str) -> List[str]:
     return out
 
 
-def cgroup_cpu(pid: int) -> Optional[Dict[str, Any]]:
+def cgroup_cpu(pid: int, start: str = "") -> Optional[Dict[str, Any]]:
     """The CPU limit that applies to pid and how often it bit: the nearest cgroup (its own or an ancestor's)
     that sets a quota, with that cgroup's throttling counters; else the rank's own cgroup's counters (no
     limit). {"version", "path", "quota_us", "period_us", "nr_periods", "nr_throttled", "throttled_us"}."""
-    text = _read("/proc/%d/cgroup" % pid)
-    if text is None:
+    paths = _cached("cgroup", pid, lambda: _cgroup_paths(pid), start)
+    if paths is None:
         return None
-    path2, path1 = parse_cgroup(text)
+    path2, path1 = paths
     mount2, mount1 = _mount_points()
     # v1 when the cpu controller is there (then v2 has none), else v2
     if path1 is not None and mount1 is not None:
@@ -112,6 +131,11 @@ def cgroup_cpu(pid: int) -> Optional[Dict[str, Any]]:
     if path2 is not None and mount2 is not None:
         return _cgroup_v2(mount2, path2)
     return None
+
+
+def _cgroup_paths(pid: int) -> Optional[Tuple[Optional[str], Optional[str]]]:
+    text = _read("/proc/%d/cgroup" % pid)
+    return parse_cgroup(text) if text is not None else None
 
 
 def _cgroup_v2(mount: str, path: str) -> Optional[Dict[str, Any]]:
@@ -161,9 +185,9 @@ def _row(version: str, path: str, values: Dict[str, int], quota: Optional[int], 
             "throttled_us": None}
 
 
-def _log_pos(pid: int) -> Optional[int]:
-    """Bytes written so far to stdout and stderr where they are regular files (their file offsets)."""
-    total = None
+def _log_fds(pid: int) -> List[int]:
+    """Which of stdout and stderr are regular files (stderr left out when it is the same file)."""
+    fds = []
     seen = set()
     for fd in (1, 2):
         try:
@@ -174,6 +198,14 @@ def _log_pos(pid: int) -> Optional[int]:
         if not target.startswith("/") or (st.st_mode & 0o170000) != 0o100000 or (st.st_dev, st.st_ino) in seen:
             continue  # a pipe, a terminal, a socket; or stderr sent to the same file
         seen.add((st.st_dev, st.st_ino))
+        fds.append(fd)
+    return fds
+
+
+def _log_pos(pid: int, start: str = "") -> Optional[int]:
+    """Bytes written so far to stdout and stderr where they are regular files (their file offsets)."""
+    total = None
+    for fd in _cached("log", pid, lambda: _log_fds(pid), start):
         info = _read("/proc/%d/fdinfo/%d" % (pid, fd), 1024)
         pos = _keyed(info).get("pos") if info else None
         if pos is not None:
@@ -207,10 +239,11 @@ def collect(pid: int) -> Optional[Dict[str, Any]]:
         for key in ("rchar", "wchar", "read_bytes", "write_bytes"):
             if key in values:
                 out[key] = values[key]
-    log = _log_pos(pid)
+    start = fields[21] if len(fields) > 21 else ""
+    log = _log_pos(pid, start)
     if log is not None:
         out["log_bytes"] = log
-    cg = cgroup_cpu(pid)
+    cg = cgroup_cpu(pid, start)
     if cg is not None:
         out["cgroup"] = cg
     return out
