@@ -22,7 +22,7 @@ from app.analysis.iterations import IterationSplit, iteration_findings, locals_m
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
 from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
-from app.analysis.progress import while_progressing
+from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
 from app.model import Frame, RankSnapshot, Snapshot, to_dict
 
@@ -141,7 +141,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
                                           ddp=classes[0].collective is None and _ddp_wait(ranks, classes[0],
                                                                                           options)))
     if history:
-        findings = while_progressing(findings)
+        findings = contradicted_stalls(while_progressing(findings), progress)
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)

@@ -434,6 +434,20 @@ def while_progressing(findings: Sequence[Finding]) -> List[Finding]:
     return out
 
 
+def contradicted_stalls(findings: Sequence[Finding], progress: Sequence[RankProgress]) -> List[Finding]:
+    """A network stall named on nodes whose ranks' sockets moved bytes to their peers between samples is
+    contradicted by them: never [high]."""
+    moved = {p.node for p in progress if p.net_bytes}
+    out = []
+    for f in findings:
+        named = set(f.nodes.split(",")) if f.kind == "network_stall" and f.nodes else set()
+        if named and named <= moved and f.confidence == "high":
+            f = replace(f, confidence="medium", reason=f"{f.reason}; but the sockets of ranks on "
+                        f"{fold_nodes(named)} moved bytes to their peers between samples")
+        out.append(f)
+    return out
+
+
 def _keys(ps: Sequence[RankProgress]) -> Tuple[tuple, tuple]:
     return tuple((p.node, p.pid) for p in ps), tuple(p.rank for p in ps)
 
