@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from statistics import median
-from typing import Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import describe_keys, fold_nodes, short_keys
@@ -139,16 +139,40 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _in_collective(rank: RankSnapshot, options: AnalysisOptions, sockets_active: bool) -> Optional[bool]:
+_PathFlags = Tuple[bool, bool]  # (waits in a collective, in autograd's backward without the Reducer showing)
+
+
+def _path_flags(path: Tuple, cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> _PathFlags:
+    """What a thread's path says about collectives, once per interned path (ThreadStack.path: ranks at the same
+    place share one tuple), not once per rank and sample."""
+    if cache is not None:
+        hit = cache.get(id(path))
+        if hit is not None and hit[0] is path:
+            return hit[1]
+    frames = tuple(reversed(path))  # outermost first
+    if path_collective(frames)[0] is not None or ddp_reducer(frames):
+        flags = (True, False)
+    else:
+        flags = (False, in_backward(frames))
+    if cache is not None:
+        cache[id(path)] = (path, flags)  # the path is kept alive with its id, so the id cannot be reused
+    return flags
+
+
+def _in_collective(rank: RankSnapshot, options: AnalysisOptions, sockets_active: Any,
+                   cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> Optional[bool]:
     """Whether the rank's thread waits in a collective: torch.distributed's own frames, or autograd's backward
-    when it is DDP's (its Reducer shows natively, or its sockets to the peers move)."""
+    when it is DDP's (its Reducer shows natively, or its sockets to the peers move). `sockets_active`: a bool,
+    or a function asked only when the answer depends on it."""
     t = selector(options)(rank)
     if t is None or not t.frames:
         return None
-    frames = tuple(reversed(t.frames))  # outermost first
-    if path_collective(frames)[0] is not None:
+    collective, backward = _path_flags(t.path, cache)
+    if collective:
         return True
-    return in_backward(frames) and (ddp_reducer(frames) or sockets_active)
+    if not backward:
+        return False
+    return bool(sockets_active() if callable(sockets_active) else sockets_active)
 
 
 def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOptions()) -> Tuple[RankProgress, ...]:
@@ -164,6 +188,7 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
                 (snap.taken_at, _signature(r, options), r.cpu_time, r))
     latest = ordered[-1].taken_at
     out = []
+    flags: Dict[int, Tuple[Tuple, _PathFlags]] = {}
     for key, history in seen.items():
         when, sig, _, rank = history[-1]
         if when != latest:
@@ -198,7 +223,7 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
         out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options),
                                 moved=moved, net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
-                                **_window([h[3] for h in history], options)))
+                                **_window([h[3] for h in history], options, flags)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
 
@@ -229,7 +254,8 @@ def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
     return out
 
 
-def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions) -> dict:
+def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
+            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> dict:
     """Over every sample of one rank: run-queue wait and throttling shares, where its thread was."""
     with_counters = [r for r in ranks if r.counters is not None]
     out: dict = {}
@@ -252,8 +278,11 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions) -> dict:
             out["cgroup"] = clean(f"{cg.path} ({cg.quota_us / cg.period_us:.0%} of a CPU)", 200)
     inside = outside = running = 0
     for before, after in zip((None,) + tuple(ranks[:-1]), ranks):
-        active = bool(before is not None and (socket_bytes(before, after)[0] or 0) > 0) or sockets_active(after)
-        where = _in_collective(after, options, active)
+        def active(before: Optional[RankSnapshot] = before, after: RankSnapshot = after) -> bool:
+            moved = before is not None and (socket_bytes(before, after)[0] or 0) > 0
+            return moved or sockets_active(after)
+
+        where = _in_collective(after, options, active, cache)
         if where is True:
             inside += 1
         elif where is False:
@@ -346,11 +375,22 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
     nodes = sorted({p.node for p in live})
     if len(nodes) < 2:
         return []
-    by_node: Dict[str, List[RankProgress]] = {n: [p for p in live if p.node == n] for n in nodes}
+    by_node: Dict[str, List[RankProgress]] = {n: [] for n in nodes}
+    for p in live:
+        by_node[p.node].append(p)
+    # per node, once (the other nodes' figures are the totals less the node's: linear in ranks, not quadratic)
+    wait_median = {n: median(w) for n, rs in by_node.items()
+                   for w in [[p.run_wait for p in rs if p.run_wait is not None]] if w}
+    seen_in = {n: sum(p.inside for p in rs if p.inside + p.outside >= 2) for n, rs in by_node.items()}
+    seen_all = {n: sum(p.inside + p.outside for p in rs if p.inside + p.outside >= 2) for n, rs in by_node.items()}
+    seen_out = {n: seen_all[n] - seen_in[n] for n in nodes}
+    samples = {n: sum(p.inside + p.outside for p in rs) for n, rs in by_node.items()}
+    running = {n: sum(p.running for p in rs) for n, rs in by_node.items()}
+    total_in, total_all = sum(seen_in.values()), sum(seen_all.values())
+    total_samples, total_running = sum(samples.values()), sum(running.values())
     evidence: Dict[str, List[Tuple[str, str]]] = {}
     strong: Dict[str, int] = {}
     for node, ranks in by_node.items():
-        others = [p for p in live if p.node != node]
         why = []
         score = 0
         throttled = [p for p in ranks if p.throttled is not None and p.throttled >= THROTTLED_SHARE]
@@ -361,28 +401,26 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
                         f"its ranks' cgroup{limit} was CPU-throttled {worst.throttled:.0%} of the time between "
                         "samples (cpu.stat)"))
             score += 2
-        waits = [p.run_wait for p in ranks if p.run_wait is not None]
-        other_waits = [p.run_wait for p in others if p.run_wait is not None]
-        if waits and other_waits and median(waits) >= RUN_WAIT_SHARE and \
-                median(waits) >= RUN_WAIT_RATIO * max(median(other_waits), 0.01):
-            why.append(("its ranks wait for a CPU", f"its ranks waited for a CPU {median(waits):.0%} of the time, "
-                        f"the other nodes' {median(other_waits):.0%} (schedstat)"))
-            score += 2
-        seen = [p for p in ranks if p.inside + p.outside >= 2]
-        other_seen = [p for p in others if p.inside + p.outside >= 2]
-        if seen and other_seen:
-            out_share = sum(p.outside for p in seen) / sum(p.inside + p.outside for p in seen)
-            other_in = sum(p.inside for p in other_seen) / sum(p.inside + p.outside for p in other_seen)
+        others = [m for n, m in wait_median.items() if n != node]
+        if node in wait_median and others:
+            mine, theirs = wait_median[node], median(others)
+            if mine >= RUN_WAIT_SHARE and mine >= RUN_WAIT_RATIO * max(theirs, 0.01):
+                why.append(("its ranks wait for a CPU", f"its ranks waited for a CPU {mine:.0%} of the time, "
+                            f"the other nodes' {theirs:.0%} (schedstat)"))
+                score += 2
+        other_all = total_all - seen_all[node]
+        if seen_all[node] and other_all:
+            out_share = seen_out[node] / seen_all[node]
+            other_in = (total_in - seen_in[node]) / other_all
             if out_share >= 0.6 and other_in >= 0.6:
                 why.append(("its ranks compute while the others wait for them",
                             f"its ranks were caught outside the collective in {out_share:.0%} of samples while "
                             f"the others waited in it in {other_in:.0%}"))
                 score += 1
-        samples = sum(p.inside + p.outside for p in ranks)
-        other_samples = sum(p.inside + p.outside for p in others)
-        if samples >= 2 and other_samples >= 2:
-            r_share = sum(p.running for p in ranks) / samples
-            other_r = sum(p.running for p in others) / other_samples
+        other_samples = total_samples - samples[node]
+        if samples[node] >= 2 and other_samples >= 2:
+            r_share = running[node] / samples[node]
+            other_r = (total_running - running[node]) / other_samples
             if r_share >= 0.6 and other_r <= 0.25:
                 why.append(("its ranks are busy while the others sleep",
                             f"its ranks were running (state R) in {r_share:.0%} of samples, the others' in "
