@@ -223,6 +223,8 @@ class TcpSocket:
     last_send_ms: Optional[int] = None  # ss -i lastsnd
     last_recv_ms: Optional[int] = None  # ss -i lastrcv
     last_ack_ms: Optional[int] = None  # ss -i lastack
+    bytes_acked: Optional[int] = None  # bytes sent and acknowledged over the connection's life (tcp_info)
+    bytes_received: Optional[int] = None  # bytes received over the connection's life (tcp_info)
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,42 @@ class FlightRecord:
 
 
 @dataclass(frozen=True)
+class CgroupCpu:
+    """The CPU limit that applies to a rank: the nearest cgroup (its own or an ancestor) that sets a quota, or
+    the rank's own cgroup when none does, with that cgroup's throttling counters (cpu.stat)."""
+
+    version: str = ""  # "v2" (cpu.max) or "v1" (cpu.cfs_quota_us)
+    path: str = ""  # the cgroup, as /proc/PID/cgroup names it
+    quota_us: Optional[int] = None  # CPU time allowed per period; None: no limit
+    period_us: Optional[int] = None
+    nr_periods: Optional[int] = None
+    nr_throttled: Optional[int] = None  # periods in which the cgroup ran out of quota
+    throttled_us: Optional[int] = None  # time its tasks were held back, in total
+
+
+@dataclass(frozen=True)
+class ProgressCounters:
+    """Counters that move while a rank gets somewhere, read on the node at `at` (workers/collect/progress.py).
+    Between two samples their differences tell a rank that works (CPU, bytes, context switches) from one
+    that sleeps, and a rank held back (run-queue wait, cgroup throttling) from one that is not."""
+
+    at: float = 0.0  # the node's epoch seconds when they were read
+    state: ProcState = ""
+    utime: Optional[float] = None  # seconds
+    stime: Optional[float] = None
+    voluntary_ctxt: Optional[int] = None
+    nonvoluntary_ctxt: Optional[int] = None
+    run_ns: Optional[int] = None  # /proc/PID/schedstat: time on a CPU
+    wait_ns: Optional[int] = None  # time runnable but waiting for a CPU
+    rchar: Optional[int] = None  # /proc/PID/io: bytes through read() and write() (files, pipes, sockets)
+    wchar: Optional[int] = None
+    read_bytes: Optional[int] = None  # bytes fetched from / sent to storage
+    write_bytes: Optional[int] = None
+    log_bytes: Optional[int] = None  # offsets of stdout and stderr where they are regular files
+    cgroup: Optional[CgroupCpu] = None
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
 
@@ -306,6 +344,7 @@ class RankSnapshot:
     gdb: Optional[str] = None
     elapsed: float = 0.0  # seconds the dump took on the node
     flight: Optional[FlightRecord] = None  # PyTorch's Flight Recorder, when the rank enables it
+    counters: Optional[ProgressCounters] = None  # what moves between samples, read at discovery
 
     @property
     def main_thread(self) -> Optional[ThreadStack]:

@@ -11,8 +11,8 @@ import re
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from app.model import (ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, RankSnapshot, StraceResult,
-                       StraceThread, TcpSocket, ThreadStack, ToolInfo, WithInfo)
+from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProgressCounters,
+                       RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo, WithInfo)
 from app.parse_flight import flight_record
 from workers.protocol import ERROR_HINTS
 
@@ -67,7 +67,41 @@ def _socket(s: dict) -> TcpSocket:
                      send_q=_int(s.get("send_q")) or 0, recv_q=_int(s.get("recv_q")) or 0,
                      retransmits=_int(s.get("retransmits")) or 0, backoff=_int(s.get("backoff")) or 0,
                      total_retrans=_int(s.get("total_retrans")), last_send_ms=_int(s.get("last_send_ms")),
-                     last_recv_ms=_int(s.get("last_recv_ms")), last_ack_ms=_int(s.get("last_ack_ms")))
+                     last_recv_ms=_int(s.get("last_recv_ms")), last_ack_ms=_int(s.get("last_ack_ms")),
+                     bytes_acked=_count(s.get("bytes_acked")), bytes_received=_count(s.get("bytes_received")))
+
+
+def _count(value: Any) -> int | None:
+    """A counter: a non-negative integer, else unknown."""
+    v = _int(value)
+    return v if v is not None and v >= 0 else None
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def counters(raw: Any) -> ProgressCounters | None:
+    """The worker's progress counters (workers/collect/progress.py); None when absent or malformed."""
+    if not isinstance(raw, dict):
+        return None
+    at = _seconds(raw.get("at"))
+    if at is None:
+        return None
+    cg = raw.get("cgroup")
+    cgroup = None
+    if isinstance(cg, dict):
+        cgroup = CgroupCpu(version=_str(cg.get("version"))[:8], path=_str(cg.get("path"))[:512],
+                           quota_us=_count(cg.get("quota_us")), period_us=_count(cg.get("period_us")),
+                           nr_periods=_count(cg.get("nr_periods")), nr_throttled=_count(cg.get("nr_throttled")),
+                           throttled_us=_count(cg.get("throttled_us")))
+    return ProgressCounters(
+        at=at, state=_str(raw.get("state"))[:1], utime=_seconds(raw.get("utime")),
+        stime=_seconds(raw.get("stime")), voluntary_ctxt=_count(raw.get("voluntary_ctxt")),
+        nonvoluntary_ctxt=_count(raw.get("nonvoluntary_ctxt")), run_ns=_count(raw.get("run_ns")),
+        wait_ns=_count(raw.get("wait_ns")), rchar=_count(raw.get("rchar")), wchar=_count(raw.get("wchar")),
+        read_bytes=_count(raw.get("read_bytes")), write_bytes=_count(raw.get("write_bytes")),
+        log_bytes=_count(raw.get("log_bytes")), cgroup=cgroup)
 
 
 def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
@@ -89,7 +123,7 @@ def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
         nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
         children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
         sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
-        collected=False)
+        counters=counters(item.get("counters")), collected=False)
 
 
 # --- iteration coordinates ------------------------------------------------------------------------------

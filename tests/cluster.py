@@ -51,6 +51,9 @@ hostname "$1"
 mount --bind "$2/etc/hosts" /etc/hosts
 mount --bind "$2/etc/resolv.conf" /etc/resolv.conf
 mount -t tmpfs -o mode=0755,size=16m tmpfs /run
+# `ip netns exec` mounted a fresh /sys for the network namespace, without the cgroup file systems a real node
+# has: mount this machine's hierarchies again (the same ones, so the node sees every process's cgroup)
+if [ -f "$2/cgroups.sh" ]; then sh "$2/cgroups.sh" || true; fi
 mkdir -p /run/sshd
 node_dir=$2
 shift 2
@@ -299,6 +302,7 @@ def _populate(cluster: Cluster, n: int, prefix: str) -> None:
         if PYSPY.exists():
             (node.dir / "bin" / "py-spy").symlink_to(PYSPY)
         _write(node.dir / "sshd_config", _sshd_config(cluster, node))
+        _write(node.dir / "cgroups.sh", _cgroup_mounts())
         keygens.append(_keygen(node.dir / "ssh_host_ed25519_key", name))
     batch = []
     for i, node in enumerate(cluster.nodes, start=1):
@@ -325,6 +329,30 @@ def _populate(cluster: Cluster, n: int, prefix: str) -> None:
     _write(cluster.known_hosts, "".join(lines))
     for node in cluster.nodes:
         node.wait_booted()
+
+
+def _cgroup_mounts() -> str:
+    """Shell lines that mount this machine's cgroup hierarchies (and the tmpfs holding them) where they are."""
+    lines = []
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ""
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, extra = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(extra) < 3 or fields[3] != "/":
+            continue
+        point = fields[4]
+        if not point.startswith("/sys/fs/cgroup"):
+            continue
+        if extra[0] == "tmpfs" and point == "/sys/fs/cgroup":
+            lines.append("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup")
+        elif extra[0] in ("cgroup", "cgroup2"):
+            opts = ",".join(o for o in extra[2].split(",") if o not in ("rw", "ro"))
+            lines.append(f"mkdir -p '{point}' && mount -t {extra[0]} {'-o ' + opts + ' ' if opts else ''}"
+                         f"{extra[0]} '{point}' || true")
+    return "\n".join(lines) + "\n"
 
 
 def run_login(argv: Sequence[str], cluster: Cluster, timeout: float = 60,

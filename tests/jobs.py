@@ -244,18 +244,19 @@ def _free_port(place: Any) -> int:
 
 
 def _launch(places: Sequence[Place], scenario: str, ranks_per_node: int, culprit: int | None, step: int,
-            extra_args: Sequence[str], standalone: bool, extra_env: Mapping[str, str] | None = None) -> Job:
+            extra_args: Sequence[str], standalone: bool, extra_env: Mapping[str, str] | None = None,
+            script: Path | None = None) -> Job:
     workdir = Path(tempfile.mkdtemp(prefix="hangscope-job-"))
     workdir.chmod(0o755)
-    if culprit is None and scenario not in FOREVER:
+    if culprit is None and scenario not in FOREVER and script is None:
         culprit = len(places) * ranks_per_node - 1  # the job's own default: the last rank
     job = Job(scenario, culprit, step, len(places) * ranks_per_node, list(places), workdir,
               f"{MARK}={secrets.token_hex(4)}")
     master = places[0]
     rendezvous = (["--standalone"] if standalone else
                   ["--nnodes", str(len(places)), "--master_addr", master.ip, "--master_port", str(_free_port(master))])
-    job_args = ["--scenario", scenario, "--hang-step", str(step), *extra_args]
-    if culprit is not None:
+    job_args = ["--scenario", scenario, "--hang-step", str(step), *extra_args] if script is None else [*extra_args]
+    if culprit is not None and script is None:
         job_args += ["--culprit", str(culprit)]
     env = {"HANGSCOPE_READY_FILE": str(job.ready_file), MARK: job.mark.split("=", 1)[1],
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
@@ -263,7 +264,7 @@ def _launch(places: Sequence[Place], scenario: str, ranks_per_node: int, culprit
         for index, place in enumerate(places):
             node_rank = [] if standalone else ["--node_rank", str(index)]
             argv = [PYTHON, "-m", "torch.distributed.run", *rendezvous, *node_rank,
-                    "--nproc_per_node", str(ranks_per_node), str(JOB_SCRIPT), *job_args]
+                    "--nproc_per_node", str(ranks_per_node), str(script or JOB_SCRIPT), *job_args]
             with open(workdir / f"{place.name}.log", "wb") as log:
                 job.launchers.append(place.spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     except BaseException:
@@ -285,11 +286,14 @@ def _finish(job: Job, timeout: float, wait: bool) -> Job:
 
 def start_job(cluster: Cluster, scenario: str, nodes: int = 4, ranks_per_node: int = 2,
               culprit: int | None = None, step: int = 3, timeout: float = 90,
-              extra_args: Sequence[str] = (), wait: bool = True) -> Job:
-    """torchrun on the first `nodes` nodes; returns once all ranks are ready (and blocked, for hangs)."""
+              extra_args: Sequence[str] = (), wait: bool = True, script: Path | None = None) -> Job:
+    """torchrun on the first `nodes` nodes; returns once all ranks are ready (and blocked, for hangs).
+    `script`: another training script than the demo job, given only `extra_args`; it writes the same ready
+    lines (tests/ddp_train.py); `scenario` then only names the job."""
     if nodes > len(cluster.nodes):
         raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {nodes}")
-    job = _launch(cluster.nodes[:nodes], scenario, ranks_per_node, culprit, step, extra_args, standalone=False)
+    job = _launch(cluster.nodes[:nodes], scenario, ranks_per_node, culprit, step, extra_args, standalone=False,
+                  script=script)
     return _finish(job, timeout, wait)
 
 

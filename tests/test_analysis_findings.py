@@ -3,6 +3,8 @@ and that the most likely culprit comes first and becomes the verdict."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from analysis_snapshots import BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.findings import KINDS
@@ -117,7 +119,7 @@ def test_missing_ranks_from_slots_without_rank_numbers() -> None:
 
 
 def test_hosts_list_smaller_than_the_job() -> None:
-    ranks = [RankSnapshot(**{**r.__dict__, "local_world_size": 4}) for r in job(16, 4)[:8]]
+    ranks = [dataclasses.replace(r, **{"local_world_size": 4}) for r in job(16, 4)[:8]]
     f = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "missing_ranks")
     assert f.title == "ranks 8-15 not found (WORLD_SIZE=16)" and not f.culprit
     assert "nodes not in the hosts list" in f.detail
@@ -161,7 +163,7 @@ def test_failed_dumps_are_not_culprits_but_say_the_picture_is_incomplete() -> No
 
 
 def test_thread_count_differs() -> None:
-    ranks = [RankSnapshot(**{**r.__dict__, "num_threads": 5 if r.rank == 3 else 7}) for r in job(8, 4)]
+    ranks = [dataclasses.replace(r, **{"num_threads": 5 if r.rank == 3 else 7}) for r in job(8, 4)]
     f = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "thread_count")
     assert f.title == "rank 3 has 5 threads while 7 others have 7" and f.confidence == "low"
 
@@ -176,8 +178,8 @@ def test_everything_identical_says_stacks_cannot_tell() -> None:
 
 
 def test_two_jobs_in_one_snapshot() -> None:
-    first = [RankSnapshot(**{**r.__dict__, "master_addr": "10.0.0.1", "master_port": 29500}) for r in job(4, 4)]
-    second = [RankSnapshot(**{**r.__dict__, "master_addr": "10.0.0.1", "master_port": 29501, "pid": r.pid + 100})
+    first = [dataclasses.replace(r, **{"master_addr": "10.0.0.1", "master_port": 29500}) for r in job(4, 4)]
+    second = [dataclasses.replace(r, **{"master_addr": "10.0.0.1", "master_port": 29501, "pid": r.pid + 100})
               for r in job(4, 4)]
     a = analyze(snapshot(first + second))
     f = next(f for f in a.findings if f.kind == "several_jobs")

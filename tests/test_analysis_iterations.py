@@ -122,3 +122,21 @@ def test_per_rank_locals_change_no_class_finding_or_split() -> None:
         now = snapshot_from_json(path.with_name(path.name.replace(".earlier", "")).read_text())[0]
         assert any(f.locals for r in now.ranks for t in r.threads for f in t.frames), path.name
         assert concluded(now, (earlier,)) == concluded(without_locals(now), (without_locals(earlier),)), path.name
+
+
+def test_loops_at_module_level_with_locals_on_never_say_run_with_locals() -> None:
+    """nanoGPT's loop runs at module level: its counters are globals, which py-spy's --locals does not read.
+    With --locals on, nothing may tell the user to turn it on, and the note is not [high]."""
+    from app.analysis.text import summary_text
+
+    loop = LoopInfo("while", 250, 330, "while True:")
+    frames = (Frame("all_reduce", ALL_REDUCE[-1].filename, 2950),
+              Frame("<module>", "/home/alice/train.py", 305, loops=(loop,)))
+    snap = snapshot([rank(r, "n1", frames) for r in range(4)], locals=True)
+    a = analyze(snap)
+    (split,) = a.iteration_splits
+    assert split.locals_missing and split.text() == "no readable loop variable values"
+    f = next(f for f in a.findings if f.kind == "no_locals")
+    assert f.confidence == "low" and f.title == "loop iterations unknown: the loop variables were not readable"
+    assert "module level, where its counters are globals" in f.detail
+    assert "run with --locals" not in summary_text(snap, a)

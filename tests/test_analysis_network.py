@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Dict, Iterable, Optional
 
 from analysis_snapshots import rank, snapshot, sock
 from app.analysis import analyze
 from app.analysis.network import address_map, host_of, network_findings
-from app.model import NodeStatus, RankSnapshot
+from app.model import NodeStatus
 
 IPS = {"node01": "10.0.0.1", "node02": "10.0.0.2", "node03": "10.0.0.3"}
 
@@ -80,7 +82,7 @@ def test_a_silent_peer_without_retransmissions() -> None:
     ranks = mesh({})
     quiet = []
     for r in ranks:
-        quiet.append(RankSnapshot(**{**r.__dict__, "sockets": tuple(
+        quiet.append(dataclasses.replace(r, **{"sockets": tuple(
             s if not s.peer.startswith("10.0.0.3") else type(s)(**{**s.__dict__, "last_recv_ms": 600_000})
             for s in r.sockets)}))
     # node04 is one more peer, so "far longer than the others" has a baseline of two
@@ -105,3 +107,30 @@ def test_addresses_map_to_nodes() -> None:
     assert m["10.0.0.1"] == "node01" and m["10.0.0.3"] == "node03" and m["10.0.0.9"] == "node04"
     assert "172.17.0.1" not in m and "127.0.0.1" not in m
     assert host_of("[fe80::1]:22") == "fe80::1" and host_of("::ffff:10.0.0.3:80") == "10.0.0.3"
+
+
+def test_a_stall_on_sockets_that_moved_bytes_between_samples_is_not_high() -> None:
+    """The sockets look stalled in the snapshot, but they carried bytes since the previous sample: the
+    stall is contradicted, so it is not [high]."""
+    from dataclasses import replace
+
+    from app.model import ProgressCounters
+
+    stalls = {("node03", "node01"): RETRANSMIT, ("node03", "node02"): RETRANSMIT,
+              ("node01", "node03"): UNACKED, ("node02", "node03"): UNACKED}
+
+    def sample(at: float, sent: int) -> list:  # `sent`: bytes so far on node03's sockets, the named node
+        return [replace(r, master_port=1, counters=ProgressCounters(at=at, utime=1.0, stime=0.0),
+                        sockets=tuple(replace(s, bytes_acked=sent if r.node == "node03" else 100,
+                                              bytes_received=sent if r.node == "node03" else 100)
+                                      for s in r.sockets))
+                for r in mesh(stalls)]
+
+    still = analyze(snapshot(sample(11.0, 100), nodes(), taken_at=11.0),
+                    history=[snapshot(sample(10.0, 100), nodes(), taken_at=10.0)])
+    assert still.findings[0].kind == "network_stall" and still.findings[0].confidence == "high"
+    moved = analyze(snapshot(sample(11.0, 900), nodes(), taken_at=11.0),
+                    history=[snapshot(sample(10.0, 100), nodes(), taken_at=10.0)])
+    assert not any(f.kind == "progressing" for f in moved.findings), "only node03's ranks moved"
+    f = next(f for f in moved.findings if f.kind == "network_stall")
+    assert f.confidence == "medium" and "sockets of ranks on node03 moved bytes" in f.reason

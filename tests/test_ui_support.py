@@ -9,6 +9,8 @@ they are loaded from tests/data/*.json next to it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Iterable, List, Literal, Optional, Sequence, Tuple
 
 from app.model import (CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot,
@@ -135,7 +137,7 @@ def with_hostile_names(snap: Snapshot) -> Snapshot:
                     locals=(Local("s", "[/]\x1b[31mred\x1b[0m" + "A" * 10_000),))
         name = "N" * 10_000
         threads = (ThreadStack(main.tid, name=name, frames=(bad,) + main.frames, is_main=True),) + r.threads[1:]
-        return RankSnapshot(**{**r.__dict__, "threads": threads, "cmdline": ("[bold]x[/", "\x1b]0;x\x07"),
+        return dataclasses.replace(r, **{"threads": threads, "cmdline": ("[bold]x[/", "\x1b]0;x\x07"),
                                "env": (("RANK", "[red]0"),)})
     return Snapshot(**{**snap.__dict__, "ranks": tuple(hostile(r) for r in snap.ranks)})
 

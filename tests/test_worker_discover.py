@@ -100,9 +100,13 @@ def test_psutil_and_procfs_find_the_same_ranks() -> None:
             assert w.hello["psutil"] and not wi.hello["psutil"]
             a, _ = discover_all(w)
             b, _ = discover_all(wi)
+            moving = ("cpu_time", "counters")  # read at different moments: they move (slow vs stuck)
             for pid in (t0.pid, t1.pid):
-                assert {k: v for k, v in a[pid].items() if k != "cpu_time"} == \
-                    {k: v for k, v in b[pid].items() if k != "cpu_time"}
+                assert {k: v for k, v in a[pid].items() if k not in moving} == \
+                    {k: v for k, v in b[pid].items() if k not in moving}
+                assert set(a[pid]["counters"]) == set(b[pid]["counters"]), "the same counters either way"
+                assert a[pid]["counters"]["cgroup"] == b[pid]["counters"]["cgroup"] or \
+                    a[pid]["counters"]["cgroup"]["path"] == b[pid]["counters"]["cgroup"]["path"]
 
 
 def test_a_process_gone_mid_scan_is_gone_for_both_sources() -> None:

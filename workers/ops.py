@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import discover as discovery
 from workers import procinfo
-from workers.collect import flight, gpus, pyspy, runas, sockets, traced
+from workers.collect import flight, gpus, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import error_dict
 from workers.request import Cancelled, OpError, Request
@@ -88,6 +88,7 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
                 ss_by_ns[netns] = _ss(req, rank["pid"], netns)
                 tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
         rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
+        rank["counters"] = progress.collect(rank["pid"])  # what moves between samples (slow vs stuck)
         emit(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
 

@@ -28,6 +28,7 @@ Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
     discover  {"pids": [int] | None}              -> item per rank: RankInfo dict (see workers/discover.py),
                                                      with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
+                                                     and "counters": {...} (workers/collect/progress.py)
                                                   -> done {"count", "scanned", "unreadable", "notes": [str]}
     dump      {"targets": [{"pid", "start_time"}], "native": bool, "locals": bool,
                "nonblocking": bool, "timeout": float, "concurrency": int | None,

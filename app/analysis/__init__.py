@@ -7,8 +7,10 @@ Import contract: nothing under app/analysis imports textual, asyncssh, app.trans
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
@@ -21,9 +23,10 @@ from app.analysis.locks import lock_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.options import AnalysisOptions
-from app.analysis.progress import RankProgress, progress_findings, track, while_progressing
+from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
+from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
-from app.model import Frame, Snapshot, to_dict
+from app.model import Frame, RankSnapshot, Snapshot, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
            "RankProgress", "analyze"]
@@ -100,6 +103,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     classes = grouping.classes
     tree = build_tree(classes, options)
     splits = split_iterations(grouping)
+    if snapshot.options.locals:
+        splits = tuple(dataclasses.replace(s, locals_collected=True) if s.locals_missing else s for s in splits)
 
     findings: List[Finding] = stack_findings(classes)
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
@@ -138,17 +143,29 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     if history:
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
-        findings = while_progressing(findings)
+        findings += slow_nodes(progress)
     if same_place and (gap is None or not peers):
         # (with ranks missing on a node the hosts list leaves out, the ranks here wait for those: no puzzle)
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
-                                          sockets=any(rank_facts.sockets)))
+                                          sockets=any(rank_facts.sockets), locals_collected=snapshot.options.locals,
+                                          moving=any(p.net_bytes for p in progress),
+                                          explained=any(f.culprit and f.confidence == "high" for f in findings),
+                                          ddp=classes[0].collective is None and _ddp_wait(ranks, classes[0],
+                                                                                          options)))
+    if history:
+        findings = contradicted_stalls(while_progressing(findings), progress)
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)
     return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
                     len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)
+
+
+def _ddp_wait(ranks: Sequence[RankSnapshot], c: StackClass, options: AnalysisOptions) -> bool:
+    """Whether the class waits for DDP's gradient all_reduce inside backward (judged on a few members)."""
+    members = set(c.ranks[:8])
+    return ddp_backward_wait(list(islice((r for r in ranks if (r.node, r.pid) in members), 8)), options)
 
 
 def _no_data(snapshot: Snapshot) -> Finding:
@@ -168,7 +185,10 @@ def _verdict(findings: Sequence[Finding]) -> str:
         return "Nothing stands out."
     top = findings[0]
     title = top.title[:1].upper() + top.title[1:]
-    if top.kind == "progressing" or not top.culprit:
+    if top.kind == "progressing":
+        slow = [f for f in findings if f.kind == "slow_node"]
+        return f"{title}; " + "; ".join(f.title for f in slow) + "." if slow else f"{title}."
+    if not top.culprit:
         if top.kind == "dump_failed":
             return f"No culprit found, and the picture is incomplete: {top.title}."
         return f"{title}."

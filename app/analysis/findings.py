@@ -16,6 +16,7 @@ from app.analysis.tree import StackClass
 FindingKind = Literal[
     "progressing",  # samples over time show ranks moving: not hung
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
+    "slow_node",  # a node's ranks are held back (CPU throttling, run-queue wait, caught outside the collective)
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
     "iteration_split",  # same place, different loop iteration
@@ -171,22 +172,41 @@ def _parting(c: StackClass, d: StackClass, k: int) -> str:
 
 
 def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, history: bool,
-                      incomplete: bool = False, sockets: bool = True) -> Finding:
-    """Every rank at the same place: say so, and where the answer can come from instead."""
-    at = f"wait in `{c.collective}`" if c.collective else f"are {where(c)}"
+                      incomplete: bool = False, sockets: bool = True, locals_collected: bool = False,
+                      moving: bool = False, explained: bool = False, ddp: bool = False) -> Finding:
+    """Every rank at the same place: say so, and where the answer can come from instead. "Check the links" is
+    advice for when nothing else explains it (`explained`: a [high] culprit finding does), never [high]: sockets
+    that move bytes between samples (`moving`) say the links work."""
+    if c.collective:
+        at = f"wait in `{c.collective}`"
+    elif ddp:  # DDP's all_reduce runs inside autograd's engine: no torch.distributed frame shows
+        at = f"wait in DDP's gradient all_reduce, inside `backward`, {where(c)}"
+    else:
+        at = f"are {where(c)}"
     who = f"all {c.size} ranks" + (" with stacks" if incomplete else "")
     title = f"{who} {at} at the same place: stacks cannot tell the culprit"
     hints = []
+    conf: Confidence = "high"
     if network:
         hints.append("the network finding names the node whose sockets stall")
+    elif moving:
+        hints.append("their sockets moved bytes between samples: the links work")
+    elif explained:
+        hints.append("the findings above say what they wait for")
     elif sockets:
-        hints.append("no socket shows a stall; check the links between the nodes (ss -tinpo on each)")
+        hints.append("no socket shows a stall; if nothing else explains the hang, check the links between the "
+                     "nodes (ss -tinpo on each)")
+        conf = "medium"
     else:
         hints.append("no socket data was collected; check the links between the nodes (ss -tinpo on each)")
-    if locals_missing:
+        conf = "medium"
+    if locals_missing and not locals_collected:
         hints.append("run with --locals to tell loop iterations apart")
+    elif locals_missing:
+        hints.append("their loop variables could not be read, so an iteration difference would not show")
     if not history:
         hints.append("take samples over time (--watch) to see whether ranks progress")
     return Finding("all_identical", title, f"{c.label} share one stack; " + "; ".join(hints) + ".",
-                   "high", "every rank's stack and loop iteration are identical",
+                   conf, "every rank's stack and loop iteration are identical"
+                   + ("" if conf == "high" else "; the advice is a guess, no evidence points at the network"),
                    c.ranks, c.label, c.nodes, culprit=False, class_index=c.index)

@@ -95,6 +95,8 @@ def _collective(function: str, filename: str, native: bool) -> Optional[str]:
         name = function.replace("(anonymous namespace)", "").split("(", 1)[0].lower()
         if not any(ns in name for ns in _NATIVE_NAMESPACES):
             return None
+        if "c10d::reducer::" in name:
+            return "all_reduce"  # DDP's Reducer: the gradient buckets' all_reduce, run from autograd's engine
         last = name.rsplit("::", 1)[-1].replace("_", "")
         for token, collective, prefix_only in _NATIVE_TOKENS:
             if last.startswith(token) if prefix_only else token in last:
@@ -113,6 +115,28 @@ def path_collective(frames: Sequence[Frame]) -> Tuple[Optional[str], Optional[Fr
         if name is not None:
             return name, frame
     return None, None
+
+
+# Autograd's entry points: a rank of a DDP job waits in them for its gradient all_reduce (the Reducer runs it
+# from autograd's C++ engine, under `Tensor.backward`, where no torch.distributed Python frame shows).
+_BACKWARD = (("torch/_tensor.py", "backward"), ("torch/autograd/__init__.py", "backward"),
+             ("torch/autograd/graph.py", "_engine_run_backward"))
+
+
+def in_backward(frames: Sequence[Frame]) -> bool:
+    """Whether a path runs autograd's backward (a Python frame of torch's, or the C++ engine natively)."""
+    for frame in frames:
+        name = frame.filename.replace("\\", "/")
+        if any(name.endswith(f) and bare_name(frame.function) == fn for f, fn in _BACKWARD):
+            return True
+        if frame.native and "torch::autograd::engine" in frame.function.lower():
+            return True
+    return False
+
+
+def ddp_reducer(frames: Sequence[Frame]) -> bool:
+    """Whether a native path shows DDP's Reducer (c10d::Reducer), which runs the gradient all_reduce."""
+    return any(frame.native and "c10d::Reducer::" in frame.function for frame in frames)
 
 
 _LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d|^<frozen |^<built-in")

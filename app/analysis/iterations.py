@@ -49,6 +49,7 @@ class IterationSplit:
     groups: Tuple[IterationGroup, ...]  # largest first
     varying: Tuple[str, ...] = ()  # names whose value differs between groups
     locals_missing: bool = False  # loops on the path, but no loop variable values were collected
+    locals_collected: bool = False  # the dump asked for locals (then missing values were not readable)
 
     @property
     def split(self) -> bool:
@@ -57,7 +58,8 @@ class IterationSplit:
     def text(self) -> str:
         """`step=1203: ranks 0-6; step=1204: rank 7`."""
         if self.locals_missing:
-            return "no loop variable values (run with --locals)"
+            return "no readable loop variable values" if self.locals_collected else \
+                "no loop variable values (run with --locals)"
         return "; ".join(f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups)
 
 
@@ -201,14 +203,20 @@ def _loop_place(frame: Frame, name: Optional[str]) -> str:
 
 
 def locals_missing_finding(split: IterationSplit, locals_collected: bool, label: str) -> Finding:
-    """Loops on the path but no values: say how to get them."""
-    loop = next((lp for f in split.loops for lp in f.loops), None)
+    """Loops on the path but no values: say how to get them, or, with --locals on, why there are none."""
+    loop_frame = next((f for f in split.loops if f.loops), None)
+    loop = loop_frame.loops[0] if loop_frame is not None else None
     where = f" (`{clean(loop.header.strip().rstrip(':'), 100)}`)" if loop else ""
     if locals_collected:
         detail = f"the path of {label} runs in loops{where}, but no loop variable had a readable value"
-    else:
-        detail = (f"the path of {label} runs in loops{where}; run with --locals to tell loop iterations apart "
-                  "(ranks one iteration apart show identical stacks)")
-    return Finding("no_locals", "loop iterations unknown" + ("" if locals_collected else ": run with --locals"),
-                   detail + ".", "high", "without loop variable values, identical stacks may hide an iteration "
-                   "difference", culprit=False, class_index=split.class_index)
+        if loop_frame is not None and loop_frame.function == "<module>":
+            detail += ("; the loop runs at module level, where its counters are globals, which py-spy's --locals "
+                       "does not read; the counters between samples (CPU, socket bytes) tell whether ranks move")
+        return Finding("no_locals", "loop iterations unknown: the loop variables were not readable", detail + ".",
+                       "low", "locals were collected; an iteration difference between ranks cannot show",
+                       culprit=False, class_index=split.class_index)
+    detail = (f"the path of {label} runs in loops{where}; run with --locals to tell loop iterations apart "
+              "(ranks one iteration apart show identical stacks)")
+    return Finding("no_locals", "loop iterations unknown: run with --locals", detail + ".", "high",
+                   "without loop variable values, identical stacks may hide an iteration difference",
+                   culprit=False, class_index=split.class_index)

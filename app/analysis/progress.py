@@ -1,27 +1,38 @@
-"""Progress over time: from samples of the same job, each rank is stuck, progressing or gone.
+"""Progress over time: from samples of the same job, each rank is stuck, progressing or gone, and which node
+is slow.
 
-A rank is keyed by (node, pid, start_time) so that a reused pid is a new rank. Its signature in a sample is
-its selected thread's frames (function, file, line) with their loop iteration values; `stuck` means the
-signature has not changed for `stuck_samples` samples in a row. CPU time consumed between the last two
-samples tells a stuck rank that spins from one that sleeps.
+A rank is keyed by (node, pid, start_time) so that a reused pid is a new rank. Progress is measured by what
+moves, not by what a stack looks like: a running job spends most of each step in the same frame, so two
+samples of it look alike. Between two samples a rank progresses when bytes moved on its TCP sockets to its
+peers (its store connection left out: a rank polling the store for a missing peer moves bytes and gets
+nowhere), when it wrote output or storage, or when its stack or loop iteration changed. CPU time and context
+switches alone say the rank works, not that it gets anywhere (a rank spinning in an endless loop works too).
+`stuck` means none of that moved and the stack has not changed for `stuck_samples` samples in a row.
+Old snapshots without counters (RankSnapshot.counters) fall back to the stacks and /proc's CPU time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import Dict, List, Literal, Optional, Sequence, Tuple
+from statistics import median
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
-from app.analysis.findings import Finding
+from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import describe_keys, fold_nodes, short_keys
+from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
-from app.model import RankSnapshot, Snapshot
+from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 
 Status = Literal["stuck", "progressing", "gone", "unknown"]
 Activity = Literal["spinning", "sleeping", "busy", "unknown"]
 ProgressKey = Tuple[str, int, int]  # (node, pid, start_time)
 
 _signature_part = attrgetter("function", "filename", "line", "iteration")
+
+THROTTLED_SHARE = 0.05  # a cgroup held back this share of the wall time or more is throttled
+RUN_WAIT_SHARE = 0.25  # runnable but waiting for a CPU this share of the time: the node is short of CPU
+RUN_WAIT_RATIO = 3.0  # ... and this many times more than the ranks of the other nodes
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,19 @@ class RankProgress:
     samples: int = 0  # samples in the current unchanged run
     cpu: Optional[float] = None  # share of one core used between the last two samples
     activity: Activity = "unknown"
+    # Between the last two samples, from the counters (None where they were not read):
+    moved: Tuple[str, ...] = ()  # what moved, in words: "sockets 1.2 MB", "output 300 B", "stack"
+    net_bytes: Optional[int] = None  # bytes sent and received on its sockets to peers (not the store)
+    store_bytes: Optional[int] = None  # ... on its connections to the job's store (MASTER_PORT)
+    ctx_switches: Optional[int] = None
+    io_bytes: Optional[int] = None  # storage read/write and output written
+    # Over all samples with counters (the first to the latest):
+    run_wait: Optional[float] = None  # share of the time runnable but waiting for a CPU (schedstat)
+    throttled: Optional[float] = None  # share of the time its cgroup was CPU-throttled (cpu.stat)
+    cgroup: str = ""  # the cgroup that limits its CPU, with the limit: "/slow (10% of a CPU)"
+    outside: int = 0  # samples in which its main thread was outside any collective
+    inside: int = 0  # samples in which it waited in one (DDP's backward counted when it is DDP's)
+    running: int = 0  # samples in which its state was R (on or waiting for a CPU)
 
 
 def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
@@ -43,6 +67,112 @@ def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
     if t is None or not t.frames:
         return None
     return tuple(map(_signature_part, t.frames))
+
+
+def _port(endpoint: str) -> Optional[int]:
+    tail = endpoint.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _store_socket(s: TcpSocket, master_port: Optional[int]) -> bool:
+    return master_port is not None and master_port in (_port(s.local), _port(s.peer))
+
+
+def socket_bytes(before: RankSnapshot, after: RankSnapshot) -> Tuple[Optional[int], Optional[int]]:
+    """(bytes to peers, bytes to the store) that moved on the rank's TCP sockets between two samples; None
+    when the counters are unknown (an old snapshot, a kernel without them)."""
+    old = {(s.local, s.peer): s for s in before.sockets}
+    peers = store = None
+    for s in after.sockets:
+        if s.state == "LISTEN" or s.bytes_acked is None or s.bytes_received is None:
+            continue
+        o = old.get((s.local, s.peer))
+        if o is not None and (o.bytes_acked is None or o.bytes_received is None):
+            continue
+        moved = s.bytes_acked + s.bytes_received - ((o.bytes_acked or 0) + (o.bytes_received or 0) if o else 0)
+        moved = max(0, moved)
+        if _store_socket(s, after.master_port):
+            store = (store or 0) + moved
+        else:
+            peers = (peers or 0) + moved
+    return peers, store
+
+
+ACTIVE_MS = 2000  # a socket that sent or received within this many milliseconds is in use
+
+
+def sockets_active(rank: RankSnapshot) -> bool:
+    """Whether the rank's connections to its peers (not the store) carried data in the last ACTIVE_MS, from
+    tcp_info's last send/receive times: in use now, in one snapshot."""
+    for s in rank.sockets:
+        if s.state != "ESTABLISHED" or _store_socket(s, rank.master_port):
+            continue
+        if any(ms is not None and ms < ACTIVE_MS for ms in (s.last_send_ms, s.last_recv_ms)):
+            return True
+    return False
+
+
+def ddp_backward_wait(ranks: Sequence[RankSnapshot], options: AnalysisOptions = AnalysisOptions()) -> bool:
+    """Whether these ranks (one class: the same path) wait for DDP's gradient all_reduce inside backward: the
+    path runs autograd's backward and the Reducer shows natively or their sockets to the peers are in use."""
+    return bool(ranks) and all(_in_collective(r, options, sockets_active(r)) for r in ranks[:8])
+
+
+def _cpu_seconds(c: ProgressCounters) -> Optional[float]:
+    return c.utime + c.stime if c.utime is not None and c.stime is not None else None
+
+
+def _diff(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return b - a if a is not None and b is not None and b >= a else None
+
+
+def _sum(*values: Optional[int]) -> Optional[int]:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n = n / 1000  # type: ignore[assignment]
+    return f"{n} B"
+
+
+_PathFlags = Tuple[bool, bool]  # (waits in a collective, in autograd's backward without the Reducer showing)
+
+
+def _path_flags(path: Tuple, cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> _PathFlags:
+    """What a thread's path says about collectives, once per interned path (ThreadStack.path: ranks at the same
+    place share one tuple), not once per rank and sample."""
+    if cache is not None:
+        hit = cache.get(id(path))
+        if hit is not None and hit[0] is path:
+            return hit[1]
+    frames = tuple(reversed(path))  # outermost first
+    if path_collective(frames)[0] is not None or ddp_reducer(frames):
+        flags = (True, False)
+    else:
+        flags = (False, in_backward(frames))
+    if cache is not None:
+        cache[id(path)] = (path, flags)  # the path is kept alive with its id, so the id cannot be reused
+    return flags
+
+
+def _in_collective(rank: RankSnapshot, options: AnalysisOptions, sockets_active: Any,
+                   cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> Optional[bool]:
+    """Whether the rank's thread waits in a collective: torch.distributed's own frames, or autograd's backward
+    when it is DDP's (its Reducer shows natively, or its sockets to the peers move). `sockets_active`: a bool,
+    or a function asked only when the answer depends on it."""
+    t = selector(options)(rank)
+    if t is None or not t.frames:
+        return None
+    collective, backward = _path_flags(t.path, cache)
+    if collective:
+        return True
+    if not backward:
+        return False
+    return bool(sockets_active() if callable(sockets_active) else sockets_active)
 
 
 def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOptions()) -> Tuple[RankProgress, ...]:
@@ -58,6 +188,7 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
                 (snap.taken_at, _signature(r, options), r.cpu_time, r))
     latest = ordered[-1].taken_at
     out = []
+    flags: Dict[int, Tuple[Tuple, _PathFlags]] = {}
     for key, history in seen.items():
         when, sig, _, rank = history[-1]
         if when != latest:
@@ -71,17 +202,95 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
         cpu: Optional[float] = None
         if len(history) >= 2 and history[-1][0] > history[-2][0]:
             cpu = max(0.0, (history[-1][2] - history[-2][2]) / (history[-1][0] - history[-2][0]))
-        if sig is None:
+        moves = _moves(history[-2][3], rank) if len(history) >= 2 else {}
+        if moves.get("cpu") is not None:
+            cpu = moves["cpu"]
+        moved = tuple(moves.get("moved", ()))
+        if run > 1 and moved:
+            run, since = 1, when  # it moved since the previous sample: its unchanged run starts now
+        if len(history) > 1 and history[-2][1] != sig and sig is not None and history[-2][1] is not None:
+            moved = ("stack",) + moved
+        if sig is None and not moves:
             status: Status = "unknown"
-        elif run >= options.stuck_samples:
+        elif moved:
+            status = "progressing"  # bytes moved, output written, or the stack or iteration changed
+        elif sig is not None and run >= options.stuck_samples:
             status = "stuck"
-        elif len(history) > run and history[-1 - run][1] is not None:
-            status = "progressing"  # the stack or iteration changed since the previous sample
+        elif sig is None and len(history) >= options.stuck_samples:
+            status = "stuck"  # no stack, but counters that did not move
         else:
             status = "unknown"  # not enough samples yet
-        out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options)))
+        out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options),
+                                moved=moved, net_bytes=moves.get("net"), store_bytes=moves.get("store"),
+                                ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
+                                **_window([h[3] for h in history], options, flags)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
+
+
+def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
+    """What moved in a rank between two samples, from its counters; {} without them."""
+    a, b = before.counters, after.counters
+    if a is None or b is None or b.at <= a.at:
+        return {}
+    dt = b.at - a.at
+    out: dict = {}
+    ca, cb = _cpu_seconds(a), _cpu_seconds(b)
+    if ca is not None and cb is not None:
+        out["cpu"] = max(0.0, cb - ca) / dt
+    out["ctx"] = _sum(_diff(a.voluntary_ctxt, b.voluntary_ctxt), _diff(a.nonvoluntary_ctxt, b.nonvoluntary_ctxt))
+    storage = _sum(_diff(a.read_bytes, b.read_bytes), _diff(a.write_bytes, b.write_bytes))
+    log = _diff(a.log_bytes, b.log_bytes)
+    out["io"] = _sum(storage, log)
+    out["net"], out["store"] = socket_bytes(before, after)
+    moved = []
+    if out["net"]:
+        moved.append(f"sockets {_size(out['net'])}")
+    if log:
+        moved.append(f"output {_size(log)}")
+    if storage:
+        moved.append(f"storage {_size(storage)}")
+    out["moved"] = moved
+    return out
+
+
+def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
+            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> dict:
+    """Over every sample of one rank: run-queue wait and throttling shares, where its thread was."""
+    with_counters = [r for r in ranks if r.counters is not None]
+    out: dict = {}
+    if len(with_counters) >= 2:
+        a, b = with_counters[0].counters, with_counters[-1].counters
+        assert a is not None and b is not None
+        dt = b.at - a.at
+        if dt > 0:
+            wait = _diff(a.wait_ns, b.wait_ns)
+            out["run_wait"] = wait / 1e9 / dt if wait is not None else None
+            if a.cgroup is not None and b.cgroup is not None and a.cgroup.path == b.cgroup.path:
+                throttled = _diff(a.cgroup.throttled_us, b.cgroup.throttled_us)
+                periods = _diff(a.cgroup.nr_throttled, b.cgroup.nr_throttled)
+                if throttled is not None and periods:
+                    out["throttled"] = throttled / 1e6 / dt
+                elif throttled is not None:
+                    out["throttled"] = 0.0
+        cg = b.cgroup
+        if cg is not None and cg.quota_us and cg.period_us:
+            out["cgroup"] = clean(f"{cg.path} ({cg.quota_us / cg.period_us:.0%} of a CPU)", 200)
+    inside = outside = running = 0
+    for before, after in zip((None,) + tuple(ranks[:-1]), ranks):
+        def active(before: Optional[RankSnapshot] = before, after: RankSnapshot = after) -> bool:
+            moved = before is not None and (socket_bytes(before, after)[0] or 0) > 0
+            return moved or sockets_active(after)
+
+        where = _in_collective(after, options, active, cache)
+        if where is True:
+            inside += 1
+        elif where is False:
+            outside += 1
+        state = after.counters.state if after.counters is not None else after.state
+        running += state == "R"
+    out.update(inside=inside, outside=outside, running=running)
+    return out
 
 
 def _activity(cpu: Optional[float], options: AnalysisOptions) -> Activity:
@@ -107,37 +316,174 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
                            "since an earlier sample", "a rank that exits leaves the others waiting for it forever",
                            "high", "the process was seen before and is no longer there", keys,
                            describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
+    # stuck ranks that used CPU between samples are working, not asleep: "stuck" is then only their stack
+    working = [p for p in stuck if p.cpu is not None and p.activity in ("busy", "spinning")]
+    counted = any(p.moved and p.moved != ("stack",) for p in moving)
     if moving and (not stuck or len(moving) > len(stuck)):
         keys, numbers = _keys(moving)
-        out.append(Finding("progressing", f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} "
-                           "ranks changed stack or iteration between samples; it is not hung",
-                           "stacks or loop iterations differ from one sample to the next"
-                           + (f"; {len(stuck)} ranks did not change" if stuck else ""), "high" if not stuck else
-                           "medium", "ranks were seen moving", keys, describe_keys(keys, numbers),
-                           fold_nodes(k[0] for k in keys), culprit=False))
+        if counted:
+            what = _evidence(moving)
+            title = (f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} ranks moved between "
+                     f"samples ({what}); it is not hung")
+            detail = "bytes moved on the ranks' sockets, output was written, or stacks changed between samples"
+        else:
+            title = (f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} ranks changed stack or "
+                     "iteration between samples; it is not hung")
+            detail = "stacks or loop iterations differ from one sample to the next"
+        out.append(Finding("progressing", title, detail + (f"; {len(stuck)} ranks did not change" if stuck else ""),
+                           "high" if not stuck else "medium", "ranks were seen moving", keys,
+                           describe_keys(keys, numbers), fold_nodes(k[0] for k in keys), culprit=False))
     elif moving and stuck:
         keys, numbers = _keys(moving)
+        conf: Confidence = "high" if len(moving) * 3 <= len(stuck) else "medium"
+        reason = "seen moving between samples"
+        if working:
+            conf = "medium" if conf == "high" else "low"
+            reason += (f"; but {len(working)} of the {len(stuck)} ranks called stuck used CPU between samples "
+                       "(they work, if not on the same step)")
         out.append(Finding("still_running", f"{short_keys(keys, numbers)} still {'changes' if len(moving) == 1 else 'change'}"
                            f" between samples while {len(stuck)} others are stuck",
                            "a rank that keeps running while the rest wait is usually the one they wait for "
-                           "(a slow data loader, an extra iteration, an endless loop)", "high"
-                           if len(moving) * 3 <= len(stuck) else "medium", "seen moving between samples",
+                           "(a slow data loader, an extra iteration, an endless loop)", conf, reason,
                            keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
+    return out
+
+
+def _evidence(moving: Sequence[RankProgress]) -> str:
+    """`sockets moved 2.1 MB on 8 ranks, 3 changed stack` for the progressing headline."""
+    net = [p.net_bytes for p in moving if p.net_bytes]
+    parts = []
+    if net:
+        parts.append(f"sockets moved {_size(sum(net))} on {len(net)}")
+    out = sum(1 for p in moving if any(m.startswith(("output", "storage")) for m in p.moved))
+    if out:
+        parts.append(f"{out} wrote output")
+    stack = sum(1 for p in moving if "stack" in p.moved)
+    if stack:
+        parts.append(f"{stack} changed stack")
+    return ", ".join(parts) or "counters moved"
+
+
+def _strong(why: Tuple[str, str]) -> bool:
+    return "(cpu.stat)" in why[1] or "(schedstat)" in why[1]
+
+
+def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
+    """Nodes whose ranks are held back: their cgroup throttles them, they wait for a CPU far longer than the
+    other nodes' ranks, or they are caught outside the collective (running) while the others wait in it."""
+    live = [p for p in progress if p.status != "gone"]
+    nodes = sorted({p.node for p in live})
+    if len(nodes) < 2:
+        return []
+    by_node: Dict[str, List[RankProgress]] = {n: [] for n in nodes}
+    for p in live:
+        by_node[p.node].append(p)
+    # per node, once (the other nodes' figures are the totals less the node's: linear in ranks, not quadratic)
+    wait_median = {n: median(w) for n, rs in by_node.items()
+                   for w in [[p.run_wait for p in rs if p.run_wait is not None]] if w}
+    seen_in = {n: sum(p.inside for p in rs if p.inside + p.outside >= 2) for n, rs in by_node.items()}
+    seen_all = {n: sum(p.inside + p.outside for p in rs if p.inside + p.outside >= 2) for n, rs in by_node.items()}
+    seen_out = {n: seen_all[n] - seen_in[n] for n in nodes}
+    samples = {n: sum(p.inside + p.outside for p in rs) for n, rs in by_node.items()}
+    running = {n: sum(p.running for p in rs) for n, rs in by_node.items()}
+    total_in, total_all = sum(seen_in.values()), sum(seen_all.values())
+    total_samples, total_running = sum(samples.values()), sum(running.values())
+    evidence: Dict[str, List[Tuple[str, str]]] = {}
+    strong: Dict[str, int] = {}
+    for node, ranks in by_node.items():
+        why = []
+        score = 0
+        throttled = [p for p in ranks if p.throttled is not None and p.throttled >= THROTTLED_SHARE]
+        if throttled and len(throttled) * 2 >= len(ranks):
+            worst = max(throttled, key=lambda p: p.throttled or 0.0)
+            limit = f" {worst.cgroup}" if worst.cgroup else ""
+            why.append(("its ranks are CPU-throttled by their cgroup",
+                        f"its ranks' cgroup{limit} was CPU-throttled {worst.throttled:.0%} of the time between "
+                        "samples (cpu.stat)"))
+            score += 2
+        others = [m for n, m in wait_median.items() if n != node]
+        if node in wait_median and others:
+            mine, theirs = wait_median[node], median(others)
+            if mine >= RUN_WAIT_SHARE and mine >= RUN_WAIT_RATIO * max(theirs, 0.01):
+                why.append(("its ranks wait for a CPU", f"its ranks waited for a CPU {mine:.0%} of the time, "
+                            f"the other nodes' {theirs:.0%} (schedstat)"))
+                score += 2
+        other_all = total_all - seen_all[node]
+        if seen_all[node] and other_all:
+            out_share = seen_out[node] / seen_all[node]
+            other_in = (total_in - seen_in[node]) / other_all
+            if out_share >= 0.6 and other_in >= 0.6:
+                why.append(("its ranks compute while the others wait for them",
+                            f"its ranks were caught outside the collective in {out_share:.0%} of samples while "
+                            f"the others waited in it in {other_in:.0%}"))
+                score += 1
+        other_samples = total_samples - samples[node]
+        if samples[node] >= 2 and other_samples >= 2:
+            r_share = running[node] / samples[node]
+            other_r = (total_running - running[node]) / other_samples
+            if r_share >= 0.6 and other_r <= 0.25:
+                why.append(("its ranks are busy while the others sleep",
+                            f"its ranks were running (state R) in {r_share:.0%} of samples, the others' in "
+                            f"{other_r:.0%}"))
+                score += 1
+        if why:
+            evidence[node], strong[node] = why, score
+    # The counters (throttling, run-queue wait) are evidence on their own; where ranks were caught and in which
+    # state is not, with few samples: a running job's ranks are caught anywhere. Both of those, over 4 samples
+    # or more, are.
+    slow = [n for n in evidence if strong[n] >= 2 and (any(_strong(w) for w in evidence[n]) or
+                                                       min(p.inside + p.outside for p in by_node[n]) >= 4)]
+    if not slow or len(slow) * 2 > len(nodes):
+        return []  # most nodes alike: nothing stands out, or the whole job is short of CPU
+    out = []
+    for node in slow:
+        ranks = by_node[node]
+        keys, numbers = _keys(ranks)
+        conf: Confidence = "high" if strong[node] >= 3 else "medium"
+        out.append(Finding("slow_node", f"{node} is slow: {evidence[node][0][0]}",
+                           "; ".join(long for _, long in evidence[node]) + ". The other ranks wait for its ranks at every collective, "
+                           "so the whole job runs at its pace.", conf,
+                           "counters read on the node between samples" + ("" if conf == "high" else
+                                                                         "; one kind of evidence"),
+                           keys, describe_keys(keys, numbers), node))
     return out
 
 
 # Culprit findings read off one sample's stacks: in a job that moves, ranks caught at different places (one in
 # its data loader, the rest in all_reduce; one a step ahead) are the normal state of a running job, not a lead.
 _SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split", "collective_lag"})
+# Notes that read a stall into one sample: every rank at one place ("check the links"), sockets that look
+# stalled. Sockets that move bytes between samples contradict both.
+_STALL_KINDS = frozenset({"all_identical", "network_stall"})
 
 
 def while_progressing(findings: Sequence[Finding]) -> List[Finding]:
     """When the samples show the job progressing, findings from one sample's stacks become low-confidence."""
     if not any(f.kind == "progressing" for f in findings):
         return list(findings)
-    return [replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing, and ranks of a running "
-                    "job are caught at different places") if f.kind in _SNAPSHOT_KINDS and f.culprit else f
-            for f in findings]
+    out = []
+    for f in findings:
+        if f.kind in _SNAPSHOT_KINDS and f.culprit:
+            f = replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing, and ranks of a "
+                        "running job are caught at different places")
+        elif f.kind in _STALL_KINDS:
+            f = replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing between samples")
+        out.append(f)
+    return out
+
+
+def contradicted_stalls(findings: Sequence[Finding], progress: Sequence[RankProgress]) -> List[Finding]:
+    """A network stall named on nodes whose ranks' sockets moved bytes to their peers between samples is
+    contradicted by them: never [high]."""
+    moved = {p.node for p in progress if p.net_bytes}
+    out = []
+    for f in findings:
+        named = set(f.nodes.split(",")) if f.kind == "network_stall" and f.nodes else set()
+        if named and named <= moved and f.confidence == "high":
+            f = replace(f, confidence="medium", reason=f"{f.reason}; but the sockets of ranks on "
+                        f"{fold_nodes(named)} moved bytes to their peers between samples")
+        out.append(f)
+    return out
 
 
 def _keys(ps: Sequence[RankProgress]) -> Tuple[tuple, tuple]:

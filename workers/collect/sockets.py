@@ -20,7 +20,7 @@ from workers import procinfo
 
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
-_SS_INFO = re.compile(r"\b(backoff|lastsnd|lastrcv|lastack):(\d+)")
+_SS_INFO = re.compile(r"\b(backoff|lastsnd|lastrcv|lastack|bytes_acked|bytes_received):(\d+)")
 _SS_RETRANS = re.compile(r"\bretrans:(\d+)/(\d+)")
 
 
@@ -79,7 +79,8 @@ def _socket_row(local: str, peer: str, state: str, send_q: int, recv_q: int, ret
     filled in where they are known."""
     return {"local": local, "peer": peer, "state": state, "send_q": send_q, "recv_q": recv_q,
             "retransmits": retransmits, "backoff": 0, "total_retrans": None,
-            "last_send_ms": None, "last_recv_ms": None, "last_ack_ms": None}
+            "last_send_ms": None, "last_recv_ms": None, "last_ack_ms": None,
+            "bytes_acked": None, "bytes_received": None}
 
 
 def parse_proc_tcp(text: str) -> Dict[int, Dict[str, Any]]:
@@ -155,6 +156,7 @@ def for_pid(pid: int, ss: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None
             row["total_retrans"] = extra.get("retrans")
             row["last_send_ms"], row["last_recv_ms"] = extra.get("lastsnd"), extra.get("lastrcv")
             row["last_ack_ms"] = extra.get("lastack")
+            row["bytes_acked"], row["bytes_received"] = extra.get("bytes_acked"), extra.get("bytes_received")
         out.append(row)
     out.sort(key=lambda r: (r["state"] != "ESTABLISHED", r["local"], r["peer"]))
     return out
@@ -173,6 +175,9 @@ _RTA = struct.Struct("=HH")
 _TCPI_BACKOFF = 4
 _TCPI = struct.Struct("=36xI4xI4xII40xI")  # retrans @36, last_data_sent @44, last_data_recv @52,
 _TCPI_SIZE = 104                            # last_ack_recv @56, total_retrans @100
+# bytes sent and acknowledged, bytes received (u64, Linux >= 4.1/4.2): what tells a socket that moves data
+_TCPI_BYTES = struct.Struct("=QQ")  # tcpi_bytes_acked @120, tcpi_bytes_received @128
+_TCPI_BYTES_AT = 120
 # ss -t without -a leaves these out, so they never got -i details; kept the same here.
 _SS_HIDDEN = {6, 7, 10, 12}  # TIME_WAIT, CLOSE, LISTEN, NEW_SYN_RECV (SYN_RECV minisocks)
 
@@ -235,6 +240,8 @@ def _row(data: bytes, start: int, end: int, rows: Dict[int, Dict[str, Any]]) -> 
             row["total_retrans"] = total if (tretrans or total) else None
             row["last_send_ms"], row["last_recv_ms"] = lastsnd or None, lastrcv or None
             row["last_ack_ms"] = lastack or None
+            if length - _RTA.size >= _TCPI_BYTES_AT + _TCPI_BYTES.size:
+                row["bytes_acked"], row["bytes_received"] = _TCPI_BYTES.unpack_from(data, info + _TCPI_BYTES_AT)
         off += (length + 3) & ~3
     if inode:
         rows[inode] = row
