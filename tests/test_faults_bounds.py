@@ -151,6 +151,36 @@ async def test_asyncssh_login_timer_is_a_deadline_not_maxstartups(listeners) -> 
     assert "n1: 127.0.0.1:" in err.message and "sent no SSH banner within the 3 s connect deadline" in err.message
 
 
+async def test_a_failed_node_is_reconnected_only_when_asked(tmp_path, listeners) -> None:
+    """Headless samples (refresh(reconnect=False)) leave a node that failed to connect alone; the TUI's refresh
+    (the default, which the user asks for) tries it again, within the same deadline."""
+    from app.hosts import parse_hosts
+    from app.session import Session, SessionOptions
+
+    lst = listeners(True)
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    connect_timeout = 1.5
+    hosts = parse_hosts(f"[127.0.0.1]:{lst.port}\n", "t").hosts
+    session = Session(hosts, SessionOptions(connect_timeout=connect_timeout, ssh_config=(str(config),)))
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        snap = await session.snapshot()
+        first = loop.time() - t0
+        (node,) = snap.nodes
+        assert node.state == "failed" and node.error.code == "connect_timeout" and "no SSH banner" in node.error.message
+        assert first <= connect_timeout + 5.0 and len(lst.accepted) == 1
+        t0 = loop.time()
+        again = await session.refresh(reconnect=False)
+        assert loop.time() - t0 < connect_timeout, "no second connect deadline spent"
+        assert len(lst.accepted) == 1 and again.nodes[0].error.message == node.error.message
+        await session.refresh()
+        assert len(lst.accepted) == 2, "an asked-for refresh tries the node again"
+    finally:
+        await session.close()
+
+
 # -- sizes from a node or a file -------------------------------------------------------------------------------
 
 def _snapshot_file(path: Path, world) -> None:

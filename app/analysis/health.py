@@ -114,9 +114,14 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Findin
         world: int = sizes.most_common(1)[0][0]
         if world > MAX_PLAUSIBLE_WORLD or world < 0:
             shown = [r for r in ranks.ranks if r.world_size == world]
+            try:
+                digits = str(world)
+                number = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+            except ValueError:  # more digits than int->str allows (sys.set_int_max_str_digits)
+                number = "(a number of thousands of digits)"
             out.append(Finding(
-                "missing_ranks", f"WORLD_SIZE={world} is not a plausible number of ranks",
-                f"{describe(shown)} report WORLD_SIZE={world}; no job runs that many ranks (the limit taken is "
+                "missing_ranks", f"WORLD_SIZE={number} is not a plausible number of ranks",
+                f"{describe(shown)} report WORLD_SIZE={number}; no job runs that many ranks (the limit taken is "
                 f"{MAX_PLAUSIBLE_WORLD}), so missing ranks are not counted for this job: its environment was "
                 "probably set by hand or by something other than the launcher.", "medium",
                 "the rank count comes from the ranks' environment, which is not plausible here",
