@@ -40,6 +40,7 @@ DEFAULT_MAX_HOSTS = 10000
 MAX_INPUT_BYTES = 32 << 20
 MAX_LINES = 1_000_000  # blank and comment lines included
 MAX_LINE_CHARS = 4096
+MAX_SLOTS = 4096  # ranks expected on one node: the TUI draws a cell for each, so it is bounded too
 MAX_WARNINGS = 20  # duplicate warnings printed one by one; the rest are counted
 Fail = Callable[..., HostsError]  # builds the error for the current line: fail(reason, text=...)
 KEYS = ("slots", "port", "user")
@@ -181,7 +182,7 @@ def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAU
             raise HostsError(source, lineno, _clip(content), f"a line longer than {MAX_LINE_CHARS} characters")
         plain = _PLAIN.fullmatch(content)  # fast path for "name" and "name slots=N", the bulk of big files
         slots = int(plain[2]) if plain and plain[2] else None
-        if plain and slots != 0 and len(plain[1]) <= 253 and not _DOTTED_NUMBERS.fullmatch(plain[1]):
+        if plain and slots != 0 and (slots is None or slots <= MAX_SLOTS) and len(plain[1]) <= 253 and not _DOTTED_NUMBERS.fullmatch(plain[1]):
             host = plain[1]
             out.add(HostSpec(host, host, None, None, slots, source, lineno), (None, host.lower(), None))
         else:
@@ -267,7 +268,7 @@ def _parse_line(content: str, source: str, line: int | None, out: _Collector, op
         opts[key] = value
     if fields[0].partition("=")[0] in KEYS:
         raise fail("a line must start with a host, options come after it")
-    slots = _number(opts["slots"], "slots", fail) if "slots" in opts else None
+    slots = _number(opts["slots"], "slots", fail, MAX_SLOTS) if "slots" in opts else None
     port = _number(opts["port"], "port", fail, 65535) if "port" in opts else None
     user = opts.get("user")
     if user is not None and not _USER.fullmatch(user):
@@ -314,7 +315,7 @@ def _parse_item(item: str, slots: int | None, port: int | None, user: str | None
         if "@" in item:
             item_port = _number(number, "port", fail, 65535)
         else:
-            item_slots = _number(number, "slots", fail, rule=_COLON_RULE)
+            item_slots = _number(number, "slots", fail, MAX_SLOTS, rule=_COLON_RULE)
             if slots is not None:
                 raise fail(f"slots given twice ({_COLON_RULE})", item)
             if item_slots > 1024:

@@ -254,6 +254,29 @@ def test_endless_stdin_is_refused_with_a_message() -> None:
     assert "Traceback" not in res.stderr and elapsed <= MARGIN
 
 
+@pytest.mark.parametrize("line, expect", [
+    ("node01 slots=5000", "slots must be an integer from 1 to 4096, not '5000'"),
+    ("node01:999999999", "slots must be an integer from 1 to 4096, not '999999999' (host:N means N slots"),
+])
+def test_slots_beyond_any_node_are_refused(tmp_path, line, expect) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(line + "\n")
+    res, elapsed = hangscope(str(hosts), "--print", timeout=60)
+    assert res.returncode == 2 and expect in res.stderr, res.stderr
+    assert elapsed <= MARGIN
+
+
+def test_slots_of_a_loaded_node_draw_a_bounded_number_of_cells() -> None:
+    """A snapshot file may say anything: slots=10^12 on a failed node must not become 10^12 grid cells."""
+    from app.ui.grid_model import MAX_EXPECTED_CELLS, build_grid
+
+    snap = Snapshot(taken_at=1.0, nodes=(NodeStatus("n1", state="failed", slots=10 ** 12),
+                                         NodeStatus("n2", state="done", slots=10 ** 12)))
+    grid = build_grid(snap, {}, set())  # unbounded, this would be a MemoryError (or never return)
+    assert [len(row.cells) for row in grid.rows] == [MAX_EXPECTED_CELLS] * 2
+    assert [row.cells[0].kind for row in grid.rows] == ["failed", "missing"]
+
+
 # -- snapshot files ---------------------------------------------------------------------------------------------
 
 def test_dev_zero_as_snapshot_is_refused_at_its_first_bytes() -> None:
