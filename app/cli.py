@@ -1,7 +1,8 @@
 """Command line: argument parsing, the headless modes (--snapshot, --load, summary) and exit codes.
 
-Exit codes: 0 every rank collected, 1 partial (a node failed or a rank could not be dumped), 2 bad input,
-130 interrupted (Ctrl+C). The TUI has its own module; this one only decides which mode runs.
+Exit codes (app.headless.exit_status): 0 every rank collected, 1 partial (a node failed, a rank could not be
+dumped, ranks missing from WORLD_SIZE, a rank gone since an earlier sample), 2 bad input, 3 nothing collected
+(no rank found), 130 interrupted (Ctrl+C); --load: 0 once the file is read and shown. The TUI has its own module; this one only decides which mode runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import List, Optional, Sequence
 from app import __version__
 from app.errors import HangscopeError, InputError
 
-EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 EXAMPLES = """\
 examples:
@@ -35,7 +36,12 @@ examples:
 
 hosts file: one node per line: node01 | node01 slots=8 | node01:8 (8 slots) | user@node01:2222 |
   10.0.0.5 | [fe80::1]:22 | gpu[001-004,010]; '#' comments. ~/.ssh/config and /etc/ssh/ssh_config apply.
-exit codes: 0 all ranks collected, 1 partial, 2 bad input, 130 interrupted
+exit codes: 0 every rank collected; 1 partial (a node failed, a rank not dumped, ranks missing from
+  WORLD_SIZE or gone since an earlier sample); 2 bad input; 3 nothing collected (no rank found);
+  130 interrupted. --load exits 0 once the file is read.
+time: each node's connect and login (TCP, banner, key exchange, authentication, MaxStartups retries) is
+  bounded by --connect-timeout C; nodes connect --fanout F at a time, so N nodes that cannot be reached cost
+  at most ceil(N/F) x C in all; a node that failed to connect is not tried again in later --samples.
 """
 
 
@@ -88,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--accept-new-host-keys", action="store_true",
                      help="add UNKNOWN host keys to ~/.ssh/known_hosts (a CHANGED key is always refused)")
     ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
-    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="connect deadline (10)")
+    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                     help="deadline for each node's whole connect and login: TCP (and any ProxyJump), sshd's "
+                     "banner, key exchange, authentication and MaxStartups retries (10)")
     ssh.add_argument("--python", metavar="PATH", help="the nodes' python3, flags allowed (default: \"python3 -S\": the worker is stdlib-only)")
     ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
     tui = p.add_argument_group("TUI")

@@ -14,7 +14,8 @@ from app.errors import HangscopeError, InputError
 from app.model import (CollectOptions, Snapshot, SnapshotFormatError, snapshot_from_json,
                        snapshot_to_json)
 
-EXIT_OK, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
+MAX_SNAPSHOT_BYTES = 1 << 30  # a snapshot of 100k ranks with locals is a few hundred MB
 
 
 class WriteError(HangscopeError):
@@ -62,7 +63,8 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
                     break
                 history.append(snap)
                 await asyncio.sleep(args.interval)
-                snap = await session.refresh()
+                # a node that failed to connect in the first sample is not tried again: one deadline each
+                snap = await session.refresh(reconnect=False)
             wanted = [(r.node, r.pid) for r in snap.ranks if r.collected]
             if args.strace and wanted:
                 await session.strace(wanted, args.strace)
@@ -102,9 +104,41 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
         print(f"hangscope: report bundle written to {result.directory} ({len(result.paths)} files, "
               f"{redacted} value(s) redacted)" + (f"; {result.tarball}" if result.tarball else ""),
               file=sys.stderr)
+    code, why = exit_status(snap, analysis)
+    if why:
+        print(f"hangscope: {why}", file=sys.stderr)
+    return code
+
+
+def exit_status(snap: Snapshot, analysis) -> tuple:
+    """The exit code of a collection and, unless everything was collected, a line saying why:
+    0 every rank of the job collected; 1 partial (a node failed, a rank not dumped, ranks missing from the job's
+    WORLD_SIZE, or a rank gone since an earlier sample); 3 nothing collected (no rank found at all);
+    130 interrupted."""
     if snap.interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_OK if snap.complete and snap.ranks else EXIT_PARTIAL
+        return EXIT_INTERRUPTED, ""
+    failed = [n.name for n in snap.nodes if n.state in ("failed", "partial")]
+    if not snap.ranks:
+        if failed and len(failed) == len(snap.nodes):
+            return EXIT_NOTHING, (f"nothing was collected: every node failed ({len(failed)} of {len(snap.nodes)})")
+        where = f"{len(snap.nodes) - len(failed)} node(s) answered" if snap.nodes else "nothing was inspected"
+        more = f", {len(failed)} failed" if failed else ""
+        return EXIT_NOTHING, f"nothing was collected: no rank was found ({where}{more})"
+    reasons = []
+    if failed:
+        reasons.append(f"{len(failed)} node(s) failed or were cut short")
+    undumped = sum(1 for r in snap.ranks if not r.collected or r.partial)
+    if undumped:
+        reasons.append(f"{undumped} rank(s) not dumped")
+    reasons += [f.title for f in analysis.findings if f.kind == "missing_ranks"][:3]
+    gone = [p for p in analysis.progress if p.status == "gone"]
+    if gone:
+        reasons.append(f"{len(gone)} rank(s) gone since an earlier sample")
+    if not reasons and not snap.complete:
+        reasons.append("the collection did not finish on every node")
+    if reasons:
+        return EXIT_PARTIAL, "partial: " + "; ".join(_printable(r[:200]) for r in reasons)
+    return EXIT_OK, ""
 
 
 def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False) -> int:
@@ -115,12 +149,24 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
 def load_snapshot(path: str) -> Snapshot:
     """Read a snapshot file; every way it can be wrong is an InputError naming the file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:  # bounded: /dev/zero or a FIFO must not fill the memory
+            data = bytearray()
+            while len(data) <= MAX_SNAPSHOT_BYTES:
+                chunk = f.read(min(16 << 20, MAX_SNAPSHOT_BYTES + 1 - len(data)))
+                if not chunk:
+                    break
+                if not data and not chunk.lstrip()[:1] in (b"{", b""):
+                    raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
+                data += chunk
     except OSError as exc:
         raise InputError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not a hangscope snapshot (not UTF-8 text)") from exc
+    del data
     try:
         snap, _ = snapshot_from_json(text)
     except SnapshotFormatError as exc:

@@ -35,6 +35,13 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 from app.errors import HostsError
 
 DEFAULT_MAX_HOSTS = 10000
+# Hosts input is read bounded: `hangscope /dev/zero` or `yes node1 | hangscope -` must end in a message, not
+# in all of the memory. 100,000 nodes with comments and options fit many times over.
+MAX_INPUT_BYTES = 32 << 20
+MAX_LINES = 1_000_000  # blank and comment lines included
+MAX_LINE_CHARS = 4096
+MAX_SLOTS = 4096  # ranks expected on one node: the TUI draws a cell for each, so it is bounded too
+MAX_WARNINGS = 20  # duplicate warnings printed one by one; the rest are counted
 Fail = Callable[..., HostsError]  # builds the error for the current line: fail(reason, text=...)
 KEYS = ("slots", "port", "user")
 
@@ -106,6 +113,7 @@ class _Collector:
         self.max_hosts = max_hosts
         self.seen: dict[tuple[str | None, str, int | None], HostSpec] = {}
         self.warnings: list[str] = []
+        self.more_duplicates = 0
 
     def add(self, spec: HostSpec, key: tuple[str | None, str, int | None] | None = None) -> None:
         key = key or spec.key
@@ -113,6 +121,9 @@ class _Collector:
         if first is not None:
             differs = spec.slots is not None and spec.slots != first.slots
             extra = f", keeping slots={first.slots} not {spec.slots}" if differs else ""
+            if len(self.warnings) >= MAX_WARNINGS:
+                self.more_duplicates += 1
+                return
             self.warnings.append(f"{spec.where}: {spec.name} is listed again (first at {first.where}); "
                                  f"ignored{extra}")
             return
@@ -123,7 +134,8 @@ class _Collector:
     def result(self, source: str | None, empty: str = "") -> HostList:
         if source is not None and not self.seen:
             raise HostsError(source, None, "", empty)
-        return HostList(_unique_names(self.seen), tuple(self.warnings))
+        more = (f"{self.more_duplicates} more repeated host line(s) ignored",) if self.more_duplicates else ()
+        return HostList(_unique_names(self.seen), tuple(self.warnings) + more)
 
 
 def _too_many(source: str, line: int | None, what: str, limit: int) -> NoReturn:
@@ -138,6 +150,11 @@ def _clip(text: str) -> str:
 
 def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:
     """Parse a hosts file's contents; raises HostsError on the first bad line, or when it lists no host."""
+    lines = data.count(b"\n" if isinstance(data, bytes) else "\n") + 1
+    if len(data) > MAX_INPUT_BYTES or lines > MAX_LINES:
+        what = f"more than {MAX_INPUT_BYTES >> 20} MiB" if len(data) > MAX_INPUT_BYTES else f"more than {MAX_LINES} lines"
+        raise HostsError(source, None, "", f"{what}: larger than any hosts input (the limits are {MAX_INPUT_BYTES >> 20} "
+                         f"MiB and {MAX_LINES} lines); is this the right file?")
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
@@ -161,9 +178,11 @@ def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAU
         content = raw.strip()
         if not content:
             continue
+        if len(content) > MAX_LINE_CHARS:
+            raise HostsError(source, lineno, _clip(content), f"a line longer than {MAX_LINE_CHARS} characters")
         plain = _PLAIN.fullmatch(content)  # fast path for "name" and "name slots=N", the bulk of big files
         slots = int(plain[2]) if plain and plain[2] else None
-        if plain and slots != 0 and len(plain[1]) <= 253 and not _DOTTED_NUMBERS.fullmatch(plain[1]):
+        if plain and slots != 0 and (slots is None or slots <= MAX_SLOTS) and len(plain[1]) <= 253 and not _DOTTED_NUMBERS.fullmatch(plain[1]):
             host = plain[1]
             out.add(HostSpec(host, host, None, None, slots, source, lineno), (None, host.lower(), None))
         else:
@@ -175,14 +194,28 @@ def read_hosts(path: str, *, stdin: BinaryIO | None = None, max_hosts: int | Non
     """Read and parse a hosts file; "-" reads stdin (source "<stdin>")."""
     if path == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
-        return parse_hosts(stream.read(), "<stdin>", max_hosts=max_hosts)
+        return parse_hosts(_read_bounded(stream), "<stdin>", max_hosts=max_hosts)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = _read_bounded(f)
     except OSError as e:
         reason = _OS_REASONS.get(e.errno or 0, f"cannot read: {e.strerror or e}")
         raise HostsError(path, None, "", reason) from None
     return parse_hosts(data, path, max_hosts=max_hosts)
+
+
+def _read_bounded(stream: BinaryIO) -> bytes:
+    """At most MAX_INPUT_BYTES + 1 bytes, or MAX_LINES + 1 lines: enough for parse_hosts to refuse the input."""
+    chunks: list[bytes] = []
+    size = lines = 0
+    while size <= MAX_INPUT_BYTES and lines <= MAX_LINES:
+        chunk = stream.read(min(1 << 20, MAX_INPUT_BYTES + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+    return b"".join(chunks)
 
 
 def parse_nodelist(arg: str, source: str = "-w", *, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:
@@ -235,7 +268,7 @@ def _parse_line(content: str, source: str, line: int | None, out: _Collector, op
         opts[key] = value
     if fields[0].partition("=")[0] in KEYS:
         raise fail("a line must start with a host, options come after it")
-    slots = _number(opts["slots"], "slots", fail) if "slots" in opts else None
+    slots = _number(opts["slots"], "slots", fail, MAX_SLOTS) if "slots" in opts else None
     port = _number(opts["port"], "port", fail, 65535) if "port" in opts else None
     user = opts.get("user")
     if user is not None and not _USER.fullmatch(user):
@@ -282,7 +315,7 @@ def _parse_item(item: str, slots: int | None, port: int | None, user: str | None
         if "@" in item:
             item_port = _number(number, "port", fail, 65535)
         else:
-            item_slots = _number(number, "slots", fail, rule=_COLON_RULE)
+            item_slots = _number(number, "slots", fail, MAX_SLOTS, rule=_COLON_RULE)
             if slots is not None:
                 raise fail(f"slots given twice ({_COLON_RULE})", item)
             if item_slots > 1024:

@@ -132,9 +132,12 @@ class Session:
         """Collect from every node: connects (cold) where no worker runs yet, reuses workers (warm) otherwise."""
         return await self._pass()
 
-    async def refresh(self) -> Snapshot:
-        """Collect again over the open connections and workers; ranks are rediscovered."""
-        return await self._pass()
+    async def refresh(self, *, reconnect: bool = True) -> Snapshot:
+        """Collect again over the open connections and workers; ranks are rediscovered. A node whose worker
+        is gone is connected again; with reconnect=False a node that failed without giving any data (it could
+        not be reached, logged into or started) keeps its failure instead, so that a run costs each such node
+        one connect deadline, not one per sample."""
+        return await self._pass(reconnect=reconnect)
 
     def use(self, collect: CollectOptions) -> None:
         """Collect with these options from the next pass on (native frames, locals, non-blocking sampling)."""
@@ -191,14 +194,16 @@ class Session:
 
     # -- one pass ------------------------------------------------------------------------------------------
 
-    async def _pass(self) -> Snapshot:
+    async def _pass(self, *, reconnect: bool = True) -> Snapshot:
         async with self._exclusive():
             self._cancelled = False
             taken_at, t0 = time.time(), time.monotonic()
-            for node in self._nodes:
+            nodes = [n for n in self._nodes
+                     if reconnect or n.conn is not None or n.status.state != "failed"]
+            for node in nodes:
                 node.ranks = {}
             self._tasks = [asyncio.create_task(self._run_node(n), name=f"hangscope-node-{n.name}")
-                           for n in self._nodes]
+                           for n in nodes]
             try:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             finally:

@@ -34,7 +34,8 @@ RANK = textwrap.dedent("""
 
 
 def test_secrets_in_env_argv_and_locals_never_reach_the_screen_or_any_file(tmp_path) -> None:
-    env = rank_env(0, HF_TOKEN=SECRETS["env"], WANDB_API_KEY=SECRETS["env"])
+    # a job of one rank: every rank of it collected is exit 0
+    env = rank_env(0, WORLD_SIZE="1", HF_TOKEN=SECRETS["env"], WANDB_API_KEY=SECRETS["env"])
     values = tmp_path / "values.txt"
     values.write_text(" ".join([SECRETS["local"], SECRETS["url"], SECRETS["token"]]))
     argv = [sys.executable, "-c", RANK, str(values), "--api-key", SECRETS["argv"], f"--password={SECRETS['argv']}"]

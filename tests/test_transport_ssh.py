@@ -29,7 +29,7 @@ def ssh_cluster(cluster):
 
 
 def _opts(c: object, **kw: object) -> SshOptions:
-    base: dict = dict(config_paths=(str(c.ssh_config),), connect_timeout=3.0, login_timeout=5.0,
+    base: dict = dict(config_paths=(str(c.ssh_config),), connect_timeout=8.0,
                       start_timeout=20.0, keepalive_interval=2.0, keepalive_count_max=2)
     base.update(kw)
     return SshOptions(**base)

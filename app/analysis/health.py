@@ -10,7 +10,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import Facts, facts
 from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import count_phrase, describe, fold_ints, fold_nodes, keys_of, short
+from app.analysis.fold import _span as _fold_span
+from app.analysis.fold import count_phrase, describe, fold_nodes, keys_of, short
 from app.analysis.frames import clean
 from app.model import RankSnapshot, Snapshot
 
@@ -20,6 +21,28 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 _job = attrgetter("master_addr", "master_port", "world_size")
 _state = attrgetter("state")
 _ODD_STATES = frozenset("TtZXD")
+# More ranks than any job runs (the largest have ~10^5): a WORLD_SIZE above it comes from a wrong environment,
+# and is reported as such instead of being counted out.
+MAX_PLAUSIBLE_WORLD = 1 << 22
+
+
+def _span(a: int, b: int) -> str:
+    return _fold_span(a, b, 0)
+
+
+def absent_ranges(found: Sequence[Optional[int]], world: int) -> Tuple[List[Tuple[int, int]], int]:
+    """The ranges of 0..world-1 not in `found`, and how many numbers they hold: O(len(found)), whatever world
+    is (a node reports WORLD_SIZE; it must not decide how much memory this takes)."""
+    present = sorted({r for r in found if r is not None and 0 <= r < world})
+    gaps: List[Tuple[int, int]] = []
+    expect = 0
+    for r in present:
+        if r > expect:
+            gaps.append((expect, r - 1))
+        expect = r + 1
+    if expect < world:
+        gaps.append((expect, world - 1))
+    return gaps, world - len(present)
 
 
 def jobs(f: Facts) -> Dict[JobId, Facts]:
@@ -89,11 +112,25 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Findin
         if not sizes:
             continue
         world: int = sizes.most_common(1)[0][0]
-        found = set(ranks.rank)
-        missing = sorted(set(range(world)) - found)
-        if not missing:
+        if world > MAX_PLAUSIBLE_WORLD or world < 0:
+            shown = [r for r in ranks.ranks if r.world_size == world]
+            try:
+                digits = str(world)
+                number = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+            except ValueError:  # more digits than int->str allows (sys.set_int_max_str_digits)
+                number = "(a number of thousands of digits)"
+            out.append(Finding(
+                "missing_ranks", f"WORLD_SIZE={number} is not a plausible number of ranks",
+                f"{describe(shown)} report WORLD_SIZE={number}; no job runs that many ranks (the limit taken is "
+                f"{MAX_PLAUSIBLE_WORLD}), so missing ranks are not counted for this job: its environment was "
+                "probably set by hand or by something other than the launcher.", "medium",
+                "the rank count comes from the ranks' environment, which is not plausible here",
+                keys_of(shown), describe(shown), fold_nodes(r.node for r in shown), culprit=False))
             continue
-        label = f"{'rank' if len(missing) == 1 else 'ranks'} {fold_ints(missing)}"
+        gaps, count = absent_ranges(ranks.rank, world)
+        if not gaps:
+            continue
+        label = f"{'rank' if count == 1 else 'ranks'} {','.join(_span(a, b) for a, b in gaps)}"
         title = f"{label} not found (WORLD_SIZE={world})"
         local: Counter = Counter(ranks.local_world)
         local.pop(None, None)
@@ -108,7 +145,7 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Findin
             conf, reason, culprit = "low", "the hosts list may not cover the whole job", False
         else:
             short_of = _short_nodes(snapshot, ranks.node, per_node, typical=True)
-            detail = (f"{count_phrase(len(missing))} of the job's {world} did not show up on any inspected node: "
+            detail = (f"{count_phrase(count)} of the job's {world} did not show up on any inspected node: "
                       "a rank that exited (crashed, killed, OOM) leaves the others waiting for it forever")
             if short_of:
                 detail += f"; nodes with fewer ranks than the others: {short_of}"

@@ -62,6 +62,12 @@ def md_code(text: object, limit: Optional[int] = NAME) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
+def md_code_cell(text: object, limit: Optional[int] = NAME) -> str:
+    """An inline code span inside a table cell. GitHub's tables split a row at every `|` not escaped, code spans
+    included, and take `\\|` back to `|` before the span is read: so here, and only here, `|` is escaped."""
+    return md_code(text, limit).replace("|", "\\|")
+
+
 def md_block(text: str, lang: str = "", limit: Optional[int] = None) -> str:
     """A fenced code block that no line of the text can close: the fence is longer than any backtick run."""
     body = "\n".join(strip(line, LINE) for line in strip(text, limit, multiline=True).split("\n"))

@@ -13,7 +13,7 @@ from app.analysis.fold import fold_nodes
 from app.model import Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
-from app.report.markup import VALUE, md, md_block, md_cell, md_code, md_sentence, strip
+from app.report.markup import VALUE, md, md_block, md_cell, md_code, md_code_cell, md_sentence, strip
 from app.report.redact import Redactor
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
         out += [f"- class {i + 1}: {md_sentence(text)}" for i, text in facts.iterations] + [""]
     if facts.progress:
         out += ["## Progress over samples", "", "| ranks | status | since | for | activity |", "|---|---|---|---|---|"]
-        out += [f"| {md_cell(p.label)} | {p.status} | {iso(p.since) or '?'} | {p.duration:.0f} s | {p.activity} |"
+        out += [f"| {md_cell(p.label)} | {md_cell(p.status)} | {iso(p.since) or '?'} | {p.duration:.0f} s | "
+                f"{md_cell(p.activity)} |"
                 for p in facts.progress] + [""]
     if facts.failures:
         out += ["## Node and rank failures", ""] + [f"- {md_sentence(line)}" for line in facts.failures] + [""]
@@ -112,12 +113,13 @@ def _diff(d: StackDiff) -> List[str]:
             "| | " + md_cell(d.left) + " | " + md_cell(d.right) + " |", "|---|---|---|"]
     for row in d.rows:
         mark = "**first divergence**" if row.first_divergence else ("same" if row.same else "differs")
-        left = md_code(f"{row.left.function} ({row.left.location})") if row.left else " "
-        right = md_code(f"{row.right.function} ({row.right.location})") if row.right else " "
+        left = md_code_cell(f"{row.left.function} ({row.left.location})") if row.left else " "
+        right = md_code_cell(f"{row.right.function} ({row.right.location})") if row.right else " "
         body.append(f"| {mark} | {left} | {right} |")
         for v in row.iteration + row.locals:
-            body.append(f"| {md_code(v.name)} | {md_code(v.left if v.left is not None else '(none)', VALUE)} | "
-                        f"{md_code(v.right if v.right is not None else '(none)', VALUE)} |")
+            body.append(f"| {md_code_cell(v.name)} | "
+                        f"{md_code_cell(v.left if v.left is not None else '(none)', VALUE)} | "
+                        f"{md_code_cell(v.right if v.right is not None else '(none)', VALUE)} |")
     return _details("Culprit vs majority, frame by frame", "\n".join(body)) + [""]
 
 
@@ -125,9 +127,10 @@ def _classes(analysis: "Analysis", red: Redactor, facts: Facts) -> List[str]:
     out = ["## Equivalence classes (ranks with the same stack, largest first)", "",
            "| class | ranks | count | waits in | innermost frames |", "|---|---|---|---|---|"]
     for c in analysis.classes[:MAX_CLASSES]:
-        inner = " ← ".join(md_code(red.text(f"{f.function} ({f.location})")) for f in list(reversed(c.frames))[:3])
+        inner = " ← ".join(md_code_cell(red.text(f"{f.function} ({f.location})"))
+                           for f in list(reversed(c.frames))[:3])
         out.append(f"| {c.index + 1} | {md_cell(red.text(c.label), 400)} | {c.size} | "
-                   f"{md_code(c.collective) if c.collective else '—'} | {inner or '—'} |")
+                   f"{md_code_cell(c.collective) if c.collective else '—'} | {inner or '—'} |")
     if len(analysis.classes) > MAX_CLASSES:
         out.append(f"\n{len(analysis.classes) - MAX_CLASSES} more classes are in report.html.")
     out.append("")

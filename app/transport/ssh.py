@@ -38,8 +38,9 @@ class SshOptions:
     known_hosts: Optional[tuple[str, ...]] = None  # None: UserKnownHostsFile + GlobalKnownHostsFile
     identity: tuple[str, ...] = ()
     python: str = bootstrap.DEFAULT_PYTHON
-    connect_timeout: float = 10.0  # until the TCP connection (through any ProxyJump) is up
-    login_timeout: float = 20.0  # key exchange and authentication
+    # The whole of a node's connect and login: TCP (through any ProxyJump), sshd's banner, key exchange,
+    # authentication and any retries after MaxStartups drops. One deadline, the user's --connect-timeout.
+    connect_timeout: float = 10.0
     start_timeout: float = 30.0  # the command starts and the worker says hello
     keepalive_interval: float = 10.0
     keepalive_count_max: int = 3
@@ -52,6 +53,9 @@ class SshOptions:
 
 class _Throttled(Exception):
     """sshd closed the connection before its banner: MaxStartups is dropping new connections."""
+
+
+LOGIN_TIMER_REASON = "Login timeout expired"  # asyncssh's own login timer ends the connection with this
 
 
 def cipher_preference(cfg: Any) -> Any:
@@ -155,6 +159,8 @@ class SshTransport:
 
     async def _connect(self, host: str, name: str, user: Optional[str], port: Optional[int]
                        ) -> tuple[asyncssh.SSHClientConnection, _Client, dict[str, float], list[str]]:
+        """Connect and log in, retrying MaxStartups drops with backoff; all of it within connect_timeout."""
+        deadline = time.monotonic() + self.options.connect_timeout
         try:
             cfg = self.host_config(host, user, port)
         except (OSError, ValueError) as exc:
@@ -162,15 +168,21 @@ class SshTransport:
         known = self._known.get(known_hosts_paths(cfg, self.options.known_hosts))
         warnings = list(self._known.warnings)
         delay = THROTTLE_BACKOFF
-        for attempt in range(self.options.throttle_retries + 1):
+        attempt = 0
+        while True:
             client = _Client(HostKeyCheck(known, self.options.accept_new_host_keys))
             try:
-                conn, timings = await self._connect_once(host, name, user, port, client, known, cfg)
+                conn, timings = await self._connect_once(host, name, user, port, client, known, cfg, deadline)
             except _Throttled:
-                if attempt == self.options.throttle_retries:
-                    break
-                await asyncio.sleep(delay * (0.5 + random.random()))  # backoff: sshd is overloaded
+                pause = delay * (0.5 + random.random())
+                if attempt >= self.options.throttle_retries or time.monotonic() + pause >= deadline:
+                    raise TransportError(
+                        "throttled", f"{name}: sshd closed the connection before its banner {attempt + 1} "
+                        f"time(s) within the {self.options.connect_timeout:g} s connect deadline (MaxStartups)",
+                        phase="connect") from None
+                await asyncio.sleep(pause)  # backoff: sshd is overloaded
                 delay *= 2
+                attempt += 1
                 continue
             if attempt:
                 warnings.append(f"sshd dropped {attempt} connection attempt(s) (MaxStartups); retried")
@@ -178,11 +190,9 @@ class SshTransport:
                 written = client.check.append_accepted()
                 warnings.append(f"accepted the new host key {client.check.fingerprint} and added it to {written}")
             return conn, client, timings, warnings
-        raise TransportError("throttled", f"{name}: sshd closed the connection before its banner "
-                             f"{self.options.throttle_retries + 1} times (MaxStartups)", phase="connect")
 
     async def _connect_once(self, host: str, name: str, user: Optional[str], port: Optional[int],
-                            client: _Client, known: asyncssh.SSHKnownHosts, cfg: Any
+                            client: _Client, known: asyncssh.SSHKnownHosts, cfg: Any, deadline: float
                             ) -> tuple[asyncssh.SSHClientConnection, dict[str, float]]:
         o = self.options
         t0 = time.monotonic()
@@ -191,7 +201,8 @@ class SshTransport:
             host, port if port else (), username=user if user else (),
             config=() if parsed is not None else self.config_paths, options=parsed,
             known_hosts=known, client_factory=lambda: client, connect_timeout=None,
-            login_timeout=o.login_timeout, keepalive_interval=o.keepalive_interval,
+            # a backstop only: our own deadline below ends the attempt first and names the phase
+            login_timeout=max(1.0, deadline - t0) + 5.0, keepalive_interval=o.keepalive_interval,
             keepalive_count_max=o.keepalive_count_max, client_keys=list(o.identity) if o.identity else (),
             ignore_encrypted=True, password_auth=False, kbdint_auth=False,
             encryption_algs=cipher_preference(cfg),
@@ -201,12 +212,13 @@ class SshTransport:
         phase = "connect"
         timings: dict[str, float] = {}
         try:
-            await asyncio.wait({task, made}, timeout=o.connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, made}, timeout=max(0.0, deadline - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
             if not made.done() and not task.done():
                 raise asyncio.TimeoutError
             timings["connect"] = time.monotonic() - t0
             phase = "login"
-            conn = await asyncio.wait_for(asyncio.shield(task), o.login_timeout)
+            conn = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
             timings["login"] = time.monotonic() - t0 - timings["connect"]
             return conn, timings
         except BaseException as exc:
@@ -223,13 +235,19 @@ class SshTransport:
                    client: _Client, cfg: Any) -> BaseException:
         o = self.options
         where = f"{host}:{port or cfg.get('Port', 22)}"
-        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-            # asyncssh's own timeouts carry an empty message: always say which node and which phase
+        login_timer = isinstance(exc, asyncssh.ConnectionLost) and exc.reason == LOGIN_TIMER_REASON
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or login_timer:
+            # asyncssh's own timeouts carry an empty message: always say which node and which phase. Its login
+            # timer ends the connection like a drop before the banner would: a deadline, never MaxStartups.
+            limit = f"the {o.connect_timeout:g} s connect deadline (--connect-timeout)"
             if phase == "connect":
-                return TransportError("connect_timeout", f"{name}: no TCP connection to {where} within "
-                                      f"{o.connect_timeout:g} s", phase="connect")
+                return TransportError("connect_timeout", f"{name}: no TCP connection to {where} within {limit}",
+                                      phase="connect")
+            if not client.banner_seen:
+                return TransportError("connect_timeout", f"{name}: {where} accepted the TCP connection but sshd "
+                                      f"sent no SSH banner within {limit}", phase="login")
             return TransportError("connect_timeout", f"{name}: connected to {where}, but the SSH key exchange "
-                                  f"and login did not finish within {o.login_timeout:g} s", phase="login")
+                                  f"and login did not finish within {limit}", phase="login")
         if isinstance(exc, socket.gaierror):
             return TransportError("dns", f"{name}: cannot resolve {host!r}: {exc.strerror or exc}", phase="connect")
         if isinstance(exc, ConnectionRefusedError):

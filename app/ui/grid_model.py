@@ -34,6 +34,8 @@ def rank_key(rank: RankSnapshot) -> RankKey:
     return (rank.node, rank.pid)
 
 
+MAX_EXPECTED_CELLS = 4096  # placeholder cells ("missing", "failed") drawn for a node's expected ranks
+
 @dataclass(frozen=True)
 class Cell:
     kind: CellKind
@@ -114,7 +116,7 @@ def build_grid(snapshot: Snapshot, class_of: Mapping[RankKey, int], suspects: Se
                 continue
         cells = [_cell(r, class_of, suspects) for r in ranks]
         if visible is None:
-            expected = node.slots or 0
+            expected = min(node.slots or 0, MAX_EXPECTED_CELLS)  # slots from a loaded file may be any number
             if node.state == "failed" and not cells:
                 cells = [Cell("failed")] * max(expected, 1)
             elif node.state in ("done", "partial", "failed") and len(cells) < expected:
