@@ -7,6 +7,7 @@ Import contract: nothing under app/analysis imports textual, asyncssh, app.trans
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -14,8 +15,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from app.analysis.columns import facts
 from app.analysis.findings import Finding, identical_finding, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
+from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
-from app.analysis.health import several_jobs, thread_counts
+from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.network import network_findings
 from app.analysis.options import AnalysisOptions
@@ -112,7 +114,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     findings += missing_ranks(snapshot, by_job)
     findings += failed_nodes(snapshot)
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
-    findings += process_states(rank_facts)
+    states = process_states(rank_facts)
+    findings += states
     findings += thread_counts(rank_facts)
     flight, lagging = flight_analysis(ranks, rank_facts)
     findings += lagging
@@ -120,6 +123,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
     network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1,
                                sockets=rank_facts.sockets)
+    held = held_ranks(states)
     findings += network
 
     progress: Tuple[RankProgress, ...] = ()
@@ -131,6 +135,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
                                           sockets=any(rank_facts.sockets)))
+    if held:
+        findings = _explained_by_state(findings, held[0])
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)
@@ -138,13 +144,26 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
                     len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)
 
 
+def _explained_by_state(findings: List[Finding], held: Finding) -> List[Finding]:
+    """A stopped or frozen rank goes silent on every socket and the others wait for it in the same place: the
+    network and "all at the same place" leads are its consequences, not evidence of their own."""
+    who = held.ranks_label or held.title
+    one = len(held.ranks) == 1
+    note = (f"; but {clean(who, 120)} {'is' if one else 'are'} {held.kind}, which silences "
+            f"{'its' if one else 'their'} sockets and holds the others by itself")
+    return [dataclasses.replace(f, confidence="low", culprit=False, reason=f.reason + note)
+            if f.kind in ("network_stall", "all_identical") else f for f in findings]
+
+
 def _no_data(snapshot: Snapshot) -> Finding:
     if not snapshot.ranks:
         failed = sum(1 for n in snapshot.nodes if n.state == "failed")
         why = f"; {failed} of {len(snapshot.nodes)} nodes failed" if failed else ""
         return Finding("no_data", f"no rank processes were found{why}",
-                       "hangscope looks for processes with RANK/LOCAL_RANK in their environment; check the hosts "
-                       "list, and that the job runs as a user whose processes you can read", "high",
+                       "hangscope looks for processes with RANK/LOCAL_RANK in their environment and for "
+                       "multiprocessing spawn children with torch loaded; check the hosts list, that the job runs as "
+                       "a user whose processes you can read, and the nodes' notes, which list python processes with "
+                       "torch loaded: pick ranks with --pid", "high",
                        "nothing to analyse", culprit=False)
     return Finding("no_data", f"no stacks were collected from any of the {len(snapshot.ranks)} ranks",
                    "see why in the dump failures above", "high", "nothing to merge", culprit=False)
