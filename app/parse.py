@@ -74,7 +74,7 @@ def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
     """A discovered rank, not yet collected."""
     env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
                 if isinstance(k, str) and isinstance(v, str))
-    return RankSnapshot(
+    return with_job(RankSnapshot(
         node=node, pid=_int(item.get("pid")) or 0, start_time=_int(item.get("start_time")) or 0,
         rank=_int(item.get("rank")), local_rank=_int(item.get("local_rank")),
         found_by=_str(item.get("found_by"))[:100], rank_evidence=_str(item.get("rank_evidence"))[:200],
@@ -90,7 +90,37 @@ def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
         nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
         children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
         sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
-        collected=False)
+        collected=False))
+
+
+_LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
+
+
+def job_identity(r: RankSnapshot) -> tuple[str, str]:
+    """(job, evidence) from the best evidence the rank carries: the address of its store (MASTER_ADDR:
+    MASTER_PORT: every rank of a job has the same, two jobs on one node cannot), the elastic run id (when
+    set: torchrun's default "none" tells nothing), SLURM's job and step ids, else its launcher process (a
+    job on one node). Loopback store addresses are per node. ("", "") when nothing tells."""
+    env = dict(r.env)
+    if r.master_addr and r.master_port is not None:
+        addr = r.master_addr[:100]
+        local = addr.startswith(_LOOPBACK)
+        return (f"{addr}:{r.master_port}" + (f" on {r.node}" if local else ""), "MASTER_ADDR:MASTER_PORT")
+    run = env.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return f"elastic run {run[:100]}", "TORCHELASTIC_RUN_ID"
+    slurm = env.get("SLURM_JOB_ID", "")
+    if slurm:
+        step = env.get("SLURM_STEP_ID", "")
+        return f"SLURM job {slurm[:40]}" + (f".{step[:20]}" if step else ""), "SLURM_JOB_ID, SLURM_STEP_ID"
+    if r.launcher_pid:
+        return (f"{r.launcher or 'launcher'} pid {r.launcher_pid} on {r.node}", "launcher process")
+    return "", ""
+
+
+def with_job(r: RankSnapshot) -> RankSnapshot:
+    job, evidence = job_identity(r)
+    return dataclasses.replace(r, job=job, job_evidence=evidence) if job else r
 
 
 # --- iteration coordinates ------------------------------------------------------------------------------

@@ -90,9 +90,73 @@ def _split_dict(s: IterationSplit) -> Dict[str, Any]:
                         "ranks": [list(k) for k in g.ranks]} for g in s.groups]}
 
 
+def job_keys(snapshot: Snapshot) -> List[str]:
+    """The jobs of the snapshot, by the identity parse gave each rank (RankSnapshot.job), largest first; one
+    entry "" when no rank tells (old snapshot files) or all tell the same."""
+    counts: Dict[str, int] = {}
+    for r in snapshot.ranks:
+        counts[r.job] = counts.get(r.job, 0) + 1
+    return sorted(counts, key=lambda k: (-counts[k], k))
+
+
+def only_job(snapshot: Snapshot, job: str) -> Snapshot:
+    """The snapshot with the ranks of one job only (nodes stay: a node failure concerns every job on it)."""
+    return dataclasses.replace(snapshot, ranks=tuple(r for r in snapshot.ranks if r.job == job))
+
+
 def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
             options: AnalysisOptions = AnalysisOptions()) -> Analysis:
-    """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first)."""
+    """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first).
+    A snapshot that holds several jobs is analysed job by job: ranks of one job are never compared with
+    another's, and the verdict says which job is hung and which progresses."""
+    keys = job_keys(snapshot)
+    if len(keys) > 1:
+        return _analyze_jobs(snapshot, history, options, keys)
+    return _analyze_one(snapshot, history, options)
+
+
+def _analyze_jobs(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions,
+                  keys: Sequence[str]) -> Analysis:
+    started = time.perf_counter()
+    whole = _analyze_one(snapshot, history, options)  # the picture of the node: classes and tree over every rank
+    per_job = [(key, _analyze_one(only_job(snapshot, key), [only_job(h, key) for h in history], options))
+               for key in keys]
+    progressing = [(k, a) for k, a in per_job if a.findings and a.findings[0].kind == "progressing"]
+    # the job with the strongest lead first
+    stuck = sorted(((k, a) for k, a in per_job if (k, a) not in progressing),
+                   key=lambda ka: _lead_rank(ka[1]))
+    parts = []
+    for key, a in stuck:
+        label = _job_label(snapshot, key)
+        verdict = a.verdict[:1].lower() + a.verdict[1:]
+        parts.append(f"Job {label} is hung: {verdict}" if history else f"Job {label}: {verdict}")
+    for key, _ in progressing:
+        parts.append(f"Job {_job_label(snapshot, key)} is progressing, not hung.")
+    findings: List[Finding] = []
+    for key, a in stuck + progressing:
+        tag = f"job {clean(key or 'unidentified', 120)}: "
+        findings += [dataclasses.replace(f, title=tag + f.title) for f in a.findings]
+    findings += [f for f in whole.findings if f.kind in ("several_jobs", "node_failed")]
+    return dataclasses.replace(whole, verdict=" ".join(parts), findings=tuple(findings),
+                               progress=tuple(p for _, a in per_job for p in a.progress),
+                               elapsed=time.perf_counter() - started)
+
+
+def _lead_rank(a: Analysis) -> Tuple[int, int]:
+    top = a.findings[0] if a.findings else None
+    if top is None or not top.culprit:
+        return (1, 3)
+    return (0, {"high": 0, "medium": 1, "low": 2}[top.confidence])
+
+
+def _job_label(snapshot: Snapshot, key: str) -> str:
+    from app.analysis.fold import describe
+
+    ranks = [r for r in snapshot.ranks if r.job == key]
+    return f"{clean(key or 'unidentified', 120)} ({describe(ranks)})"
+
+
+def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions) -> Analysis:
     started = time.perf_counter()
     ranks = snapshot.ranks
     rank_facts = facts(ranks)  # the one read of every rank (columns.py)
