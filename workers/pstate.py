@@ -147,11 +147,11 @@ def _waits_on(pid: int, tid: int) -> Tuple[str, str]:
         return name, ""
 
 
-def read(pid: int) -> Dict[str, Any]:
+def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
     """What holds the process (see the module doc). Keys: state (its letter), kind (running, sleeping,
     stopped, traced, frozen, disk_sleep, zombie, exiting, gone), stopped_by (signal, tracer or ""), tracer_pid,
     tracer, tty (it has a controlling terminal: job control can stop it), freezer (freezer()), wchan, syscall,
-    waits_on, d_threads (threads in D)."""
+    waits_on, d_threads (threads in D). threads: (tid, state letter) already read (procfs.collect), else read."""
     out = {"state": "", "kind": "gone", "stopped_by": "", "tracer_pid": 0, "tracer": "", "tty": False,
            "freezer": None, "wchan": "", "syscall": "", "waits_on": "", "d_threads": []}  # type: Dict[str, Any]
     try:
@@ -185,7 +185,7 @@ def read(pid: int) -> Dict[str, Any]:
         out["kind"] = "traced" if state == "t" or out["tracer_pid"] else "stopped"
         out["stopped_by"] = "tracer" if out["kind"] == "traced" else "signal"
         return out
-    d_threads = [tid for tid, st in _thread_states(pid) if st == "D"]
+    d_threads = [tid for tid, st in (_thread_states(pid) if threads is None else threads) if st == "D"]
     if state == "D" or d_threads:
         out["kind"], out["d_threads"] = "disk_sleep", d_threads or [pid]
         tid = pid if state == "D" else d_threads[0]

@@ -14,7 +14,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 from workers import procinfo, pstate
 
@@ -96,12 +96,13 @@ def check_after(pid: int, before: str, tool_killed: bool = False) -> Tuple[str, 
     return after, False
 
 
-def hold(pid: int) -> Dict[str, Any]:
-    """What holds the process (workers/pstate.py), with a D state checked twice: only a lasting one holds."""
-    info = pstate.read(pid)
+def hold(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
+    """What holds the process (workers/pstate.py), with a D state checked twice: only a lasting one holds.
+    threads: its threads' (tid, state) when already read."""
+    info = pstate.read(pid, threads)
     if info["kind"] == "disk_sleep":
         time.sleep(D_RECHECK)
-        info = pstate.read(pid)
+        info = pstate.read(pid)  # the threads read afresh too
     return info
 
 

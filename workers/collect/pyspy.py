@@ -136,11 +136,13 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
             item["process"] = pstate.read(pid)
             item["actions"].append("read /proc only (another tracer holds it)")
         raise
-    # State first, tools second: what holds the process decides which tools may touch it.
-    info = item["process"] = guard.hold(pid)
+    # State first, tools second: what holds the process decides which tools may touch it (/proc and cgroupfs
+    # only are read until then; the thread states /proc gave are reused).
     other_ns, nspid = namespaces(pid)
     item["procfs"] = procfs.collect(pid, ns_tids=nspid is not None)
     item["actions"].append("read /proc")
+    info = item["process"] = guard.hold(pid, [(t["tid"], t["state"]) for t in item["procfs"]["threads"]
+                                              if isinstance(t, dict) and "tid" in t and "state" in t])
     tool, searched = req.worker.tools.find("py-spy", pid)
     if tool is None:
         item["error"] = error_dict("tool_missing", "py-spy not found on this node; searched: %s"
