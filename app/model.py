@@ -302,7 +302,7 @@ class RankSnapshot:
     gdb: Optional[str] = None
     elapsed: float = 0.0  # seconds the dump took on the node
     flight: Optional[FlightRecord] = None  # PyTorch's Flight Recorder, when the rank enables it
-    hold: Optional[ProcessHold] = None  # what holds the process, read before any tool ran; None in old files
+    hold: Optional[ProcessHold] = None  # what holds the process (stopped, traced, frozen, D, exiting), read before any tool ran; None when nothing does, and in old files
     actions: Tuple[str, ...] = ()  # what hangscope did to the process, in order (tools run, signals sent)
 
     @property

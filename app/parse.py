@@ -355,9 +355,11 @@ def _int_text(value: Any) -> int | None:
 
 
 def process_hold(raw: Any) -> ProcessHold | None:
-    """workers/pstate.py's reading of what holds a process (remote text, bounded)."""
+    """workers/pstate.py's reading of what holds a process (remote text, bounded); None when nothing does."""
     if not isinstance(raw, dict):
         return None
+    if raw.get("kind") in ("running", "sleeping", "gone", "", None) and not _int(raw.get("tracer_pid")):
+        return None  # nothing holds it: the state letter says the rest (and the analysis skips None in C)
     f = _dict(raw.get("freezer"))
     version = _int(f.get("version"))
     return ProcessHold(

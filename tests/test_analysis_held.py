@@ -102,6 +102,9 @@ def test_the_nodes_reading_travels_into_the_model_and_the_snapshot_file() -> Non
     # hostile or malformed remote values are bounded or dropped, never an exception
     assert parse.process_hold({"kind": "x" * 1000, "freezer": "nonsense", "tracer_pid": "7"}).kind == "x" * 20
     assert parse.process_hold("frozen") is None
+    # nothing holds a sleeping process that no one traces: no hold, the state letter says the rest
+    assert parse.process_hold({"kind": "sleeping", "state": "S", "tracer_pid": 0}) is None
+    assert parse.process_hold({"kind": "sleeping", "tracer_pid": 99, "tracer": "strace"}).tracer_pid == 99
 
 
 def test_a_snapshot_from_before_the_state_fields_still_loads() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
@@ -90,9 +91,15 @@ def _split_dict(s: IterationSplit) -> Dict[str, Any]:
                         "ranks": [list(k) for k in g.ranks]} for g in s.groups]}
 
 
+_job = attrgetter("job")
+
+
 def job_keys(snapshot: Snapshot) -> List[str]:
     """The jobs of the snapshot, by the identity parse gave each rank (RankSnapshot.job), largest first; one
     entry "" when no rank tells (old snapshot files) or all tell the same."""
+    distinct = set(map(_job, snapshot.ranks))  # in C: the usual case is one job
+    if len(distinct) <= 1:
+        return list(distinct) or [""]
     counts: Dict[str, int] = {}
     for r in snapshot.ranks:
         counts[r.job] = counts.get(r.job, 0) + 1

@@ -19,6 +19,7 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 _job = attrgetter("master_addr", "master_port", "world_size")
 _state = attrgetter("state")
+_hold = attrgetter("hold")  # set by parse only when something holds the rank
 _ODD_STATES = frozenset("TtZXD")
 
 
@@ -217,7 +218,7 @@ def process_states(f: Facts) -> List[Finding]:
     ranks = f.ranks
     # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
     seen = set(f.state) | set(map(_state, chain.from_iterable(f.threads)))
-    if _ODD_STATES.isdisjoint(seen) and not any(r.hold is not None and r.hold.held for r in ranks):
+    if _ODD_STATES.isdisjoint(seen) and not any(map(_hold, ranks)):
         return []  # the usual case, checked in C
     by: Dict[str, List[RankSnapshot]] = defaultdict(list)
     for r in ranks:
