@@ -98,8 +98,11 @@ def freezer(pid: int) -> Optional[Dict[str, Any]]:
     if v2_mount and v2_path is not None and v2_path.strip("/"):
         events = _read(_join(v2_mount, v2_path) + "/cgroup.events")
         frozen = "frozen 1" in events.splitlines()
-        # cgroup.freeze is each cgroup's own setting; an ancestor's freezes it too: name the one set
-        setters = [p for p in _parents(v2_path) if _read(_join(v2_mount, p) + "/cgroup.freeze").strip() == "1"]
+        own = _read(_join(v2_mount, v2_path) + "/cgroup.freeze").strip() == "1"  # set, maybe not complete yet
+        # cgroup.freeze is each cgroup's own setting; an ancestor's freezes it too: name the one set (the
+        # ancestors are read only for a frozen process: one or two reads in the usual case)
+        setters = ([p for p in _parents(v2_path) if _read(_join(v2_mount, p) + "/cgroup.freeze").strip() == "1"]
+                   if frozen or own else [])
         if frozen or setters:
             target = setters[0] if setters else v2_path
             control = _join(v2_mount, target) + "/cgroup.freeze"
