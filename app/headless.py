@@ -145,6 +145,10 @@ def load_snapshot(path: str) -> Snapshot:
         snap, _ = snapshot_from_json(text)
     except SnapshotFormatError as exc:
         raise InputError(f"{path}: {exc}") from exc
+    if any(not r.job for r in snap.ranks):  # written before ranks carried their job: derived from what they hold
+        from app.parse import with_job
+
+        snap = dataclasses.replace(snap, ranks=tuple(r if r.job else with_job(r) for r in snap.ranks))
     return snap
 
 

@@ -74,3 +74,18 @@ def test_job_picks_one_job_by_name_or_a_part_that_names_one() -> None:
         pick_job(snap, (), "10.0.0.1")
     with pytest.raises(InputError, match="names no job"):
         pick_job(snap, (), "29999")
+
+
+def test_a_file_written_before_ranks_carried_their_job_gets_it_from_what_they_hold() -> None:
+    from pathlib import Path
+
+    from app.headless import load_snapshot
+
+    path = Path(__file__).resolve().parent / "data" / "scenarios" / "dataloader.json"
+    assert '"job": ""' in path.read_text()  # recorded before: the field is empty in the file
+    snap = load_snapshot(str(path))
+    (job_key,) = {r.job for r in snap.ranks}
+    r = snap.ranks[0]
+    assert job_key == f"{r.master_addr}:{r.master_port}" and r.job_evidence == "MASTER_ADDR:MASTER_PORT"
+    one, _ = pick_job(snap, (), str(r.master_port))
+    assert len(one.ranks) == len(snap.ranks)
