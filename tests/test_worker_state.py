@@ -1,13 +1,17 @@
 """State first, tools second, through the real worker on stand-in ranks: a SIGSTOPped rank, a rank frozen by a
-real cgroup v2 `cgroup.freeze` and one frozen by a real v1 freezer cgroup (where this machine mounts one). Each
-is read before any tool, dumped without ptrace within the short held deadline, never claimed resumed, and left
-in exactly the state it was in; strace and gdb refuse it at once instead of spending their timeout."""
+real cgroup v2 `cgroup.freeze`, one frozen by a real v1 freezer cgroup (where this machine mounts one), and one in
+real uninterruptible sleep (D) reading a file of a FUSE file system that never answers (tests/fuse_stall.py).
+Each is read before any tool, dumped without ptrace within the short held deadline, never claimed resumed, and
+left in exactly the state it was in; strace and gdb refuse it at once instead of spending their timeout."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import proc_state, start_rank, tracer_pid, wait_blocked, wait_until
+from worker_targets import Target, proc_state, rank_env, start_rank, tracer_pid, wait_blocked, wait_until
 from workers import procinfo, pstate
 from workers.collect import pyspy
 
@@ -69,10 +73,11 @@ def dump(w: WorkerProc, pid: int, **opts: object) -> tuple[dict, float]:
     return items[0], took
 
 
-def assert_dumped_without_ptrace(item: dict, took: float, kind: str) -> None:
+def assert_dumped_without_ptrace(item: dict, took: float, kind: str, frames: bool = True) -> None:
     assert item["process"]["kind"] == kind, item["process"]
     assert item["ok"], item["error"]
-    assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
+    if frames:
+        assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
     assert item["resumed"] is False
     assert any("never attached" in a for a in item["actions"]), item["actions"]
     assert not any("attached with ptrace" in a or "SIGCONT" in a for a in item["actions"]), item["actions"]
@@ -140,3 +145,48 @@ def test_reading_the_state_of_a_running_process_attaches_nothing() -> None:
         info = pstate.read(t.pid)
         assert info["kind"] == "sleeping" and not pstate.held(info) and info["freezer"] is None
         assert proc_state(t.pid) == "S" and tracer_pid(t.pid) == 0
+
+
+FUSE_STALL = Path(__file__).resolve().parent / "fuse_stall.py"
+
+
+@contextlib.contextmanager
+def stalled_file() -> Iterator[str]:
+    """A file whose read never completes (a FUSE server that never answers READ); unmounted afterwards."""
+    if os.getuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file system")
+    mountpoint = tempfile.mkdtemp(prefix="hangscope-fuse-")
+    server = subprocess.Popen([sys.executable, str(FUSE_STALL), mountpoint], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+        yield os.path.join(mountpoint, "stalled")
+    finally:
+        subprocess.run(["umount", "-l", mountpoint], check=False)  # aborts the pending reads' requests
+        server.kill()
+        server.wait()
+        os.rmdir(mountpoint)
+
+
+def test_a_rank_in_d_state_is_dumped_without_ptrace_and_named_with_the_file_it_waits_on() -> None:
+    from app import parse
+    from app.analysis import analyze
+    from app.model import Snapshot
+
+    with stalled_file() as path, Target([sys.executable, "-c", "import sys; print('ready', flush=True); "
+                                         f"open({path!r}, 'rb').read(10)"], env=rank_env(0, WORLD_SIZE="1")) as t, \
+            WorkerProc() as w:
+        wait_until(lambda: proc_state(t.pid) == "D", what="the rank in D state, reading the stalled file")
+        item, took = dump(w, t.pid, native=True)
+        assert_dumped_without_ptrace(item, took, "disk_sleep", frames=False)
+        assert any(f["name"] == "<module>" for th in item["pyspy"] for f in th["frames"])  # its stack, read anyway
+        hold = item["process"]
+        assert hold["syscall"] == "read" and hold["waits_on"] == path and hold["wchan"]
+        assert_tools_refuse(w, t.pid, "kernel call returns")
+        assert proc_state(t.pid) == "D" and tracer_pid(t.pid) == 0  # exactly as it was
+        discovered, _ = w.call("discover", {"pids": [t.pid]})
+        rank = parse.apply_dump(parse.rank_from_discover("node01", discovered[0]), item)
+        top = analyze(Snapshot(taken_at=0.0, duration=0.0, ranks=(rank,))).findings[0]
+        assert top.kind == "uninterruptible" and top.title == (
+            f"rank 0 is in uninterruptible sleep (D): waiting on I/O or a driver ({path})")
+        assert "(read on %s)" % path in top.detail
