@@ -111,8 +111,13 @@ def test_a_sigstopped_rank_is_the_headline_and_stays_stopped(job_and_cluster, tm
     try:
         wait_until(lambda: proc_state(pid) == "T", what="rank stopped")
         others_blocked(job)
-        stdout, snap, analysis = hangscope(cluster, tmp_path, "--native")
+        # --native and --strace: tools that attach; on the stopped rank neither may run nor wait
+        stdout, snap, analysis = hangscope(cluster, tmp_path, "--native", "--strace", "0.5")
         assert_held_report(stdout, snap, analysis, job, "stopped")
+        held = next(r for r in snap.ranks if r.rank == HELD)  # type: ignore[attr-defined]
+        assert held.error is None and held.strace is None
+        assert any(f"strace not run on pid {job.ranks[HELD].pid}: it is stopped" in a for a in held.actions), held.actions
+        assert all(r.strace is not None for r in snap.ranks if r.rank != HELD)  # type: ignore[attr-defined]
         node_pid = job.ranks[HELD].pid
         assert stdout.startswith(f"hangscope: Rank {HELD} is stopped (SIGSTOP or job control); the other 3 ranks "
                                  f"wait for it; `kill -CONT {node_pid}` on node02 resumes it."), stdout
