@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
     col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
                      help="inspect only this process (repeatable; on every node, mostly for this machine)")
+    col.add_argument("--job", metavar="JOB",
+                     help="analyse only this job of the snapshot: its name as the summary prints it, or a part "
+                     "of it that names one job (e.g. the master port 29500)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
     col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
     col.add_argument("--samples", type=int, default=2, metavar="N",
@@ -168,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.hosts or args.nodelist:
             raise InputError("--load reads a saved snapshot; do not also give hosts")
         if headless_mode:
-            return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar)
+            return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar,
+                                        job=args.job)
         snap = headless.load_snapshot(args.load)
         _require_terminal()
         from app.ui import run_tui

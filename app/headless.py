@@ -78,6 +78,8 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
 
     snap = run_interruptible(collect, session.cancel)
     assert isinstance(snap, Snapshot)
+    if getattr(args, "job", None):
+        snap, history = pick_job(snap, history, args.job)
     return report(snap, history=history, snapshot_path=args.snapshot, force=args.force, export=args.export,
                   tar=args.tar)
 
@@ -141,8 +143,26 @@ def exit_status(snap: Snapshot, analysis) -> tuple:
     return EXIT_OK, ""
 
 
-def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False) -> int:
-    report(load_snapshot(path), export=export, force=force, tar=tar)
+def pick_job(snap: Snapshot, history: Sequence[Snapshot], wanted: str) -> "tuple[Snapshot, List[Snapshot]]":
+    """The snapshot (and samples) with the ranks of the one job `wanted` names: exactly, or as the only job
+    whose name contains it. An InputError lists the jobs when it names none or several."""
+    from app.analysis import job_keys, only_job
+
+    keys = [k for k in job_keys(snap) if k]
+    match = [k for k in keys if k == wanted] or [k for k in keys if wanted in k]
+    if len(match) != 1:
+        listed = "; ".join(keys) if keys else "none: no rank tells its job"
+        raise InputError(f"--job {wanted!r} names {'no' if not match else 'more than one'} job of this snapshot; "
+                         f"its jobs: {listed}")
+    return only_job(snap, match[0]), [only_job(h, match[0]) for h in history]
+
+
+def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False,
+                job: Optional[str] = None) -> int:
+    snap = load_snapshot(path)
+    if job:
+        snap, _ = pick_job(snap, (), job)
+    report(snap, export=export, force=force, tar=tar)
     return EXIT_OK
 
 
@@ -171,6 +191,10 @@ def load_snapshot(path: str) -> Snapshot:
         snap, _ = snapshot_from_json(text)
     except SnapshotFormatError as exc:
         raise InputError(f"{path}: {exc}") from exc
+    if any(not r.job for r in snap.ranks):  # written before ranks carried their job: derived from what they hold
+        from app.parse import with_job
+
+        snap = dataclasses.replace(snap, ranks=tuple(r if r.job else with_job(r) for r in snap.ranks))
     return snap
 
 

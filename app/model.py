@@ -304,6 +304,30 @@ class ProgressCounters:
 
 
 @dataclass(frozen=True)
+class ProcessHold:
+    """What holds a rank's process, read on the node before any tool touched it (workers/pstate.py)."""
+
+    kind: str = ""  # running, sleeping, stopped, traced, frozen, disk_sleep, zombie, exiting, gone
+    stopped_by: str = ""  # signal (SIGSTOP, job control) or tracer
+    tracer_pid: Optional[int] = None  # the process tracing it (TracerPid), when one does
+    tracer: str = ""  # the tracer's command name
+    tty: bool = False  # it has a controlling terminal: Ctrl-Z or job control can stop it
+    freezer: str = ""  # v1 or v2 when a cgroup freezer holds it
+    cgroup: str = ""  # the freezer cgroup that was set to freeze (the one to thaw), relative to its mount
+    freezer_state: str = ""  # FROZEN or FREEZING
+    thaw: str = ""  # the command that thaws it, run on its node
+    container: str = ""  # `docker unpause ID` when the cgroup is a container's
+    wchan: str = ""  # the kernel function it sleeps in
+    syscall: str = ""  # D state: the system call it is blocked in, when readable
+    waits_on: str = ""  # D state: the file or device that call is on, when readable
+
+    @property
+    def held(self) -> bool:
+        """A state that holds the rank whatever its stack shows: stopped, traced, frozen, D."""
+        return self.kind in ("stopped", "traced", "frozen", "disk_sleep")
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
 
@@ -314,6 +338,10 @@ class RankSnapshot:
     local_rank: Optional[int] = None
     world_size: Optional[int] = None
     group_rank: Optional[int] = None
+    found_by: str = ""  # how discovery found it: rank environment, multiprocessing spawn child with torch loaded, --pid
+    job: str = ""  # which job it belongs to, e.g. "10.0.0.1:29500" (its store), "SLURM job 42.0"; "" when unknown
+    job_evidence: str = ""  # what that rests on: MASTER_ADDR:MASTER_PORT, TORCHELASTIC_RUN_ID, SLURM ids, launcher
+    rank_evidence: str = ""  # where the rank number comes from, e.g. "environment (RANK)"; "" when unknown
     local_world_size: Optional[int] = None
     master_addr: str = ""
     master_port: Optional[int] = None
@@ -345,6 +373,8 @@ class RankSnapshot:
     elapsed: float = 0.0  # seconds the dump took on the node
     flight: Optional[FlightRecord] = None  # PyTorch's Flight Recorder, when the rank enables it
     counters: Optional[ProgressCounters] = None  # what moves between samples, read at discovery
+    hold: Optional[ProcessHold] = None  # what holds the process (stopped, traced, frozen, D, exiting), read before any tool ran; None when nothing does, and in old files
+    actions: Tuple[str, ...] = ()  # what hangscope did to the process, in order (tools run, signals sent)
 
     @property
     def main_thread(self) -> Optional[ThreadStack]:

@@ -11,8 +11,9 @@ import re
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProgressCounters,
-                       RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo, WithInfo)
+from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProcessHold,
+                       ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
+                       WithInfo)
 from app.parse_flight import flight_record
 from workers.protocol import ERROR_HINTS
 
@@ -108,9 +109,10 @@ def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
     """A discovered rank, not yet collected."""
     env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
                 if isinstance(k, str) and isinstance(v, str))
-    return RankSnapshot(
+    return with_job(RankSnapshot(
         node=node, pid=_int(item.get("pid")) or 0, start_time=_int(item.get("start_time")) or 0,
         rank=_int(item.get("rank")), local_rank=_int(item.get("local_rank")),
+        found_by=_str(item.get("found_by"))[:100], rank_evidence=_str(item.get("rank_evidence"))[:200],
         world_size=_int(item.get("world_size")), group_rank=_int(item.get("group_rank")),
         local_world_size=_int(item.get("local_world_size")), master_addr=_str(item.get("master_addr")),
         master_port=_int(item.get("master_port")), launcher=_str(item.get("launcher")),
@@ -123,7 +125,37 @@ def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
         nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
         children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
         sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
-        counters=counters(item.get("counters")), collected=False)
+        counters=counters(item.get("counters")), collected=False))
+
+
+_LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
+
+
+def job_identity(r: RankSnapshot) -> tuple[str, str]:
+    """(job, evidence) from the best evidence the rank carries: the address of its store (MASTER_ADDR:
+    MASTER_PORT: every rank of a job has the same, two jobs on one node cannot), the elastic run id (when
+    set: torchrun's default "none" tells nothing), SLURM's job and step ids, else its launcher process (a
+    job on one node). Loopback store addresses are per node. ("", "") when nothing tells."""
+    env = dict(r.env)
+    if r.master_addr and r.master_port is not None:
+        addr = r.master_addr[:100]
+        local = addr.startswith(_LOOPBACK)
+        return (f"{addr}:{r.master_port}" + (f" on {r.node}" if local else ""), "MASTER_ADDR:MASTER_PORT")
+    run = env.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return f"elastic run {run[:100]}", "TORCHELASTIC_RUN_ID"
+    slurm = env.get("SLURM_JOB_ID", "")
+    if slurm:
+        step = env.get("SLURM_STEP_ID", "")
+        return f"SLURM job {slurm[:40]}" + (f".{step[:20]}" if step else ""), "SLURM_JOB_ID, SLURM_STEP_ID"
+    if r.launcher_pid:
+        return (f"{r.launcher or 'launcher'} pid {r.launcher_pid} on {r.node}", "launcher process")
+    return "", ""
+
+
+def with_job(r: RankSnapshot) -> RankSnapshot:
+    job, evidence = job_identity(r)
+    return dataclasses.replace(r, job=job, job_evidence=evidence) if job else r
 
 
 # --- iteration coordinates ------------------------------------------------------------------------------
@@ -322,10 +354,67 @@ def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
                                name == "MainThread" or tid == rank.pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):  # threads py-spy does not show (native ones), or all without it
         threads.append(_thread(tid, "", False, False, (), tid == rank.pid, procfs[tid]))
+    if rank.rank is None:
+        rank = spawn_identity(rank, threads)
     return dataclasses.replace(
         rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
         resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
-        state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")))
+        state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")),
+        hold=process_hold(item.get("process")) or rank.hold,
+        actions=rank.actions + tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]))
+
+
+_SPAWN_WRAP = "torch/multiprocessing/spawn.py"
+
+
+def spawn_identity(rank: RankSnapshot, threads: Iterable[ThreadStack]) -> RankSnapshot:
+    """A rank without a rank environment started by torch.multiprocessing.spawn: its number is the spawn target's
+    `rank` argument (py-spy --locals), its world size the target's `world_size` argument; torch's `_wrap` frame
+    calls the target as fn(i, *args), so with no argument named `rank` the process index `i` is only its local
+    rank. Nothing is guessed: without locals, or without such a frame, the rank stays unknown."""
+    for t in sorted(threads, key=lambda t: not t.is_main):
+        frames = t.frames
+        for i, f in enumerate(frames):
+            if f.function != "_wrap" or not f.filename.endswith(_SPAWN_WRAP) or i == 0:
+                continue
+            target = frames[i - 1]
+            args = {lc.name: lc.repr for lc in target.locals if lc.arg}
+            index = next((_int_text(lc.repr) for lc in f.locals if lc.name == "i"), None)
+            number, world = _int_text(args.get("rank")), _int_text(args.get("world_size"))
+            fn = target.function[:80]
+            if number is not None:
+                return dataclasses.replace(
+                    rank, rank=number, world_size=rank.world_size or world,
+                    local_rank=rank.local_rank if rank.local_rank is not None else index,
+                    rank_evidence=f"the spawn target's `rank` argument ({fn}, py-spy --locals)")
+            if index is not None:
+                return dataclasses.replace(
+                    rank, local_rank=index, world_size=rank.world_size or world,
+                    rank_evidence=f"unknown: the spawn target {fn} has no `rank` argument; its spawn index {index} "
+                                  "is the local rank only")
+    return rank
+
+
+def _int_text(value: Any) -> int | None:
+    """A local's repr that is a plain non-negative integer (py-spy shows ints as digits), else None."""
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 10 else None
+
+
+def process_hold(raw: Any) -> ProcessHold | None:
+    """workers/pstate.py's reading of what holds a process (remote text, bounded); None when nothing does."""
+    if not isinstance(raw, dict):
+        return None
+    if raw.get("kind") in ("running", "sleeping", "gone", "", None) and not _int(raw.get("tracer_pid")):
+        return None  # nothing holds it: the state letter says the rest (and the analysis skips None in C)
+    f = _dict(raw.get("freezer"))
+    version = _int(f.get("version"))
+    return ProcessHold(
+        kind=_str(raw.get("kind"))[:20], stopped_by=_str(raw.get("stopped_by"))[:20],
+        tracer_pid=_int(raw.get("tracer_pid")) or None, tracer=_str(raw.get("tracer"))[:64],
+        tty=raw.get("tty") is True, freezer=f"v{version}" if version in (1, 2) else "",
+        cgroup=_str(f.get("cgroup"))[:500], freezer_state=_str(f.get("state"))[:20], thaw=_str(f.get("thaw"))[:600],
+        container=_str(f.get("container"))[:100], wchan=_str(raw.get("wchan"))[:100],
+        syscall=_str(raw.get("syscall"))[:40], waits_on=_str(raw.get("waits_on"))[:300])
 
 
 # --- strace and gdb ---------------------------------------------------------------------------------------

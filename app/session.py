@@ -162,7 +162,10 @@ class Session:
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
             return dataclasses.replace(r, strace=parse.strace_result(done), resumed=r.resumed or
-                                       bool(done.get("resumed")))
+                                       bool(done.get("resumed")),
+                                       actions=r.actions + (f"strace for {seconds:g} s: attached with ptrace, then "
+                                                            "detached" + ("; SIGCONT: it was left stopped, and runs "
+                                                                          "again" if done.get("resumed") else ""),))
 
         return await self._per_rank(ranks, "strace", args, apply, seconds + self.options.dump_timeout, serial=False)
 
@@ -173,7 +176,10 @@ class Session:
                     "sudo": self.options.collect.sudo}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
-            return dataclasses.replace(r, gdb=parse.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")))
+            return dataclasses.replace(r, gdb=parse.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
+                                       actions=r.actions + ("gdb backtrace: attached with ptrace, then detached"
+                                                            + ("; SIGCONT: it was left stopped, and runs again"
+                                                               if done.get("resumed") else ""),))
 
         return await self._per_rank(ranks, "gdb", args, apply, self.options.dump_timeout + 10.0, serial=True)
 
@@ -250,8 +256,13 @@ class Session:
                 elif "discovered" in item:
                     timings["discover"] = time.monotonic() - t
                     phase, t = "collect", time.monotonic()
+                    # what discovery says about the node (spawn ranks taken, candidates when none): remote text
+                    found = item["discovered"] if isinstance(item["discovered"], dict) else {}
+                    notes = tuple(n[:1000] for n in (found.get("notes") or [])[:10] if isinstance(n, str))
                     self._update(node, state="collecting", ranks_found=len(node.ranks),
-                                 timings=tuple(timings.items()))
+                                 timings=tuple(timings.items()),
+                                 warnings=node.status.warnings + tuple(n for n in notes
+                                                                       if n not in node.status.warnings))
                     # A backstop only (the worker enforces each rank's deadline): as if every rank ran into
                     # it, one by one.
                     req.set_deadline(self.options.dump_timeout * len(node.ranks) + 15.0)
@@ -361,6 +372,13 @@ class Session:
                 rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
                                                                  ERROR_HINTS["cancelled"], op))
             except TransportError as exc:
+                if exc.code == "target_held":  # stopped, frozen or D: the tool was not run, nothing is wrong
+                    current = node.ranks.get(rank.pid, rank)
+                    rank = dataclasses.replace(current, actions=current.actions + (exc.message[:300],))
+                    node.ranks[rank.pid] = rank
+                    results[key] = rank
+                    self._emit(RankUpdate(rank))
+                    return
                 error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op)
                 # The worker is gone (connection lost, worker died): the stacks already taken stay, but the
                 # rank and its node say the picture is partial, as a loss during the dump pass does.

@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -43,6 +44,8 @@ PYSPY = testenv.PYSPY
 #   login shell, and this image's /root/.bashrc runs `pyenv init` (0.1 s per command, and a shared lock that
 #   serialised the first command on all nodes). The folders of /root that hold the tests' interpreter, venv
 #   and py-spy ($3...: .pyenv, a venv) stay visible; the rest of /root (tokens, caches) does not.
+# - the host's cgroup hierarchies, mounted where the host has them: `ip netns exec` mounts a fresh /sys without
+#   them, and a real node (or a container) shows its cgroups there: the freezer that holds a rank, cpu.stat.
 # - /usr/local/bin is the node's own directory holding py-spy: the remote PATH finds py-spy and Debian's
 #   /usr/bin/python3, like a compute node with py-spy installed; a test removes it to simulate its absence.
 NODE_SETUP = r"""
@@ -64,12 +67,37 @@ for keep in "$@"; do
     fi
 done
 set -- "$(hostname)" "$node_dir"
+@CGROUPS@
 mount --rbind "$2/home" /root
 mount --bind "$2/bin" /usr/local/bin
 exec tini -- sleep infinity
 """
 
 CLEAN_BASHRC = "# hangscope test node: a fast, quiet shell for non-interactive ssh commands (see tests/cluster.py)\n"
+
+
+def cgroup_setup() -> str:
+    """Shell lines that mount this machine's cgroup hierarchies in a node as they are mounted here (the same
+    cgroup namespace: paths read the same inside); a mount that fails leaves the node without it, as on a node
+    that does not have that hierarchy."""
+    lines = []
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ":"
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or not fields[4].startswith("/sys/fs/cgroup"):
+            continue
+        point = shlex.quote(fields[4])
+        if tail[0] == "tmpfs" and fields[4] == "/sys/fs/cgroup":
+            lines.insert(0, "mount -t tmpfs -o mode=0755 cgroup /sys/fs/cgroup || true")
+        elif tail[0] == "cgroup2":
+            lines.append(f"mkdir -p {point} && mount -t cgroup2 cgroup2 {point} || true")
+        elif tail[0] == "cgroup":
+            lines.append(f"mkdir -p {point} && mount -t cgroup -o {shlex.quote(tail[2])} cgroup {point} || true")
+    return "\n".join(lines) or ":"
 
 
 def support_problem() -> str | None:
@@ -315,7 +343,7 @@ def _populate(cluster: Cluster, n: int, prefix: str) -> None:
         # no default route: the node reaches the bridge's /24 and nothing else
         _ip_batch(["link set lo up", f"addr add {node.ip}/24 dev eth0", "link set eth0 up"], netns=node.ns)
     for node in cluster.nodes:
-        node.boot(NODE_SETUP, *testenv.root_dirs_to_keep())
+        node.boot(NODE_SETUP.replace("@CGROUPS@", cgroup_setup()), *testenv.root_dirs_to_keep())
     for proc in keygens:
         _, err = proc.communicate(timeout=30)
         if proc.returncode != 0:

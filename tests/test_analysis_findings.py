@@ -135,7 +135,10 @@ def test_uninterruptible_stopped_and_zombie_ranks() -> None:
     by = {f.kind: f for f in a.findings}
     assert by["uninterruptible"].title == "rank 2 is in uninterruptible sleep (D): waiting on I/O or a driver"
     assert "nfs_wait_bit_killable" in by["uninterruptible"].detail and by["uninterruptible"].confidence == "high"
-    assert by["stopped"].title == "rank 4 is stopped" and "SIGSTOP" in by["stopped"].detail
+    # the state is the answer: what holds it, that the others wait for it, and the command that resumes it
+    assert by["stopped"].title == ("rank 4 is stopped (SIGSTOP or job control); the other 7 ranks wait for it; "
+                                   f"`kill -CONT {ranks[4].pid}` on node02 resumes it")
+    assert "SIGSTOP" in by["stopped"].detail
     assert by["exited"].title == "rank 6 exited (zombie) and is gone from the job"
     assert kinds(a)[:3] == ["stopped", "exited", "uninterruptible"]
 

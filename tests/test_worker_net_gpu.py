@@ -129,6 +129,7 @@ def _proc_and_ss_rows() -> dict:
             row["total_retrans"] = extra.get("retrans")
             row["last_send_ms"], row["last_recv_ms"] = extra.get("lastsnd"), extra.get("lastrcv")
             row["last_ack_ms"] = extra.get("lastack")
+            row["bytes_acked"], row["bytes_received"] = extra.get("bytes_acked"), extra.get("bytes_received")
         out[inode] = row
     return out
 
@@ -162,8 +163,11 @@ def test_netlink_dump_gives_what_proc_net_tcp_and_ss_give() -> None:
         for key in ("last_send_ms", "last_recv_ms", "last_ack_ms"):
             # read milliseconds apart; ss leaves a zero out (None), so a fresh socket may be None on one side
             assert abs((a[key] or 0) - (b[key] or 0)) < 2000, (key, a, b)
-        assert {k: v for k, v in a.items() if not k.startswith("last_")} == \
-            {k: v for k, v in b.items() if not k.startswith("last_")}
+        # ss leaves a zero counter out too (None); netlink gives 0
+        for key in ("bytes_acked", "bytes_received"):
+            assert (a[key] or 0) == (b[key] or 0), (key, a, b)
+        assert {k: v for k, v in a.items() if not k.startswith(("last_", "bytes_"))} == \
+            {k: v for k, v in b.items() if not k.startswith(("last_", "bytes_"))}
     assert fast[ino["c4"]]["recv_q"] == 3000 and fast[ino["c4"]]["state"] == "ESTABLISHED"
     assert fast[ino["l6"]]["state"] == "LISTEN" and fast[ino["l6"]]["local"].startswith("[::]:")
     assert fast[ino["s6"]]["peer"].startswith("127.0.0.1:"), "v4-mapped peers are written as IPv4"

@@ -1,9 +1,13 @@
 """Finding the ranks of a distributed job on this node by environment and parentage, never by name patterns.
 
 A rank is a Python process whose environment carries a rank variable (RANK, LOCAL_RANK, OMPI_COMM_WORLD_RANK,
-PMI_RANK, SLURM_PROCID). Helpers that inherit a rank's environment (data-loader workers, compile workers) are
-listed as that rank's children, and a launcher that itself carries SLURM_PROCID (torchrun under srun) is not
-a rank. The worker's own process tree (its shell, its tools) is never considered.
+PMI_RANK, SLURM_PROCID), or, without one, a multiprocessing spawn child with torch loaded that no rank started
+(torch.multiprocessing.spawn, PyTorch's DDP tutorial: the rank is the spawn target's argument, read from its
+locals on the login side, app/parse.py). Each rank says how it was found (`found_by`) and where its number comes
+from (`rank_evidence`). Helpers that inherit a rank's environment or are its spawn children (data-loader workers,
+compile workers) are listed as that rank's children, and a launcher that itself carries SLURM_PROCID (torchrun
+under srun) is not a rank. When nothing is found, python processes with torch loaded are listed in the notes as
+candidates for --pid. The worker's own process tree (its shell, its tools) is never considered.
 """
 
 from __future__ import annotations
@@ -43,6 +47,26 @@ def is_python(p: Proc) -> bool:
     if p.cmdline:
         names.append(os.path.basename(p.cmdline[0]))
     return any(n.startswith("python") for n in names)
+
+
+def is_spawn_child(p: Proc) -> bool:
+    """A child that multiprocessing's spawn (or forkserver) start method exec'd: `python -c 'from
+    multiprocessing.spawn import spawn_main; spawn_main(...)' --multiprocessing-fork`, as torch.multiprocessing.
+    spawn starts each rank."""
+    argv = p.cmdline
+    return "--multiprocessing-fork" in argv or any("from multiprocessing.spawn import spawn_main" in a
+                                                   or "from multiprocessing.forkserver import main" in a
+                                                   for a in argv[1:4])
+
+
+def torch_loaded(pid: int) -> bool:
+    """torch's C++ library is mapped: the process imported torch (reads /proc/PID/maps, bounded)."""
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            data = f.read(8 << 20)
+    except OSError:
+        return False
+    return b"/libtorch_cpu.so" in data or b"/libtorch_python.so" in data
 
 
 def identity(env: Dict[str, str]) -> Tuple[Optional[str], ...]:
@@ -165,6 +189,7 @@ class Scan:
         self._cache = cache
         self._fresh: Set[int] = set()  # read in full by this scan, not taken from the cache
         self._own: Dict[int, Proc] = {}  # the worker's own tree: never ranks, but maybe a rank's ancestor
+        self._spawned: Set[int] = set()  # ranks found as spawn children with torch loaded (no rank environment)
 
     def _load(self) -> None:
         cache = self._cache
@@ -212,6 +237,8 @@ class Scan:
         """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not."""
         self._load()
         ranks = {pid for pid, p in self.procs.items() if is_python(p) and is_rank_env(p.environ)}
+        self._spawned = self._spawn_ranks(ranks)
+        ranks |= self._spawned
         helpers: Dict[int, List[int]] = {}
         for pid in sorted(ranks):
             owner = self._helper_of(pid, ranks)
@@ -230,6 +257,8 @@ class Scan:
         if pids is not None:
             wanted = set(pids)
             ranks = {p for p in wanted if p in self.procs}
+        elif not ranks:
+            self.notes += self._candidates()
         if os.geteuid() != 0 and proc_hides_pids():
             self.notes.append("/proc is mounted with hidepid: other users' processes are invisible here: connect "
                               "as their user or as root")
@@ -237,6 +266,49 @@ class Scan:
             self.notes.append("%d python processes of other users could not be inspected: run as their user "
                               "or with --sudo" % self.unreadable)
         return [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+
+    def _spawn_ranks(self, ranks: Set[int]) -> Set[int]:
+        """Ranks without a rank environment (torch.multiprocessing.spawn, PyTorch's DDP tutorial: the rank is
+        an argument, MASTER_ADDR is set in os.environ after exec): spawn children with torch loaded that no
+        rank started. A spawn child of such a rank (a data-loader worker) is its helper, found below."""
+        out: Set[int] = set()
+        for pid, p in self.procs.items():
+            if pid in ranks or not is_python(p) or not is_spawn_child(p) or is_rank_env(p.environ):
+                continue
+            if self._has_rank_ancestor(p, ranks) or not torch_loaded(pid):
+                continue
+            out.add(pid)
+        if out:
+            self.notes.append("%d process%s started by multiprocessing spawn with torch loaded and no RANK in the "
+                              "environment (torch.multiprocessing.spawn): taken as ranks; the rank number comes "
+                              "from the spawn target's `rank` argument, read with --locals"
+                              % (len(out), "" if len(out) == 1 else "es"))
+        return out
+
+    def _has_rank_ancestor(self, p: Proc, ranks: Set[int]) -> bool:
+        cur = p.ppid
+        for _ in range(64):
+            if cur in ranks:
+                return True
+            a = self.procs.get(cur)
+            if a is None:
+                return False
+            cur = a.ppid
+        return False
+
+    def _candidates(self) -> List[str]:
+        """No rank found: python processes with torch loaded, each with why, and how to pick one."""
+        found = []
+        for pid, p in sorted(self.procs.items()):
+            if is_python(p) and torch_loaded(pid):
+                found.append("pid %d (%s)" % (pid, " ".join(redact_argv(p.cmdline))[:120]))
+            if len(found) >= 8:
+                break
+        if not found:
+            return []
+        return ["no process with a rank environment (RANK, LOCAL_RANK, ...) nor a multiprocessing spawn child "
+                "with torch loaded; python processes with torch loaded: %s: pick ranks with --pid PID"
+                % "; ".join(found)]
 
     def _helper_of(self, pid: int, ranks: Set[int]) -> Optional[int]:
         """The rank this process helps: its nearest rank ancestor, when that one has the same identity."""
@@ -308,8 +380,15 @@ class Scan:
     def _fixed(self, p: Proc) -> Dict[str, Any]:
         """What does not change while the process lives: identity, command line, environment, namespaces."""
         pid, env = p.pid, p.environ or {}
+        rank_var = next((v for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+                         if _int(env, v) is not None), None)
+        spawned = pid in self._spawned
         return {
             "pid": pid, "start_time": p.start_time,
+            # how the process was found, and where its rank number comes from ("" while unknown)
+            "found_by": "rank environment" if is_rank_env(env) else (
+                "multiprocessing spawn child with torch loaded" if spawned else "--pid"),
+            "rank_evidence": "environment (%s)" % rank_var if rank_var else "",
             "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
             "local_rank": _int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                "SLURM_LOCALID"),

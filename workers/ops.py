@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from workers import discover as discovery
-from workers import procinfo
+from workers import procinfo, pstate
 from workers.collect import flight, gpus, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import error_dict
@@ -167,7 +167,9 @@ def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],
                         "error": error_dict("internal", "%s: %s" % (type(exc).__name__, exc))}
             cache = req.worker.proc_cache
             env = cache.environ(pid, st) if cache is not None else None  # read at discovery, same process
-            item["flight"] = flight.collect(pid, env=env)  # None unless the rank enables the Flight Recorder
+            hold = item.get("process") or {}
+            # None unless the rank enables the Flight Recorder; a held rank's worker server is not asked
+            item["flight"] = flight.collect(pid, env=env, held=hold.get("kind", "") if pstate.held(hold) else "")
             emit(item)
 
     threads = [threading.Thread(target=work, name="dump-%d-%d" % (req.id, i), daemon=True)

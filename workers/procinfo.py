@@ -93,7 +93,10 @@ def exec_key(fields: List[str]) -> tuple:
     names it after the new program, but python re-exec'ing python keeps it) and the start of its stack and
     of its arguments and environment (28, 48-51: every exec lays out a new stack, randomised by ASLR; zero
     for processes this user may not trace, where comm and the start time are all there is)."""
-    return (fields[1], fields[21], fields[27]) + tuple(fields[47:51])
+    # kernel threads (children of kthreadd, pid 2) never exec, and a kworker renames itself after the work
+    # queue it serves ("kworker/0:0-events"): its name is no sign of a new image
+    comm = "" if fields[3] == "2" or fields[0] == "2" else fields[1]
+    return (comm, fields[21], fields[27]) + tuple(fields[47:51])
 
 
 def rss(pid: int) -> int:

@@ -40,6 +40,8 @@ Ops (args -> items / done):
                                    "loops": {"<file>:<line>": [LoopInfo dict]},
                                    "source": {"<file>": {"<line>": "text"}},
                                    "state_before": str, "state_after": str, "resumed": bool,
+                                   "process": <workers/pstate.py read(): what holds it, read before any tool>,
+                                   "actions": [str] (what was done to the process, in order),
                                    "elapsed": float, "error": ErrorDict | None,
                                    "notes": [str], "source_context": int,
                                    "flight": None | {"enabled": {var: value}, "source": "worker_server" |
@@ -56,6 +58,7 @@ Ops (args -> items / done):
                        "seconds": float}   (output: first and last max_lines/2 lines around a [truncated] marker)
     gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
               -> done {"pid", "output": str, "stderr": str, "resumed": bool, "elapsed": float}
+              strace and gdb end with error target_held (never attaching) on a stopped, frozen or D-state target
     push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
               -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
     cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends
@@ -109,7 +112,10 @@ ERROR_HINTS: Dict[str, str] = {
     "target_exited": "the process exited before or during collection; it is no longer part of the job",
     "target_changed": "the pid now belongs to another process (pid reuse); rediscover ranks",
     "already_traced": "another tracer (strace, gdb, a debugger) is attached; detach it and retry",
-    "timeout": "the tool did not finish within its deadline and was killed; the target was checked and resumed",
+    "timeout": ("the tool did not finish within its deadline and was killed; the message says the target's state "
+                "afterwards and whether hangscope had to resume it"),
+    "target_held": ("the process is stopped, frozen or in uninterruptible sleep: a ptrace tool would wait on it "
+                    "or change it, so it was not run; the message says what holds the process and what resumes it"),
     "sudo_password": "sudo on the node needs a password; hangscope only uses `sudo -n`: add a NOPASSWD rule",
     "cancelled": "cancelled by the user",
     "tool_failed": "the tool ran but failed; its message is shown",

@@ -11,13 +11,15 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import attrgetter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
 from app.analysis.findings import Finding, identical_finding, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
+from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
-from app.analysis.health import several_jobs, thread_counts
+from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.locks import lock_findings
 from app.analysis.network import network_findings
@@ -93,9 +95,79 @@ def _split_dict(s: IterationSplit) -> Dict[str, Any]:
                         "ranks": [list(k) for k in g.ranks]} for g in s.groups]}
 
 
+_job = attrgetter("job")
+
+
+def job_keys(snapshot: Snapshot) -> List[str]:
+    """The jobs of the snapshot, by the identity parse gave each rank (RankSnapshot.job), largest first; one
+    entry "" when no rank tells (old snapshot files) or all tell the same."""
+    distinct = set(map(_job, snapshot.ranks))  # in C: the usual case is one job
+    if len(distinct) <= 1:
+        return list(distinct) or [""]
+    counts: Dict[str, int] = {}
+    for r in snapshot.ranks:
+        counts[r.job] = counts.get(r.job, 0) + 1
+    return sorted(counts, key=lambda k: (-counts[k], k))
+
+
+def only_job(snapshot: Snapshot, job: str) -> Snapshot:
+    """The snapshot with the ranks of one job only (nodes stay: a node failure concerns every job on it)."""
+    return dataclasses.replace(snapshot, ranks=tuple(r for r in snapshot.ranks if r.job == job))
+
+
 def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
             options: AnalysisOptions = AnalysisOptions()) -> Analysis:
-    """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first)."""
+    """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first).
+    A snapshot that holds several jobs is analysed job by job: ranks of one job are never compared with
+    another's, and the verdict says which job is hung and which progresses."""
+    keys = job_keys(snapshot)
+    if len(keys) > 1:
+        return _analyze_jobs(snapshot, history, options, keys)
+    return _analyze_one(snapshot, history, options)
+
+
+def _analyze_jobs(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions,
+                  keys: Sequence[str]) -> Analysis:
+    started = time.perf_counter()
+    whole = _analyze_one(snapshot, history, options)  # the picture of the node: classes and tree over every rank
+    per_job = [(key, _analyze_one(only_job(snapshot, key), [only_job(h, key) for h in history], options))
+               for key in keys]
+    progressing = [(k, a) for k, a in per_job if a.findings and a.findings[0].kind == "progressing"]
+    # the job with the strongest lead first
+    stuck = sorted(((k, a) for k, a in per_job if (k, a) not in progressing),
+                   key=lambda ka: _lead_rank(ka[1]))
+    parts = []
+    for key, a in stuck:
+        label = _job_label(snapshot, key)
+        verdict = a.verdict[:1].lower() + a.verdict[1:]
+        parts.append(f"Job {label} is hung: {verdict}" if history else f"Job {label}: {verdict}")
+    for key, _ in progressing:
+        parts.append(f"Job {_job_label(snapshot, key)} is progressing, not hung.")
+    findings: List[Finding] = []
+    for key, a in stuck + progressing:
+        tag = f"job {clean(key or 'unidentified', 120)}: "
+        findings += [dataclasses.replace(f, title=tag + f.title) for f in a.findings]
+    findings += [f for f in whole.findings if f.kind in ("several_jobs", "node_failed")]
+    return dataclasses.replace(whole, verdict=" ".join(parts), findings=tuple(findings),
+                               progress=tuple(p for _, a in per_job for p in a.progress),
+                               elapsed=time.perf_counter() - started)
+
+
+def _lead_rank(a: Analysis) -> Tuple[int, int]:
+    top = a.findings[0] if a.findings else None
+    if top is None or not top.culprit:
+        return (1, 3)
+    return (0, {"high": 0, "medium": 1, "low": 2}[top.confidence])
+
+
+def _job_label(snapshot: Snapshot, key: str) -> str:
+    from app.analysis.fold import describe
+
+    ranks = [r for r in snapshot.ranks if r.job == key]
+    return f"{clean(key or 'unidentified', 120)} ({describe(ranks)})"
+
+
+def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions) -> Analysis:
     started = time.perf_counter()
     ranks = snapshot.ranks
     rank_facts = facts(ranks)  # the one read of every rank (columns.py)
@@ -129,7 +201,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     findings += outside_peer_findings(snapshot, peers, gap)
     findings += failed_nodes(snapshot)
     findings += dump_failures(grouping.no_stack, options.thread if isinstance(options.thread, str) else "custom")
-    findings += process_states(rank_facts)
+    states = process_states(rank_facts)
+    findings += states
     findings += thread_counts(rank_facts)
     flight, lagging = flight_analysis(ranks, rank_facts)
     findings += lagging
@@ -137,6 +210,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     same_place = len(classes) == 1 and not (dominant_split is not None and dominant_split.split)
     network = network_findings(snapshot, same_place=same_place, same_stack=len(classes) == 1,
                                sockets=rank_facts.sockets)
+    held = held_ranks(states)
     findings += network
 
     progress: Tuple[RankProgress, ...] = ()
@@ -155,6 +229,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
                                                                                           options)))
     if history:
         findings = contradicted_stalls(while_progressing(findings), progress)
+    if held:
+        findings = _explained_by_state(findings, held[0])
     if not classes:
         findings.append(_no_data(snapshot))
     ordered = order(findings)
@@ -168,13 +244,26 @@ def _ddp_wait(ranks: Sequence[RankSnapshot], c: StackClass, options: AnalysisOpt
     return ddp_backward_wait(list(islice((r for r in ranks if (r.node, r.pid) in members), 8)), options)
 
 
+def _explained_by_state(findings: List[Finding], held: Finding) -> List[Finding]:
+    """A stopped or frozen rank goes silent on every socket and the others wait for it in the same place: the
+    network and "all at the same place" leads are its consequences, not evidence of their own."""
+    who = held.ranks_label or held.title
+    one = len(held.ranks) == 1
+    note = (f"; but {clean(who, 120)} {'is' if one else 'are'} {held.kind}, which silences "
+            f"{'its' if one else 'their'} sockets and holds the others by itself")
+    return [dataclasses.replace(f, confidence="low", culprit=False, reason=f.reason + note)
+            if f.kind in ("network_stall", "all_identical") else f for f in findings]
+
+
 def _no_data(snapshot: Snapshot) -> Finding:
     if not snapshot.ranks:
         failed = sum(1 for n in snapshot.nodes if n.state == "failed")
         why = f"; {failed} of {len(snapshot.nodes)} nodes failed" if failed else ""
         return Finding("no_data", f"no rank processes were found{why}",
-                       "hangscope looks for processes with RANK/LOCAL_RANK in their environment; check the hosts "
-                       "list, and that the job runs as a user whose processes you can read", "high",
+                       "hangscope looks for processes with RANK/LOCAL_RANK in their environment and for "
+                       "multiprocessing spawn children with torch loaded; check the hosts list, that the job runs as "
+                       "a user whose processes you can read, and the nodes' notes, which list python processes with "
+                       "torch loaded: pick ranks with --pid", "high",
                        "nothing to analyse", culprit=False)
     return Finding("no_data", f"no stacks were collected from any of the {len(snapshot.ranks)} ranks",
                    "see why in the dump failures above", "high", "nothing to merge", culprit=False)

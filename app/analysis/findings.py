@@ -15,6 +15,11 @@ from app.analysis.tree import StackClass
 
 FindingKind = Literal[
     "progressing",  # samples over time show ranks moving: not hung
+    # process state outranks stack position: a stopped or frozen rank explains the others' wait by itself
+    "stopped",  # SIGSTOP / job control / tracing stop
+    "frozen",  # the cgroup freezer holds the rank (v1 freezer.state, v2 cgroup.freeze)
+    "exited",  # a rank is a zombie, or vanished between samples
+    "uninterruptible",  # D state: I/O or a driver
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
     "slow_node",  # a node's ranks are held back (CPU throttling, run-queue wait, caught outside the collective)
     "different_collective",  # some ranks wait in another collective than the rest
@@ -22,9 +27,6 @@ FindingKind = Literal[
     "iteration_split",  # same place, different loop iteration
     "collective_lag",  # the Flight Recorder shows ranks that issued fewer collectives in a group than the rest
     "still_running",  # a few ranks change between samples while the rest are stuck
-    "stopped",  # SIGSTOP / tracing stop
-    "exited",  # a rank is a zombie, or vanished between samples
-    "uninterruptible",  # D state: I/O or a driver
     "missing_ranks",  # rank numbers expected from WORLD_SIZE / slots not found
     "node_failed",  # a node could not be inspected: its ranks are unknown
     "outside_peer",  # the ranks talk to addresses no inspected node has: the job runs there too

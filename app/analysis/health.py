@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from itertools import chain
 from operator import attrgetter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import Facts, facts
 from app.analysis.findings import Confidence, Finding
@@ -20,6 +20,7 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 _job = attrgetter("master_addr", "master_port", "world_size")
 _state = attrgetter("state")
+_hold = attrgetter("hold")  # set by parse only when something holds the rank
 _ODD_STATES = frozenset("TtZXD")
 # More ranks than any job runs (the largest have ~10^5): a WORLD_SIZE above it comes from a wrong environment,
 # and is reported as such instead of being counted out.
@@ -210,55 +211,128 @@ def dump_failures(no_stack: Sequence[RankSnapshot], thread: object) -> List[Find
     return out
 
 
+def _states(r: RankSnapshot) -> set:
+    return {r.state} | {t.state for t in r.threads}
+
+
+def _hold_kind(r: RankSnapshot) -> str:
+    """frozen, stopped, traced, exited, disk_sleep or "": what the node read before any tool (r.hold), else the
+    state letters of the process and its threads (old snapshots, ranks not dumped)."""
+    hold = r.hold
+    if hold is not None and hold.kind in ("frozen", "stopped", "traced", "disk_sleep"):
+        return hold.kind
+    states = _states(r)
+    if states & {"T", "t"}:
+        return "traced" if "t" in states or (hold is not None and hold.tracer_pid) else "stopped"
+    if states & {"Z", "X"} or (hold is not None and hold.kind in ("zombie", "exiting")):
+        return "exited"
+    if "D" in states:
+        return "disk_sleep"
+    return ""
+
+
+def _others(held: Sequence[RankSnapshot], total: int) -> str:
+    others = total - len(held)
+    if others <= 0:
+        return ""
+    them = "it" if len(held) == 1 else "them"
+    return f"; the other {count_phrase(others)} wait for {them}" if others > 1 else f"; the other rank waits for {them}"
+
+
+def _on_each(held: Sequence[RankSnapshot], what: "Callable[[RankSnapshot], str]") -> str:
+    """`kill -CONT 4242` on node03, or for several ranks the command per rank, the first few."""
+    parts = []
+    for r in held[:4]:
+        parts.append(f"`{clean(what(r), 300)}` on {clean(r.node, 80)}" if len(held) == 1 else
+                     f"{short([r])}: `{clean(what(r), 300)}` on {clean(r.node, 80)}")
+    return ", ".join(parts) + (", ..." if len(held) > 4 else "")
+
+
 def process_states(f: Facts) -> List[Finding]:
-    """Ranks stopped (T/t), exited (Z/X) or in uninterruptible sleep (D), on any of their threads."""
+    """Ranks stopped (SIGSTOP, job control, a tracer), frozen by the cgroup freezer, exited (Z/X) or in
+    uninterruptible sleep (D), on any of their threads. A state that holds a rank outranks any stack position:
+    the title says what holds it, that the others wait for it, and what resumes it."""
     ranks = f.ranks
-    stopped, dead, dstate = [], [], []
     # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
     seen = set(f.state) | set(map(_state, chain.from_iterable(f.threads)))
-    if _ODD_STATES.isdisjoint(seen):
+    if _ODD_STATES.isdisjoint(seen) and not any(map(_hold, ranks)):
         return []  # the usual case, checked in C
+    by: Dict[str, List[RankSnapshot]] = defaultdict(list)
     for r in ranks:
-        if r.state not in _ODD_STATES and _ODD_STATES.isdisjoint(map(_state, r.threads)):
-            continue  # the usual case, checked in C
-        states = {r.state} | {t.state for t in r.threads}
-        if states & {"T", "t"}:
-            stopped.append(r)
-        elif states & {"Z", "X"}:
-            dead.append(r)
-        elif "D" in states:
-            dstate.append(r)
+        kind = _hold_kind(r)
+        if kind:
+            by[kind].append(r)
     total = len(ranks)
     out = []
+    frozen = by["frozen"]
+    if frozen:
+        first = frozen[0].hold
+        assert first is not None
+        where = (f"{first.freezer} cgroup {clean(first.cgroup, 200)}" if len(frozen) == 1 or
+                 len({(r.node, r.hold.cgroup) for r in frozen if r.hold}) == 1 else "their cgroups")
+        thaw = _on_each(frozen, lambda r: r.hold.thaw if r.hold and r.hold.thaw else "thaw its cgroup")
+        container = first.container if len(frozen) == 1 and first.container else ""
+        out.append(Finding(
+            "frozen", f"{short(frozen)} {'is' if len(frozen) == 1 else 'are'} frozen by the cgroup freezer ({where})"
+            f"{_others(frozen, total)}; thaw with {thaw}" + (f" (or `{clean(container, 100)}`)" if container else ""),
+            "a frozen process does not run at all until its cgroup is thawed (a scheduler's suspend, `docker "
+            "pause`, or someone writing the freezer); SIGCONT does not thaw it. hangscope dumped it without ptrace "
+            "and left it frozen", "high", f"the node's {first.freezer} freezer reports the cgroup {first.freezer_state or 'FROZEN'}",
+            keys_of(frozen), describe(frozen), fold_nodes(r.node for r in frozen)))
+    stopped = by["stopped"] + by["traced"]
     if stopped:
-        label = describe(stopped)
-        traced = any("t" in ({r.state} | {t.state for t in r.threads}) for r in stopped)
+        traced = by["traced"]
         resumed = [r for r in stopped if r.resumed]
-        detail = ("a stopped rank never reaches the next collective, so every other rank waits for it"
+        tracers = sorted({f"PID {r.hold.tracer_pid} ({clean(r.hold.tracer, 40)})" for r in traced
+                          if r.hold is not None and r.hold.tracer_pid})
+        if traced and not by["stopped"]:
+            why = f"by its tracer, {', '.join(tracers)}" if tracers else "in a tracing stop (a debugger holds it)"
+            todo = "detach the tracer (quit the debugger) to resume it"
+        else:
+            tty = any(r.hold is not None and r.hold.tty for r in by["stopped"])
+            why = "SIGSTOP" + (" or Ctrl-Z in its terminal" if tty else " or job control")
+            todo = _on_each(stopped, lambda r: f"kill -CONT {r.pid}") + (" resumes it" if len(stopped) == 1
+                                                                          else " resume them")
+        detail = ("a stopped rank never reaches the next collective, so every other rank waits for it; "
+                  "hangscope dumped it without ptrace and left it stopped"
                   + ("; a tracer or debugger holds it (tracing stop)" if traced else "; someone sent it SIGSTOP")
                   + (f"; hangscope found {short(resumed)} stopped after its own tool and resumed it" if resumed else ""))
-        out.append(Finding("stopped", f"{short(stopped)} {'is' if len(stopped) == 1 else 'are'} stopped",
+        out.append(Finding("stopped", f"{short(stopped)} {'is' if len(stopped) == 1 else 'are'} stopped ({why})"
+                           f"{_others(stopped, total)}; {todo}",
                            detail, "high", "the kernel reports the process as stopped", keys_of(stopped),
-                           label, fold_nodes(r.node for r in stopped)))
+                           describe(stopped), fold_nodes(r.node for r in stopped)))
+    dead = by["exited"]
     if dead:
         out.append(Finding("exited", f"{short(dead)} exited (zombie) and {'is' if len(dead) == 1 else 'are'} "
                            "gone from the job", "an exited rank leaves the others waiting for it forever",
                            "high", "the kernel reports the process as a zombie", keys_of(dead), describe(dead),
                            fold_nodes(r.node for r in dead)))
+    dstate = by["disk_sleep"]
     if dstate:
         waits = []
         for r in dstate[:5]:
-            chans = sorted({t.wchan for t in r.threads if t.state == "D" and t.wchan} | ({r.wchan} if r.wchan else set()))
-            waits.append(f"{short([r])} on {r.node} in {', '.join(clean(w, 60) for w in chans) or 'an unknown kernel wait'}")
+            chans = sorted({t.wchan for t in r.threads if t.state == "D" and t.wchan} | ({r.wchan} if r.wchan else set())
+                           | ({r.hold.wchan} if r.hold is not None and r.hold.wchan else set()))
+            call = ""
+            if r.hold is not None and r.hold.syscall:
+                call = f" ({clean(r.hold.syscall, 40)}" + (f" on {clean(r.hold.waits_on, 200)}" if r.hold.waits_on else "") + ")"
+            waits.append(f"{short([r])} on {r.node} in {', '.join(clean(w, 60) for w in chans) or 'an unknown kernel wait'}{call}")
         few = len(dstate) * 3 <= total
+        on = next((r.hold.waits_on for r in dstate if r.hold is not None and r.hold.waits_on), "")
         out.append(Finding("uninterruptible", f"{short(dstate)} {'is' if len(dstate) == 1 else 'are'} in "
-                           "uninterruptible sleep (D): waiting on I/O or a driver",
+                           "uninterruptible sleep (D): waiting on I/O or a driver"
+                           + (f" ({clean(on, 120)})" if on and len(dstate) == 1 else ""),
                            "; ".join(waits) + ("; ..." if len(dstate) > 5 else "") +
                            ". A process in D state cannot run Python until the kernel call returns (file system, "
                            "GPU driver, network storage).", "high" if few else "medium",
                            "the kernel reports D state" + (" for a few ranks" if few else " for many ranks alike"),
                            keys_of(dstate), describe(dstate), fold_nodes(r.node for r in dstate)))
     return out
+
+
+def held_ranks(findings: Sequence[Finding]) -> List[Finding]:
+    """The findings that say a rank is stopped or frozen: the state explains the hang by itself."""
+    return [f for f in findings if f.kind in ("stopped", "frozen") and f.culprit]
 
 
 def thread_counts(f: Facts) -> List[Finding]:

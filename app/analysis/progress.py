@@ -60,6 +60,7 @@ class RankProgress:
     outside: int = 0  # samples in which its main thread was outside any collective
     inside: int = 0  # samples in which it waited in one (DDP's backward counted when it is DDP's)
     running: int = 0  # samples in which its state was R (on or waiting for a CPU)
+    held: str = ""  # stopped, frozen, traced or disk_sleep in the latest sample: what holds the rank (not a stack)
 
 
 def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
@@ -223,7 +224,8 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
         out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options),
                                 moved=moved, net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
-                                **_window([h[3] for h in history], options, flags)))
+                                **_window([h[3] for h in history], options, flags),
+                                held=_held(rank)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
 
@@ -291,6 +293,15 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
         running += state == "R"
     out.update(inside=inside, outside=outside, running=running)
     return out
+
+
+def _held(rank: RankSnapshot) -> str:
+    hold = rank.hold
+    if hold is not None and hold.held:
+        return hold.kind
+    if rank.state in ("T", "t"):
+        return "stopped"
+    return ""
 
 
 def _activity(cpu: Optional[float], options: AnalysisOptions) -> Activity:
@@ -497,7 +508,19 @@ def stuck_summary(progress: Sequence[RankProgress]) -> str:
         return ""
     longest = max(p.duration for p in stuck)
     acts: Dict[str, int] = {}
+    held: Dict[str, List[RankProgress]] = {}
     for p in stuck:
+        if p.held:  # a stopped or frozen rank sleeps because something holds it: say what, and which rank
+            held.setdefault(p.held, []).append(p)
+            continue
         acts[p.activity] = acts.get(p.activity, 0) + 1
-    shown = ", ".join(f"{n} {a}" for a, n in sorted(acts.items()) if a != "unknown")
-    return f"{len(stuck)} ranks stuck for up to {longest:.0f} s" + (f"; {shown}" if shown else "")
+    shown = [f"{n} {a}" for a, n in sorted(acts.items()) if a != "unknown"]
+    for kind, ps in sorted(held.items()):
+        keys, numbers = _keys(ps)
+        shown.append(f"{short_keys(keys, numbers)} {_HELD_WORDS.get(kind, kind)}")
+    text = ", ".join(shown)
+    return f"{len(stuck)} ranks stuck for up to {longest:.0f} s" + (f"; {text}" if text else "")
+
+
+_HELD_WORDS = {"stopped": "stopped", "traced": "stopped by a tracer", "frozen": "frozen (cgroup freezer)",
+               "disk_sleep": "in uninterruptible sleep (D)"}

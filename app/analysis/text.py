@@ -59,6 +59,11 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
         line = stuck_summary(analysis.progress)
         out += ["", "Progress over samples:"]
         out += _wrap(f"{line}{'; ' if line else ''}{moving} progressing", width, "    ", first="  ")
+    notes = [f"{n.name}: {w}" for n in snapshot.nodes for w in n.warnings]
+    if notes:
+        out += ["", "Notes from the nodes:"]
+        for line in notes[:20]:
+            out += _wrap(line, width, "    ", first="  ")
     failures = node_failures(snapshot)
     if failures:
         out += ["", "Nodes:"]

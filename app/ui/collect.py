@@ -195,8 +195,9 @@ class CollectMixin(HangscopeCore):
         if not keys:
             return
         self._confirm_then("gdb", f"gdb backtrace of {len(keys)} rank(s)",
-                           "gdb stops each rank for ~3 s (one at a time per node) and costs ~5 s of CPU; the "
-                           "rank is checked and resumed afterwards.",
+                           "gdb stops each rank for ~3 s (one at a time per node) and costs ~5 s of CPU; a rank "
+                           "it leaves stopped is resumed. Ranks that are stopped, frozen or in D state are not "
+                           "touched: gdb would wait on them.",
                            command_lines("gdb", keys, self.source.options),
                            lambda: self.start_collection("gdb", ranks=keys))
 

@@ -70,10 +70,12 @@ def enabled(env: Dict[str, str]) -> Dict[str, str]:
     return out
 
 
-def collect(pid: int, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
+def collect(pid: int, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = None,
+            held: str = "") -> Optional[Dict[str, Any]]:
     """The rank's record and where it came from; None when its environment does not enable the recorder
     (or cannot be read: then the login side, which saw the environment at discovery, says so). env: the
-    environment discovery read, when the caller has it."""
+    environment discovery read, when the caller has it. held: what holds the process (stopped, frozen, ...):
+    its worker server cannot answer then, and is not asked."""
     if env is None:
         try:
             env = procinfo.parse_environ(procinfo.read_file("/proc/%d/environ" % pid))
@@ -85,15 +87,17 @@ def collect(pid: int, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = 
     out: Dict[str, Any] = {"enabled": on, "source": "", "path": "", "record": None, "written_at": None,
                            "notes": []}
     try:
-        _collect(pid, env, timeout, out)
+        _collect(pid, env, timeout, out, held)
     except Exception as exc:  # a bug here must not cost the rank its stacks
         out["notes"].append("flight recorder: %s: %s" % (type(exc).__name__, exc))
     return out
 
 
-def _collect(pid: int, env: Dict[str, str], timeout: float, out: Dict[str, Any]) -> None:
+def _collect(pid: int, env: Dict[str, str], timeout: float, out: Dict[str, Any], held: str = "") -> None:
     path = env.get(SOCKET_VAR, "")
-    if path:
+    if path and held:
+        out["notes"].append("worker server %s not asked: the rank is %s and cannot answer" % (path, held))
+    elif path:
         try:
             out["record"] = trim(_from_server(pid, path, timeout))
             out["source"], out["path"] = "worker_server", path

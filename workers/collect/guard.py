@@ -14,9 +14,12 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Dict, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
-from workers import procinfo
+from workers import procinfo, pstate
+
+# A D state seen once may be a disk read that ends a moment later: it counts when it is still there this much later.
+D_RECHECK = 0.05
 
 
 class CollectError(Exception):
@@ -87,8 +90,39 @@ def check_after(pid: int, before: str, tool_killed: bool = False) -> Tuple[str, 
             os.kill(pid, signal.SIGCONT)
         except OSError:
             return after, False
-        return state(pid) or after, after in ("T", "t")
+        now = state(pid) or after
+        # resumed only when it was stopped and is no longer: SIGCONT does not thaw a frozen process
+        return now, after in ("T", "t") and now not in ("T", "t")
     return after, False
+
+
+def hold(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
+    """What holds the process (workers/pstate.py), with a D state checked twice: only a lasting one holds.
+    threads: its threads' (tid, state) when already read."""
+    info = pstate.read(pid, threads)
+    if info["kind"] == "disk_sleep":
+        time.sleep(D_RECHECK)
+        info = pstate.read(pid)  # the threads read afresh too
+    return info
+
+
+def refuse_held(pid: int, tool: str) -> None:
+    """Raises CollectError(target_held) when a ptrace tool must not touch the process (pstate.HELD)."""
+    info = hold(pid)
+    if not pstate.held(info):
+        return
+    what = pstate.describe(info)
+    if info["kind"] == "stopped":
+        todo = "`kill -CONT %d` resumes it" % pid
+    elif info["kind"] == "frozen":
+        todo = "`%s` thaws it" % info["freezer"]["thaw"]
+    elif info["kind"] == "traced":
+        todo = "detach the tracer (PID %d) first" % info["tracer_pid"] if info["tracer_pid"] else "detach its tracer"
+    else:
+        todo = "it runs again when the kernel call returns"
+    raise CollectError("target_held", "%s not run on pid %d: it is %s, and %s would %s; %s"
+                       % (tool, pid, what, tool, "change that" if info["kind"] in ("stopped", "traced")
+                          else "wait on it until its deadline", todo))
 
 
 _locks: Dict[int, str] = {}

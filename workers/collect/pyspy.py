@@ -3,6 +3,7 @@ collected first so that a denied or failed dump still shows where the threads wa
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -12,6 +13,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple
 
 from workers import loops as loopinfo
+from workers import pstate
 from workers.collect import guard, procfs, runas
 from workers.collect.guard import CollectError
 from workers.procinfo import ns_id
@@ -20,11 +22,15 @@ from workers.redact import redact_text, secret_value
 from workers.request import Cancelled, Request
 
 DEFAULT_TIMEOUT = 10.0
+# The deadline of the non-blocking dump that replaces the blocking one on a held (stopped, frozen, D) process:
+# it never attaches and normally ends in a fraction of a second; a D-state process whose memory map is locked
+# can still make it wait, and nobody should wait long for that.
+HELD_TIMEOUT = 3.0
 
 
 class DumpOptions:
     def __init__(self, req: Request) -> None:
-        self.native = req.arg_bool("native")
+        self.native = self.native_wanted = req.arg_bool("native")
         self.locals = req.arg_bool("locals")
         # py-spy refuses --native with --nonblocking; native was asked for explicitly, so it wins.
         self.nonblocking = req.arg_bool("nonblocking") and not self.native
@@ -33,6 +39,14 @@ class DumpOptions:
         ctx = req.arg_int("source_context", 3)
         self.source_context = -1 if ctx is None else min(ctx, 50)
         self.sudo = req.sudo
+
+
+def held_options(opts: DumpOptions) -> DumpOptions:
+    """The options for a process that must not be attached: non-blocking, no native frames, a short deadline."""
+    held = copy.copy(opts)
+    held.native, held.nonblocking = False, True
+    held.timeout = min(opts.timeout, HELD_TIMEOUT)
+    return held
 
 
 def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
@@ -103,7 +117,7 @@ def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -
     item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
                             "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
                             "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": [],
-                            "source_context": opts.source_context}
+                            "source_context": opts.source_context, "process": None, "actions": []}
     try:
         _dump(req, pid, start_time, opts, item)
     except CollectError as exc:
@@ -119,14 +133,26 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     except CollectError as exc:
         if exc.code == "already_traced":  # the right process, only not ours to attach: /proc still tells
             item["state_before"], item["procfs"] = guard.state(pid), procfs.collect(pid)
+            item["process"] = pstate.read(pid)
+            item["actions"].append("read /proc only (another tracer holds it)")
         raise
+    # State first, tools second: what holds the process decides which tools may touch it (/proc and cgroupfs
+    # only are read until then; the thread states /proc gave are reused).
     other_ns, nspid = namespaces(pid)
     item["procfs"] = procfs.collect(pid, ns_tids=nspid is not None)
+    item["actions"].append("read /proc")
+    info = item["process"] = guard.hold(pid, [(t["tid"], t["state"]) for t in item["procfs"]["threads"]
+                                              if isinstance(t, dict) and "tid" in t and "state" in t])
     tool, searched = req.worker.tools.find("py-spy", pid)
     if tool is None:
         item["error"] = error_dict("tool_missing", "py-spy not found on this node; searched: %s"
                                    % ", ".join(searched))
         return
+    if pstate.held(info):
+        opts = held_options(opts)
+        item["notes"].append("not attached: the process is %s; dumped with py-spy --nonblocking (reads its "
+                             "memory, no ptrace)%s" % (pstate.describe(info), "; native frames need ptrace and "
+                                                       "were not collected" if opts.native_wanted else ""))
     flags = ["--native"] * opts.native + ["--locals"] * opts.locals + ["--nonblocking"] * opts.nonblocking
     # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
     lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
@@ -138,15 +164,28 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
             raise CollectError("tool_failed", "cannot run py-spy (%s): %s" % (tool.path, exc))
         finally:
             killed = res is not None and (res.timed_out or res.killed)
-            item["state_after"], item["resumed"] = guard.check_after(pid, item["state_before"], killed)
+            if opts.nonblocking:  # never attached: nothing to detach or resume, nothing sent
+                item["state_after"] = guard.state(pid)
+                if res is not None:
+                    item["actions"].append("py-spy dump --nonblocking: read its memory, never attached"
+                                           + (" (killed at its %.1f s deadline)" % opts.timeout if killed else ""))
+            else:
+                item["state_after"], item["resumed"] = guard.check_after(pid, item["state_before"], killed)
+                if res is not None:
+                    item["actions"].append("py-spy dump%s: attached with ptrace, then detached%s" % (
+                        " --native" * opts.native,
+                        " (killed at its %.1f s deadline)" % opts.timeout if killed else ""))
+                if item["resumed"]:
+                    item["actions"].append("SIGCONT: the tool left it stopped, and it runs again")
     stderr = redact_text(res.stderr.decode("utf-8", "replace"))
     item["pyspy_stderr"] = stderr[-4000:]
     if res.killed:
         raise Cancelled()
     if res.timed_out:
-        item["error"] = error_dict("timeout", "py-spy did not finish within %.1fs and was killed; target state "
-                                   "after: %s%s" % (opts.timeout, item["state_after"] or "gone",
-                                                    " (resumed)" if item["resumed"] else ""))
+        item["error"] = error_dict("timeout", "py-spy%s did not finish within %.1fs and was killed; target state "
+                                   "after: %s%s" % (" --nonblocking" * opts.nonblocking, opts.timeout,
+                                                    item["state_after"] or "gone",
+                                                    " (hangscope resumed it)" if item["resumed"] else ""))
         return
     sudo_err = runas.sudo_error(stderr) if opts.sudo else None
     if sudo_err:

@@ -24,6 +24,7 @@ def _run_traced(req: Request, tool_name: str, args: List[str], pid: int, start_t
                 stop_after: Any = None, max_stderr: int = MAX_STRACE_BYTES) -> Dict[str, Any]:
     try:
         before = guard.check_before(pid, start_time)
+        guard.refuse_held(pid, tool_name)  # state first: nothing attaches to a stopped, frozen or D process
         prefix = runas.prefix(req, req.sudo)
         tool, searched = req.worker.tools.find(tool_name, pid)
         if tool is None:
