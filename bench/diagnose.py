@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""How right the diagnosis is: the analysis over every recorded scenario, against what really happened.
+
+Every scenario in tests/data/scenarios/ is a real job hung (or not) in one way on the test cluster, recorded
+by tests/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
+history, as the CLI analyses it). TRUTH below says what happened in each, from the scenario's own set-up, not
+from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
+must contain. A headline is right when the first finding names the culprit (its ranks, or its node) and every
+word of the cause; a [high] culprit finding that names another rank or node contradicts the truth, as does a
+[high] culprit finding on a job that is not hung.
+
+    python3 bench/diagnose.py [--data DIR] [--json OUT]
+
+Prints one row per scenario and the accuracy; exits 1 when a headline is wrong or a [high] finding is
+contradicted (a recorded scenario with no TRUTH entry is an error too: every class must say what it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from app.analysis import Analysis, analyze  # noqa: E402
+from app.model import Snapshot, snapshot_from_json  # noqa: E402
+
+DATA = REPO / "tests" / "data" / "scenarios"
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What happened: the class of hang, its culprit, and the words a right headline says about the cause."""
+
+    hang: str  # the class, in words
+    culprit: Tuple[int, ...] = ()  # rank numbers the headline must name (none: a node, or no culprit)
+    node: str = ""  # or the node it must name
+    cause: Tuple[str, ...] = ()  # words the headline must contain
+    hung: bool = True  # False: a healthy job, which must never be called hung
+
+
+TRUTH: Dict[str, Truth] = {
+    "skip": Truth("one rank skipped a collective: one iteration ahead on the same line", (2,),
+                  cause=("rank 2", "iteration ahead")),
+    "dataloader": Truth("one rank blocked reading its next batch", (1,), cause=("rank 1", "_recv_exact")),
+    "die": Truth("one rank exited, its sockets held open", (3,), cause=("rank 3 not found",)),
+    "netcut": Truth("a node cut off from the network", node="node02", cause=("node02", "stall")),
+    "healthy": Truth("a healthy job, training", hung=False, cause=("progressing",)),
+    "lock": Truth("a lock held by another thread of the culprit", (1,),
+                  cause=("rank 1", "_metrics_lock", "checkpoint-writer")),
+    "deadlock": Truth("two threads of one rank take two locks in opposite orders", (2,),
+                      cause=("rank 2", "deadlocked")),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    truth: Truth
+    headline: str
+    right: bool
+    contradicted: Tuple[str, ...]  # [high] findings the truth contradicts
+    why: str  # what is wrong with the headline, when it is
+
+
+def load(data: Path, name: str) -> Tuple[Snapshot, List[Snapshot]]:
+    snap, _ = snapshot_from_json((data / f"{name}.json").read_text(encoding="utf-8"))
+    earlier = data / f"{name}.earlier.json"
+    history = [snapshot_from_json(earlier.read_text(encoding="utf-8"))[0]] if earlier.exists() else []
+    return snap, history
+
+
+def judge(name: str, truth: Truth, snap: Snapshot, a: Analysis) -> Row:
+    numbers = {(r.node, r.pid): r.rank for r in snap.ranks}
+    headline = a.verdict
+    low = headline.lower()
+    problems = [f"does not say `{w}`" for w in truth.cause if w.lower() not in low]
+    top = a.findings[0] if a.findings else None
+    if top is None:
+        problems.append("no finding")
+    elif truth.hung:
+        named = {numbers.get(k) for k in top.ranks}
+        if truth.culprit and top.ranks and named != set(truth.culprit):
+            problems.append(f"names rank(s) {sorted(n for n in named if n is not None)}")
+        if truth.node and truth.node not in (top.nodes or top.title):
+            problems.append(f"does not name {truth.node}")
+        if top.kind == "progressing":
+            problems.append("calls a hung job progressing")
+    elif top.kind != "progressing":
+        problems.append("calls a healthy job hung")
+    contradicted = []
+    for f in a.findings:
+        if f.confidence != "high" or not f.culprit:
+            continue
+        if not truth.hung:
+            contradicted.append(f.title)
+            continue
+        named = {numbers.get(k) for k in f.ranks}
+        if truth.culprit and f.ranks and not named <= set(truth.culprit):
+            contradicted.append(f.title)
+        elif truth.node and f.nodes and truth.node not in f.nodes:
+            contradicted.append(f.title)
+    return Row(name, truth, headline, not problems, tuple(contradicted), "; ".join(problems))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--data", type=Path, default=DATA, help="folder of recorded scenarios (tests/data/scenarios)")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    names = sorted(p.name[:-len(".json")] for p in args.data.glob("*.json") if not p.name.endswith(".earlier.json"))
+    unknown = [n for n in names if n not in TRUTH]
+    rows = []
+    for name in names:
+        if name in unknown:
+            continue
+        snap, history = load(args.data, name)
+        rows.append(judge(name, TRUTH[name], snap, analyze(snap, history=history)))
+    width = 100
+    print(f"{'scenario':<11} {'right':<5} {'high?':<5} truth -> headline")
+    for r in rows:
+        print(f"{r.name:<11} {'yes' if r.right else 'NO':<5} {len(r.contradicted):<5} {r.truth.hang}")
+        for line in textwrap.wrap(r.headline, width - 18):
+            print(f"{'':<17} {line}")
+        if not r.right:
+            print(f"{'':<17} wrong: {r.why}")
+        for title in r.contradicted:
+            print(f"{'':<17} contradicted [high]: {title}")
+    right = sum(r.right for r in rows)
+    contradicted = sum(len(r.contradicted) for r in rows)
+    print(f"\n{right} of {len(rows)} headlines right ({right / max(len(rows), 1):.0%}); "
+          f"{contradicted} [high] finding(s) contradicted by the truth")
+    for n in unknown:
+        print(f"error: recorded scenario {n!r} has no TRUTH entry in bench/diagnose.py", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps([{"scenario": r.name, "hang": r.truth.hang, "headline": r.headline,
+                                          "right": r.right, "contradicted": list(r.contradicted), "why": r.why}
+                                         for r in rows], indent=1))
+    return 0 if right == len(rows) and not contradicted and not unknown else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
