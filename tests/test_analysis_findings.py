@@ -188,8 +188,10 @@ def test_two_jobs_in_one_snapshot() -> None:
 
 def test_nothing_to_analyse() -> None:
     a = analyze(snapshot([], [failed("node01", "auth_failed")]))
-    assert kinds(a) == ["node_failed", "no_data"]
-    assert "no rank processes were found; 1 of 1 nodes failed" in a.findings[1].title
+    # a surer finding first: "no rank processes were found" [high] before the failed node [low] ...
+    assert kinds(a) == ["no_data", "node_failed"]
+    assert "no rank processes were found; 1 of 1 nodes failed" in a.findings[0].title
+    assert a.verdict.startswith("No clear culprit; the best lead: ")  # ... while the verdict names the lead
 
 
 def test_every_finding_has_what_a_user_needs() -> None:
@@ -209,3 +211,36 @@ def test_long_rank_lists_are_shortened_in_titles_but_not_in_labels() -> None:
     top = analyze(snapshot(job(400, 8, **odd))).findings[0]
     assert top.title.startswith("57 ranks (6,13,20,27,") and top.title.endswith("while 343 others wait in `all_reduce`")
     assert top.ranks_label.startswith("ranks 6,13,20,27,34,41,") and top.ranks_label.endswith(",391,398 on node[01-50]")
+
+
+def test_findings_never_list_a_less_sure_one_before_a_surer_one() -> None:
+    """"Most likely culprit first" read with the confidence shown: a [low] lead never sits above a [high] note,
+    in any mix of kinds; within one confidence, progressing comes first, then suspects, then notes."""
+    import itertools
+
+    from app.analysis.findings import Finding, lead, order
+
+    def f(kind: str, confidence: str, culprit: bool) -> Finding:
+        return Finding(kind, kind, "", confidence, "", culprit=culprit)  # type: ignore[arg-type]
+
+    pool = [f("node_failed", "low", True), f("no_data", "high", False), f("thread_count", "low", True),
+            f("all_identical", "high", False), f("minority_stack", "medium", True), f("no_locals", "high", False),
+            f("progressing", "medium", False), f("missing_ranks", "high", True), f("dump_failed", "high", False)]
+    rank = {"high": 0, "medium": 1, "low": 2}
+    for n in (2, 3, 4):
+        for combo in itertools.permutations(pool, n):
+            got = order(combo)
+            assert [rank[x.confidence] for x in got] == sorted(rank[x.confidence] for x in got), got
+    high = order([f("dump_failed", "high", False), f("missing_ranks", "high", True), f("progressing", "high", False)])
+    assert [x.kind for x in high] == ["progressing", "missing_ranks", "dump_failed"]
+    # the verdict still speaks of the surest suspect, not of a surer note about the data
+    best = lead([f("no_locals", "high", False), f("minority_stack", "medium", True)])
+    assert best is not None and best.kind == "minority_stack"
+
+
+def test_print_lists_findings_by_confidence() -> None:
+    from app.analysis.text import summary_text
+
+    snap = snapshot([], [failed("node01", "auth_failed")])
+    text = summary_text(snap, analyze(snap))
+    assert text.index("[high]") < text.index("[low]"), text

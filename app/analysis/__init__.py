@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
-from app.analysis.findings import Finding, identical_finding, order, stack_findings
+from app.analysis.findings import Finding, identical_finding, lead, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
@@ -151,9 +151,9 @@ def _no_data(snapshot: Snapshot) -> Finding:
 
 
 def _verdict(findings: Sequence[Finding]) -> str:
-    if not findings:
+    top = lead(findings)
+    if top is None:
         return "Nothing stands out."
-    top = findings[0]
     title = top.title[:1].upper() + top.title[1:]
     if top.kind == "progressing" or not top.culprit:
         if top.kind == "dump_failed":

@@ -55,11 +55,20 @@ class Finding:
 
 
 def order(findings: Sequence[Finding]) -> Tuple[Finding, ...]:
-    """Most likely culprit first: "progressing" (the job is not hung), then suspects by confidence, then notes."""
-    def key(f: Finding) -> Tuple[int, int, int]:
-        head = 0 if f.kind == "progressing" else (1 if f.culprit else 2)
-        return (head, _CONFIDENCE[f.confidence] if f.culprit else 0, KINDS.index(f.kind))
-    return tuple(sorted(findings, key=key))
+    """Most likely culprit first, and never a less sure finding before a surer one: by confidence, and within one
+    confidence "progressing" (the job is not hung), then suspects, then notes about the data."""
+    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], _head(f), KINDS.index(f.kind))))
+
+
+def lead(findings: Sequence[Finding]) -> Optional[Finding]:
+    """The finding the verdict speaks of: "progressing" when the job moves, else the surest suspect, else the
+    surest note. A note can be surer than every suspect ("loop iterations unknown"), yet it names no culprit."""
+    return min(findings, key=lambda f: (_head(f), _CONFIDENCE[f.confidence] if f.culprit else 0,
+                                        KINDS.index(f.kind)), default=None)
+
+
+def _head(f: Finding) -> int:
+    return 0 if f.kind == "progressing" else (1 if f.culprit else 2)
 
 
 def where(c: StackClass) -> str:
