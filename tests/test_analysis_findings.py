@@ -3,6 +3,7 @@ and that the most likely culprit comes first and becomes the verdict."""
 
 from __future__ import annotations
 
+from analysis_snapshots import ALL_REDUCE as ALL_REDUCE_FRAMES
 from analysis_snapshots import BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.findings import KINDS
@@ -171,7 +172,7 @@ def test_everything_identical_says_stacks_cannot_tell() -> None:
     assert kinds(a) == ["all_identical"]
     f = a.findings[0]
     assert f.title == "all 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit"
-    assert "--watch" in f.detail and "no socket data" in f.detail
+    assert "(w in the TUI, or --samples N)" in f.detail and "no socket data" in f.detail
     assert a.verdict == "All 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit."
 
 
@@ -244,3 +245,36 @@ def test_print_lists_findings_by_confidence() -> None:
     snap = snapshot([], [failed("node01", "auth_failed")])
     text = summary_text(snap, analyze(snap))
     assert text.index("[high]") < text.index("[low]"), text
+
+
+def _texts(snap) -> str:  # type: ignore[no-untyped-def]
+    from app.analysis.text import summary_text
+
+    a = analyze(snap)
+    return "\n".join([summary_text(snap, a, width=400)] + [f"{f.title} {f.detail} {f.reason}" for f in a.findings])
+
+
+def test_hints_name_only_options_that_exist() -> None:
+    """A hint is followed to the letter: every --option it names is one `hangscope` accepts."""
+    import re
+
+    from analysis_snapshots import in_step
+
+    from app.cli import build_parser
+
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    snaps = [snapshot(job(8, 4)), snapshot(job(8, 4), locals=True),
+             snapshot([rank(r, f"node0{r // 4 + 1}", in_step(ALL_REDUCE_FRAMES, None), world=8) for r in range(8)]),
+             snapshot([], [failed("node01", "auth_failed")])]
+    named = {m for snap in snaps for m in re.findall(r"--[a-z][a-z-]*", _texts(snap))}
+    assert named and named <= known, named - known
+
+
+def test_run_with_locals_only_when_locals_were_off() -> None:
+    """Ranks in a loop without loop variable values: "run with --locals" is advice only when they were off."""
+    from analysis_snapshots import in_step
+
+    ranks = [rank(r, f"node0{r // 4 + 1}", in_step(ALL_REDUCE_FRAMES, None), world=8) for r in range(8)]
+    assert "run with --locals" in _texts(snapshot(ranks, locals=False))
+    text = _texts(snapshot(ranks, locals=True))
+    assert "run with --locals" not in text and "no loop variable had a readable value" in text

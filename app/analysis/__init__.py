@@ -128,7 +128,8 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
         findings += progress_findings(progress)
         findings = while_progressing(findings)
     if same_place:
-        findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
+        findings.append(identical_finding(classes[0], locals_missing=locals_missing and not snapshot.options.locals,
+                                          network=bool(network),
                                           history=bool(history), incomplete=bool(grouping.no_stack),
                                           sockets=any(rank_facts.sockets)))
     if not classes:

@@ -193,7 +193,7 @@ def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, his
     if locals_missing:
         hints.append("run with --locals to tell loop iterations apart")
     if not history:
-        hints.append("take samples over time (--watch) to see whether ranks progress")
+        hints.append("take samples over time (w in the TUI, or --samples N) to see whether ranks progress")
     return Finding("all_identical", title, f"{c.label} share one stack; " + "; ".join(hints) + ".",
                    "high", "every rank's stack and loop iteration are identical",
                    c.ranks, c.label, c.nodes, culprit=False, class_index=c.index)
