@@ -278,3 +278,8 @@ def test_run_with_locals_only_when_locals_were_off() -> None:
     assert "run with --locals" in _texts(snapshot(ranks, locals=False))
     text = _texts(snapshot(ranks, locals=True))
     assert "run with --locals" not in text and "no loop variable had a readable value" in text
+
+
+def test_a_single_rank_reads_in_the_singular() -> None:
+    a = analyze(snapshot(job(1, 1)))
+    assert a.findings[0].title == "the only rank waits in `all_reduce`: stacks cannot tell the culprit"

@@ -180,9 +180,12 @@ def _parting(c: StackClass, d: StackClass, k: int) -> str:
 def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, history: bool,
                       incomplete: bool = False, sockets: bool = True) -> Finding:
     """Every rank at the same place: say so, and where the answer can come from instead."""
-    at = f"wait in `{c.collective}`" if c.collective else f"are {where(c)}"
-    who = f"all {c.size} ranks" + (" with stacks" if incomplete else "")
-    title = f"{who} {at} at the same place: stacks cannot tell the culprit"
+    one = c.size == 1
+    at = (f"wait{'s' if one else ''} in `{c.collective}`" if c.collective
+          else f"{'is' if one else 'are'} {where(c)}")
+    who = ("the only rank" if one else f"all {c.size} ranks") + (
+        (" with a stack" if one else " with stacks") if incomplete else "")
+    title = f"{who} {at}{'' if one else ' at the same place'}: stacks cannot tell the culprit"
     hints = []
     if network:
         hints.append("the network finding names the node whose sockets stall")
