@@ -3,7 +3,7 @@ lines, loop iterations and locals that differ called out. The rows come from app
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -62,7 +62,7 @@ def _side_by_side(diff: StackDiff, rows, *, wrap: bool) -> Table:
             mark, style = Text(" "), ""
         table.add_row(mark, _frame(row.left, style), _frame(row.right, style))
         for d in row.iteration + tuple(v for v in row.locals if v not in row.iteration):  # `step`: once
-            table.add_row(Text(""), _value(d.name, d.left), _value(d.name, d.right))
+            table.add_row(Text(""), _value(d.name, d.left, wrap), _value(d.name, d.right, wrap))
     return table
 
 
@@ -125,12 +125,12 @@ def evidence_table(diff: StackDiff) -> Table:
     return _side_by_side(diff, evidence_rows(diff), wrap=False)
 
 
-def _value(name: str, value: Optional[str]) -> "BetweenWords":
-    out = Text("  ", end="")
+def _value(name: str, value: Optional[str], wrap: bool) -> Union[Text, "BetweenWords"]:
+    out = Text("  ", end="", no_wrap=not wrap, overflow="ellipsis")
     out.append_text(literal(name, 40, CHANGED))
     out.append(" = ")
     out.append_text(literal("(absent)" if value is None else value, 120))
-    return BetweenWords(out)
+    return BetweenWords(out) if wrap else out
 
 
 _BREAK_AFTER = frozenset(" .,([{/:=")
