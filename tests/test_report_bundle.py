@@ -343,3 +343,13 @@ def test_summary_says_nonblocking_only_when_it_was_asked_for() -> None:
     assert "--nonblocking" not in summary(False, False)
     loaded = summary(False, True, history=False)  # a saved last sample: how it was taken, never a flag claimed
     assert "--nonblocking" not in loaded and "without pausing the ranks" in loaded
+
+
+def test_one_rank_on_one_node_reads_in_the_singular() -> None:
+    import dataclasses
+
+    snap = make_snapshot("barrier")
+    one = dataclasses.replace(snap, nodes=snap.nodes[:1], ranks=snap.ranks[:1])
+    files = build_bundle(one, analyze(one), now=1.0).files
+    assert "1 rank on 1 node (" in files["summary.md"].decode()
+    assert "1 rank on 1 node " in "".join(page_text(files["report.html"].decode()).text)

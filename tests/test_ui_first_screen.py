@@ -246,3 +246,22 @@ async def test_help_opens_from_the_footer_key_at_80x24():
         assert "? help" in screen_text(app).splitlines()[-1]
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
+
+
+def test_the_locals_tab_advises_locals_only_when_they_were_off():
+    snap = build_snapshot(nodes=1, per_node=1, culprit=0, locals_=False)
+    r = snap.ranks[0]
+    assert "--locals" in rank_text.locals_text(r, collected=False).plain
+    said = rank_text.locals_text(r, collected=True).plain
+    assert "--locals" not in said and "key L" not in said and "collected with locals" in said
+
+
+async def test_the_rank_view_knows_locals_were_collected():
+    snap = build_snapshot(nodes=1, per_node=2, culprit=0, locals_=False)
+    snap = replace(snap, options=replace(snap.options, locals=True))  # collected with locals, none readable
+    app = HangscopeApp(ReplaySource([snap]))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter", "2")
+        text = screen_text(app)
+        assert "collected with locals" in text and "--locals" not in text

@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.findings import Finding
-from app.analysis.fold import describe_keys, fold_nodes, short_keys
+from app.analysis.fold import count_phrase, describe_keys, fold_nodes, short_keys
 from app.analysis.options import AnalysisOptions, selector
 from app.model import RankSnapshot, Snapshot
 
@@ -112,7 +112,7 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
         out.append(Finding("progressing", f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} "
                            "ranks changed stack or iteration between samples; it is not hung",
                            "stacks or loop iterations differ from one sample to the next"
-                           + (f"; {len(stuck)} ranks did not change" if stuck else ""), "high" if not stuck else
+                           + (f"; {count_phrase(len(stuck))} did not change" if stuck else ""), "high" if not stuck else
                            "medium", "ranks were seen moving", keys, describe_keys(keys, numbers),
                            fold_nodes(k[0] for k in keys), culprit=False))
     elif moving and stuck:
@@ -154,4 +154,4 @@ def stuck_summary(progress: Sequence[RankProgress]) -> str:
     for p in stuck:
         acts[p.activity] = acts.get(p.activity, 0) + 1
     shown = ", ".join(f"{n} {a}" for a, n in sorted(acts.items()) if a != "unknown")
-    return f"{len(stuck)} ranks stuck for up to {longest:.0f} s" + (f"; {shown}" if shown else "")
+    return f"{count_phrase(len(stuck))} stuck for up to {longest:.0f} s" + (f"; {shown}" if shown else "")

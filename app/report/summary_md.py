@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from app.analysis.diff import StackDiff
-from app.analysis.fold import fold_nodes
+from app.analysis.fold import count_phrase, fold_nodes
 from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
@@ -72,7 +72,7 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
     if opts.strace_seconds:
         flags.append(f"--strace {opts.strace_seconds:g}")
     parts = [f"Snapshot taken {iso(snap.taken_at) or 'at an unknown time'}",
-             f"{len(snap.ranks)} ranks on {len(snap.nodes)} nodes ({md(nodes)})"]
+             f"{count_phrase(len(snap.ranks))} on {count_phrase(len(snap.nodes), 'node')} ({md(nodes)})"]
     if failed:
         parts.append(f"{failed} node{'s' if failed != 1 else ''} failed")
     if snap.interrupted:

@@ -267,4 +267,4 @@ class HangscopeCore(App[int]):
             if isinstance(screen, DrillScreen) and view is not None:
                 rank = view.ranks.get(screen.key)
                 if rank is not None:
-                    screen.update(rank, self.drill_summary(rank))
+                    screen.update(rank, self.drill_summary(rank), view.snapshot.options.locals)

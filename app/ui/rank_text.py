@@ -69,7 +69,8 @@ def threads_text(rank: RankSnapshot) -> Text:
     return out
 
 
-def locals_text(rank: RankSnapshot) -> Text:
+def locals_text(rank: RankSnapshot, collected: bool = False) -> Text:
+    """collected: the snapshot was taken with locals (then there is nothing to advise, only to say)."""
     out = Text(end="")
     for t in ordered_threads(rank):
         for f in t.frames:
@@ -89,6 +90,9 @@ def locals_text(rank: RankSnapshot) -> Text:
                 out.append(" = ")
                 out.append_text(literal(v.repr, VALUE_LIMIT))
     if not out:
+        if collected:
+            return Text("No local variables were readable in this rank's frames (collected with locals).",
+                        style=DIM)
         return Text("No locals collected. Collect with locals (key L, or --locals) to see loop variables.",
                     style=DIM)
     return out

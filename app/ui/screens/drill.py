@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, List, Tuple
+from typing import Callable, ClassVar, List, Optional, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -52,10 +52,16 @@ class DrillScreen(WatchesSize, Screen[None]):
         Binding("end", "scroll_tab('end')", show=False),
     ]
 
-    def __init__(self, rank: RankSnapshot, summary: Text) -> None:
+    def __init__(self, rank: RankSnapshot, summary: Text, locals_collected: bool = False) -> None:
         super().__init__()
         self.rank = rank
         self.summary = summary
+        self.locals_collected = locals_collected  # the Locals tab says so rather than advise collecting them
+
+    def _tab_text(self, tab_id: str, render: Callable[[RankSnapshot], Text], rank: RankSnapshot) -> Text:
+        if tab_id == "locals":
+            return rank_text.locals_text(rank, self.locals_collected)
+        return render(rank)
 
     @property
     def key(self) -> Tuple[str, int]:
@@ -67,7 +73,8 @@ class DrillScreen(WatchesSize, Screen[None]):
             for tab_id, label, render in TABS:
                 with TabPane(label, id=f"tab-{tab_id}"):
                     with VerticalScroll():
-                        yield Static(render(self.rank), id=f"body-{tab_id}", classes="drill-body")
+                        yield Static(self._tab_text(tab_id, render, self.rank), id=f"body-{tab_id}",
+                                     classes="drill-body")
         yield Footer()
 
     def _title(self) -> Text:
@@ -77,12 +84,14 @@ class DrillScreen(WatchesSize, Screen[None]):
             title.append_text(self.summary)
         return title
 
-    def update(self, rank: RankSnapshot, summary: Text) -> None:
+    def update(self, rank: RankSnapshot, summary: Text, locals_collected: Optional[bool] = None) -> None:
         self.rank = rank
         self.summary = summary
+        if locals_collected is not None:
+            self.locals_collected = locals_collected
         self.query_one("#drill-title", Static).update(self._title())
         for tab_id, _, render in TABS:
-            self.query_one(f"#body-{tab_id}", Static).update(render(rank))
+            self.query_one(f"#body-{tab_id}", Static).update(self._tab_text(tab_id, render, rank))
 
     def action_show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
