@@ -96,9 +96,11 @@ async def test_a_large_job_keeps_its_grid_within_its_share():
         await settle(pilot)
         grid = app.main.grid
         assert grid.region.width <= 160 * 0.45 + 1 and grid.region.height <= 50 * 0.6
-        assert "evidence: rank 2000 against the majority" in screen_text(app)
+        text = screen_text(app)
+        assert "evidence: rank 2000 against the majority" in text
         cell = grid.current
-        assert cell is not None and cell.rank is not None and cell.rank.rank == 2000  # scrolled into view
+        assert cell is not None and cell.rank is not None and cell.rank.rank == 2000
+        assert "[▲]" in text  # the cursor's cell scrolled into view
 
 
 async def test_no_single_culprit_says_so_in_the_evidence():
