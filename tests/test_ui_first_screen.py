@@ -217,7 +217,8 @@ async def test_one_node_one_rank_read_in_the_singular():
 async def test_the_diff_never_breaks_a_name_at_80x24():
     snap = build_snapshot(nodes=2, per_node=2, scenario="skip", culprit=3)
     ranks = list(snap.ranks)
-    for i, cls in ((0, "torch._C._distributed_c10d.ProcessGroupGloo"), (3, "torch._C._distributed_c10d.ProcessGroupNCCL")):
+    for i, cls in ((0, "torch._C._distributed_c10d.ProcessGroupGloo"),
+                   (3, "torch._C._distributed_c10d.ProcessGroupNCCL")):
         r = ranks[i]
         main = r.threads[0]
         frames = list(main.frames)

@@ -194,7 +194,8 @@ class HangscopeCore(App[int]):
         if view is not None:
             snap = view.snapshot
             taken = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
-            out.append(f"  {counted(len(snap.nodes), 'node')}  {counted(len(snap.ranks), 'rank')}  snapshot {self.position + 1}/"
+            out.append(f"  {counted(len(snap.nodes), 'node')}  {counted(len(snap.ranks), 'rank')}  "
+                       f"snapshot {self.position + 1}/"
                        f"{len(self.history)} at {taken}")
             if snap.interrupted:
                 out.append("  interrupted", style="bold #ffaf00")
