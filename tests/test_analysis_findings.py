@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from analysis_snapshots import ALL_REDUCE as ALL_REDUCE_FRAMES
 from analysis_snapshots import BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.findings import KINDS
@@ -176,7 +177,7 @@ def test_everything_identical_says_stacks_cannot_tell() -> None:
     assert kinds(a) == ["all_identical"]
     f = a.findings[0]
     assert f.title == "all 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit"
-    assert "--watch" in f.detail and "no socket data" in f.detail
+    assert "(w in the TUI, or --samples N)" in f.detail and "no socket data" in f.detail
     assert a.verdict == "All 8 ranks wait in `all_reduce` at the same place: stacks cannot tell the culprit."
 
 
@@ -193,8 +194,10 @@ def test_two_jobs_in_one_snapshot() -> None:
 
 def test_nothing_to_analyse() -> None:
     a = analyze(snapshot([], [failed("node01", "auth_failed")]))
-    assert kinds(a) == ["node_failed", "no_data"]
-    assert "no rank processes were found; 1 of 1 nodes failed" in a.findings[1].title
+    # a surer finding first: "no rank processes were found" [high] before the failed node [low] ...
+    assert kinds(a) == ["no_data", "node_failed"]
+    assert "no rank processes were found; 1 of 1 nodes failed" in a.findings[0].title
+    assert a.verdict.startswith("No clear culprit; the best lead: ")  # ... while the verdict names the lead
 
 
 def test_every_finding_has_what_a_user_needs() -> None:
@@ -214,3 +217,74 @@ def test_long_rank_lists_are_shortened_in_titles_but_not_in_labels() -> None:
     top = analyze(snapshot(job(400, 8, **odd))).findings[0]
     assert top.title.startswith("57 ranks (6,13,20,27,") and top.title.endswith("while 343 others wait in `all_reduce`")
     assert top.ranks_label.startswith("ranks 6,13,20,27,34,41,") and top.ranks_label.endswith(",391,398 on node[01-50]")
+
+
+def test_findings_never_list_a_less_sure_one_before_a_surer_one() -> None:
+    """"Most likely culprit first" read with the confidence shown: a [low] lead never sits above a [high] note,
+    in any mix of kinds; within one confidence, progressing comes first, then suspects, then notes."""
+    import itertools
+
+    from app.analysis.findings import Finding, lead, order
+
+    def f(kind: str, confidence: str, culprit: bool) -> Finding:
+        return Finding(kind, kind, "", confidence, "", culprit=culprit)  # type: ignore[arg-type]
+
+    pool = [f("node_failed", "low", True), f("no_data", "high", False), f("thread_count", "low", True),
+            f("all_identical", "high", False), f("minority_stack", "medium", True), f("no_locals", "high", False),
+            f("progressing", "medium", False), f("missing_ranks", "high", True), f("dump_failed", "high", False)]
+    rank = {"high": 0, "medium": 1, "low": 2}
+    for n in (2, 3, 4):
+        for combo in itertools.permutations(pool, n):
+            got = order(combo)
+            assert [rank[x.confidence] for x in got] == sorted(rank[x.confidence] for x in got), got
+    high = order([f("dump_failed", "high", False), f("missing_ranks", "high", True), f("progressing", "high", False)])
+    assert [x.kind for x in high] == ["progressing", "missing_ranks", "dump_failed"]
+    # the verdict still speaks of the surest suspect, not of a surer note about the data
+    best = lead([f("no_locals", "high", False), f("minority_stack", "medium", True)])
+    assert best is not None and best.kind == "minority_stack"
+
+
+def test_print_lists_findings_by_confidence() -> None:
+    from app.analysis.text import summary_text
+
+    snap = snapshot([], [failed("node01", "auth_failed")])
+    text = summary_text(snap, analyze(snap))
+    assert text.index("[high]") < text.index("[low]"), text
+
+
+def _texts(snap) -> str:  # type: ignore[no-untyped-def]
+    from app.analysis.text import summary_text
+
+    a = analyze(snap)
+    return "\n".join([summary_text(snap, a, width=400)] + [f"{f.title} {f.detail} {f.reason}" for f in a.findings])
+
+
+def test_hints_name_only_options_that_exist() -> None:
+    """A hint is followed to the letter: every --option it names is one `hangscope` accepts."""
+    import re
+
+    from analysis_snapshots import in_step
+
+    from app.cli import build_parser
+
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    snaps = [snapshot(job(8, 4)), snapshot(job(8, 4), locals=True),
+             snapshot([rank(r, f"node0{r // 4 + 1}", in_step(ALL_REDUCE_FRAMES, None), world=8) for r in range(8)]),
+             snapshot([], [failed("node01", "auth_failed")])]
+    named = {m for snap in snaps for m in re.findall(r"--[a-z][a-z-]*", _texts(snap))}
+    assert named and named <= known, named - known
+
+
+def test_run_with_locals_only_when_locals_were_off() -> None:
+    """Ranks in a loop without loop variable values: "run with --locals" is advice only when they were off."""
+    from analysis_snapshots import in_step
+
+    ranks = [rank(r, f"node0{r // 4 + 1}", in_step(ALL_REDUCE_FRAMES, None), world=8) for r in range(8)]
+    assert "run with --locals" in _texts(snapshot(ranks, locals=False))
+    text = _texts(snapshot(ranks, locals=True))
+    assert "run with --locals" not in text and "no loop variable had a readable value" in text
+
+
+def test_a_single_rank_reads_in_the_singular() -> None:
+    a = analyze(snapshot(job(1, 1)))
+    assert a.findings[0].title == "the only rank waits in `all_reduce`: stacks cannot tell the culprit"

@@ -135,7 +135,7 @@ def test_loops_at_module_level_with_locals_on_never_say_run_with_locals() -> Non
     snap = snapshot([rank(r, "n1", frames) for r in range(4)], locals=True)
     a = analyze(snap)
     (split,) = a.iteration_splits
-    assert split.locals_missing and split.text() == "no readable loop variable values"
+    assert split.locals_missing and split.text() == "no loop variable had a readable value"
     f = next(f for f in a.findings if f.kind == "no_locals")
     assert f.confidence == "low" and f.title == "loop iterations unknown: the loop variables were not readable"
     assert "module level, where its counters are globals" in f.detail

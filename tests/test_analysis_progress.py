@@ -280,3 +280,40 @@ def test_every_rank_in_ddp_backward_with_sockets_in_use_waits_in_the_gradient_al
     idle = [replace(r, sockets=(replace(r.sockets[0], last_send_ms=60_000, last_recv_ms=60_000),)) for r in ranks]
     same = next(f for f in analyze(snapshot(idle)).findings if f.kind == "all_identical")
     assert same.title.startswith("all 8 ranks are in `<module>`")
+
+def test_object_addresses_are_not_a_difference() -> None:
+    """`<Namespace at 0x7f09...>` on one rank and `<Namespace at 0x7fb9...>` on another are the same value: every
+    process has its own addresses. A real difference inside such a value still counts."""
+    snap = sample(1.0, {7: 11}, n=8)
+    ranks = list(snap.ranks)
+
+    def with_locals(i: int, args: str, batch: str, group: str) -> None:
+        frames = list(ranks[i].threads[0].frames)
+        frames[2] = replace(frames[2], locals=(Local("args", args), Local("batch", batch), Local("group", group),
+                                               Local("step", str(frames[2].iteration[0][1]))))
+        ranks[i] = replace(ranks[i], threads=(replace(ranks[i].threads[0], frames=tuple(frames)),))
+
+    with_locals(7, "<Namespace at 0x7f0247b01650>", "(<Tensor at 0x7f0233c0b840>, <Tensor at 0x7f0233c0b7f0>)",
+                "<ProcessGroup at 0x7f0249683030> (gloo)")
+    for i in range(7):
+        with_locals(i, f"<Namespace at 0x7fb9{i:08x}>", "(<Tensor at 0x7f7ac0daae90>, <Tensor at 0x7f7ac0daa440>)",
+                    "<ProcessGroup at 0x7f7af2c8b3b0> (nccl)")
+    snap = replace(snap, ranks=tuple(ranks))
+    d = diff_vs_majority(snap, analyze(snap), ("node02", 1007))
+    listed = {v.name for r in d.rows for v in r.locals}
+    assert listed == {"step", "group"}  # step 11 vs 10; gloo vs nccl; never args or batch
+
+
+def test_recorded_job_diff_lists_only_real_differences() -> None:
+    """The recorded skip job (real py-spy --locals output): rank 2 against the majority differs in its step and
+    its own rank-dependent values, not in the dozen objects whose addresses differ."""
+    from pathlib import Path
+
+    from app.model import snapshot_from_json
+
+    snap, _ = snapshot_from_json((Path(__file__).parent / "data/scenarios/skip.json").read_text())
+    culprit = next(r for r in snap.ranks if r.rank == 2)
+    d = diff_vs_majority(snap, analyze(snap), (culprit.node, culprit.pid))
+    shown = [(v.name, v.left, v.right) for r in d.rows for v in r.iteration + r.locals]
+    assert all(" at 0x" not in (left or "") for _, left, _ in shown), shown
+    assert ("step", "4", "3") in shown

@@ -319,3 +319,37 @@ def test_golden_cluster_snapshots_export_to_a_bundle(tmp_path: Path, path: Path)
         assert c.label in text
     md = files["summary.md"]
     assert md.index("**Verdict:**") < md.index("## Findings") if analysis.findings else True
+
+
+def test_summary_says_nonblocking_only_when_it_was_asked_for() -> None:
+    """Later samples (--samples, watch) are always taken without pausing the ranks: that is not `--nonblocking`."""
+    import dataclasses
+
+    from app.model import CollectOptions
+
+    def summary(first_nonblocking: bool, last_nonblocking: bool, history: bool = True) -> str:
+        first = dataclasses.replace(make_snapshot("skip"), taken_at=1_763_699_990.0,
+                                    options=CollectOptions(locals=True, nonblocking=first_nonblocking))
+        last = dataclasses.replace(make_snapshot("skip"), options=CollectOptions(locals=True,
+                                                                                   nonblocking=last_nonblocking))
+        earlier = [first] if history else []
+        bundle = build_bundle(last, analyze(last, history=earlier), history=earlier, now=1.0)
+        return bundle.files["summary.md"].decode()
+
+    sampled = summary(False, True)
+    assert "Collected with `--locals`." in sampled and "--nonblocking" not in sampled
+    assert "This sample was taken without pausing the ranks" in sampled
+    assert "Collected with `--locals`, `--nonblocking`." in summary(True, True)
+    assert "--nonblocking" not in summary(False, False)
+    loaded = summary(False, True, history=False)  # a saved last sample: how it was taken, never a flag claimed
+    assert "--nonblocking" not in loaded and "without pausing the ranks" in loaded
+
+
+def test_one_rank_on_one_node_reads_in_the_singular() -> None:
+    import dataclasses
+
+    snap = make_snapshot("barrier")
+    one = dataclasses.replace(snap, nodes=snap.nodes[:1], ranks=snap.ranks[:1])
+    files = build_bundle(one, analyze(one), now=1.0).files
+    assert "1 rank on 1 node (" in files["summary.md"].decode()
+    assert "1 rank on 1 node " in "".join(page_text(files["report.html"].decode()).text)

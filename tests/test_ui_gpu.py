@@ -159,7 +159,7 @@ async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw(tmp_path) 
                     "both ranks' phases on the progress screen", timeout=60)
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results screen", timeout=90)
         text = screen_text(app)
-        assert "GPU test bench on 1 node(s)" in text and ": OK" in text
+        assert "GPU test bench on 1 node," in text and ": OK" in text
         assert "OK: all_reduce sum = world size 2" in text  # the verdict in words
         assert text.count("sum 2") == 2  # per rank: OK with the checked sum
         assert "busbw (GB/s)" in text and "4K" in text and "1M" in text and "peak busbw" in text
@@ -340,7 +340,7 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
         await pilot.press("enter")  # the job's own python, taken from its ranks' /proc/PID/exe
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the sanity results", timeout=120)
         text = screen_text(app)
-        assert "GPU test sanity on 2 node(s)" in text and ": OK" in text, text
+        assert "GPU test sanity on 2 nodes," in text and ": OK" in text, text
         assert "OK: all_reduce sum = world size 2, barrier passed (gloo)" in text
         assert text.count("sum 2") == 2 and "node02  1     0      OK" in text
     assert cluster_test_processes(cluster) == []

@@ -139,6 +139,37 @@ def test_second_ctrl_c_aborts_with_130(terminal, tmp_path):
     assert wait_exit(exit_file) == 130
 
 
+@pytest.mark.parametrize("size", ["160x50", "80x24"])
+def test_the_first_screen_of_a_recorded_job_gives_the_answer(terminal, tmp_path, size):
+    """The recorded skip job (4 ranks, rank 2 a step ahead) in the real CLI: a grid as small as its ranks, the
+    verdict, the first finding, the cursor on the culprit and its loop counter beside the majority's; the
+    footer keeps `? help`; the rank view names its tab keys."""
+    exit_file = tmp_path / "exit"
+    term = terminal(hangscope("--load", REPO / "tests/data/scenarios/skip.json", "--fps", 20, exit_file=exit_file),
+                    size=size)
+    screen = term.wait_for(lambda s: "evidence: rank 2 against the majority" in s and "palette" in s,
+                           "the evidence and the footer")
+    lines = screen.rstrip("\n").splitlines()
+    assert lines[1].startswith(" Rank 2 is 1 iteration ahead (step=4 vs 3)")  # the verdict, under the top bar
+    assert any(line.startswith("│node02 [●] ●") for line in lines)  # the culprit's cell, the cursor on it
+    box = [line for line in lines if line.startswith(("╭", "│node", "╰"))]
+    assert len(box) == 5 and len(box[0].split("╮")[0]) <= int(size.split("x")[0]) * 0.35  # 2 nodes x 2 ranks
+    assert any("1. rank 2 is 1 iteration ahead" in line for line in lines)
+    evidence = next(line for line in lines if "step = 4" in line)
+    assert evidence.index("step = 4") < evidence.index("step = 3")
+    assert "? help" in lines[-1]
+    term.keys("Enter")
+    screen = term.wait_for(lambda s: "rank 2  on node02" in s and "palette" in s, "the rank view")
+    footer = screen.rstrip("\n").splitlines()[-1]
+    assert "1-7 tab" in footer and "? help" in footer
+    term.keys("Tab")
+    term.wait_for(lambda s: ")  thread 14" in s, "the Locals tab (a frame, then its thread), by Tab")
+    term.keys("Escape")
+    term.wait_for(lambda s: "evidence:" in s, "the main screen again")
+    term.keys("q")
+    assert wait_exit(exit_file) == 0
+
+
 @pytest.mark.cluster
 def test_tui_finds_the_culprit_of_the_hung_job(terminal, cluster, hung_job, tmp_path):
     """The hung torch job (dataloader scenario, culprit rank 5 on node03) over real SSH, from the TUI alone."""

@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.columns import facts
-from app.analysis.findings import Finding, identical_finding, order, stack_findings
+from app.analysis.findings import Finding, identical_finding, lead, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
 from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
@@ -270,9 +270,9 @@ def _no_data(snapshot: Snapshot) -> Finding:
 
 
 def _verdict(findings: Sequence[Finding]) -> str:
-    if not findings:
+    top = lead(findings)
+    if top is None:
         return "Nothing stands out."
-    top = findings[0]
     title = top.title[:1].upper() + top.title[1:]
     if top.kind == "progressing":
         slow = [f for f in findings if f.kind == "slow_node"]

@@ -6,6 +6,7 @@ loop iteration values and locals that differ, side by side.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
@@ -58,10 +59,20 @@ def _path(rank: RankSnapshot, options: AnalysisOptions) -> Tuple[Frame, ...]:
     return tuple(outer[i] for i in fold_path(outer, native=options.native, fold_machinery=options.fold_machinery))
 
 
+# An object's address (`<Namespace at 0x7f09...>`, `<Tensor at 0x7fb9...>`) differs in every process: it tells
+# nothing about where a rank is, so two values that differ only in addresses are the same value.
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
+
+
+def without_addresses(value: Optional[str]) -> Optional[str]:
+    return None if value is None else _ADDRESS.sub("at 0x…", value)
+
+
 def _values(a: Sequence[Tuple[str, str]], b: Sequence[Tuple[str, str]]) -> Tuple[ValueDiff, ...]:
     da, db = dict(a), dict(b)
     names = list(da) + [n for n in db if n not in da]
-    return tuple(ValueDiff(n, da.get(n), db.get(n)) for n in names if da.get(n) != db.get(n))
+    return tuple(ValueDiff(n, da.get(n), db.get(n)) for n in names
+                 if without_addresses(da.get(n)) != without_addresses(db.get(n)))
 
 
 def label(rank: RankSnapshot) -> str:
@@ -82,9 +93,13 @@ def diff_stacks(left: RankSnapshot, right: RankSnapshot, options: AnalysisOption
         first = not same and divergence is None
         if first:
             divergence = depth
-        it = _values(fa.iteration, fb.iteration) if fa is not None and fb is not None and same else ()
+        # Values compare where the frames are the same, and where the paths part inside one function (the
+        # loop variables of `train` at line 188 on one side and 202 on the other still tell the iterations).
+        comparable = fa is not None and fb is not None and (
+            same or (first and (fa.function, fa.filename) == (fb.function, fb.filename)))
+        it = _values(fa.iteration, fb.iteration) if comparable else ()
         loc = (_values([(x.name, x.repr) for x in fa.locals], [(x.name, x.repr) for x in fb.locals])
-               if fa is not None and fb is not None and same else ())
+               if comparable else ())
         if it and not note:
             note = _iteration_note(left, right, it[0])
         rows.append(DiffRow(depth, fa, fb, same, first,

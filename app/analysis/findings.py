@@ -60,11 +60,20 @@ class Finding:
 
 
 def order(findings: Sequence[Finding]) -> Tuple[Finding, ...]:
-    """Most likely culprit first: "progressing" (the job is not hung), then suspects by confidence, then notes."""
-    def key(f: Finding) -> Tuple[int, int, int]:
-        head = 0 if f.kind == "progressing" else (1 if f.culprit else 2)
-        return (head, _CONFIDENCE[f.confidence] if f.culprit else 0, KINDS.index(f.kind))
-    return tuple(sorted(findings, key=key))
+    """Most likely culprit first, and never a less sure finding before a surer one: by confidence, and within one
+    confidence "progressing" (the job is not hung), then suspects, then notes about the data."""
+    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], _head(f), KINDS.index(f.kind))))
+
+
+def lead(findings: Sequence[Finding]) -> Optional[Finding]:
+    """The finding the verdict speaks of: "progressing" when the job moves, else the surest suspect, else the
+    surest note. A note can be surer than every suspect ("loop iterations unknown"), yet it names no culprit."""
+    return min(findings, key=lambda f: (_head(f), _CONFIDENCE[f.confidence] if f.culprit else 0,
+                                        KINDS.index(f.kind)), default=None)
+
+
+def _head(f: Finding) -> int:
+    return 0 if f.kind == "progressing" else (1 if f.culprit else 2)
 
 
 def where(c: StackClass) -> str:
@@ -179,14 +188,16 @@ def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, his
     """Every rank at the same place: say so, and where the answer can come from instead. "Check the links" is
     advice for when nothing else explains it (`explained`: a [high] culprit finding does), never [high]: sockets
     that move bytes between samples (`moving`) say the links work."""
+    one = c.size == 1
     if c.collective:
-        at = f"wait in `{c.collective}`"
+        at = f"wait{'s' if one else ''} in `{c.collective}`"
     elif ddp:  # DDP's all_reduce runs inside autograd's engine: no torch.distributed frame shows
-        at = f"wait in DDP's gradient all_reduce, inside `backward`, {where(c)}"
+        at = f"wait{'s' if one else ''} in DDP's gradient all_reduce, inside `backward`, {where(c)}"
     else:
-        at = f"are {where(c)}"
-    who = f"all {c.size} ranks" + (" with stacks" if incomplete else "")
-    title = f"{who} {at} at the same place: stacks cannot tell the culprit"
+        at = f"{'is' if one else 'are'} {where(c)}"
+    who = ("the only rank" if one else f"all {c.size} ranks") + (
+        (" with a stack" if one else " with stacks") if incomplete else "")
+    title = f"{who} {at}{'' if one else ' at the same place'}: stacks cannot tell the culprit"
     hints = []
     conf: Confidence = "high"
     if network:
@@ -207,7 +218,7 @@ def identical_finding(c: StackClass, *, locals_missing: bool, network: bool, his
     elif locals_missing:
         hints.append("their loop variables could not be read, so an iteration difference would not show")
     if not history:
-        hints.append("take samples over time (--watch) to see whether ranks progress")
+        hints.append("take samples over time (w in the TUI, or --samples N) to see whether ranks progress")
     return Finding("all_identical", title, f"{c.label} share one stack; " + "; ".join(hints) + ".",
                    conf, "every rank's stack and loop iteration are identical"
                    + ("" if conf == "high" else "; the advice is a guess, no evidence points at the network"),

@@ -141,7 +141,9 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Findin
             detail = f"{fold_nodes(failed)} could not be inspected; the missing ranks are probably there"
             conf, reason, culprit = "low", "ranks on failed nodes are unknown, not necessarily gone", False
         elif per_node and world > per_node * len(inspected):
-            detail = (f"{len(inspected)} node(s) were inspected with {per_node} ranks each (LOCAL_WORLD_SIZE), "
+            were = "was" if len(inspected) == 1 else "were"
+            detail = (f"{count_phrase(len(inspected), 'node')} {were} inspected with {per_node} ranks each "
+                      "(LOCAL_WORLD_SIZE), "
                       f"fewer than WORLD_SIZE={world}: the missing ranks are probably on nodes not in the hosts list")
             conf, reason, culprit = "low", "the hosts list may not cover the whole job", False
         else:

@@ -55,11 +55,11 @@ class IterationSplit:
     def split(self) -> bool:
         return len(self.groups) > 1
 
-    def text(self) -> str:
+    def text(self, locals_collected: bool = False) -> str:
         """`step=1203: ranks 0-6; step=1204: rank 7`."""
         if self.locals_missing:
-            return "no readable loop variable values" if self.locals_collected else \
-                "no loop variable values (run with --locals)"
+            return ("no loop variable had a readable value" if locals_collected or self.locals_collected
+                    else "no loop variable values (run with --locals)")
         return "; ".join(f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups)
 
 

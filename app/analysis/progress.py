@@ -19,7 +19,7 @@ from statistics import median
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import describe_keys, fold_nodes, short_keys
+from app.analysis.fold import count_phrase, describe_keys, fold_nodes, short_keys
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
 from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket
@@ -341,7 +341,7 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
             title = (f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} ranks changed stack or "
                      "iteration between samples; it is not hung")
             detail = "stacks or loop iterations differ from one sample to the next"
-        out.append(Finding("progressing", title, detail + (f"; {len(stuck)} ranks did not change" if stuck else ""),
+        out.append(Finding("progressing", title, detail + (f"; {count_phrase(len(stuck))} did not change" if stuck else ""),
                            "high" if not stuck else "medium", "ranks were seen moving", keys,
                            describe_keys(keys, numbers), fold_nodes(k[0] for k in keys), culprit=False))
     elif moving and stuck:
@@ -519,7 +519,7 @@ def stuck_summary(progress: Sequence[RankProgress]) -> str:
         keys, numbers = _keys(ps)
         shown.append(f"{short_keys(keys, numbers)} {_HELD_WORDS.get(kind, kind)}")
     text = ", ".join(shown)
-    return f"{len(stuck)} ranks stuck for up to {longest:.0f} s" + (f"; {text}" if text else "")
+    return f"{count_phrase(len(stuck))} stuck for up to {longest:.0f} s" + (f"; {text}" if text else "")
 
 
 _HELD_WORDS = {"stopped": "stopped", "traced": "stopped by a tracer", "frozen": "frozen (cgroup freezer)",

@@ -46,7 +46,7 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
                 out += _wrap(" <- ".join(frames), width, " " * 8, first=" " * 8)
             split = splits.get(c.index)
             if split is not None and (split.split or split.locals_missing):
-                out += _wrap(f"iterations: {split.text()}", width, " " * 10, first=" " * 8)
+                out += _wrap(f"iterations: {split.text(snapshot.options.locals)}", width, " " * 10, first=" " * 8)
         if len(analysis.classes) > MAX_CLASSES:
             out.append(f"  ... {len(analysis.classes) - MAX_CLASSES} more groups")
     if analysis.flight is not None:  # PyTorch's Flight Recorder: one line when the job does not use it

@@ -89,7 +89,8 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
     names = [MANIFEST, SUMMARY, REPORT, SNAPSHOT, SPEEDSCOPE, COLLAPSED] + ([TESTS] if tests_doc is not None else [])
 
     files: Dict[str, bytes] = {}
-    files[SUMMARY] = red.text(render_summary(facts, analysis, red, tests=tests_doc, files=names)).encode()
+    files[SUMMARY] = red.text(render_summary(facts, analysis, red, tests=tests_doc, files=names,
+                                                   first=history[0].options if history else None)).encode()
     page, left_out = render_html(facts, analysis, red, history_times=[s.taken_at for s in history],
                                  tests=tests_doc, version=__version__)
     files[REPORT] = page.encode()

@@ -82,7 +82,7 @@ def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Redactor) ->
                 facts.diff = diff_vs_majority(snapshot, analysis, (facts.culprit_rank.node, facts.culprit_rank.pid))
             except KeyError:
                 facts.diff = None  # the culprit is the whole majority, or has no stack: nothing to compare
-    facts.iterations = [(s.class_index, red.text(s.text())) for s in analysis.iteration_splits
+    facts.iterations = [(s.class_index, red.text(s.text(snapshot.options.locals))) for s in analysis.iteration_splits
                         if s.split or s.locals_missing]
     facts.progress = _progress_rows(analysis)
     return facts

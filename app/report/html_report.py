@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.diff import StackDiff, diff_vs_majority
+from app.analysis.fold import count_phrase
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -91,7 +92,8 @@ def _header(snap: Snapshot, version: str, tests: bool, progress: bool) -> str:
     if tests:
         links.append(("tests", "GPU tests"))
     links.append(("ranks", "per-rank stacks"))
-    meta = (f"snapshot taken {h(iso(snap.taken_at) or '?')} \u00b7 {len(snap.ranks)} ranks on {len(snap.nodes)} nodes"
+    meta = (f"snapshot taken {h(iso(snap.taken_at) or '?')} \u00b7 {count_phrase(len(snap.ranks))} on "
+            f"{count_phrase(len(snap.nodes), 'node')}"
             f" \u00b7 collected in {snap.duration:.2f} s \u00b7 hangscope {h(version)}")
     if snap.interrupted:
         meta += " \u00b7 <span class=\"fail\">interrupted: partial data</span>"

@@ -9,8 +9,8 @@ import json
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from app.analysis.diff import StackDiff
-from app.analysis.fold import fold_nodes
-from app.model import Snapshot
+from app.analysis.fold import count_phrase, fold_nodes
+from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
 from app.report.markup import VALUE, md, md_block, md_cell, md_code, md_code_cell, md_sentence, strip
@@ -26,9 +26,12 @@ TREE_LINES = 400
 
 
 def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *,
-                   tests: Optional[dict] = None, files: Sequence[str] = ()) -> str:
+                   tests: Optional[dict] = None, files: Sequence[str] = (),
+                   first: Optional[CollectOptions] = None) -> str:
+    """first: the options of the first sample of the run (its earlier snapshots), when known."""
     snap = facts.snapshot
-    out: List[str] = ["# hangscope report", "", f"**Verdict:** {md_sentence(facts.verdict)}", "", _context(snap), ""]
+    out: List[str] = ["# hangscope report", "", f"**Verdict:** {md_sentence(facts.verdict)}", "",
+                      _context(snap, first), ""]
     out += _findings(facts)
     if facts.culprit is not None:
         out += _culprit(facts)
@@ -57,17 +60,20 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     return "\n".join(out) + "\n"
 
 
-def _context(snap: Snapshot) -> str:
+def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
     nodes = fold_nodes(n.name for n in snap.nodes) or "this machine"
     failed = sum(1 for n in snap.nodes if n.state == "failed")
     opts = snap.options
-    switches = (("--locals", opts.locals), ("--native", opts.native), ("--nonblocking", opts.nonblocking),
+    # Later samples (--samples, watch mode) are taken without pausing the ranks whatever the user asked for, so
+    # a non-blocking last snapshot says nothing of --nonblocking: only a non-blocking first sample was asked so.
+    given = first is not None and first.nonblocking
+    switches = (("--locals", opts.locals), ("--native", opts.native), ("--nonblocking", given),
                 ("--gdb", opts.gdb), ("--sudo", opts.sudo))
     flags = [name for name, on in switches if on]
     if opts.strace_seconds:
         flags.append(f"--strace {opts.strace_seconds:g}")
     parts = [f"Snapshot taken {iso(snap.taken_at) or 'at an unknown time'}",
-             f"{len(snap.ranks)} ranks on {len(snap.nodes)} nodes ({md(nodes)})"]
+             f"{count_phrase(len(snap.ranks))} on {count_phrase(len(snap.nodes), 'node')} ({md(nodes)})"]
     if failed:
         parts.append(f"{failed} node{'s' if failed != 1 else ''} failed")
     if snap.interrupted:
@@ -75,6 +81,8 @@ def _context(snap: Snapshot) -> str:
     text = ", ".join(parts) + "."
     if flags:
         text += " Collected with " + ", ".join(md_code(f) for f in flags) + "."
+    if opts.nonblocking and not given:
+        text += " This sample was taken without pausing the ranks (py-spy's non-blocking mode)."
     return text
 
 

@@ -19,6 +19,7 @@ from app.errors import HangscopeError
 from app.model import CollectOptions
 from app.ui.core import HangscopeCore
 from app.ui.grid_model import RankKey
+from app.ui.safe import counted
 from app.ui.screens.dialogs import ConfirmScreen, PathScreen
 
 STRACE_SECONDS = 2.0
@@ -184,7 +185,7 @@ class CollectMixin(HangscopeCore):
         keys = self.targets()
         if not keys:
             return
-        self._confirm_then("strace", f"strace {len(keys)} rank(s) for {STRACE_SECONDS:g} s",
+        self._confirm_then("strace", f"strace {counted(len(keys), 'rank')} for {STRACE_SECONDS:g} s",
                            f"strace attaches with ptrace for {STRACE_SECONDS:g} s: the ranks keep running but every "
                            "system call is traced (slower) until it detaches.",
                            command_lines("strace", keys, self.source.options),
@@ -194,7 +195,7 @@ class CollectMixin(HangscopeCore):
         keys = self.targets()
         if not keys:
             return
-        self._confirm_then("gdb", f"gdb backtrace of {len(keys)} rank(s)",
+        self._confirm_then("gdb", f"gdb backtrace of {counted(len(keys), 'rank')}",
                            "gdb stops each rank for ~3 s (one at a time per node) and costs ~5 s of CPU; a rank "
                            "it leaves stopped is resumed. Ranks that are stopped, frozen or in D state are not "
                            "touched: gdb would wait on them.",
@@ -234,8 +235,10 @@ class CollectMixin(HangscopeCore):
                                   severity="error", markup=False, timeout=15)
             return
         redacted = sum(result.redactions.values())
-        note = f"; {redacted} secret value(s) redacted" if redacted else ""
-        self.call_from_thread(self.notify, f"{result.directory}: {len(result.paths)} files{note}",
+        note = f"; {counted(redacted, 'secret value')} redacted" if redacted else ""
+        # The absolute path: the notice is read later, from wherever the user has moved on to.
+        where = os.path.abspath(result.directory)
+        self.call_from_thread(self.notify, f"{where}: {counted(len(result.paths), 'file')}{note}",
                               title="report exported", markup=False, timeout=10)
 
     # -- Ctrl+C and leaving ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from app.gpu.model import GpuTestResults
 from app.model import NodeStatus, RankSnapshot, Snapshot
 from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
 from app.ui.grid_model import RankKey, rank_key
-from app.ui.safe import literal
+from app.ui.safe import counted, literal
 from app.ui.screens.drill import DrillScreen
 from app.ui.screens.main import MainScreen
 from app.ui.screens.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmallScreen
@@ -170,7 +170,10 @@ class HangscopeCore(App[int]):
         self.refresh_drill()
 
     def first_suspect(self, view: View) -> Optional[RankKey]:
-        for f in view.findings:
+        """The first rank with a stack that a suspect finding names (a note's ranks only when none does): findings
+        are listed by confidence, so a surer note ("all ranks at the same place") may come before the lead."""
+        leads = [f for f in view.findings if f.culprit] + [f for f in view.findings if not f.culprit]
+        for f in leads:
             for k in f.ranks:
                 if k in view.class_of:
                     return k
@@ -191,7 +194,8 @@ class HangscopeCore(App[int]):
         if view is not None:
             snap = view.snapshot
             taken = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
-            out.append(f"  {len(snap.nodes)} nodes  {len(snap.ranks)} ranks  snapshot {self.position + 1}/"
+            out.append(f"  {counted(len(snap.nodes), 'node')}  {counted(len(snap.ranks), 'rank')}  "
+                       f"snapshot {self.position + 1}/"
                        f"{len(self.history)} at {taken}")
             if snap.interrupted:
                 out.append("  interrupted", style="bold #ffaf00")
@@ -221,7 +225,7 @@ class HangscopeCore(App[int]):
         view = self.current_view
         if view is not None and self.query_text:
             found = filter_keys(view.snapshot, self.query_text) or set()
-            self.notify(f"{len(found)} ranks match", timeout=3)
+            self.notify(f"{counted(len(found), 'rank')} match{'es' if len(found) == 1 else ''}", timeout=3)
 
     # -- what actions apply to ---------------------------------------------------------------------------
 
@@ -264,4 +268,4 @@ class HangscopeCore(App[int]):
             if isinstance(screen, DrillScreen) and view is not None:
                 rank = view.ranks.get(screen.key)
                 if rank is not None:
-                    screen.update(rank, self.drill_summary(rank))
+                    screen.update(rank, self.drill_summary(rank), view.snapshot.options.locals)

@@ -42,7 +42,9 @@ class NavigateMixin(HangscopeCore):
             self.open_drill(rank)
 
     def open_drill(self, rank: RankSnapshot) -> None:
-        self.push_screen(DrillScreen(rank, self.drill_summary(rank)))
+        view = self.current_view
+        self.push_screen(DrillScreen(rank, self.drill_summary(rank),
+                                     view is not None and view.snapshot.options.locals))
 
     # -- diff and tree ---------------------------------------------------------------------------------
 
@@ -77,7 +79,8 @@ class NavigateMixin(HangscopeCore):
             title = f"class {chosen + 1}: {view.classes[chosen].label}"
         else:
             tree = view.analysis.tree
-            title = f"all {len(view.snapshot.ranks)} ranks"
+            n = len(view.snapshot.ranks)
+            title = f"all {n} ranks" if n != 1 else "the only rank"
         self.push_screen(TreeScreen(tree, title, [c.symbol for c in view.classes]))
 
     # -- history ---------------------------------------------------------------------------------------

@@ -48,12 +48,16 @@ def thread_header(t: ThreadStack) -> Text:
     return out
 
 
+def ordered_threads(rank: RankSnapshot) -> List[ThreadStack]:
+    """The main thread first, the others as collected: the same order in every tab."""
+    return sorted(rank.threads, key=lambda t: not t.is_main)
+
+
 def threads_text(rank: RankSnapshot) -> Text:
     if not rank.threads:
         return _missing(rank, "no stacks")
     out = Text(end="")
-    threads = sorted(rank.threads, key=lambda t: not t.is_main)
-    for i, t in enumerate(threads):
+    for i, t in enumerate(ordered_threads(rank)):
         if i:
             out.append("\n\n")
         out.append_text(thread_header(t))
@@ -65,9 +69,10 @@ def threads_text(rank: RankSnapshot) -> Text:
     return out
 
 
-def locals_text(rank: RankSnapshot) -> Text:
+def locals_text(rank: RankSnapshot, collected: bool = False) -> Text:
+    """collected: the snapshot was taken with locals (then there is nothing to advise, only to say)."""
     out = Text(end="")
-    for t in rank.threads:
+    for t in ordered_threads(rank):
         for f in t.frames:
             if not f.locals:
                 continue
@@ -85,6 +90,9 @@ def locals_text(rank: RankSnapshot) -> Text:
                 out.append(" = ")
                 out.append_text(literal(v.repr, VALUE_LIMIT))
     if not out:
+        if collected:
+            return Text("No local variables were readable in this rank's frames (collected with locals).",
+                        style=DIM)
         return Text("No locals collected. Collect with locals (key L, or --locals) to see loop variables.",
                     style=DIM)
     return out
@@ -92,7 +100,7 @@ def locals_text(rank: RankSnapshot) -> Text:
 
 def source_text(rank: RankSnapshot) -> Text:
     out = Text(end="")
-    for t in rank.threads:
+    for t in ordered_threads(rank):
         for f in t.frames:
             if not f.source:
                 continue
@@ -150,7 +158,7 @@ def proc_text(rank: RankSnapshot) -> Text:
         rows.append((f"gpu {gpu.index if gpu.index is not None else '?'}",
                      f"{gpu.name} {gpu.uuid} {gpu.used_mib or '?'} MiB"))
     _table(out, rows)
-    for t in rank.threads:
+    for t in ordered_threads(rank):
         out.append("\n")
         out.append_text(thread_header(t))
         for frame in t.kernel_stack[:20]:

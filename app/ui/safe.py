@@ -58,3 +58,8 @@ def lines(text: str, *, max_lines: int = 5000, limit: int = LINE_LIMIT) -> Text:
     if len(raw) > max_lines:
         out.append(f"\n\u2026 {len(raw) - max_lines} more lines not shown", style="dim")
     return out
+
+
+def counted(n: int, word: str, plural: str = "") -> str:
+    """`1 node`, `2 nodes`, `0 ranks`: the noun agrees with the number."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"

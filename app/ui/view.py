@@ -27,8 +27,9 @@ class ClassView:
     size: int
     label: str  # `ranks 0-6,8-15 on node[01-04]`
     where: str  # `in `all_reduce` (distributed_c10d.py:2501)`
-    suspect: bool
+    suspect: bool  # every rank of the class is a suspect
     keys: FrozenSet[RankKey]
+    suspects: int = 0  # how many of its ranks are suspects (one rank a step ahead inside a big class)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ def build_view(snapshot: Snapshot, history: Sequence[Snapshot] = ()) -> View:
         keys = frozenset(c.ranks)
         for k in c.ranks:
             class_of[k] = pos
+        among = len(keys & suspects)
         classes.append(ClassView(pos, class_symbol(pos), class_color(pos), c.size, c.label, where(c),
-                                 bool(keys & suspects), keys))
+                                 bool(keys) and among == len(keys), keys, among))
     progress = {(p.node, p.pid): p for p in analysis.progress}
     return View(snapshot, analysis, tuple(classes), class_of, suspects, node_groups(snapshot.nodes, snapshot.ranks),
                 progress, {(r.node, r.pid): r for r in snapshot.ranks})

@@ -71,15 +71,17 @@ class PathScreen(ModalScreen[Optional[str]]):
 
 HELP = """\
 hangscope shows every rank of the job as one cell: rows are nodes, columns local ranks.
-Ranks with the same stack share a colour and a symbol (a class); [▲] marks a suspect.
+Ranks with the same stack share a colour and a symbol (a class); brackets mark a suspect: [●] is a
+suspect of the ● class. The cursor starts on the first suspect.
 
   arrows, mouse   move over the ranks (the status line names rank, node, pid, class, top frame)
-  Enter           drill into a rank: threads, locals, source, strace, gdb, /proc, env
+  Enter           drill into a rank, in tabs: 1 Threads  2 Locals  3 Source  4 strace  5 gdb  6 /proc
+                  7 Env & cmdline; there ←/→ or Tab/Shift+Tab switch tabs, ↑/↓ PgUp/PgDn scroll
   space           mark a rank (mark two, then d diffs them)
   d               diff: the two marked ranks, or this rank against its class majority
   t               merged stack tree of all ranks (or of the selected class)
   c / f / n       focus the classes, findings or nodes panel; Enter on a class highlights it
-  /               filter: rank (3, 0-7), pid 4242, node (node02, node[01-04]) or frame text
+  /               filter: rank (3, 0-7), pid 4242, node (node02, node[01-04]) or frame text; Esc clears it
   r / R           refresh this rank / all ranks        w  watch: refresh every interval
   [ / ]           step back / forward through the snapshots taken so far
   N / L           collect again with native frames / with locals

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, List, Tuple
+from typing import Callable, ClassVar, List, Optional, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -27,21 +27,41 @@ TABS: List[Tuple[str, str, Callable[[RankSnapshot], Text]]] = [
 
 
 class DrillScreen(WatchesSize, Screen[None]):
-    """Everything about one rank. The app calls update() when a newer snapshot of the rank arrives."""
+    """Everything about one rank. The app calls update() when a newer snapshot of the rank arrives.
+
+    The tab bar keeps the focus: ←/→ and Tab/Shift+Tab step through the tabs, 1-7 jump to one, ↑/↓, PgUp/PgDn,
+    Home/End scroll the tab shown (a click in it gives it the focus, as anywhere)."""
 
     BINDINGS: ClassVar[List[BindingType]] = [
         Binding("escape", "app.pop_screen", "back"),
-        Binding("d", "app.diff", "diff vs class"),
+        Binding("question_mark", "app.help", "help"),  # early: a narrow footer drops its last keys
+        # The first digit stands for all of them in the footer: `1-7 tab`.
+        *(Binding(str(i + 1), f"show_tab('{tab_id}')", "tab", show=i == 0, key_display=f"1-{len(TABS)}")
+          for i, (tab_id, _, _) in enumerate(TABS)),
+        Binding("d", "app.diff", "diff"),
         Binding("s", "app.strace", "strace"),
         Binding("g", "app.gdb", "gdb"),
         Binding("r", "app.refresh_rank", "refresh"),
-        *(Binding(str(i + 1), f"show_tab('{tab_id}')", show=False) for i, (tab_id, _, _) in enumerate(TABS)),
+        Binding("tab,right", "step_tab(1)", "next tab", show=False),
+        Binding("shift+tab,left", "step_tab(-1)", "previous tab", show=False),
+        Binding("up", "scroll_tab('up')", show=False),
+        Binding("down", "scroll_tab('down')", show=False),
+        Binding("pageup", "scroll_tab('page_up')", show=False),
+        Binding("pagedown", "scroll_tab('page_down')", show=False),
+        Binding("home", "scroll_tab('home')", show=False),
+        Binding("end", "scroll_tab('end')", show=False),
     ]
 
-    def __init__(self, rank: RankSnapshot, summary: Text) -> None:
+    def __init__(self, rank: RankSnapshot, summary: Text, locals_collected: bool = False) -> None:
         super().__init__()
         self.rank = rank
         self.summary = summary
+        self.locals_collected = locals_collected  # the Locals tab says so rather than advise collecting them
+
+    def _tab_text(self, tab_id: str, render: Callable[[RankSnapshot], Text], rank: RankSnapshot) -> Text:
+        if tab_id == "locals":
+            return rank_text.locals_text(rank, self.locals_collected)
+        return render(rank)
 
     @property
     def key(self) -> Tuple[str, int]:
@@ -53,7 +73,8 @@ class DrillScreen(WatchesSize, Screen[None]):
             for tab_id, label, render in TABS:
                 with TabPane(label, id=f"tab-{tab_id}"):
                     with VerticalScroll():
-                        yield Static(render(self.rank), id=f"body-{tab_id}", classes="drill-body")
+                        yield Static(self._tab_text(tab_id, render, self.rank), id=f"body-{tab_id}",
+                                     classes="drill-body")
         yield Footer()
 
     def _title(self) -> Text:
@@ -63,12 +84,27 @@ class DrillScreen(WatchesSize, Screen[None]):
             title.append_text(self.summary)
         return title
 
-    def update(self, rank: RankSnapshot, summary: Text) -> None:
+    def update(self, rank: RankSnapshot, summary: Text, locals_collected: Optional[bool] = None) -> None:
         self.rank = rank
         self.summary = summary
+        if locals_collected is not None:
+            self.locals_collected = locals_collected
         self.query_one("#drill-title", Static).update(self._title())
         for tab_id, _, render in TABS:
-            self.query_one(f"#body-{tab_id}", Static).update(render(rank))
+            self.query_one(f"#body-{tab_id}", Static).update(self._tab_text(tab_id, render, rank))
 
     def action_show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
+
+    def action_step_tab(self, step: int) -> None:
+        ids = [f"tab-{tab_id}" for tab_id, _, _ in TABS]
+        tabs = self.query_one(TabbedContent)
+        at = ids.index(tabs.active) if tabs.active in ids else 0
+        tabs.active = ids[(at + step) % len(ids)]
+
+    def action_scroll_tab(self, how: str) -> None:
+        tabs = self.query_one(TabbedContent)
+        pane = tabs.get_pane(tabs.active) if tabs.active else None
+        if pane is not None:
+            scroll = pane.query_one(VerticalScroll)
+            getattr(scroll, f"scroll_{how}")(animate=False)

@@ -20,7 +20,7 @@ from textual.widgets import Footer, Static
 from app.gpu import inventory as inv
 from app.gpu.bench import human_size, peak
 from app.gpu.model import GpuTestResults, NetReport, PairReport, TestRun
-from app.ui.safe import clean
+from app.ui.safe import clean, counted
 
 OK, BAD, WARN, DIM = "bold #5fd75f", "bold #ff5f87", "bold #ffaf00", "dim"
 RANK_WORDS = {"ok": ("OK", OK), "broken": ("broken", BAD), "hung": ("hung", BAD), "not_started": ("not started", BAD)}
@@ -47,7 +47,7 @@ def headline(results: GpuTestResults) -> Text:
         word, style = "INTERRUPTED", WARN
     else:
         word, style = ("OK", OK) if results.ok else ("PROBLEM FOUND", BAD)
-    out.append(f"GPU test {results.kind} on {len(results.nodes)} node(s), {results.duration:.1f} s: ")
+    out.append(f"GPU test {results.kind} on {counted(len(results.nodes), 'node')}, {results.duration:.1f} s: ")
     out.append(word, style=style)
     out.append("\n")
     out.append_text(Text(clean(results.verdict or "no verdict", 2000), style="bold"))

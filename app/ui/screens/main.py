@@ -1,4 +1,6 @@
-"""The main screen: the rank grid, the classes/findings/nodes panels, the status line and the filter box.
+"""The main screen: the answer first. The verdict on top; the rank grid, as large as its ranks need, with the
+classes under it; the findings, the evidence (the culprit's stack beside the majority's from where they part, the
+loop values that differ) and the nodes' states take the rest. The status line and the filter box at the bottom.
 
 It owns its widgets and their messages; the app owns the data and hands it down through show_view/show_live.
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from rich.console import Group
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -15,13 +18,20 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Static
 
+from app.analysis.diff import diff_vs_majority
 from app.model import Snapshot
 from app.ui.grid_model import Cell, RankKey, build_grid, rank_key
 from app.ui.safe import literal
+from app.ui.screens.diff import evidence_summary, evidence_table
 from app.ui.screens.too_small import WatchesSize
 from app.ui.view import View, filter_keys, node_groups, progress_text, top_frame
 from app.ui.widgets.panels import ClassesPanel, FindingsPanel, NodesPanel, node_summary
 from app.ui.widgets.rank_grid import RankGrid
+
+LEFT_MIN = 28  # the grid column's least width: the classes under the grid stay readable ...
+LEFT_WIDE = 50  # ... up to this on a wide screen (30% of it) ...
+LEFT_SHARE = 45  # ... and at most this share (%) of the screen, however many ranks: the rest is the answer's
+GRID_SHARE = 60  # the grid's largest share (%) of the height
 
 if TYPE_CHECKING:
     from app.ui.app import HangscopeApp
@@ -29,6 +39,8 @@ if TYPE_CHECKING:
 
 class MainScreen(WatchesSize, Screen[None]):
     BINDINGS = [
+        # Help first: the footer drops its last keys on a narrow terminal, and `?` leads to all the others.
+        Binding("question_mark", "app.help", "help"),
         Binding("slash", "filter", "filter"),
         Binding("escape", "back", "back", show=False),
         Binding("space", "app.toggle_mark", "mark"),
@@ -58,11 +70,14 @@ class MainScreen(WatchesSize, Screen[None]):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield RankGrid(id="grid")
-            with Vertical(id="side"):
                 yield Label("classes", classes="panel-title")
                 yield ClassesPanel(id="classes")
-                yield Label("findings", classes="panel-title")
+            with Vertical(id="side"):
+                yield Label("findings, most likely culprit first", classes="panel-title")
                 yield FindingsPanel(id="findings")
+                yield Label("evidence", classes="panel-title", id="evidence-title")
+                with VerticalScroll(id="evidence-scroll"):
+                    yield Static(id="evidence")
                 yield Label("nodes", classes="panel-title", id="nodes-title")
                 with VerticalScroll(id="nodes-scroll"):
                     yield NodesPanel(id="nodes")
@@ -96,10 +111,12 @@ class MainScreen(WatchesSize, Screen[None]):
         visible = filter_keys(view.snapshot, self.hs.query_text)
         grid.set_model(build_grid(view.snapshot, view.class_of, view.suspects, visible), keep=keep)
         grid.set_marked(marked)
+        self.fit_grid()
         self.classes_panel.show(view.classes)
         grid.set_focus_class(self.classes_panel.chosen)
         self.query_one(FindingsPanel).show(view.findings)
         self._show_nodes(view.nodes)
+        self._show_evidence(view)
         self.query_one("#verdict", Static).update(literal(view.analysis.verdict, 400, "bold"))
 
     def show_live(self, snap: Snapshot, class_of: dict) -> None:
@@ -108,7 +125,61 @@ class MainScreen(WatchesSize, Screen[None]):
         current = grid.current
         grid.set_model(build_grid(snap, class_of, set(), filter_keys(snap, self.hs.query_text)),
                        keep=current.key if current else None)
+        self.fit_grid()
         self._show_nodes(node_groups(snap.nodes, snap.ranks))
+
+    def fit_grid(self) -> None:
+        """The grid column as wide and the grid as high as the ranks need (a few ranks: a few lines), within a
+        share of the screen; the findings and the evidence get the rest. A large job's grid scrolls."""
+        grid = self.grid
+        width, height = self.size
+        if width <= 0 or height <= 0:
+            return
+        need_w = grid.virtual_size.width + 2  # the border
+        need_h = grid.virtual_size.height + 2
+        least = max(LEFT_MIN, min(LEFT_WIDE, width * 30 // 100))
+        most = max(least, width * LEFT_SHARE // 100)
+        w = min(max(need_w, least), most)
+        if need_w > w:
+            need_h += 1  # the horizontal scrollbar
+        main_h = max(height - 6, 8)  # top bar, verdict, status, footer
+        h = min(need_h, max(5, main_h * GRID_SHARE // 100))
+        if need_h > h and w < most:
+            w = min(max(need_w + 1, least), most)  # the vertical scrollbar
+        left = self.query_one("#left")
+        if left.styles.width is None or left.styles.width.value != w:
+            left.styles.width = w
+        if grid.styles.height is None or grid.styles.height.value != h:
+            grid.styles.height = h
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self.fit_grid()
+
+    def _show_evidence(self, view: View) -> None:
+        """The culprit against the majority, or, with no culprit, where the ranks wait."""
+        title = self.query_one("#evidence-title", Label)
+        body = self.query_one("#evidence", Static)
+        key = self.hs.first_suspect(view)
+        diff = None
+        if key is not None and key in view.suspects:
+            try:
+                diff = diff_vs_majority(view.snapshot, view.analysis, key)
+            except KeyError:
+                diff = None
+        if diff is None:
+            title.update("evidence")
+            if view.classes:
+                c = view.classes[0]
+                body.update(Text.assemble(("no rank stands out on its stack: ", "dim"), literal(c.label, 200), " ",
+                                          literal(c.where, 200),
+                                          ("\nt: the merged stack tree; d: this rank against its class", "dim")))
+            else:
+                body.update(Text("no stacks yet", style="dim"))
+            return
+        title.update(Text.assemble("evidence: ", literal(view.ranks[key].label, 40), " against the majority  ",
+                                   ("d: the whole diff", "dim")))
+        body.update(Group(evidence_summary(diff), evidence_table(diff)))
 
     def _show_nodes(self, groups) -> None:
         self.query_one(NodesPanel).show(groups)
@@ -206,9 +277,13 @@ class MainScreen(WatchesSize, Screen[None]):
         self.grid.focus()
 
     def action_back(self) -> None:
-        """Esc undoes the innermost thing: the open filter box, the filter, the class highlight, panel focus."""
+        """Esc undoes the innermost thing: the filter (with its box, as the box's placeholder says), the class
+        highlight, panel focus."""
         if self.query_one("#filter", Input).has_class("-shown"):
-            self.close_filter()
+            if self.hs.query_text:
+                self.hs.set_filter("")  # closes the box too
+            else:
+                self.close_filter()
         elif self.hs.query_text:
             self.hs.set_filter("")
         elif self.classes_panel.chosen is not None:

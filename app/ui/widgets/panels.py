@@ -9,7 +9,7 @@ from textual.message import Message
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from app.ui.safe import literal
+from app.ui.safe import counted, literal
 from app.ui.view import ClassView, FindingView, NodeGroup
 
 
@@ -40,12 +40,14 @@ class ClassesPanel(OptionList):
     def _prompt(self, c: ClassView) -> Text:
         out = Text(end="")
         out.append(f"{c.symbol} ", style=f"bold {c.color}")
-        out.append(f"{c.size:>4} ", style="bold")
+        out.append(f"{c.size} ", style="bold")
         out.append_text(literal(c.label, 200))
         if c.suspect:
             out.append("  suspect", style="bold #ff5f87")
+        elif c.suspects:  # not the whole class: say how many of it
+            out.append(f"  incl. {counted(c.suspects, 'suspect')}", style="bold #ff5f87")
         if c.where:
-            out.append("\n      ")
+            out.append("\n  ")
             out.append_text(literal(c.where, 200, "dim"))
         return out
 
@@ -112,7 +114,7 @@ class NodesPanel(Static):
                 out.append(": ")
                 out.append_text(literal(g.reason, 300))
             if g.ranks:
-                out.append(f"  ({g.ranks} ranks)", style="dim")
+                out.append(f"  ({counted(g.ranks, 'rank')})", style="dim")
             if g.hint:
                 out.append("\n  → ", style="dim")
                 out.append_text(literal(g.hint, 400, "dim"))
