@@ -178,3 +178,40 @@ def _is_pair(p: Any) -> bool:
 def redact_text(s: str, redactor: Optional[Redactor] = None) -> str:
     """Convenience: redact one string with a fresh (or the given) redactor."""
     return (redactor or Redactor()).text(s)
+
+
+# Which channel each snapshot field belongs to (a field not named here is in its parent's channel). The
+# manifest counts the markers per channel: what the node replaced before sending, and what this side's pass
+# replaced on top, since each replaced value leaves one marker.
+_CHANNELS = {
+    "cmdline": "argv", "env": "env", "locals": "locals", "iteration": "locals", "source": "source lines",
+    "loops": "source lines", "frames": "stacks", "kernel_stack": "stacks", "wchan": "stacks", "name": "names",
+    "exe": "process", "user": "process", "launcher": "process", "master_addr": "process", "strace": "strace",
+    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "sockets": "network", "gpus": "gpus",
+    "info": "node info",
+}
+
+
+def channel_counts(snap: Snapshot) -> Dict[str, int]:
+    """How many values were replaced in each channel of a redacted snapshot (markers counted; never values)."""
+    counts: Counter = Counter()
+    _count_markers(snap, "other", counts)
+    return dict(sorted((k, v) for k, v in counts.items() if v))
+
+
+def _count_markers(obj: Any, channel: str, counts: Counter) -> None:
+    if isinstance(obj, str):
+        if REDACTED in obj:
+            counts[channel] += obj.count(REDACTED)
+        return
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            _count_markers(x, channel, counts)
+        return
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in dataclasses.fields(obj):
+        sub = _CHANNELS.get(f.name, channel)
+        if f.name == "name" and channel in ("locals", "source lines"):
+            sub = channel  # a local's or loop's own name
+        _count_markers(getattr(obj, f.name), sub, counts)
