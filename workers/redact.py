@@ -145,11 +145,12 @@ _VALUE = (r"(?P<val>" + _Q +
 _KEYVAL = re.compile(r"(?P<q>\\?[\"'])(?P<name>[A-Za-z_][\w .-]{0,80}?)(?P=q)\s*(?::|=>?|,)\s*" + _VALUE)
 # name=value, name = value, name: value, name: Type = value, name == value (kwargs, assignments, headers,
 # env, log lines, YAML).
-_ASSIGN = re.compile(r"(?<![\w\\/.-])(?P<name>[A-Za-z_][\w.-]*?)(?P<sep>\s*(?::\s*[A-Za-z_][\w.\[\], |]*?\s*)?==?\s*"
+_ESC = r"(?<=\\[nrt])"  # just after an escaped newline or tab in a repr or strace string: a new field starts
+_ASSIGN = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Za-z_][\w.-]*?)(?P<sep>\s*(?::\s*[A-Za-z_][\w.\[\], |]*?\s+)?==?\s*"
                      r"|[ \t]*:[ \t]*)(?!=)" + _VALUE)
 # --flag value / --flag=value in free text (a shell command, a -c program). A value after a space never starts
 # with "-" (that is the next flag), so "--use-auth --token x" still reaches --token.
-_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
+_FLAG = re.compile(r"(?P<flag>(?:" + _ESC + r"|(?<![\w\\-]))--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
 # Headers whose whole value (to the end of the line or the string) is a credential.
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
 _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
@@ -157,7 +158,7 @@ _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bau
                      r"(?P<val>(?:(?!\\[rnt\"'])[^\n\"'])+)")
 
 # -- long high-entropy strings ---------------------------------------------------------------------------------
-_CANDIDATE = re.compile(r"(?<![\w+=/-])[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
+_CANDIDATE = re.compile(r"(?:" + _ESC + r"|(?<![\w+=/\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
 
 
 def _entropy(s: str) -> float:
@@ -235,18 +236,29 @@ def _hidden(inner: str) -> bool:
     return _ALREADY.fullmatch(inner) is not None
 
 
-def _named(rule: str, hits: Optional[Dict[str, int]], group: str = "name") -> "Callable[[re.Match[str]], str]":
-    def sub(m: "re.Match[str]") -> str:
+def _named(pattern: "re.Pattern[str]", text: str, rule: str, hits: Optional[Dict[str, int]],
+           group: str = "name") -> str:
+    """Replace the value of each secret-named match. A match whose name is harmless is kept and its value
+    scanned again (`note: password=x`: the harmless `note:` must not hide the `password=` inside)."""
+    out: List[str] = []
+    done = pos = 0
+    while True:
+        m = pattern.search(text, pos)
+        if m is None:
+            break
         name, val = m.group(group).strip(), m.group("val")
-        if group == "name" and "." in name and "=" not in m.group("sep") and "sep" in m.re.groupindex:
-            return m.group(0)  # file.py:12, module.attr: a location, not a field
         pre, inner, post = _unquote(val)
-        if _hidden(inner) or not secret_name(name) \
-                or not secret_value(name, inner):
-            return m.group(0)
+        location = group == "name" and "." in name and "=" not in m.group("sep")  # file.py:12, module.attr:
+        if location or _hidden(inner) or not secret_name(name) or not secret_value(name, inner):
+            pos = m.start("val") if m.start("val") > m.start() else m.start() + 1
+            continue
         _count(hits, rule)
-        return m.group(0)[: m.start("val") - m.start()] + pre + MASK + post
-    return sub
+        out.append(text[done:m.start("val")] + pre + MASK + post)
+        done = pos = m.end()
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
 
 
 def redact_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
@@ -268,13 +280,13 @@ def redact_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
             return m.group("head") + MASK
         text = _URL_CREDENTIALS.sub(url, text)
     if ":" in text:
-        text = _HEADER.sub(_named("auth-header", hits), text)
+        text = _named(_HEADER, text, "auth-header", hits)
     if "-" in text:
-        text = _FLAG.sub(_named("secret-flag", hits, "flag"), text)
+        text = _named(_FLAG, text, "secret-flag", hits, "flag")
     if "=" in text or ":" in text:
-        text = _ASSIGN.sub(_named("secret-assignment", hits), text)
+        text = _named(_ASSIGN, text, "secret-assignment", hits)
     if "'" in text or '"' in text:
-        text = _KEYVAL.sub(_named("secret-key-value", hits), text)
+        text = _named(_KEYVAL, text, "secret-key-value", hits)
     return _ents(text, hits)
 
 
