@@ -37,8 +37,8 @@ _SECRET_WORDS = {"apikey", "token", "secret", "secrets", "password", "passwd", "
 # Ambiguous words: `--num-key-value-heads 8` is a model size, not a key. Under these names a plain number,
 # boolean, None, object repr or path is kept; anything else is masked.
 _WEAK_WORDS = {"key", "auth", "pat", "sas", "session", "sig", "salt", "nonce", "license", "cert", "keys"}
-_SECRET_SUFFIXES = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials", "auth",
-                    "pwd", "cookie", "signature")
+_SECRET_SUFFIXES = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials", "pwd",
+                    "cookie", "signature")
 _SECRET_PREFIXES = ("secret", "password", "passwd", "credential", "apikey", "authtoken", "passw")
 # Two adjacent words that together say secret: API_KEY, access-key, private_key, X-Api-Key, session_id.
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("session", "id"),
@@ -65,7 +65,8 @@ def _strength(name: str) -> int:
 
 def _word_strength(name: str) -> int:
     found = 0
-    words = [w.lower() for w in _WORD_SPLIT.split(name.lstrip("-")) if w]
+    # creds2, token_1, pw0: a number at the end of a word does not change what it names
+    words = [w.lower().rstrip("0123456789") or w for w in _WORD_SPLIT.split(name.lstrip("-")) if w]
     for i, w in enumerate(words):
         if w in _NOT_SECRET:
             continue
@@ -73,7 +74,7 @@ def _word_strength(name: str) -> int:
             return 2
         if i + 1 < len(words) and (w, words[i + 1]) in _SECRET_PAIRS:
             return 2
-        if w in _WEAK_WORDS or (w.endswith("pass") and len(w) > 4):
+        if w in _WEAK_WORDS or (w.endswith(("pass", "auth")) and len(w) > 4):
             found = 1
     return found
 
@@ -86,7 +87,7 @@ def secret_name(name: str) -> bool:
 _HARMLESS_WEAK = re.compile(
     r"(?:[-+]?(?:\d[\d_]*(?:\.\d*)?(?:[eE][-+]?\d+)?|0[xX][0-9a-fA-F]+|\.\d+)|True|False|None|true|false|yes|no"
     r"|none|null|nan|inf|lambda|self|"
-    r"<[^<>]*(?:object|function|method|module|class|built-in|generator|coroutine|bound)[^<>]*>"  # object reprs
+    r"<[^\n]{0,200} at 0x[0-9a-fA-F]+>|<(?:built-in |bound )?(?:function|method|module|class)[^\n]{0,200}>"
     r"|/[\w./+-]*"  # an absolute path
     r"|[(\[](?:\s*-?\d+\s*,?)*[)\]]|torch\.Size\(\[[\d, ]*\]\)"  # shapes
     r")")
@@ -136,7 +137,7 @@ _URL_CREDENTIALS = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"
 # \r \n escapes end it too).
 _Q = r"(?:\\\"(?:(?!\\\").){0,1000}?\\\"|[bBrRuUfF]{0,2}\"(?:[^\"\\\n]|\\.){0,1000}\"|[bBrRuUfF]{0,2}'(?:[^'\\\n]|\\.){0,1000}')"
 _NEST = r"(?:[^()\[\]{}\n]|\([^()\n]*\)|\[[^\[\]\n]*\]|\{[^{}\n]*\})"
-_VALUE = (r"(?P<val>" + _Q +
+_VALUE = (r"(?P<val>" + _Q + r"|0x[0-9a-fA-F]+[ \t]+" + _Q +  # gdb: a char* argument is an address and its text
           r"|\(" + _NEST + r"{0,1000}\)|\[" + _NEST + r"{0,1000}\]|\{" + _NEST + r"{0,1000}\}"
           r"|[A-Za-z_][\w.]*\(" + _NEST + r"{0,1000}\)"
           r"|(?:Bearer|Basic|Token|Digest|Bot|Negotiate|token|bearer|basic)[ \t]+(?:(?!\\[rnt\"'])[^\s\"',;&|)\]}])+"
@@ -151,6 +152,10 @@ _ASSIGN = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Za-z_][\w.-]*
 # --flag value / --flag=value in free text (a shell command, a -c program). A value after a space never starts
 # with "-" (that is the next flag), so "--use-auth --token x" still reaches --token.
 _FLAG = re.compile(r"(?P<flag>(?:" + _ESC + r"|(?<![\w\\-]))--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
+# NAME value: an upper-case secret name, a space, its value (AWS_SECRET_ACCESS_KEY wJal..., PASS x in a
+# protocol line); and NCCL's echo of its environment ("NCCL_IB_AUTH_TOKEN set by environment to x").
+_SPACED = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]|PASS|PASSWORD|PASSWD|TOKEN|SECRET|APIKEY)"
+                     r"(?P<sep>[ \t]+(?:set by environment to[ \t]+)?)(?![-=:])" + _VALUE)
 # Headers whose whole value (to the end of the line or the string) is a credential.
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
 _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
@@ -285,6 +290,8 @@ def redact_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
         text = _named(_FLAG, text, "secret-flag", hits, "flag")
     if "=" in text or ":" in text:
         text = _named(_ASSIGN, text, "secret-assignment", hits)
+    if " " in text or "\t" in text:
+        text = _named(_SPACED, text, "secret-assignment", hits)
     if "'" in text or '"' in text:
         text = _named(_KEYVAL, text, "secret-key-value", hits)
     return _ents(text, hits)
@@ -373,6 +380,8 @@ def _walk(obj: Any, key: str, frame: bool) -> Any:
                 out[k] = _walk(v, sk, is_frame)
         return out
     if isinstance(obj, (list, tuple)):
+        if key in ("cmdline", "argv") and all(isinstance(a, str) for a in obj):
+            return redact_argv(obj)
         if len(obj) == 2 and isinstance(obj[0], str) and isinstance(obj[1], str) and _strength(obj[0]):
             return [obj[0], redact_named(obj[0], obj[1], rule="secret-env")]  # an env pair
         return [_walk(v, key, False) for v in obj]
