@@ -53,7 +53,7 @@ Ops (args -> items / done):
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
-                       "seconds": float, "data": bool}   (output: first and last max_lines/2 lines around a
+                       "seconds": float, "payloads": bool}   (output: first and last max_lines/2 lines around a
                        [truncated] marker; the bytes each call read or wrote are dropped (`""...`) unless "data")
     gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
               -> done {"pid", "output": str, "stderr": str, "resumed": bool, "elapsed": float}

@@ -79,7 +79,7 @@ def strace(req: Request) -> Dict[str, Any]:
     output, truncated = cap_lines(lines, res.stderr_tail.decode("utf-8", "replace"), max_lines)
     return {"pid": pid, "output": redact_text(output), "truncated": truncated, "lines": res.stderr_lines,
             "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds,
-            "data": data}
+            "payloads": data}
 
 
 def cap_lines(head: List[str], tail_text: str, max_lines: int) -> "tuple[str, bool]":
