@@ -266,6 +266,13 @@ def _named(pattern: "re.Pattern[str]", text: str, rule: str, hits: Optional[Dict
     return "".join(out)
 
 
+# Every secret name holds one of these (see _SECRET_WORDS, _WEAK_WORDS, _SECRET_PAIRS): text without any cannot
+# match a structural rule, and most text (frames, paths, numbers, syscalls) has none.
+_NAME_HINT = re.compile(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
+                        r"|jwt|csrf|xsrf|bearer")  # searched in the lower-cased text
+_PAT_HINT = re.compile(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
+
+
 def redact_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
     """Mask secrets anywhere in free text (tool output, locals' reprs, source lines, names, error messages):
     token shapes, URL passwords, credential headers, secret-named values, long high-entropy strings. `hits`,
@@ -284,6 +291,8 @@ def redact_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
             _count(hits, "url-password")
             return m.group("head") + MASK
         text = _URL_CREDENTIALS.sub(url, text)
+    if _NAME_HINT.search(text.lower()) is None and _PAT_HINT.search(text) is None:  # no name in it can say secret: only the high-entropy scan is left
+        return _ents(text, hits)
     if ":" in text:
         text = _named(_HEADER, text, "auth-header", hits)
     if "-" in text:
