@@ -184,3 +184,32 @@ def test_recorded_worker_output_passes_unchanged() -> None:
         if redact_message(doc) != doc:
             changed.append(f)
     assert changed == []
+
+
+def test_the_manifest_counts_markers_per_channel() -> None:
+    """What the node replaced arrives as markers; the export's manifest counts them by the channel they sit in
+    (and what its own pass replaces on top), never the values."""
+    import dataclasses
+
+    from app.model import Frame, Local, RankSnapshot, Snapshot, StraceResult, ThreadStack
+    from app.report.bundle import build_bundle
+
+    frame = Frame(function="train", filename="/job/train.py", line=3,
+                  locals=(Local("password", MASK), Local("step", "3"), Local("cfg", '{"api_key": "***"}')),
+                  iteration=(("item", '"Authorization: Bearer ***"'),),
+                  source=((2, 'client_secret: str = "***"'), (3, "train()")))
+    rank = RankSnapshot(node="n1", pid=10, start_time=1, cmdline=("python", "--pw", MASK),
+                        env=(("TORCHELASTIC_RDZV_ENDPOINT", "etcd://root:***@h:2379"),),
+                        threads=(ThreadStack(tid=10, name="uploader token=***", frames=(frame,)),),
+                        strace=StraceResult(seconds=1.0, output='sendto(3, "X-Api-Key: ***\\r\\n"..., 20) = 20'),
+                        gdb='Thread 2 (Thread 0x7f (LWP 12) "pw=***")', collected=True)
+    snap = Snapshot(taken_at=1.0, ranks=(rank,))
+    # a value the node let through (an older worker): the export's pass replaces it and counts it too
+    leaky = dataclasses.replace(snap, ranks=(dataclasses.replace(rank, cmdline=("python", "--pw", MASK,
+                                                                                  "--password=hunter2x")),))
+    bundle = build_bundle(leaky, None, now=2.0)
+    manifest = json.loads(bundle.files["manifest.json"])
+    assert manifest["redactions"]["by_channel"] == {"argv": 2, "env": 1, "gdb": 1, "locals": 3, "names": 1,
+                                                    "source lines": 1, "strace": 1}
+    assert manifest["redactions"]["by_rule"].get("secret-flag") == 1
+    assert "hunter2x" not in json.dumps(manifest) and all(b"hunter2x" not in data for data in bundle.files.values())

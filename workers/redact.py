@@ -140,8 +140,8 @@ _NEST = r"(?:[^()\[\]{}\n]|\([^()\n]*\)|\[[^\[\]\n]*\]|\{[^{}\n]*\})"
 _VALUE = (r"(?P<val>" + _Q + r"|0x[0-9a-fA-F]+[ \t]+" + _Q +  # gdb: a char* argument is an address and its text
           r"|\(" + _NEST + r"{0,1000}\)|\[" + _NEST + r"{0,1000}\]|\{" + _NEST + r"{0,1000}\}"
           r"|[A-Za-z_][\w.]*\(" + _NEST + r"{0,1000}\)"
-          r"|(?:Bearer|Basic|Token|Digest|Bot|Negotiate|token|bearer|basic)[ \t]+(?:(?!\\[rnt\"'])[^\s\"',;&|)\]}])+"
-          r"|(?:(?!\\[rnt\"'])[^\s\"',;&|)\]}])+)")
+          r"|(?:Bearer|Basic|Token|Digest|Bot|Negotiate|token|bearer|basic)[ \t]+(?:(?!\\[rnt\"'])[^\s\"',;&|)\]}<])+"
+          r"|(?:(?!\\[rnt\"'])[^\s\"',;&|)\]}<])+)")
 # "name": value / 'name': value / \"name\": value / ("name", value): dict reprs, JSON, strace'd JSON, pairs.
 _KEYVAL = re.compile(r"(?P<q>\\?[\"'])(?P<name>[A-Za-z_][\w .-]{0,80}?)(?P=q)\s*(?::|=>?|,)\s*" + _VALUE)
 # name=value, name = value, name: value, name: Type = value, name == value (kwargs, assignments, headers,
@@ -160,7 +160,7 @@ _SPACED = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Z][A-Z0-9]*_[
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
 _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
                      r"(?P<sep>[ \t]*:[ \t]*(?:" + _SCHEME + r"[ \t]+)?)"
-                     r"(?P<val>(?:(?!\\[rnt\"'])[^\n\"'])+)")
+                     r"(?P<val>(?:(?!\\[rnt\"']|&(?:quot|#x27|#39|lt|gt);)[^\n\"'<])+)")
 
 # -- long high-entropy strings ---------------------------------------------------------------------------------
 _CANDIDATE = re.compile(r"(?:" + _ESC + r"|(?<![\w+=/\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
@@ -188,6 +188,8 @@ def high_entropy(token: str) -> bool:
     (HUF_decompress4X1_usingDTable, entry_SYSCALL_64_after_hwframe: words, long same-case runs) and hex hashes
     (one case) do not qualify."""
     token = token.rstrip("=")
+    if token.startswith(("sha256-", "sha384-", "sha512-")):
+        return False  # a Subresource Integrity / CSP hash: a public digest
     n = len(token)
     if n < 20 or _CASE_RUN.search(token):
         return False
