@@ -23,7 +23,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence
 
 MASK = "***"
 

@@ -1,8 +1,13 @@
-"""The bundle redactor: the one pass every exported file goes through, counting what it replaced by rule.
+"""The login side's redactor: the one pass every exported file, the printed summary and the --snapshot file go
+through, counting what it replaced by rule.
 
-Defence in depth on the login side: the worker already redacts command lines on the node, but a secret can
-still reach us in a local's repr, a gdb/strace line, an env value or an analysis string. Names are kept and
-values replaced with REDACTED; counts are kept per rule, never the values.
+Defence in depth: the worker already redacted every string of every reply on the node (workers/redact.py), so
+this pass normally finds nothing new; it catches what an older worker or a snapshot file from elsewhere let
+through. It uses the node's rules (one detector, so both sides agree on what is a secret) rather than a library
+such as detect-secrets: the worker must stay stdlib-only, detect-secrets' plugins scan lines for token shapes
+and keyword assignments but know nothing of our structures (locals by name, env pairs, argv flag pairs), and a
+second, different detector here would hide on the login side what the TUI still shows. Names are kept and
+values replaced with *** (REDACTED); counts are kept per rule, never the values.
 """
 
 from __future__ import annotations
