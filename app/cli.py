@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sample without pausing the ranks (py-spy --nonblocking; not with --native)")
     col.add_argument("--strace", type=float, metavar="SECONDS", default=0.0,
                      help="also strace every rank for SECONDS (traces the rank; capped output)")
+    col.add_argument("--strace-data", action="store_true",
+                     help="with --strace, keep the first bytes each call read or wrote (redacted on the node; "
+                     "by default only syscall, fd, size and result)")
     col.add_argument("--gdb", action="store_true",
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
     col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",

@@ -32,7 +32,7 @@ def session_options(args: argparse.Namespace):
         collect=collect, fanout=args.fanout, connect_timeout=args.connect_timeout, dump_timeout=args.timeout,
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,
         ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
-        pids=tuple(args.pids) if args.pids else None,
+        pids=tuple(args.pids) if args.pids else None, strace_data=getattr(args, "strace_data", False),
         opener=getattr(args, "opener", None),  # set by --slurm (app.slurm.cli): srun or SSH-then-srun
     )
 
@@ -91,12 +91,16 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
     complete the data is."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
+    from app.report.redact import Redactor
 
     analysis = analyze(snap, history=history)
-    out.write(summary_text(snap, analysis) + "\n")
+    # The node redacted everything it sent; this second pass (the export's redactor) covers what is printed and
+    # written here too, and a snapshot loaded from a file written by an older hangscope.
+    red = Redactor()
+    out.write(red.text(summary_text(snap, analysis)) + "\n")
     out.flush()
     if snapshot_path:
-        write_private(snapshot_path, snapshot_to_json(snap, analysis.to_dict()), force=force)
+        write_private(snapshot_path, snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict())), force=force)
         print(f"hangscope: snapshot written to {snapshot_path}", file=sys.stderr)
     if export:
         from app.report import export_bundle

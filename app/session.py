@@ -55,6 +55,7 @@ class SessionOptions:
     identity: tuple[str, ...] = ()
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
+    strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
     opener: Optional[Opener] = field(default=None, compare=False)  # None: SSH to every node
 
 
@@ -158,7 +159,7 @@ class Session:
 
         def args(r: RankSnapshot) -> dict:
             return {"pid": r.pid, "start_time": r.start_time, "seconds": seconds, "max_lines": STRACE_MAX_LINES,
-                    "sudo": sudo}
+                    "sudo": sudo, "data": self.options.strace_data}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
             return dataclasses.replace(r, strace=parse.strace_result(done), resumed=r.resumed or

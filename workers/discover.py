@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import procinfo
 from workers.procinfo import Gone, Proc
-from workers.redact import redact_argv, redact_env_value, secret_name
+from workers.redact import redact_argv, redact_env_value
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 ENV_ALLOW = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -103,8 +103,7 @@ def allowed_env(env: Dict[str, str]) -> List[Tuple[str, str]]:
     out = []
     for name in sorted(env):
         if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES):
-            out.append((name, redact_env_value(name, env[name]) if name.startswith("NCCL_")
-                        or secret_name(name) else env[name]))
+            out.append((name, redact_env_value(name, env[name])))  # URL passwords in endpoints too
     return out
 
 

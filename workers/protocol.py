@@ -2,7 +2,8 @@
 
 Stdlib only and Python 3.9 compatible: this module runs on compute nodes and is imported by app/ too.
 
-Wire format: one JSON object per line, UTF-8, on the worker's stdin/stdout. The worker's stderr is a log
+Wire format: one JSON object per line, UTF-8, on the worker's stdin/stdout. Every reply is redacted on its way
+out (workers/redact.py: redact_message), whatever op produced it. The worker's stderr is a log
 side channel, never parsed as protocol.
 
 Worker -> login, first and once:
@@ -53,9 +54,10 @@ Ops (args -> items / done):
               -> item {"rank": <discover item>} per rank, then one {"discovered": <discover's done data>},
                  then {"dump": <dump item>} per rank as each finishes
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
-    strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool}
+    strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
-                       "seconds": float}   (output: first and last max_lines/2 lines around a [truncated] marker)
+                       "seconds": float, "payloads": bool}   (output: first and last max_lines/2 lines around a
+                       [truncated] marker; the bytes each call read or wrote are dropped (`""...`) unless "data")
     gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
               -> done {"pid", "output": str, "stderr": str, "resumed": bool, "elapsed": float}
               strace and gdb end with error target_held (never attaching) on a stopped, frozen or D-state target

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import IO, Any, Callable, Dict, Optional
 
 from workers.protocol import ProtocolError, decode, encode, error
+from workers.redact import redact_message
 from workers.request import Cancelled, OpError, Request, Worker
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ class Server:
         self.worker = Worker(self.send, options)
 
     def send(self, msg: Dict[str, Any]) -> None:
-        data = encode(msg)
+        # every string of every reply, redacted here: nothing secret leaves the node, whichever op produced it
+        data = encode(redact_message(msg))
         with self._out_lock:
             if self._closed:
                 return

@@ -18,7 +18,7 @@ from app.report.facts import gather
 from app.report.flame import collapsed, speedscope
 from app.report.html_report import render_html
 from app.report.manifest import build_manifest
-from app.report.redact import Redactor
+from app.report.redact import Redactor, channel_counts
 from app.report.summary_md import render_summary
 from app.report.writer import (MANIFEST, BundleWriteError, check_destination, write_files, write_tarball)
 
@@ -113,7 +113,8 @@ def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], re
     from app.tools import pyspy_version
 
     doc = build_manifest(snapshot, created_at=created, files=files, redactions=red.summary(), skipped=skipped,
-                         history=history, tests_included=tests, pyspy_version=pyspy_version())
+                         history=history, tests_included=tests, pyspy_version=pyspy_version(),
+                         by_channel=channel_counts(snapshot))
     # The manifest is a bundle file too: it goes through the redactor like the others (it holds node
     # errors and warnings), and must then report the counts including its own.
     before = dict(red.counts)

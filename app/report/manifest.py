@@ -37,7 +37,8 @@ def login_versions() -> Dict[str, str]:
 def build_manifest(snapshot: Snapshot, *, created_at: float, files: Mapping[str, bytes],
                    redactions: Mapping[str, int], skipped: Sequence[Tuple[str, str]],
                    history: Sequence[Snapshot] = (), tests_included: bool = False,
-                   pyspy_version: Optional[str] = None) -> Dict[str, Any]:
+                   pyspy_version: Optional[str] = None,
+                   by_channel: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
     ranks = snapshot.ranks
     versions = login_versions()
     if pyspy_version:
@@ -70,7 +71,11 @@ def build_manifest(snapshot: Snapshot, *, created_at: float, files: Mapping[str,
         "redactions": {
             "by_rule": dict(sorted(redactions.items())),
             "total": sum(redactions.values()),
-            "note": "how many values each rule replaced with ***; the values themselves are recorded nowhere",
+            # every value replaced in the data, on the node before it was sent and here: one *** each
+            "by_channel": dict(sorted((by_channel or {}).items())),
+            "note": "by_rule: how many values each rule of the export's pass replaced with ***; by_channel: how "
+                    "many *** the snapshot holds per channel (argv, env, locals, source lines, strace, ...), "
+                    "most replaced on the node before anything was sent; the values themselves are recorded nowhere",
         },
         "skipped": [{"item": item, "reason": reason} for item, reason in skipped],
     }

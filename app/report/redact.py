@@ -1,19 +1,25 @@
-"""The bundle redactor: the one pass every exported file goes through, counting what it replaced by rule.
+"""The login side's redactor: the one pass every exported file, the printed summary and the --snapshot file go
+through, counting what it replaced by rule.
 
-Defence in depth on the login side: the worker already redacts command lines on the node, but a secret can
-still reach us in a local's repr, a gdb/strace line, an env value or an analysis string. Names are kept and
-values replaced with REDACTED; counts are kept per rule, never the values.
+Defence in depth: the worker already redacted every string of every reply on the node (workers/redact.py), so
+this pass normally finds nothing new; it catches what an older worker or a snapshot file from elsewhere let
+through. It uses the node's rules (one detector, so both sides agree on what is a secret) rather than a library
+such as detect-secrets: the worker must stay stdlib-only, detect-secrets' plugins scan lines for token shapes
+and keyword assignments but know nothing of our structures (locals by name, env pairs, argv flag pairs), and a
+second, different detector here would hide on the login side what the TUI still shows. Names are kept and
+values replaced with *** (REDACTED); counts are kept per rule, never the values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.model import Local, Snapshot
 from workers.redact import MASK
+from workers.redact import _unquote as _node_unquote
+from workers.redact import redact_text as _node_redact_text
 from workers.redact import secret_name as _node_secret_name
 from workers.redact import secret_value as _node_secret_value
 
@@ -36,42 +42,9 @@ def secret_value(name: str, value: str) -> bool:
     return value not in _ALREADY and _node_secret_value(name, value)
 
 
-# Value shapes of well-known credentials, redacted wherever they appear: one alternation, one pass; the
-# group that matched names the rule.
-_SHAPES = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in (
-    ("private_key", r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
-                    r"(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"),
-    ("hf_token", r"\bhf_[A-Za-z0-9]{20,}"),
-    ("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
-    ("aws_access_key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b"),
-    ("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}"),
-    ("slack_token", r"\bxox[abposre]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/services/[A-Za-z0-9/]+"),
-    ("openai_key", r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"),
-    ("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}"),
-)), re.S)
-# scheme://user:password@host -> scheme://user:***@host
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'<>]*:)(?P<pw>[^\s@/\"'<>]+)(?=@)")
-# --flag=value or --flag value in free text; the callback decides whether the flag looks secret.
-# A value after a space never starts with "-" (that is the next flag), so "--use-auth --token x" still
-# reaches --token.
-_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))"
-                   r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\,;&|)]+)")
-# NAME=value (env assignments, kwargs reprs) in free text.
-_ASSIGN = re.compile(r"(?P<name>(?<![\w-])[A-Za-z_][A-Za-z0-9_.]*)(?P<sep>=)"
-                     r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\,;&|)]+)")
-# 'name': 'value' or "name": "value" (dict reprs, JSON text).
-_KEYVAL = re.compile(r"(?P<q>['\"])(?P<name>[^'\"\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"
-                     r"(?P<val>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|b'(?:[^'\\\n]|\\.)*'|b\"[^\"\n]*\")")
-
-
 def _unquote(val: str) -> Tuple[str, str, str]:
     """Split a matched value into (opening quote, inner text, closing quote)."""
-    for pre in ("b'", 'b"'):
-        if val.startswith(pre) and len(val) >= 3:
-            return pre, val[2:-1], val[-1]
-    if len(val) >= 2 and val[0] in "'\"" and val[-1] == val[0]:
-        return val[0], val[1:-1], val[-1]
-    return "", val, ""
+    return _node_unquote(val)
 
 
 class Redactor:
@@ -101,38 +74,8 @@ class Redactor:
         return hit[0]
 
     def _text(self, s: str) -> str:
-        s = _SHAPES.sub(self._shape, s)
-        if "://" in s:
-            s = _URL_PASSWORD.sub(self._url_password, s)
-        if "-" in s:
-            s = _FLAG.sub(self._named("secret-flag"), s)
-        if "=" in s:
-            s = _ASSIGN.sub(self._named("secret-assignment"), s)
-        if ":" in s and ("'" in s or '"' in s):
-            s = _KEYVAL.sub(self._named("secret-key-value"), s)
-        return s
-
-    def _shape(self, m: "re.Match[str]") -> str:
-        self._hits[str(m.lastgroup).replace("_", "-")] += 1
-        return REDACTED
-
-    def _url_password(self, m: "re.Match[str]") -> str:
-        if m.group("pw") in _ALREADY:
-            return m.group(0)
-        self._hits["url-password"] += 1
-        return m.group("head") + REDACTED
-
-    def _named(self, rule: str) -> Callable[["re.Match[str]"], str]:
-        def sub(m: "re.Match[str]") -> str:
-            name, val = m.group("name") if "name" in m.re.groupindex else m.group("flag"), m.group("val")
-            if not secret_name(name):
-                return m.group(0)
-            pre, inner, post = _unquote(val)
-            if not secret_value(name, inner):
-                return m.group(0)
-            self._hits[rule] += 1
-            return m.group(0)[: m.start("val") - m.start()] + pre + REDACTED + post
-        return sub
+        # the node's rules (workers/redact.py), counting by rule: one detector on both sides
+        return _node_redact_text(s, self._hits)
 
     # -- structured values -----------------------------------------------------------------------------
     def value(self, name: str, value: str, rule: str) -> str:
@@ -240,3 +183,40 @@ def _is_pair(p: Any) -> bool:
 def redact_text(s: str, redactor: Optional[Redactor] = None) -> str:
     """Convenience: redact one string with a fresh (or the given) redactor."""
     return (redactor or Redactor()).text(s)
+
+
+# Which channel each snapshot field belongs to (a field not named here is in its parent's channel). The
+# manifest counts the markers per channel: what the node replaced before sending, and what this side's pass
+# replaced on top, since each replaced value leaves one marker.
+_CHANNELS = {
+    "cmdline": "argv", "env": "env", "locals": "locals", "iteration": "locals", "source": "source lines",
+    "loops": "source lines", "frames": "stacks", "kernel_stack": "stacks", "wchan": "stacks", "name": "names",
+    "exe": "process", "user": "process", "launcher": "process", "master_addr": "process", "strace": "strace",
+    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "sockets": "network", "gpus": "gpus",
+    "info": "node info",
+}
+
+
+def channel_counts(snap: Snapshot) -> Dict[str, int]:
+    """How many values were replaced in each channel of a redacted snapshot (markers counted; never values)."""
+    counts: Counter = Counter()
+    _count_markers(snap, "other", counts)
+    return dict(sorted((k, v) for k, v in counts.items() if v))
+
+
+def _count_markers(obj: Any, channel: str, counts: Counter) -> None:
+    if isinstance(obj, str):
+        if REDACTED in obj:
+            counts[channel] += obj.count(REDACTED)
+        return
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            _count_markers(x, channel, counts)
+        return
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in dataclasses.fields(obj):
+        sub = _CHANNELS.get(f.name, channel)
+        if f.name == "name" and channel in ("locals", "source lines"):
+            sub = channel  # a local's or loop's own name
+        _count_markers(getattr(obj, f.name), sub, counts)

@@ -62,11 +62,15 @@ def strace(req: Request) -> Dict[str, Any]:
     start_time = req.arg_int("start_time")
     seconds = min(req.arg_float("seconds", 2.0), 600.0)
     max_lines = req.arg_int("max_lines", 2000) or 2000
+    # The bytes a call read or wrote are not needed to diagnose a hang (syscall, fd, size and result are) and
+    # may be anything the job sends (HTTP headers, credentials): dropped (`""...`) unless asked for, and then
+    # the first 64 bytes, redacted like every other text.
+    data = req.args.get("data") is True
     started = time.monotonic()
     # strace writes its trace to stderr; SIGINT at `seconds` makes it detach cleanly, the kill at the
     # deadline is for a strace that does not.
-    out = _run_traced(req, "strace", ["-f", "-p", str(pid), "-tt", "-T", "-qq", "-s", "64"], pid, start_time,
-                      timeout=seconds + 10.0, stop_after=seconds)
+    out = _run_traced(req, "strace", ["-f", "-p", str(pid), "-tt", "-T", "-qq", "-s", "64" if data else "0"],
+                      pid, start_time, timeout=seconds + 10.0, stop_after=seconds)
     res = out["res"]
     lines = out["stderr"].splitlines()
     if res.returncode not in (0, None) and not res.stopped and _attach_failed(lines):
@@ -75,7 +79,8 @@ def strace(req: Request) -> Dict[str, Any]:
         raise OpError(code, "strace could not attach to pid %d (worker uid %d): %s" % (pid, os.getuid(), detail))
     output, truncated = cap_lines(lines, res.stderr_tail.decode("utf-8", "replace"), max_lines)
     return {"pid": pid, "output": redact_text(output), "truncated": truncated, "lines": res.stderr_lines,
-            "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds}
+            "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds,
+            "payloads": data}
 
 
 def cap_lines(head: List[str], tail_text: str, max_lines: int) -> "tuple[str, bool]":
