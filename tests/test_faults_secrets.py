@@ -153,7 +153,8 @@ def corpus_rank(tmp_path_factory) -> Iterator[Target]:
     tmp = tmp_path_factory.mktemp("corpus-rank")
     prog = tmp / "planted_rank.py"
     prog.write_text(corpus_rank_program(str(tmp / "fr_0")), encoding="utf-8")
-    env = rank_env(0, TORCH_FR_BUFFER_SIZE="20", TORCH_FR_DUMP_TEMP_FILE=str(tmp / "fr_"),
+    # a one-rank job: exit code 0 then means every rank was collected (the code the tests assert)
+    env = rank_env(0, WORLD_SIZE="1", TORCH_FR_BUFFER_SIZE="20", TORCH_FR_DUMP_TEMP_FILE=str(tmp / "fr_"),
                    **{e["name"]: e["env_value"] for e in LIVE if e["channel"] == "env"})
     argv = [sys.executable, str(prog)] + [a for e in LIVE if e["channel"] == "argv" for a in e["argv"]]
     with Target(argv, env=env) as t:
@@ -235,9 +236,9 @@ def test_strace_keeps_syscall_fd_size_and_result_and_drops_the_bytes_by_default(
 def _read_tab(term, key: str, check) -> List[str]:
     """Show a drill-down tab and page through it to its end: every screenful, as the user would see them."""
     term.keys(key)
+    term.keys("Home")  # from its top (PageDown/Home scroll the tab shown; Tab goes to the next tab)
     first = term.wait_for(check, f"tab {key}")
     seen = [first]
-    term.keys("Tab")  # focus the tab's scrolling body
     still = 0
     for _ in range(80):
         term.keys("PageDown")
@@ -282,7 +283,7 @@ def test_no_planted_value_reaches_the_tui_screens(corpus_rank: Target, tmp_path)
         term.keys("y")
         term.keys("5")
         term.wait_for(lambda s: "Thread" in s and "LWP" in s, "the gdb output", timeout=90)
-        for key, tab, shows in (("1", "threads", "s0  planted_rank"), ("2", "locals", "chatter ("), ("3", "source", "→"),
+        for key, tab, shows in (("1", "threads", "s0  planted_rank"), ("2", "locals", "s10 (planted_rank.py:"), ("3", "source", "→"),
                                 ("4", "strace", "sendto("), ("5", "gdb", "LWP"), ("6", "proc", "wchan"),
                                 ("7", "env", "--pass")):
             for i, screen in enumerate(_read_tab(term, key, lambda s, shows=shows: shows in s)):
