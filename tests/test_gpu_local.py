@@ -165,7 +165,9 @@ async def test_with_no_job_on_the_node_the_python3_on_path_with_torch_is_used_an
 
 async def test_with_no_job_and_no_torch_on_path_the_error_says_what_was_tried(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # Debian's python3 only: no torch
-    conn = await start_local(PY)
+    # a node with no job: the worker in a PID namespace of its own sees no process of this shared machine (whose
+    # SLURM test jobs name a venv with torch, which the search rightly takes)
+    conn = await start_local(f"unshare --pid --fork --mount-proc {PY}")
     try:
         pre = Preflight()  # no rank on the node (other jobs on this shared machine are none of this test's)
         await GpuTestRunner({"local": conn}, GpuTestOptions()).choose_python("local", conn, [], pre)

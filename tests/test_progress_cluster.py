@@ -15,7 +15,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -28,6 +28,17 @@ pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("t
 SCRIPT = REPO / "tests" / "ddp_train.py"
 RUNS = 5  # consecutive runs that must all call the healthy job progressing
 CLI_TIMEOUT = 180.0
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
+    """A cluster of this module's own (it overrides the session's): the session cluster runs the shared hung job,
+    whose ranks would be found beside this job's."""
+    built = cluster_factory(4)
+    try:
+        yield built
+    finally:
+        built.close()
 
 
 @pytest.fixture(scope="module")

@@ -223,8 +223,8 @@ async def test_a_dead_worker_is_replaced_on_the_next_refresh(stand_ins: dict[int
 def test_local_mode_uses_hangscopes_own_pyspy_when_its_venv_is_not_activated(stand_ins: dict[int, int]) -> None:
     # installed in a venv (or with pipx) that is not activated: py-spy is beside hangscope, not on PATH
     env = dict(os.environ, PATH="/usr/bin:/bin")
-    pid = next(iter(stand_ins))  # {pid: rank}
-    res = subprocess.run([sys.executable, "-m", "app", "--pid", str(pid), "--print"], capture_output=True,
+    pids = [arg for pid in stand_ins for arg in ("--pid", str(pid))]  # the whole job: exit 0 means all collected
+    res = subprocess.run([sys.executable, "-m", "app", *pids, "--print"], capture_output=True,
                          text=True, env=env, timeout=90, cwd=str(Path(__file__).resolve().parent.parent),
                          stdin=subprocess.DEVNULL)
     assert "tool missing" not in res.stdout + res.stderr and "py-spy not found" not in res.stdout + res.stderr

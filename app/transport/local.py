@@ -12,7 +12,6 @@ from typing import Any, Mapping, Optional, Sequence
 from app.errors import TransportError
 from app.transport import bootstrap
 from app.transport.base import ExitInfo, WorkerConnection
-from app.tools import local_pyspy
 
 START_TIMEOUT = 30.0
 
@@ -24,21 +23,7 @@ async def start_local(python: Optional[str] = None, *, name: str = "localhost",
     argv = bootstrap.python_argv(python) if python else [sys.executable]
     payload = bootstrap.build_payload()
     return await spawn_worker([*argv, "-c", payload.stage(options)], payload.data, name=name, timeout=timeout,
-                              python=python or sys.executable, env=_with_own_pyspy(os.environ))
-
-
-def _with_own_pyspy(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment for a local worker: hangscope's own py-spy (installed beside it by pip or pipx, in a venv
-    that need not be activated) comes after the user's PATH, so a node-less run finds it as a remote node would
-    get it pushed."""
-    env = dict(environ)
-    own = local_pyspy()
-    if own:
-        folder = os.path.dirname(own)
-        dirs = [d for d in env.get("PATH", os.defpath).split(os.pathsep) if d]
-        if folder not in dirs:
-            env["PATH"] = os.pathsep.join([*dirs, folder])
-    return env
+                              python=python or sys.executable)
 
 
 async def spawn_worker(argv: Sequence[str], payload: bytes, *, name: str = "localhost",
