@@ -300,3 +300,68 @@ def test_no_planted_value_reaches_the_tui_screens(corpus_rank: Target, tmp_path)
     for pattern in (r"password +=? ?\*\*\*", r"client_secret: str = \"\*\*\*\"", r"Authorization: Bearer \*\*\*",
                     r"--pass", r"etcd://root:\*\*\*@etcd:2379", r"pw=\*\*\*"):
         assert re.search(pattern, shown), (pattern, [v for k, v in screens.items() if k.startswith("source")])
+
+
+def _host_pid_running(script: Path, timeout: float = 60) -> int:
+    """The host pid of the process running `script` (started inside a test node)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/cmdline", "rb") as fh:
+                        argv = fh.read().split(b"\0")
+                except OSError:
+                    continue
+                if len(argv) > 1 and argv[1] == str(script).encode():
+                    return int(name)
+        assert time.monotonic() < deadline, f"{script} did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.cluster
+def test_no_planted_value_leaves_a_cluster_node_over_ssh(make_cluster, tmp_path) -> None:
+    """The same planted rank on a node of the SSH test cluster, investigated from the login side as a user
+    does (hosts file, real sshd, the worker shipped over SSH) with --locals, --strace with its data, --gdb and
+    the Flight Recorder: nothing planted reaches --print, the snapshot, the export or its tarball."""
+    from cluster import run_login
+    import testenv
+
+    cluster = make_cluster(1)
+    node = cluster.nodes[0]
+    prog = tmp_path / "planted_rank.py"  # /tmp is shared with the test nodes
+    prog.write_text(corpus_rank_program(str(tmp_path / "fr_0")), encoding="utf-8")
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCH_FR_BUFFER_SIZE": "20",
+           "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_"),
+           **{e["name"]: e["env_value"] for e in LIVE if e["channel"] == "env"}}
+    argv = [testenv.PYTHON, str(prog)] + [a for e in LIVE if e["channel"] == "argv" for a in e["argv"]]
+    node.spawn(argv, env=env)
+    _main_thread_blocked(_host_pid_running(prog))
+    hosts = cluster.hosts_file(tmp_path)
+    snap, bundle = tmp_path / "snap.json", tmp_path / "bundle"
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--locals", "--strace", "3", "--strace-data", "--gdb",
+                     "--snapshot", str(snap), "--export", str(bundle), "--tar", "--samples", "1"], cluster,
+                    timeout=180, cwd=str(REPO))
+    assert res.returncode == 0, res.stdout + res.stderr
+    printed = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--samples", "1"], cluster, timeout=180,
+                        cwd=str(REPO))
+    assert printed.returncode == 0, printed.stderr
+    texts = {"snapshot run": res.stdout + res.stderr, "--print": printed.stdout + printed.stderr}
+    files = [p for p in (snap, *bundle.rglob("*")) if p.is_file()]
+    texts.update({str(p): p.read_bytes().decode("utf-8", "replace") for p in files if not p.name.endswith(".gz")})
+    tarballs = [p for p in bundle.parent.rglob("*.tar.gz")]
+    assert len(tarballs) == 1
+    with tarfile.open(tarballs[0]) as tar:
+        for member in tar.getmembers():
+            fh = tar.extractfile(member)
+            if fh is not None:
+                texts[f"tar:{member.name}"] = fh.read().decode("utf-8", "replace")
+    assert _leaks(texts, LIVE) == []
+    # what was collected over SSH carries every channel, with markers where the values were
+    rank = json.loads(snap.read_text())["snapshot"]["ranks"][0]
+    assert rank["node"] == node.name and "--pass" in rank["cmdline"] and "***" in rank["cmdline"]
+    assert "sendto(" in rank["strace"]["output"] and "Authorization: Bearer ***" in rank["strace"]["output"]
+    assert "Thread" in rank["gdb"] and rank["flight"]["source"] == "dump_file"
+    by_channel = json.loads((bundle / "manifest.json").read_text())["redactions"]["by_channel"]
+    for channel in ("argv", "env", "locals", "source lines", "strace", "flight recorder", "names"):
+        assert by_channel.get(channel, 0) > 0, (channel, by_channel)
