@@ -57,6 +57,8 @@ TRUTH: Dict[str, Truth] = {
                   cause=("rank 1", "_metrics_lock", "checkpoint-writer")),
     "deadlock": Truth("two threads of one rank take two locks in opposite orders", (2,),
                       cause=("rank 2", "deadlocked")),
+    "order": Truth("one rank all_reduces its buckets (a group each) in another order", (1,),
+                   cause=("rank 1", "another order")),
 }
 
 

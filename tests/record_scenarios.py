@@ -75,6 +75,7 @@ SCENARIOS = {
     "healthy": Scenario("healthy", 2, 2),
     "lock": Scenario("lock", 2, 2, culprit=1),
     "deadlock": Scenario("deadlock", 2, 2, culprit=2),
+    "order": Scenario("order", 2, 2, culprit=1),
 }
 
 

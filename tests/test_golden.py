@@ -21,7 +21,7 @@ from app.analysis.text import summary_text
 from app.model import Snapshot, snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
-SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock")
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,13 @@ EXPECTED = {
         splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
         progress="stuck", title="rank 2 is deadlocked: its thread `checkpoint-writer` and main thread wait for "
                                 "each other's locks"),
+    "order": Expected(
+        classes=((4, (0, 1, 2, 3), "all_reduce"),),
+        # one stack, one line: only the loop variable differs, and the list it runs over says why
+        findings=(("iteration_split", "high", (1,)),),
+        splits=((0, 'name="embed": ranks 0,2-3; name="attn": rank 1'),),
+        progress="stuck", title='rank 1 iterates `names` in another order than 3 others: name="attn" where they '
+                                'have name="embed" at job.py:'),
 }
 
 
@@ -133,7 +140,7 @@ def test_the_culprits_are_named_where_they_ran() -> None:
 
 def test_without_history_one_sample_still_names_each_culprit() -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
-    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock"):
+    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock", "order"):
         snap, _, _ = load(name)
         assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
 

@@ -189,3 +189,22 @@ def test_two_threads_taking_two_locks_in_opposite_orders_are_a_deadlock(deadlock
                               "each other's locks")
     assert "holds `_weights_lock` and waits for `_metrics_lock`" in first["detail"]
     assert "holds `_metrics_lock` and waits for `_weights_lock`" in first["detail"]
+
+
+@pytest.fixture(scope="module")
+def order(run_case: Callable[[str], Case]) -> Case:
+    return run_case("order")
+
+
+def test_a_rank_that_iterates_its_buckets_in_another_order_is_named_with_both_orders(order: Case) -> None:
+    """(issue 17, case 4) Every rank on one line in one all_reduce; only the bucket differs, because rank 1 walks
+    the same buckets in another order: say so, with both orders, not "one iteration off"."""
+    d = order.diagnosis
+    assert_complete(order, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "iteration_split" and first["confidence"] == "high", first
+    assert first["ranks"] == [order.key(1)]
+    assert first["title"].startswith("rank 1 iterates `names` in another order than 3 others"), first["title"]
+    assert 'the iteration order differs: `names` is ["attn", "mlp", "norm", "head", "embed"] on rank 1' \
+        in first["detail"]
+    assert "pairs its collective with the wrong one" not in first["detail"]

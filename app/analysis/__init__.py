@@ -181,8 +181,9 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     findings: List[Finding] = stack_findings(classes)
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
     findings += lock_findings(ranks, odd, rank_facts.enters_with)
+    by_key = dict(zip(rank_facts.key, ranks)) if any(s.split for s in splits) else None
     for split in splits:
-        findings.extend(iteration_findings(split))
+        findings.extend(iteration_findings(split, by_key))
     dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)
     locals_missing = dominant_split is not None and dominant_split.locals_missing
     if locals_missing and dominant_split is not None:

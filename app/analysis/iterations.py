@@ -7,6 +7,7 @@ those values, outermost loop first: `step=1203: ranks 0-6; step=1204: rank 7`.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, label_parts
 from app.analysis.frames import clean
 from app.analysis.tree import Grouping
-from app.model import Frame, LoopInfo
+from app.model import Frame, LoopInfo, RankSnapshot
 
 Coordinate = Tuple[Tuple[str, str], ...]  # (name, value repr), outermost loop first
 MAX_GROUP_FINDINGS = 3
@@ -128,8 +129,10 @@ def _is_int(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v.strip()))
 
 
-def iteration_findings(split: IterationSplit) -> List[Finding]:
-    """Which ranks are ahead or behind the majority, and by how much."""
+def iteration_findings(split: IterationSplit,
+                       ranks: Optional[Dict[RankKey, RankSnapshot]] = None) -> List[Finding]:
+    """Which ranks are ahead or behind the majority, and by how much; with `ranks` (by key), whether they
+    iterate the same sequence in another order (a set or dict whose order differs between processes)."""
     if not split.split:
         return []
     major = split.groups[0]
@@ -163,8 +166,24 @@ def iteration_findings(split: IterationSplit) -> List[Finding]:
                      f"{others} others have {name}={clean(theirs, _MAX_VALUE)}{at}")
         detail = (f"same stack as {major.label}, another loop iteration: {split.text()}. Collectives are matched "
                   "by order, so a rank one iteration off pairs its collective with the wrong one of the others")
+        order = _order_differs(frame, name, g, major, ranks) if name is not None and frame is not None else None
         conf: Confidence
-        if len(g.ranks) == others:
+        if order is not None:
+            seq, mine_seq, theirs_seq = order
+            title = (f"{who} iterate{'s' if len(g.ranks) == 1 else ''} `{seq}` in another order than {others} "
+                     f"others: {name}={clean(mine, _MAX_VALUE)} where they have {name}={clean(theirs, _MAX_VALUE)}"
+                     f"{at}")
+            detail = (f"same stack as {major.label}, but the iteration order differs: `{seq}` is "
+                      f"{clean(mine_seq, 160)} on {g.who} and {clean(theirs_seq, 160)} on {major.who}, the same "
+                      "elements in another order. Each rank issues one collective per element, in its own order, so "
+                      "they wait in different collectives and none completes. Iterate in one order on every rank "
+                      "(sorted(), not a set's or a dict's order, which can differ between processes)")
+            if len(g.ranks) * 3 <= others:
+                conf, reason = "high", "identical stacks; the sequence the loop runs over holds the same elements " \
+                                       "in another order on these ranks"
+            else:
+                conf, reason = "medium", "the sequence's order differs, but the groups are close in size"
+        elif len(g.ranks) == others:
             conf, reason = "low", "the groups are the same size: either may be the odd one"
         elif name is not None and _is_int(mine) and _is_int(theirs) and len(g.ranks) * 3 <= others:
             conf, reason = "high", "identical stacks, and a loop counter puts these few ranks in another iteration"
@@ -173,6 +192,55 @@ def iteration_findings(split: IterationSplit) -> List[Finding]:
         out.append(Finding("iteration_split", title, detail + ".", conf, reason, g.ranks, g.label,
                            g.nodes, class_index=split.class_index))
     return out
+
+
+_FOR = re.compile(r"^\s*(?:async\s+)?for\s+.+?\s+in\s+(?:enumerate\(\s*)?([A-Za-z_][\w.]*)\s*\)?\s*:\s*$")
+_MAX_SEQUENCE = 4096  # characters of a sequence's repr compared element by element
+
+
+def _order_differs(frame: Frame, name: str, g: IterationGroup, major: IterationGroup,
+                   ranks: Optional[Dict[RankKey, RankSnapshot]]) -> Optional[Tuple[str, str, str]]:
+    """(the sequence's name, its repr on g's first rank, on the majority's) when the loop that binds `name` runs
+    over a local sequence (`for name in names:`) that holds the same elements in another order on g's ranks."""
+    loop = _loop_of(frame, name)
+    match = _FOR.match(loop.header) if loop is not None else None
+    if not match or ranks is None or not g.ranks or not major.ranks:
+        return None
+    seq = match.group(1)
+    values = [_local_at(ranks.get(k), frame, seq) for k in (g.ranks[0], major.ranks[0])]
+    mine, theirs = values
+    if mine is None or theirs is None or mine == theirs:
+        return None
+    a, b = _elements(mine), _elements(theirs)
+    if a is None or b is None or a == b or sorted(a) != sorted(b):
+        return None
+    return seq, mine, theirs
+
+
+def _local_at(r: Optional[RankSnapshot], frame: Frame, name: str) -> Optional[str]:
+    """The repr of local `name` in r's frame at the loop's place (same function and file), if collected."""
+    if r is None:
+        return None
+    for t in r.threads:
+        for f in t.frames:
+            if f.function == frame.function and f.filename == frame.filename and f.locals:
+                for local in f.locals:
+                    if local.name == name:
+                        return local.repr
+    return None
+
+
+def _elements(text: str) -> Optional[List[str]]:
+    """A list or tuple literal's elements, as their reprs; None for anything else (never evaluated as code)."""
+    if len(text) > _MAX_SEQUENCE:
+        return None
+    try:
+        node = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(node, (ast.List, ast.Tuple)):
+        return None
+    return [ast.dump(e) for e in node.elts]
 
 
 def _first_difference(split: IterationSplit, mine: Coordinate, theirs: Coordinate

@@ -18,6 +18,9 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               the culprit's main thread blocks on it while the others wait in that step's all_reduce
   deadlock    at step K the culprit's main thread holds the metrics lock and needs the weights lock, while its
               checkpoint-writer holds the weights lock and needs the metrics lock (the opposite order)
+  order       every step all_reduces five gradient buckets, each on its own process group; at step K the
+              culprit walks its buckets in another order (as a set's order can differ between processes): it
+              waits in one bucket's all_reduce while the others wait in another's
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -36,7 +39,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 WORKER_SERVER_FLAG = "--worker-server"
 IN_PYTHON_FLAG = "--worker-server-set-in-python"  # set the socket in os.environ, as many jobs do: not in environ
@@ -66,7 +69,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock")
+SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order")
+BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16
 BATCH = 8
 READY_AFTER = 3  # healthy/netcut report ready after this many steps
@@ -216,6 +220,13 @@ def log_metrics_and_weights(step: int, loss: float, writer: CheckpointWriter) ->
             METRICS.append((step, 0.0))
 
 
+def sync_buckets(buckets: Dict[str, torch.Tensor], bucket_groups: Dict[str, dist.ProcessGroup],
+                 names: List[str]) -> None:
+    """One all_reduce per gradient bucket, each on its own process group, in the order `names` gives."""
+    for name in names:
+        dist.all_reduce(buckets[name], group=bucket_groups[name])
+
+
 def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     """Average gradients over all ranks: one flat all_reduce per step."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -228,7 +239,8 @@ def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
         offset += g.numel()
 
 
-def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None:
+def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
+          bucket_groups: Optional[Dict[str, dist.ProcessGroup]] = None) -> None:
     rank = dist.get_rank()
     culprit = rank == args.culprit
     hang_step = args.hang_step + 1 if (culprit and args.scenario == "skip") else args.hang_step
@@ -268,6 +280,11 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None
             log_metrics(step, loss.item())
         if not forever and step == hang_step and not (culprit and writer is not None):
             report_ready("all_reduce", step)
+        if bucket_groups is not None:
+            names = list(BUCKETS)
+            if culprit and step == args.hang_step:
+                names = names[1:] + names[:1]  # this rank's buckets come out in another order
+            sync_buckets({name: torch.ones(4) for name in names}, bucket_groups, names)
         sync_gradients(model, groups[step % len(groups)])
         optimizer.step()
         if forever:
@@ -306,6 +323,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     # two groups over the same ranks, used on alternate steps (see "skip" above)
     groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
+    # order: a process group per bucket, created in one order on every rank (new_group must be)
+    bucket_groups = ({name: dist.new_group(list(range(world)), timeout=timeout) for name in BUCKETS}
+                     if args.scenario == "order" else None)
     if args.worker_server:
         from torch.distributed.elastic.control_plane import worker_main
 
@@ -313,9 +333,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["TORCH_WORKER_SERVER_SOCKET"] = os.path.join(args.worker_server, f"rank{dist.get_rank()}.sock")
 
         with worker_main():  # serves TORCH_WORKER_SERVER_SOCKET while the rank trains (and hangs)
-            train(args, groups)
+            train(args, groups, bucket_groups)
     else:
-        train(args, groups)
+        train(args, groups, bucket_groups)
     return 0
 
 
