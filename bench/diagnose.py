@@ -59,6 +59,8 @@ TRUTH: Dict[str, Truth] = {
                       cause=("rank 2", "deadlocked")),
     "order": Truth("one rank all_reduces its buckets (a group each) in another order", (1,),
                    cause=("rank 1", "another order")),
+    "uneven": Truth("DDP with uneven inputs: one rank's data ran out, it left the loop for evaluate()", (2,),
+                    cause=("rank 2", "left the loop", "backward")),
 }
 
 

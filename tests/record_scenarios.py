@@ -76,6 +76,7 @@ SCENARIOS = {
     "lock": Scenario("lock", 2, 2, culprit=1),
     "deadlock": Scenario("deadlock", 2, 2, culprit=2),
     "order": Scenario("order", 2, 2, culprit=1),
+    "uneven": Scenario("uneven", 2, 2, culprit=2),
 }
 
 

@@ -288,3 +288,19 @@ def test_run_with_locals_only_when_locals_were_off() -> None:
 def test_a_single_rank_reads_in_the_singular() -> None:
     a = analyze(snapshot(job(1, 1)))
     assert a.findings[0].title == "the only rank waits in `all_reduce`: stacks cannot tell the culprit"
+
+
+def test_a_rank_past_the_end_of_the_loop_the_others_are_in_has_left_it() -> None:
+    """Where the paths part both are in `train`; the odd rank's line is past the end of the loop the others are
+    still in (read from their own frames' loops): it left the loop, the others wait for it there."""
+    from analysis_snapshots import in_step
+
+    ranks = [rank(r, "node01", in_step(BARRIER if r == 3 else ALL_REDUCE_FRAMES, 7), world=4) for r in range(4)]
+    top = analyze(snapshot(ranks)).findings[0]
+    assert top.kind == "different_collective" and top.confidence == "high"
+    assert top.title == ("rank 3 has left the loop `for step, batch in enumerate(loader)` (job.py:50) that 3 others "
+                         "are still in: rank 3 is in `barrier` (distributed_c10d.py:4100), they wait in `all_reduce`")
+    assert "inputs are uneven" in top.detail
+    # a rank inside the same loop (data loading at its header) has not left it
+    inside = [rank(r, "node01", in_step(LOADING if r == 3 else ALL_REDUCE_FRAMES, 7), world=4) for r in range(4)]
+    assert "left the loop" not in analyze(snapshot(inside)).findings[0].title

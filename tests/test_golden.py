@@ -21,7 +21,7 @@ from app.analysis.text import summary_text
 from app.model import Snapshot, snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
-SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order")
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven")
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,13 @@ EXPECTED = {
         splits=((0, 'name="embed": ranks 0,2-3; name="attn": rank 1'),),
         progress="stuck", title='rank 1 iterates `names` in another order than 3 others: name="attn" where they '
                                 'have name="embed" at job.py:'),
+    "uneven": Expected(
+        classes=((3, (0, 1, 3), None), (1, (2,), "all_reduce")),
+        # rank 2's data ran out: it left the training loop for evaluate()'s all_reduce, while the others wait in
+        # DDP's gradient all_reduce inside backward (no torch.distributed frame there: collective None)
+        findings=(("minority_stack", "high", (2,)),),
+        splits=((0, "step=3: ranks 0-1,3"),),
+        progress="stuck", title="rank 2 has left the loop `for step, batch in enumerate(loader)` (job.py:"),
 }
 
 
@@ -140,7 +147,7 @@ def test_the_culprits_are_named_where_they_ran() -> None:
 
 def test_without_history_one_sample_still_names_each_culprit() -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
-    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock", "order"):
+    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock", "order", "uneven"):
         snap, _, _ = load(name)
         assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
 

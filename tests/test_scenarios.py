@@ -208,3 +208,23 @@ def test_a_rank_that_iterates_its_buckets_in_another_order_is_named_with_both_or
     assert 'the iteration order differs: `names` is ["attn", "mlp", "norm", "head", "embed"] on rank 1' \
         in first["detail"]
     assert "pairs its collective with the wrong one" not in first["detail"]
+
+
+@pytest.fixture(scope="module")
+def uneven(run_case: Callable[[str], Case]) -> Case:
+    return run_case("uneven")
+
+
+def test_a_rank_whose_data_ran_out_has_left_the_loop_the_ddp_ranks_are_still_in(uneven: Case) -> None:
+    """(issue 17, case 8) DDP on a group of its own; rank 2's shard ran out: it left the training loop and waits
+    in evaluate()'s all_reduce, the others wait in DDP's gradient all_reduce inside backward. Not "either side
+    may hold the other up": rank 2 left the loop, and the classic cause is uneven inputs."""
+    d = uneven.diagnosis
+    assert_complete(uneven, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "minority_stack" and first["confidence"] == "high", first
+    assert first["ranks"] == [uneven.key(2)]
+    assert first["title"].startswith("rank 2 has left the loop `for step, batch in enumerate(loader)`"), first
+    assert "where DDP all_reduces the gradients" in first["title"]
+    assert "inputs are uneven" in first["detail"] and "join()" in first["detail"]
+    assert "either side may hold the other up" not in first["reason"]

@@ -178,10 +178,11 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     if snapshot.options.locals:
         splits = tuple(dataclasses.replace(s, locals_collected=True) if s.locals_missing else s for s in splits)
 
-    findings: List[Finding] = stack_findings(classes)
+    # the ranks by key, when something compares a rank's own frames (loops, locals) with its class's path
+    by_key = dict(zip(rank_facts.key, ranks)) if len(classes) > 1 or any(s.split for s in splits) else None
+    findings: List[Finding] = stack_findings(classes, by_key)
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
     findings += lock_findings(ranks, odd, rank_facts.enters_with)
-    by_key = dict(zip(rank_facts.key, ranks)) if any(s.split for s in splits) else None
     for split in splits:
         findings.extend(iteration_findings(split, by_key))
     dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)

@@ -7,11 +7,12 @@ and how sure it is and why. The kinds are a closed set; `order` puts suspects be
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Sequence, Tuple, get_args
+from typing import List, Literal, Mapping, Optional, Sequence, Tuple, get_args
 
 from app.analysis.fold import RankKey, brief, fold_nodes, short_keys
-from app.analysis.frames import focus_frame, frame_id, is_library, named, path_collective
+from app.analysis.frames import clean, focus_frame, frame_id, in_backward, is_library, named, path_collective
 from app.analysis.tree import StackClass
+from app.model import Frame, LoopInfo, RankSnapshot
 
 FindingKind = Literal[
     "progressing",  # samples over time show ranks moving: not hung
@@ -84,12 +85,14 @@ def where(c: StackClass) -> str:
     return f"in {named(frame)}" if frame is not None else "in no frame"
 
 
-def stack_findings(classes: Sequence[StackClass]) -> List[Finding]:
-    """One finding per minority class, compared with the dominant (largest) class."""
+def stack_findings(classes: Sequence[StackClass],
+                   ranks: Optional[Mapping[RankKey, RankSnapshot]] = None) -> List[Finding]:
+    """One finding per minority class, compared with the dominant (largest) class. `ranks` (by key): the ranks,
+    whose own frames carry the loops around each line (a class's path does not)."""
     if len(classes) < 2:
         return []
     dominant = classes[0]
-    out = [_versus(c, dominant) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
+    out = [_versus(c, dominant, ranks) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
     rest = classes[MAX_CLASS_FINDINGS + 1:]
     if rest:
         keys = tuple(k for c in rest for k in c.ranks)
@@ -102,7 +105,34 @@ def stack_findings(classes: Sequence[StackClass]) -> List[Finding]:
     return out
 
 
-def _versus(c: StackClass, d: StackClass) -> Finding:
+def _left_loop(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]
+               ) -> Optional[Tuple[LoopInfo, Frame]]:
+    """The loop the others are still in and c has left: where the paths part, both are in one function, c at a
+    later line, and the others' path from there on runs inside a loop (read from one of their ranks' frames,
+    whose loops the worker found in the source). (loop, the frame whose loop it is), or None."""
+    if ranks is None or k == 0 or k >= len(c.frames) or k >= len(d.frames) or not d.ranks:
+        return None
+    mine, theirs = c.frames[k], d.frames[k]
+    if (mine.function, mine.filename) != (theirs.function, theirs.filename) or mine.line <= theirs.line:
+        return None
+    rep = ranks.get(d.ranks[0])
+    if rep is None:
+        return None
+    below = {(f.function, f.filename, f.line) for f in d.frames[k:]}
+    thread = rep.main_thread
+    for f in reversed(thread.frames if thread is not None else ()):  # outermost first, as the path
+        if (f.function, f.filename, f.line) not in below or not f.loops or is_library(f):
+            continue
+        same_function = (f.function, f.filename) == (mine.function, mine.filename)
+        for loop in f.loops:  # outermost first: the loop that holds the work the others still do
+            # deeper than where the paths part, c is not in that function at all; in the same function, c's
+            # line is past the loop's end
+            if not same_function or not loop.line <= mine.line <= loop.end_line:
+                return loop, f
+    return None
+
+
+def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]] = None) -> Finding:
     who = brief(c.who, c.size)
     verb = "is" if c.size == 1 else "are"
     others = f"{d.size} other{'s' if d.size != 1 else ''}"
@@ -120,6 +150,27 @@ def _versus(c: StackClass, d: StackClass) -> Finding:
     small = c.size * 3 <= d.size
     kind: FindingKind
     conf: Confidence
+    left = _left_loop(c, d, k, ranks)
+    if left is not None and not tie:
+        loop, in_frame = left
+        short = clean(in_frame.filename.rsplit("/", 1)[-1] or "?", 80)
+        header = clean(loop.header.strip().rstrip(":"), 100)
+        if d.collective is not None:
+            they = f"wait in `{d.collective}`"
+        elif in_backward(d.frames):  # DDP's gradient all_reduce runs inside autograd's engine: no c10d frame
+            they = f"are in autograd's backward, {where(d)}, where DDP all_reduces the gradients"
+        else:
+            they = f"are {where(d)}"
+        title = (f"{who} {'has' if c.size == 1 else 'have'} left the loop `{header}` ({short}:{loop.line}) that "
+                 f"{others} are still in: {who} {verb} {where(c)}, they {they}")
+        detail += (f". The others still run `{header}` and wait there for collectives that {who} will not issue "
+                   f"any more. Usually the ranks' inputs are uneven: a rank whose data ran out leaves the loop "
+                   f"first. Give every rank the same number of batches (a DistributedSampler with drop_last=True), "
+                   f"or let DDP's join() shadow the ranks that finished")
+        conf, reason = _by_size(tie, small, f"{who} {verb} past the end of a loop the others are still inside", c, d)
+        kind = "different_collective" if c.collective and d.collective and c.collective != d.collective \
+            else "minority_stack"
+        return Finding(kind, title, detail, conf, reason, c.ranks, c.label, c.nodes, class_index=c.index)
     if c.collective and d.collective and c.collective != d.collective:
         kind = "different_collective"
         conf, reason = _by_size(tie, small, f"a rank in `{c.collective}` can never meet ranks in `{d.collective}`",

@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Sequence
 
-SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock", "order")
+SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock", "order", "uneven")
 
 
 def demo_main(argv: Sequence[str]) -> int:
@@ -21,7 +21,8 @@ def demo_main(argv: Sequence[str]) -> int:
                         "dataloader: one rank blocks in data loading; die: one rank exits; "
                         "healthy: the job keeps making progress; lock: one rank's main thread waits for a lock "
                         "its checkpoint thread holds; deadlock: two threads of one rank take two locks in "
-                        "opposite orders; order: one rank all_reduces its gradient buckets in another order")
+                        "opposite orders; order: one rank all_reduces its gradient buckets in another order; uneven: "
+                        "DDP, and one rank's data runs out first")
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
     parser.add_argument("--print", dest="print_summary", action="store_true",

@@ -18,6 +18,9 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               the culprit's main thread blocks on it while the others wait in that step's all_reduce
   deadlock    at step K the culprit's main thread holds the metrics lock and needs the weights lock, while its
               checkpoint-writer holds the weights lock and needs the metrics lock (the opposite order)
+  uneven      DDP (on a process group of its own); the culprit's data runs out at step K: it leaves the training
+              loop and waits in evaluate()'s all_reduce while the others wait in DDP's gradient all_reduce inside
+              loss.backward() (the classic uneven-inputs hang)
   order       every step all_reduces five gradient buckets, each on its own process group; at step K the
               culprit walks its buckets in another order (as a set's order can differ between processes): it
               waits in one bucket's all_reduce while the others wait in another's
@@ -69,7 +72,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order")
+SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order", "uneven")
 BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16
 BATCH = 8
@@ -239,13 +242,25 @@ def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
         offset += g.numel()
 
 
+def evaluate(model: nn.Module, group: dist.ProcessGroup) -> float:
+    """The validation loss averaged over all ranks: one all_reduce."""
+    with torch.no_grad():
+        x = torch.randn(BATCH, FEATURES, generator=torch.Generator().manual_seed(1))
+        loss = F.mse_loss(model(x), x.sum(dim=1, keepdim=True) * 0.1).reshape(1)
+    dist.all_reduce(loss, group=group)
+    return float(loss.item()) / dist.get_world_size()
+
+
 def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
-          bucket_groups: Optional[Dict[str, dist.ProcessGroup]] = None) -> None:
+          bucket_groups: Optional[Dict[str, dist.ProcessGroup]] = None,
+          ddp_group: Optional[dist.ProcessGroup] = None) -> None:
     rank = dist.get_rank()
     culprit = rank == args.culprit
     hang_step = args.hang_step + 1 if (culprit and args.scenario == "skip") else args.hang_step
     torch.manual_seed(0)
     model = TinyModel()
+    if ddp_group is not None:
+        model = nn.parallel.DistributedDataParallel(model, process_group=ddp_group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = StreamingLoader(seed=rank,
                              stall_at=args.hang_step if culprit and args.scenario == "dataloader" else None,
@@ -257,12 +272,17 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
                                   opposite_order=culprit and args.scenario == "deadlock")
         writer.start()
     for step, batch in enumerate(loader):
+        if ddp_group is not None and culprit and step == args.hang_step:
+            report_ready("evaluate", step)
+            break  # this rank's shard has run out: it leaves the training loop before the others
         inputs, targets = batch
         optimizer.zero_grad()
         loss = F.mse_loss(model(inputs), targets)
         if not torch.isfinite(loss):
             # the bug the skip scenario shows: a rank-local decision to skip a step, and with it a collective
             continue
+        if ddp_group is not None and step == args.hang_step:
+            report_ready("backward", step)  # DDP's gradient all_reduce runs inside backward()
         loss.backward()
         if culprit and args.scenario == "die" and step == args.hang_step:
             report_ready("exit", step)
@@ -278,6 +298,9 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
                 report_ready("deadlock", step)
                 log_metrics_and_weights(step, loss.item(), writer)
             log_metrics(step, loss.item())
+        if ddp_group is not None:  # DDP averaged the gradients in backward()
+            optimizer.step()
+            continue
         if not forever and step == hang_step and not (culprit and writer is not None):
             report_ready("all_reduce", step)
         if bucket_groups is not None:
@@ -291,6 +314,8 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
             if step == READY_AFTER:
                 report_ready("training", step)
             time.sleep(args.step_delay)  # a slow but progressing job, without burning the machine's CPU
+    if ddp_group is not None:
+        evaluate(model, groups[0])
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -326,6 +351,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     # order: a process group per bucket, created in one order on every rank (new_group must be)
     bucket_groups = ({name: dist.new_group(list(range(world)), timeout=timeout) for name in BUCKETS}
                      if args.scenario == "order" else None)
+    # uneven: DDP on a group of its own (on the default group gloo would abort on the evaluate() all_reduce's
+    # size mismatch instead of hanging)
+    ddp_group = dist.new_group(list(range(world)), timeout=timeout) if args.scenario == "uneven" else None
     if args.worker_server:
         from torch.distributed.elastic.control_plane import worker_main
 
@@ -333,9 +361,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["TORCH_WORKER_SERVER_SOCKET"] = os.path.join(args.worker_server, f"rank{dist.get_rank()}.sock")
 
         with worker_main():  # serves TORCH_WORKER_SERVER_SOCKET while the rank trains (and hangs)
-            train(args, groups, bucket_groups)
+            train(args, groups, bucket_groups, ddp_group)
     else:
-        train(args, groups, bucket_groups)
+        train(args, groups, bucket_groups, ddp_group)
     return 0
 
 
