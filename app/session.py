@@ -140,6 +140,36 @@ class Session:
         one connect deadline, not one per sample."""
         return await self._pass(reconnect=reconnect)
 
+    async def dump(self, ranks: Sequence[RankKey]) -> Snapshot:
+        """Dump these ranks again over their nodes' open workers, with the current options, and only them:
+        every other rank keeps what the last pass took (and is not paused). A rank no longer in the snapshot,
+        or on a node without a worker, keeps its data with an error saying so."""
+        async with self._exclusive():
+            by_node: dict[str, list[int]] = {}
+            for name, pid in ranks:
+                by_node.setdefault(name, []).append(pid)
+
+            async def one(node: _Node, pids: list[int]) -> None:
+                known = [node.ranks[p] for p in pids if p in node.ranks]
+                if not known:
+                    return
+                try:
+                    if node.conn is None or node.conn.closed:
+                        raise TransportError("lost", f"{node.name}: no worker connection; refresh first")
+                    args = {k: v for k, v in self._collect_args().items() if k != "pids"}
+                    args["targets"] = [{"pid": r.pid, "start_time": r.start_time} for r in known]
+                    req = node.conn.request("dump", args, timeout=self.options.dump_timeout * len(known) + 15.0)
+                    async for item in req:
+                        self._apply_dump(node, item)
+                except TransportError as exc:
+                    error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), "dump")
+                    for r in known:
+                        node.ranks[r.pid] = dataclasses.replace(node.ranks.get(r.pid, r), error=error)
+                        self._emit(RankUpdate(node.ranks[r.pid]))
+
+            await asyncio.gather(*(one(n, by_node[n.name]) for n in self._nodes if n.name in by_node))
+            return self.current()
+
     def use(self, collect: CollectOptions) -> None:
         """Collect with these options from the next pass on (native frames, locals, non-blocking sampling)."""
         if collect != self.options.collect:

@@ -230,3 +230,24 @@ def test_local_mode_uses_hangscopes_own_pyspy_when_its_venv_is_not_activated(sta
     assert "tool missing" not in res.stdout + res.stderr and "py-spy not found" not in res.stdout + res.stderr
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "wait_for_peers" in res.stdout  # the stack came from py-spy, not from /proc alone
+
+
+async def test_refreshing_one_rank_through_the_live_source_dumps_only_that_rank(stand_ins: dict[int, int]) -> None:
+    """The palette's "collect this rank again" and the consent dialog name one rank: only that rank is dumped
+    (and paused) again; the others keep what the last pass took (the very same objects: never dumped)."""
+    from app.ui.source import LiveSource
+
+    src = LiveSource(None, SessionOptions(pids=tuple(stand_ins)))
+    try:
+        first = await src.refresh()
+        before = {(r.node, r.pid): r for r in _mine(first.ranks, stand_ins)}
+        assert len(before) == len(stand_ins) and all(r.collected for r in before.values())
+        one = sorted(before)[0]
+        again = await src.refresh([one])
+        after = {(r.node, r.pid): r for r in _mine(again.ranks, stand_ins)}
+        assert set(after) == set(before)
+        assert after[one] is not before[one] and after[one].collected and after[one].error is None
+        assert "wait_for_peers" in {f.function for t in after[one].threads for f in t.frames}
+        assert all(after[k] is before[k] for k in before if k != one), "only the rank asked for is dumped again"
+    finally:
+        await src.close()

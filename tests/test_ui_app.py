@@ -39,7 +39,8 @@ async def test_opens_on_the_culprit_and_the_status_line_names_it():
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         text = screen_text(app)
-        assert "Rank 6 is in `barrier`" in text  # the verdict
+        # the verdict: rank 6 waits in a barrier past the end of the step loop the others are still in
+        assert "Rank 6 has left the loop" in text and "rank 6 is in `barrier`" in text
         assert "[▲]" in text  # the suspect's cell: its class glyph, bracketed
         status = str(app.main.query_one("#status").render())
         assert "rank 6  node04  pid 4142  ▲ class 2 (1 rank)  suspect  barrier distributed_c10d.py:4159" in status

@@ -114,7 +114,7 @@ def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
     command, exit_file = loaded_command(tmp_path, build_snapshot(nodes=4, per_node=2, scenario="barrier",
                                                                  culprit=5))
     term = terminal(command)
-    screen = term.wait_for(lambda s: "Rank 5 is in `barrier`" in s, "the verdict")
+    screen = term.wait_for(lambda s: "Rank 5 has left the loop" in s, "the verdict")
     assert "node03  ● [▲]" in screen and "(loaded file)" in screen and "snap.json" in screen
     term.keys("Enter")
     screen = term.wait_for(lambda s: "rank 5  on node03" in s, "the drill-down")
@@ -124,7 +124,7 @@ def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
     term.tmux("resize-window", "-t", "t", "-x", "50", "-y", "12")
     term.wait_for(lambda s: "hangscope needs at least 60x16" in s, "the too-small notice")
     term.tmux("resize-window", "-t", "t", "-x", "110", "-y", "34")
-    term.wait_for(lambda s: "Rank 5 is in `barrier`" in s, "the main screen after growing")
+    term.wait_for(lambda s: "Rank 5 has left the loop" in s, "the main screen after growing")
     term.keys("q")
     assert wait_exit(exit_file) == 0
 

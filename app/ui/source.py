@@ -99,9 +99,11 @@ class LiveSource:
 
     async def refresh(self, ranks: Optional[Sequence[RankKey]] = None,
                       options: Optional[CollectOptions] = None) -> Snapshot:
-        # The session has no single-rank dump yet: a rank's refresh is a pass over every node's warm
-        # worker (~10 ms per rank without --native), which also refreshes the rank asked for.
+        # `ranks`: only those are dumped again (and paused, when the options pause), as the palette and the
+        # consent dialog say; every other rank keeps what the last pass took. None: a pass over every node.
         self._use(options)
+        if ranks:
+            return await self.session.dump(list(ranks))
         return await self.session.refresh()
 
     async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot:
