@@ -21,6 +21,7 @@ from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
+from app.analysis.launch import launch_findings
 from app.analysis.locks import lock_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
@@ -183,6 +184,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     findings: List[Finding] = stack_findings(classes, by_key)
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
     findings += lock_findings(ranks, odd, rank_facts.enters_with)
+    findings += launch_findings(ranks)
     for split in splits:
         findings.extend(iteration_findings(split, by_key))
     dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)

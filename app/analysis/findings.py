@@ -26,6 +26,7 @@ FindingKind = Literal[
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
     "iteration_split",  # same place, different loop iteration
+    "launch_differs",  # a few ranks run with other command-line flags than the rest
     "collective_lag",  # the Flight Recorder shows ranks that issued fewer collectives in a group than the rest
     "still_running",  # a few ranks change between samples while the rest are stuck
     "missing_ranks",  # rank numbers expected from WORLD_SIZE / slots not found
