@@ -242,7 +242,9 @@ def _read_tab(term, key: str, check) -> List[str]:
     still = 0
     for _ in range(80):
         term.keys("PageDown")
-        deadline = time.monotonic() + 1.5
+        # a page that does not change is the end of the tab, or a repaint that a loaded machine has not made
+        # yet: wait for it long enough that only the end stays still (twice in a row, below)
+        deadline = time.monotonic() + 5.0
         screen = term.screen()
         while screen == seen[-1] and time.monotonic() < deadline:
             time.sleep(0.05)
