@@ -43,7 +43,7 @@ PYSPY = testenv.PYSPY
 # - root's home is a clean directory whose .bashrc does nothing: sshd runs every remote command through the
 #   login shell, and this image's /root/.bashrc runs `pyenv init` (0.1 s per command, and a shared lock that
 #   serialised the first command on all nodes). The folders of /root that hold the tests' interpreter, venv
-#   and py-spy ($3...: .pyenv, a venv) stay visible; the rest of /root (tokens, caches) does not.
+#   and py-spy ($3...: a version manager's folder, a venv) stay visible; the rest of /root (tokens, caches) does not.
 # - the host's cgroup hierarchies, mounted where the host has them: `ip netns exec` mounts a fresh /sys without
 #   them, and a real node (or a container) shows its cgroups there: the freezer that holds a rank, cpu.stat.
 # - /usr/local/bin is the node's own directory holding py-spy: the remote PATH finds py-spy and Debian's

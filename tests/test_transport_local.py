@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import testenv
 from app.errors import TransportError
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection, WorkerRequestError
@@ -91,7 +92,7 @@ def _payload_with_marked_code(tmp_path: Path, blob: bytes | None = None) -> boot
 
 @pytest.mark.parametrize("python,blob,expect", [
     (sys.executable, None, "code"),  # same interpreter: the shipped code runs, nothing is compiled
-    ("/root/.pyenv/versions/3.9.18/bin/python3.9", None, "source"),  # other bytecode magic: the sources
+    (testenv.other_python("3.9"), None, "source"),  # other bytecode magic: the sources
     (sys.executable, b"\x00garbage", "source"),  # a damaged compiled half: the sources
 ])
 def test_shipped_code_runs_only_where_the_bytecode_matches(tmp_path: Path, python: str, blob: bytes | None,

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+import testenv
 from worker_client import WorkerProc
 from worker_targets import (PROG, Target, alive, proc_state, rank_env, start_rank, tracer_pid, untouched,
                             wait_until, without_tool)
@@ -193,7 +194,7 @@ def test_two_ptrace_tools_never_share_a_target() -> None:
 
 
 def test_oldest_supported_python_runs_every_op_stdlib_only() -> None:
-    py39 = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+    py39 = testenv.other_python("3.9")
     if not os.path.exists(py39):
         import pytest
 

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
+import testenv
 from worker_client import WorkerProc
 from workers.protocol import ERROR_HINTS, PROTOCOL_VERSION
 
-PY39 = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+PY39 = testenv.other_python("3.9")
 HELLO_FIELDS = {"type", "protocol", "worker_version", "python", "python_exe", "pid", "uid", "euid", "user",
                 "hostname", "kernel", "machine", "ptrace_scope", "cpus", "psutil", "pid_ns", "tools",
                 "searched"}

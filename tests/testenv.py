@@ -37,3 +37,19 @@ def root_dirs_to_keep() -> list[str]:
         if len(parts) > 2 and parts[:2] == ("/", "root") and parts[2] not in keep:
             keep.append(parts[2])
     return keep
+
+
+def other_python(version: str = "3.9") -> str:
+    """A python of another minor version (the worker's oldest supported), found as a user's shell would: on
+    PATH (not a version manager's shim, which may not run), else under $PYENV_ROOT; "" when there is none."""
+    import glob
+    import os
+
+    name = f"python{version}"
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder, name)
+        if folder and "/shims" not in folder and os.access(candidate, os.X_OK):
+            return candidate
+    root = os.environ.get("PYENV_ROOT", "")
+    found = sorted(glob.glob(os.path.join(root, "versions", f"{version}*", "bin", name))) if root else []
+    return found[-1] if found else ""
