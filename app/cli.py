@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="analyse only this job of the snapshot: its name as the summary prints it, or a part "
                      "of it that names one job (e.g. the master port 29500)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
+    col.add_argument("--gpu-evidence", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                     help="GPU-side evidence per node (Xid lines, ECC/row-remap counts, nvidia-smi, NCCL RAS): "
+                     "auto collects it for NCCL/CUDA jobs (a rank maps libnccl or libcuda), on (the flag alone) "
+                     "always, off never")
     col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
     col.add_argument("--samples", type=int, default=2, metavar="N",
                      help="headless: take N snapshots --interval apart to tell stuck ranks from progressing "

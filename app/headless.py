@@ -27,7 +27,8 @@ def session_options(args: argparse.Namespace):
     from app.session import SessionOptions
 
     collect = CollectOptions(native=args.native, locals=args.locals, nonblocking=args.nonblocking,
-                             strace_seconds=args.strace, gdb=args.gdb, sudo=args.sudo)
+                             strace_seconds=args.strace, gdb=args.gdb, sudo=args.sudo,
+                             gpu_evidence=getattr(args, "gpu_evidence", "auto"))
     return SessionOptions(
         collect=collect, fanout=args.fanout, connect_timeout=args.connect_timeout, dump_timeout=args.timeout,
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,

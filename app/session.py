@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
-from app import __version__, parse
+from app import __version__, parse, parse_gpu
 from app.errors import HangscopeError, TransportError
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
 from app.transport import bootstrap
@@ -273,12 +273,16 @@ class Session:
                 self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
             conn = node.conn
             phase = "discover"
-            self._update(node, state="discovering", error=None, timings=tuple(timings.items()))
+            self._update(node, state="discovering", error=None, timings=tuple(timings.items()), gpu=None)
             t = time.monotonic()
             # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
-            req = conn.request("collect", self._collect_args(), timeout=DISCOVER_TIMEOUT)
+            # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
+            args = dict(self._collect_args(), ras=self._nodes.index(node) < 2)
+            req = conn.request("collect", args, timeout=DISCOVER_TIMEOUT)
             async for item in req:
-                if isinstance(item.get("dump"), dict):
+                if "gpu_evidence" in item:  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here
+                    self._update(node, gpu=parse_gpu.gpu_evidence(item["gpu_evidence"]))
+                elif isinstance(item.get("dump"), dict):
                     self._apply_dump(node, item["dump"])
                 elif isinstance(item.get("rank"), dict):
                     rank = parse.rank_from_discover(node.name, item["rank"])
@@ -343,7 +347,7 @@ class Session:
         c, o = self.options.collect, self.options
         return {"pids": list(o.pids) if o.pids is not None else None, "native": c.native, "locals": c.locals,
                 "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
-                "source_context": SOURCE_CONTEXT, "sudo": c.sudo}
+                "source_context": SOURCE_CONTEXT, "sudo": c.sudo, "gpu_evidence": c.gpu_evidence}
 
     def _apply_dump(self, node: _Node, item: dict) -> None:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import discover as discovery
 from workers import procinfo, pstate
-from workers.collect import flight, gpus, progress, pyspy, runas, sockets, traced
+from workers.collect import flight, gpu_evidence, gpus, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import error_dict
 from workers.request import Cancelled, OpError, Request
@@ -139,8 +139,26 @@ def collect(req: Request) -> Dict[str, Any]:
     discovered = _discover(req, rank)
     req.item({"discovered": discovered})
     req.check()
+    gpu = _gpu_evidence_start(req, found)
     dumped = _dump(req, found, lambda item: req.item({"dump": item}))
+    if gpu is not None:
+        evidence = gpu_evidence.finish(*gpu)
+        if evidence is not None:
+            req.item({"gpu_evidence": evidence})
     return {"discover": discovered, "dump": dumped}
+
+
+def _gpu_evidence_start(req: Request, found: List[Tuple[int, Optional[int]]]) -> Optional[tuple]:
+    """GPU evidence (workers/collect/gpu_evidence.py) in a thread beside the dumps, when asked for: args
+    "gpu_evidence" auto (an NCCL/CUDA job) | on | off, and "ras" (this node asks NCCL's RAS service)."""
+    mode = req.args.get("gpu_evidence", "off")
+    if mode not in gpu_evidence.MODES or mode == "off":
+        return None
+    cache = req.worker.proc_cache
+    envs = [cache.environ(pid, st) if cache is not None else None for pid, st in found]
+    started = time.monotonic()
+    thread, box = gpu_evidence.start(req, [pid for pid, _ in found], envs, mode, req.args.get("ras") is True)
+    return thread, box, started
 
 
 def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],

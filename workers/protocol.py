@@ -53,6 +53,10 @@ Ops (args -> items / done):
     collect   discover's args + dump's args without "targets": a snapshot pass in one request (the session's)
               -> item {"rank": <discover item>} per rank, then one {"discovered": <discover's done data>},
                  then {"dump": <dump item>} per rank as each finishes
+              -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
+                 a rank maps libnccl/libcuda ("ras": true: this node also asks NCCL's RAS service): raw nvidia-smi
+                 CSV or -q text, kernel Xid lines, RAS's answer (workers/collect/gpu_evidence.py; decoded by
+                 app/parse_gpu.py)
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from app.analysis.columns import facts
 from app.analysis.findings import Finding, identical_finding, lead, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
+from app.analysis.gpu_evidence import gpu_findings
 from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import held_ranks, several_jobs, thread_counts
@@ -222,6 +223,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
         findings += slow_nodes(progress)
+    findings += gpu_findings(snapshot, findings, history)  # GPU-side evidence: Xid, ECC, nvidia-smi, NCCL RAS
     if same_place and (gap is None or not peers):
         # (with ranks missing on a node the hosts list leaves out, the ranks here wait for those: no puzzle)
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),

@@ -21,6 +21,8 @@ FindingKind = Literal[
     "frozen",  # the cgroup freezer holds the rank (v1 freezer.state, v2 cgroup.freeze)
     "exited",  # a rank is a zombie, or vanished between samples
     "uninterruptible",  # D state: I/O or a driver
+    "gpu_fault",  # GPU evidence (app/analysis/gpu_evidence.py): a fresh Xid, ECC errors, nvidia-smi hung
+    "nccl_ras",  # NCCL's RAS: ranks missing from a communicator, collective counts that differ
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
     "slow_node",  # a node's ranks are held back (CPU throttling, run-queue wait, caught outside the collective)
     "different_collective",  # some ranks wait in another collective than the rest

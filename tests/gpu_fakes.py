@@ -1,0 +1,136 @@
+"""FAKE GPU tools for the GPU evidence tests: nvidia-smi, dmesg and ncclras that print RECORDED outputs.
+
+There is no GPU, NVIDIA driver or NCCL job here, so a GPU fault (an Xid in the kernel log, ECC errors, an
+nvidia-smi that never answers, NCCL RAS naming a rank) cannot be produced for real. These executables stand in
+for the node's own tools: placed first on a worker's PATH (or in a test cluster node's /usr/local/bin), they
+print the recorded outputs of tests/data/gpu/ (see its README for where each format comes from). Everything
+else in the path (the worker finding and running them under deadlines, the redaction, the decoding, the
+analysis, the reports) is the real code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+DATA = Path(__file__).resolve().parent / "data" / "gpu"
+FAKE_MARK = "HANGSCOPE_FAKE_GPU_TOOL"  # in each fake's source: a test can find its processes by it
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def _write(bindir: Path, name: str, source: str) -> Path:
+    bindir.mkdir(parents=True, exist_ok=True)
+    path = bindir / name
+    path.write_text(source, encoding="utf-8")
+    path.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    return path
+
+
+def _python_fake(what: str, body: str, data: Dict[str, str]) -> str:
+    return ("#!/usr/bin/env python3\n"
+            f"# FAKE {what} ({FAKE_MARK}): prints recorded output from tests/data/gpu; no GPU here\n"
+            "import sys, time, datetime\n"
+            f"DATA = {json.dumps(data)}\n" + body)
+
+
+_SMI_BODY = '''
+args = sys.argv[1:]
+if DATA.get("hang"):
+    time.sleep(3600)  # a GPU fallen off the bus: nvidia-smi never answers
+a = " ".join(args)
+if "--query-compute-apps" in a:
+    sys.stdout.write(DATA.get("apps", ""))
+elif "--query-remapped-rows" in a:
+    sys.stdout.write(DATA.get("remap", ""))
+elif "--query-gpu=index,uuid,name" in a:  # discovery's own query (workers/collect/gpus.py)
+    for line in DATA.get("gpus", "").splitlines():
+        p = [x.strip() for x in line.split(",")]
+        print("%s, %s, %s" % (p[0], p[2], p[3]))
+elif "--query-gpu" in a:
+    sys.stdout.write(DATA.get("gpus", ""))
+elif "-q" in args:
+    sys.stdout.write(DATA.get("q", ""))
+else:
+    print("fake nvidia-smi: unexpected arguments %r" % args, file=sys.stderr)
+    sys.exit(2)
+'''
+
+_DMESG_BODY = '''
+now = time.time()
+for line in DATA["lines"].splitlines():
+    if line.startswith("@AGE:"):
+        age, rest = line[5:].split("@", 1)
+        t = datetime.datetime.fromtimestamp(now - float(age)).astimezone()
+        line = t.strftime("%Y-%m-%dT%H:%M:%S,%f") + t.strftime("%z")[:3] + ":" + t.strftime("%z")[3:] + rest
+    print(line)
+'''
+
+_RAS_BODY = '''
+args = sys.argv[1:]
+fmt = args[args.index("-f") + 1] if "-f" in args else "text"
+if fmt == "json":
+    if not DATA.get("json"):  # an NCCL older than 2.28.7 answers SET FORMAT with an error
+        print("Unexpected response from NCCL: ERROR: Unknown command SET FORMAT json", file=sys.stderr)
+        sys.exit(1)
+    sys.stdout.write(DATA["json"])
+else:
+    sys.stdout.write(DATA.get("text", ""))
+'''
+
+
+def nvidia_smi(bindir: Path, *, gpus: str = "", remap: str = "", apps: str = "", query: str = "",
+               hang: bool = False) -> Path:
+    """A FAKE nvidia-smi: CSV for --query-gpu / --query-remapped-rows / --query-compute-apps, text for -q; with
+    hang, one that sleeps and never answers (a GPU fallen off the bus)."""
+    return _write(bindir, "nvidia-smi", _python_fake("nvidia-smi", _SMI_BODY, {
+        "gpus": gpus, "remap": remap, "apps": apps, "q": query, "hang": "1" if hang else ""}))
+
+
+def dmesg(bindir: Path, lines: str) -> Path:
+    """A FAKE dmesg printing recorded kernel lines; `@AGE:N@` becomes the ISO time N seconds before now."""
+    return _write(bindir, "dmesg", _python_fake("dmesg", _DMESG_BODY, {"lines": lines}))
+
+
+def ncclras(bindir: Path, *, text: str = "", json_text: str = "") -> Path:
+    """A FAKE ncclras client printing a recorded RAS answer (JSON only when json_text is given)."""
+    return _write(bindir, "ncclras", _python_fake("ncclras", _RAS_BODY, {"text": text, "json": json_text}))
+
+
+def apps_csv(pids_by_gpu: Dict[int, Sequence[int]], gpus_csv: str) -> str:
+    """--query-compute-apps lines (pid, gpu uuid, used MiB) for the given pids on the GPUs of gpus_csv."""
+    uuids = {int(p[0]): p[2] for p in ([x.strip() for x in line.split(",")] for line in gpus_csv.splitlines())}
+    return "".join(f"{pid}, {uuids[g]}, 30211\n" for g, pids in sorted(pids_by_gpu.items()) for pid in pids)
+
+
+def ras_json(ranks: Sequence[dict], missing: Sequence[dict] = (), comm_hash: str = "0x5e1f0c3a9b7d2e41",
+             version: str = "2.29.1") -> str:
+    """A RAS JSON answer in the layout of NCCL's src/ras/client_support.cc (jsonWriteRankData and friends) for
+    these ranks: each {"rank", "host", "pid", "gpu", "allreduce"} (collective counts per type)."""
+    def rank(r: dict) -> dict:
+        return {"rank": r["rank"], "host": r["host"], "pid": r["pid"], "cuda_dev": r["gpu"], "nvml_dev": r["gpu"],
+                "status": {"init_state": 0, "async_error": 0, "finalize_called": False, "destroy_flag": False,
+                           "abort_flag": False},
+                "collective_counts": {"Broadcast": 1, "Reduce": 0, "AllGather": 0, "ReduceScatter": 0,
+                                      "AllReduce": r["allreduce"]}}
+
+    def gone(r: dict) -> dict:
+        return {"rank": r["rank"], "host": r["host"], "pid": r["pid"], "cuda_dev": r["gpu"], "nvml_dev": r["gpu"],
+                "status": {"unresponsive": True, "considered_dead": False}}
+
+    doc = {"nccl_version": version, "cuda_runtime_version": 12080, "cuda_driver_version": 12080,
+           "timestamp": "2026-01-01 00:00:00", "communicators_count": 1,
+           "communicators": [{"hash": comm_hash, "secondary_hash": "0x1:0x2", "size": len(ranks) + len(missing),
+                              "ranks_count": len(ranks), "missing_ranks_count": len(missing),
+                              "ranks": [rank(r) for r in ranks], "missing_ranks": [gone(r) for r in missing]}],
+           "ras": {"collection_time_sec": 0.004, "timeouts_count": 0}}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def path_with(bindir: Path, base: Optional[str] = None) -> str:
+    return f"{bindir}{os.pathsep}{base if base is not None else os.environ.get('PATH', '')}"

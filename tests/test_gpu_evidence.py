@@ -1,0 +1,425 @@
+"""GPU-side evidence for NCCL jobs: kernel Xid lines, ECC/row-remap counts, an nvidia-smi that does not answer, and
+NCCL RAS's view, from the node's worker to the findings.
+
+There is no GPU here: every GPU tool's output is RECORDED (tests/data/gpu/, sources in its README) and printed by
+FAKE executables (tests/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
+them under deadlines, the redaction, the decoding (app/parse_gpu.py) and the analysis are the real code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import gpu_fakes
+from gpu_fakes import recorded
+from worker_client import WorkerProc
+from worker_targets import start_rank
+
+from app import parse_gpu
+from app.analysis import analyze
+from app.analysis.gpu_evidence import evidence_lines, gpu_findings
+from app.model import (GpuHealth, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
+                       RasView, Snapshot)
+from workers.collect import gpu_evidence as collector
+
+NOW = 1_760_000_000.0
+
+
+def _iso_lines(now: float = NOW) -> list:
+    """The recorded dmesg lines with `@AGE:N@` as `dmesg --time-format iso` writes a time N seconds before now."""
+    out = []
+    for line in recorded("dmesg-xids.txt").splitlines():
+        age, rest = line[5:].split("@", 1)
+        t = datetime.datetime.fromtimestamp(now - float(age), datetime.timezone.utc)
+        out.append(t.strftime("%Y-%m-%dT%H:%M:%S,%f+00:00") + rest)
+    return out
+
+
+# -- decoding recorded outputs ----------------------------------------------------------------------------------
+
+def test_nvidia_smi_q_report_gives_ecc_and_remap_counts_per_gpu() -> None:
+    gpus = parse_gpu.parse_query_text(recorded("nvidia-smi-q-a100.txt"))
+    assert [(g.index, g.bus_id) for g in gpus] == [(0, "00000000:10:1C.0"), (1, "00000000:10:1D.0")]
+    first, second = gpus
+    assert first.ecc_corrected_volatile == 177 and first.ecc_uncorrected_volatile == 0
+    assert first.remap_correctable == 1 and first.remap_pending is True and first.remap_failure is False
+    assert first.retired_pending is None, "N/A stays unknown"
+    assert second.remap_pending is False and second.uuid.startswith("GPU-0309d0d1")
+
+
+def test_query_gpu_csv_joined_with_remapped_rows() -> None:
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
+    gpus = parse_gpu.add_remaps(gpus, recorded("remapped-rows.csv"), collector.REMAP_FIELDS)
+    assert len(gpus) == 8
+    bad = [g for g in gpus if g.ecc_uncorrected_volatile]
+    assert [(g.index, g.bus_id, g.ecc_uncorrected_volatile, g.remap_uncorrectable, g.remap_pending)
+            for g in bad] == [(3, "00000000:5D:00.0", 4, 1, True)]
+    assert all(g.retired_pending is None for g in gpus), "[N/A] on an H100: unknown, not False"
+
+
+def test_xid_lines_with_their_age_and_bus() -> None:
+    xids = parse_gpu.parse_xids(_iso_lines(), "iso", NOW)
+    assert [x.xid for x in xids] == [79, 48, 31, 74, 119, 120, 63], "the non-Xid NVRM line is skipped"
+    by = {x.xid: x for x in xids}
+    assert by[79].bus_id == "0000:5d:00" and abs(by[79].age_s - 40) < 1
+    assert by[119].bus_id == "0000:ab:00", "an Xid line without `PCI:` in front of the address"
+    assert "fallen off the bus" in by[79].text and abs(by[63].age_s - 604800) < 1
+    assert parse_gpu.bus_key("00000000:5D:00.0") == parse_gpu.bus_key("0000:5d:00")
+
+
+def test_kmsg_and_syslog_times() -> None:
+    (x,) = parse_gpu.parse_xids(["1759999990.5\tNVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus."],
+                                "epoch", NOW)
+    assert x.age_s == 9.5
+    (y,) = parse_gpu.parse_xids(["[ 1843.308145] NVRM: Xid (PCI:0000:b3:00.0): 79, pid=12345, GPU has fallen off "
+                                 "the bus."], "iso", NOW)
+    assert y.at is None and y.age_s is None, "seconds since boot are no wall-clock time: age unknown"
+
+
+def test_ras_text_mismatch_names_the_rank_behind() -> None:
+    version, comms, dead, timeouts = parse_gpu.parse_ras_text(recorded("ncclras-text-mismatch.txt"))
+    assert version.startswith("2.26.2") and not dead and timeouts == 0
+    (c,) = comms
+    assert c.hash == "0x27a079b828ff1a75" and c.status == "RUNNING" and c.errors == "MISMATCH"
+    assert c.op_groups == (("AllReduce", 6650, 31, ()), ("AllReduce", 6649, 1, (13,)))
+    assert (c.ranks[0].rank, c.ranks[0].pid, c.ranks[0].host) == (13, 483093, "172.16.64.211")
+
+
+def test_ras_text_incomplete_names_missing_rank_and_process() -> None:
+    _, (c,), dead, timeouts = parse_gpu.parse_ras_text(recorded("ncclras-text-incomplete.txt"))
+    assert c.missing == (21,) and timeouts == 2
+    assert dead == ["process 3487984 on 172.16.64.213 (GPU 5): unresponsive"]
+
+
+def test_ras_json_missing_rank_unresponsive() -> None:
+    view = parse_gpu.ras_view({"status": "ok", "via": "ncclras", "format": "json",
+                               "text": recorded("ncclras-json.json")})
+    assert view is not None and view.format == "json" and view.nccl_version == "2.29.1"
+    (c,) = view.comms
+    assert c.missing == (1,) and c.size == 2
+    gone = [r for r in c.ranks if r.missing][0]
+    assert (gone.pid, gone.gpu, gone.unresponsive, gone.dead) == (1524345, 1, True, False)
+
+
+def test_bad_ras_answer_is_a_failed_view_not_a_crash() -> None:
+    view = parse_gpu.ras_view({"status": "ok", "format": "json", "text": "{not json"})
+    assert view is not None and view.status == "failed" and "could not be read" in view.error
+
+
+# -- the analysis -----------------------------------------------------------------------------------------------
+
+def _rank(node: str, pid: int, rank: int, local: int, gpus=()) -> RankSnapshot:
+    return RankSnapshot(node=node, pid=pid, start_time=1, rank=rank, local_rank=local, world_size=4,
+                        gpus=tuple(gpus))
+
+
+def _evidence(**kw) -> NodeGpuEvidence:
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
+    base = dict(why="test", at=NOW, smi="ok", smi_timeout=5.0, gpus=tuple(gpus), xid_source="dmesg")
+    base.update(kw)
+    return NodeGpuEvidence(**base)
+
+
+def _snap(evidence: dict, ranks) -> Snapshot:
+    nodes = tuple(NodeStatus(name=n, state="done", gpu=evidence.get(n)) for n in ("gpu01", "gpu02"))
+    return Snapshot(taken_at=NOW, nodes=nodes, ranks=tuple(ranks))
+
+
+RANKS = [_rank("gpu01", 100, 0, 0), _rank("gpu01", 101, 1, 1), _rank("gpu02", 200, 2, 0), _rank("gpu02", 203, 3, 3)]
+FRESH_79 = GpuXid(xid=79, bus_id="0000:5d:00", text="pid='<unknown>', GPU has fallen off the bus.",
+                  at=NOW - 40, age_s=40.0)
+
+
+def test_fresh_xid_on_a_stuck_ranks_gpu_is_the_lead() -> None:
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
+    (f,) = gpu_findings(snap, [], history=[snap])  # a second sample, no "progressing" finding: stuck
+    assert f.kind == "gpu_fault" and f.confidence == "high" and f.culprit
+    assert f.ranks == (("gpu02", 203),), "GPU 3 at 0000:5d:00, and rank 3 has LOCAL_RANK 3"
+    for words in ("gpu02", "GPU 3", "0000:5d:00", "Xid 79", "fallen off the bus", "40 s before"):
+        assert words in f.title, (words, f.title)
+    assert "drain" in f.detail and "nvidia-smi -r -i 3" in f.detail and "--test pairs" in f.detail
+    assert "4 uncorrectable ECC" in f.detail, "the GPU's own counters back the Xid"
+    assert "LOCAL_RANK" in f.detail, "how the rank was tied to the GPU is said (a guess, here)"
+
+
+def test_nvidia_smi_process_list_ties_the_gpu_to_its_rank() -> None:
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
+    holder = _rank("gpu02", 201, 2, 0, gpus=[GpuUse(index=3, uuid=gpus[3].uuid)])
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, [RANKS[0], RANKS[1], holder, RANKS[3]])
+    (f,) = gpu_findings(snap, [], history=[snap])
+    assert f.ranks == (("gpu02", 201),) and "nvidia-smi's process list" in f.detail
+
+
+def test_gpu_evidence_on_a_progressing_job_is_a_low_note() -> None:
+    from app.analysis.findings import Finding
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
+    moving = Finding("progressing", "the job progresses", "", "high", "samples", culprit=True)
+    (f,) = gpu_findings(snap, [moving], history=[snap])
+    assert f.confidence == "low" and not f.culprit and "progresses" in f.reason
+
+
+def test_one_sample_caps_at_medium() -> None:
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
+    (f,) = gpu_findings(snap, [], history=[])
+    assert f.confidence == "medium" and "one sample" in f.reason
+
+
+def test_stale_xid_is_said_to_predate_the_hang() -> None:
+    xids = tuple(parse_gpu.parse_xids(_iso_lines(), "iso", NOW))
+    old_only = tuple(x for x in xids if x.age_s > collector_fresh())
+    snap = _snap({"gpu02": _evidence(xids=old_only)}, RANKS)
+    out = gpu_findings(snap, [], history=[snap])
+    stale = [f for f in out if "older Xid" in f.title]
+    assert len(stale) == 1 and stale[0].confidence == "low" and not stale[0].culprit
+    assert "predate the hang" in stale[0].title and "Xid 48, 63, 74, 119, 120" in stale[0].title
+    assert not any(f.confidence == "high" for f in out), "old Xids never make a [high] culprit"
+
+
+def collector_fresh() -> float:
+    from app.analysis.gpu_evidence import FRESH_S
+    return FRESH_S
+
+
+def test_app_fault_xid_points_at_the_program() -> None:
+    x31 = GpuXid(xid=31, bus_id="0000:2a:00", text="pid=2114, name=python, MMU Fault", at=NOW - 60, age_s=60.0)
+    snap = _snap({"gpu01": _evidence(xids=(x31,))}, RANKS)
+    f, ecc = gpu_findings(snap, [], history=[snap])
+    assert "uncorrectable ECC" in ecc.title and "GPU 3" in ecc.title, "GPU 3's counters are said on their own"
+    assert f.ranks == (("gpu01", 101),) and "page fault" in f.title
+    assert "CUDA_LAUNCH_BLOCKING" in f.detail and "compute-sanitizer" in f.detail
+
+
+def test_hung_nvidia_smi_is_a_finding_on_its_node() -> None:
+    snap = _snap({"gpu02": _evidence(smi="timeout", gpus=(), smi_stuck=True)}, RANKS)
+    (f,) = gpu_findings(snap, [], history=[snap])
+    assert f.kind == "gpu_fault" and f.confidence == "high" and f.nodes == "gpu02"
+    assert "did not answer within 5 s" in f.title and "stuck in the NVIDIA driver" in f.title
+    assert set(f.ranks) == {("gpu02", 200), ("gpu02", 203)}
+
+
+def test_nvidia_smi_hung_everywhere_is_not_one_nodes_fault() -> None:
+    ev = _evidence(smi="timeout", gpus=())
+    snap = _snap({"gpu01": ev, "gpu02": ev}, RANKS)
+    out = gpu_findings(snap, [], history=[snap])
+    assert len(out) == 2 and all(f.confidence == "medium" for f in out)
+    assert all("common to them" in f.reason for f in out)
+
+
+def _ras_evidence(comm: RasComm) -> NodeGpuEvidence:
+    return _evidence(gpus=(), ras=RasView(status="ok", via="socket", format="json", comms=(comm,)))
+
+
+def test_ras_missing_rank_is_named_with_its_process() -> None:
+    comm = RasComm(hash="0xabc", size=4, missing=(3,), ranks=(
+        RasRank(rank=0, host="10.0.0.1", pid=100, gpu=0, ops=(("AllReduce", 7),)),
+        RasRank(rank=3, host="10.0.0.2", pid=203, gpu=3, missing=True, unresponsive=True)))
+    snap = _snap({"gpu01": _ras_evidence(comm)}, RANKS)
+    (f,) = gpu_findings(snap, [], history=[snap])
+    assert f.kind == "nccl_ras" and f.ranks == (("gpu02", 203),) and f.confidence == "high"
+    assert "rank 3" in f.title and "unresponsive" in f.title and "process 203" in f.detail
+
+
+def test_ras_counts_that_differ_name_the_rank_behind_and_moving_counts_are_busy() -> None:
+    def comm(behind: int, others: int) -> RasComm:
+        return RasComm(hash="0xfeed", size=4, ranks=tuple(
+            RasRank(rank=r.rank, host="h", pid=r.pid, gpu=r.local_rank,
+                    ops=(("AllReduce", behind if r.rank == 2 else others),)) for r in RANKS))
+    earlier = _snap({"gpu01": _ras_evidence(comm(41, 42))}, RANKS)
+    stuck = _snap({"gpu01": _ras_evidence(comm(41, 42))}, RANKS)
+    (f,) = gpu_findings(stuck, [], history=[earlier])
+    assert f.ranks == (("gpu02", 200),) and "launched only 41 AllReduce" in f.title and f.confidence == "high"
+    assert "did not move" in f.reason
+    busy = _snap({"gpu01": _ras_evidence(comm(50, 51))}, RANKS)
+    (g,) = gpu_findings(busy, [], history=[earlier])
+    assert g.confidence == "low" and not g.culprit and "moved" in g.reason
+
+
+def test_healthy_gpu_evidence_adds_nothing_and_the_lines_say_so() -> None:
+    snap = _snap({"gpu01": _evidence(gpus=()), "gpu02": _evidence(gpus=())}, RANKS)
+    assert gpu_findings(snap, [], history=[snap]) == []
+    lines = evidence_lines(snap.nodes[0])
+    assert lines[0].startswith("nvidia-smi: 0 GPU(s)") and "no Xid lines" in lines[1]
+
+
+def test_gpu_finding_leads_the_verdict_of_a_stuck_job() -> None:
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
+    a = analyze(snap, history=[snap])
+    assert a.findings[0].kind == "gpu_fault" and "Xid 79" in a.verdict
+
+
+# -- the worker: fake tools on PATH, the real collector -------------------------------------------------------
+
+def _fakes(tmp_path: Path, rank_pid: int, hang: bool = False) -> Path:
+    bindir = tmp_path / "fakebin"
+    gpus = recorded("query-gpu.csv")
+    gpu_fakes.nvidia_smi(bindir, gpus=gpus, remap=recorded("remapped-rows.csv"),
+                         apps=gpu_fakes.apps_csv({3: [rank_pid]}, gpus), hang=hang)
+    gpu_fakes.dmesg(bindir, recorded("dmesg-xids.txt"))
+    gpu_fakes.ncclras(bindir, text=recorded("ncclras-text-mismatch.txt"))  # an NCCL 2.26: no JSON
+    return bindir
+
+
+def test_worker_collects_gpu_evidence_once_per_collect_from_fake_tools(tmp_path) -> None:
+    with start_rank(0) as t:
+        bindir = _fakes(tmp_path, t.pid)
+        with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20})
+            assert done["type"] == "done", done
+            raw = [i["gpu_evidence"] for i in items if "gpu_evidence" in i]
+            assert len(raw) == 1, "one per node per collect"
+            ev = parse_gpu.gpu_evidence(raw[0])
+            assert ev is not None and ev.smi == "ok" and ev.why == "--gpu-evidence on"
+            assert [g.index for g in ev.gpus if g.remap_pending] == [3]
+            assert ev.xid_source == "dmesg" and [x.xid for x in ev.xids][:2] == [79, 48]
+            x79 = ev.xids[0]
+            assert x79.age_s is not None and 30 <= x79.age_s <= 120, x79
+            assert ev.ras is not None and ev.ras.via == "ncclras" and ev.ras.format == "text", \
+                "the fake client refuses JSON like an NCCL < 2.28.7: the text form is read"
+            assert ev.ras.comms[0].op_groups[-1] == ("AllReduce", 6649, 1, (13,))
+            rank = [i["rank"] for i in items if "rank" in i and i["rank"]["pid"] == t.pid][0]
+            assert rank["gpus"][0]["index"] == 3, "discovery's GPU use from the same fake nvidia-smi"
+            # auto: this rank maps neither libnccl nor libcuda, so nothing is collected, at no cost
+            items, _ = w.call("collect", {"gpu_evidence": "auto", "ras": True, "timeout": 20})
+            assert not [i for i in items if "gpu_evidence" in i]
+            items, _ = w.call("collect", {"timeout": 20})
+            assert not [i for i in items if "gpu_evidence" in i], "off unless asked"
+
+
+def test_nvidia_smi_that_never_answers_is_killed_at_its_deadline_and_said(tmp_path) -> None:
+    # The FAKE nvidia-smi sleeps for an hour, as one does on a node whose GPU fell off the bus.
+    with start_rank(0) as t:
+        bindir = _fakes(tmp_path, t.pid, hang=True)
+        with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+            started = time.monotonic()
+            items, done = w.call("collect", {"gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=120)
+            took = time.monotonic() - started
+            assert done["type"] == "done", done
+            # discovery's query (5 s) and the collector's (skipped: it knows) are the deadlines that apply;
+            # the margin is for a loaded machine, far below the fake's hour
+            assert took < 5.0 * 2 + 30, took
+            ev = parse_gpu.gpu_evidence([i for i in items if "gpu_evidence" in i][0]["gpu_evidence"])
+            assert ev is not None and ev.smi == "timeout" and ev.smi_timeout == 5.0
+            assert [x.xid for x in ev.xids][0] == 79, "the kernel log is still read"
+            assert not _fake_processes_alive(), "the sleeping nvidia-smi was killed"
+            rank = [i["rank"] for i in items if "rank" in i and i["rank"]["pid"] == t.pid][0]
+            notes = [i["discovered"] for i in items if "discovered" in i][0]["notes"]
+            assert rank["gpus"] == [] and any("timed out after 5s" in n for n in notes)
+    node = NodeStatus(name="gpu02", state="done", gpu=dataclasses.replace(ev, xids=()))
+    snap = Snapshot(taken_at=NOW, nodes=(node,), ranks=(_rank("gpu02", t.pid, 0, 0),))
+    (f,) = gpu_findings(snap, [], history=[snap])
+    assert "nvidia-smi on gpu02 did not answer within 5 s" in f.title and f.confidence == "high"
+
+
+def _fake_processes_alive() -> bool:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"fakebin/nvidia-smi" in cmd and state not in "ZX":
+            return True
+    return False
+
+
+# -- NCCL RAS over its socket: the real protocol against a stand-in server -------------------------------------
+
+class _RasServer:
+    """A stand-in for NCCL's RAS listener: speaks the client protocol of src/ras/client_support.cc (CLIENT
+    PROTOCOL / TIMEOUT / SET FORMAT / STATUS) and answers with a recorded status. json=False answers SET FORMAT
+    as an NCCL older than 2.28.7 does (ERROR: Unknown command)."""
+
+    def __init__(self, text: str, json_text: str = "", silent: bool = False) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.text, self.json, self.silent = text, json_text, silent
+        self.commands: list = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        fmt = "text"
+        with conn:
+            f = conn.makefile("rb")
+            for raw in f:
+                cmd = raw.decode().strip()
+                self.commands.append(cmd)
+                if self.silent:
+                    time.sleep(60)
+                    return
+                up = cmd.upper()
+                if up.startswith("CLIENT PROTOCOL"):
+                    conn.sendall(b"SERVER PROTOCOL 2\n")
+                elif up.startswith("TIMEOUT"):
+                    conn.sendall(b"OK\n")
+                elif up.startswith("SET FORMAT"):
+                    if self.json:
+                        fmt = "json"
+                        conn.sendall(b"OK\n")
+                    else:
+                        conn.sendall(("ERROR: Unknown command %s\n" % cmd).encode())
+                elif up == "STATUS":
+                    conn.sendall((self.json if fmt == "json" else self.text).encode())
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_ras_socket_json_from_a_new_nccl() -> None:
+    server = _RasServer(recorded("ncclras-text-incomplete.txt"), json_text=recorded("ncclras-json.json"))
+    try:
+        raw = collector._ras_socket("127.0.0.1", server.port, time.monotonic() + 10)
+    finally:
+        server.close()
+    assert raw["status"] == "ok" and raw["format"] == "json" and raw["protocol"] == "2"
+    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 3", "SET FORMAT json", "STATUS"]
+    view = parse_gpu.ras_view(raw)
+    assert view is not None and view.comms[0].missing == (1,)
+
+
+def test_ras_socket_text_from_an_older_nccl() -> None:
+    server = _RasServer(recorded("ncclras-text-incomplete.txt"))
+    try:
+        raw = collector._ras_socket("127.0.0.1", server.port, time.monotonic() + 10)
+    finally:
+        server.close()
+    view = parse_gpu.ras_view(raw)
+    assert view is not None and view.format == "text" and view.comms[0].missing == (21,)
+
+
+def test_ras_that_never_answers_costs_its_deadline_only() -> None:
+    server = _RasServer("", silent=True)
+    try:
+        started = time.monotonic()
+        raw = collector._ras_socket("127.0.0.1", server.port, time.monotonic() + 1.0)
+        assert time.monotonic() - started < 1.0 + 10  # the 1 s deadline, with a margin for a loaded machine
+    finally:
+        server.close()
+    assert raw["status"] == "timeout"
+
+
+def test_no_ras_listening_is_refused() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        raw = collector._ras_socket("127.0.0.1", port, time.monotonic() + 5)
+    assert raw["status"] == "refused"
+
+
+def test_ras_address_from_the_ranks_environment() -> None:
+    assert collector.ras_address([None, {"NCCL_RAS_ADDR": "127.0.0.1:29999"}]) == ("127.0.0.1", 29999, True)
+    assert collector.ras_address([{"NCCL_RAS_ENABLE": "0"}])[2] is False
+    assert collector.ras_address([{}]) == ("localhost", 28028, True)
