@@ -423,3 +423,27 @@ def test_ras_address_from_the_ranks_environment() -> None:
     assert collector.ras_address([None, {"NCCL_RAS_ADDR": "127.0.0.1:29999"}]) == ("127.0.0.1", 29999, True)
     assert collector.ras_address([{"NCCL_RAS_ENABLE": "0"}])[2] is False
     assert collector.ras_address([{}]) == ("localhost", 28028, True)
+
+
+# -- where a user reads it: --print, the report bundle, the TUI's node panel --------------------------------------
+
+def test_print_report_and_tui_show_the_gpu_evidence(tmp_path) -> None:
+    from app.analysis.text import summary_text
+    from app.report import export_bundle
+    from app.ui.view import node_groups
+
+    hostile = GpuXid(xid=79, bus_id="0000:5d:00", text="[bold red]x[/] <script>alert(1)</script>", at=NOW - 40,
+                     age_s=40.0)
+    snap = _snap({"gpu02": _evidence(xids=(hostile,))}, RANKS)
+    a = analyze(snap, history=[snap])
+    text = summary_text(snap, a)
+    assert "GPU evidence:" in text and "gpu02: Xid 79 on 0000:5d:00 40 s before the snapshot" in text
+    assert "gpu02: nvidia-smi: 8 GPU(s); GPU 3: 4 uncorrectable ECC errors" in text
+    result = export_bundle(snap, a, str(tmp_path / "bundle"), history=[snap])
+    md = (Path(result.directory) / "summary.md").read_text()
+    html = (Path(result.directory) / "report.html").read_text()
+    assert "## GPU evidence" in md and "Xid 79 on 0000:5d:00" in md
+    assert "<h2 id=\"gpu\">GPU evidence</h2>" in html and "<script>alert" not in html
+    (group,) = [g for g in node_groups(snap.nodes, snap.ranks)]
+    assert any(line.startswith("gpu02: Xid 79 on 0000:5d:00") for line in group.gpu)
+    assert not any(line.startswith("gpu01") for line in group.gpu), "gpu01 has no evidence"

@@ -14,6 +14,7 @@ from app.analysis import Analysis
 from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
+from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.progress import stuck_summary
 from app.model import Frame, RankSnapshot, Snapshot
 
@@ -59,6 +60,11 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
         line = stuck_summary(analysis.progress)
         out += ["", "Progress over samples:"]
         out += _wrap(f"{line}{'; ' if line else ''}{moving} progressing", width, "    ", first="  ")
+    gpu = [(n.name, line) for n in snapshot.nodes for line in evidence_lines(n)]  # NCCL/CUDA jobs only
+    if gpu:
+        out += ["", "GPU evidence:"]
+        for name, line in gpu[:40]:
+            out += _wrap(f"{name}: {line}", width, "    ", first="  ")
     notes = [f"{n.name}: {w}" for n in snapshot.nodes for w in n.warnings]
     if notes:
         out += ["", "Notes from the nodes:"]

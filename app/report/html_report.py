@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
+from app.analysis.gpu_evidence import evidence_lines
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -62,6 +63,10 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
     sections.append("<h2 id=\"nodes\">Nodes</h2>" + hr.nodes_table(snap.nodes)
                     + ("<ul>" + "".join(f"<li>{h_sentence(line)}</li>" for line in facts.failures) + "</ul>"
                        if facts.failures else ""))
+    gpu = [(n.name, line) for n in snap.nodes for line in evidence_lines(n)]
+    if gpu:
+        sections.append("<h2 id=\"gpu\">GPU evidence</h2><ul>" + "".join(
+            f"<li><span class=\"mono\">{h(name)}</span>: {h_sentence(line)}</li>" for name, line in gpu) + "</ul>")
     if tests is not None:
         sections.append(tests_section(tests))
     sections.append("<h2 id=\"ranks\">Per-rank stacks</h2><p class=\"meta\">Innermost frame first, as py-spy prints "

@@ -13,6 +13,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 from app.analysis import Analysis, Finding, RankProgress, analyze
 from app.analysis.findings import where
 from app.analysis.fold import fold_nodes
+from app.analysis.gpu_evidence import evidence_lines
 from app.model import Frame, NodeStatus, RankSnapshot, Snapshot
 from app.ui.grid_model import RankKey, class_color, class_symbol
 
@@ -42,6 +43,7 @@ class NodeGroup:
     hint: str = ""
     count: int = 1
     ranks: int = 0
+    gpu: Tuple[str, ...] = ()  # GPU evidence of its nodes (NCCL/CUDA jobs): `node02: Xid 79 on 0000:5d:00 ...`
 
 
 @dataclass
@@ -111,7 +113,8 @@ def node_groups(nodes: Sequence[NodeStatus], ranks: Sequence[RankSnapshot] = ())
                                                                                    kv[0])):
         hint = next((m.error.hint for m in members if m.error is not None and m.error.hint), "") if reason else ""
         out.append(NodeGroup(fold_nodes(m.name for m in members), state, reason, hint, len(members),
-                             sum(per_node.get(m.name, 0) for m in members)))
+                             sum(per_node.get(m.name, 0) for m in members),
+                             tuple(f"{m.name}: {line}" for m in members for line in evidence_lines(m))[:16]))
     return tuple(out)
 
 

@@ -118,6 +118,9 @@ class NodesPanel(Static):
             if g.hint:
                 out.append("\n  → ", style="dim")
                 out.append_text(literal(g.hint, 400, "dim"))
+            for line in g.gpu:  # GPU evidence (Xid, ECC, nvidia-smi, NCCL RAS) of these nodes
+                out.append("\n  gpu ", style="yellow")
+                out.append_text(literal(line, 300))
         self.update(out if groups else Text("no nodes", style="dim"))
 
 
