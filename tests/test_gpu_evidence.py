@@ -269,7 +269,7 @@ def test_worker_collects_gpu_evidence_once_per_collect_from_fake_tools(tmp_path)
     with start_rank(0) as t:
         bindir = _fakes(tmp_path, t.pid)
         with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
-            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20})
+            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
             assert done["type"] == "done", done
             raw = [i["gpu_evidence"] for i in items if "gpu_evidence" in i]
             assert len(raw) == 1, "one per node per collect"
@@ -285,9 +285,9 @@ def test_worker_collects_gpu_evidence_once_per_collect_from_fake_tools(tmp_path)
             rank = [i["rank"] for i in items if "rank" in i and i["rank"]["pid"] == t.pid][0]
             assert rank["gpus"][0]["index"] == 3, "discovery's GPU use from the same fake nvidia-smi"
             # auto: this rank maps neither libnccl nor libcuda, so nothing is collected, at no cost
-            items, _ = w.call("collect", {"gpu_evidence": "auto", "ras": True, "timeout": 20})
+            items, _ = w.call("collect", {"gpu_evidence": "auto", "ras": True, "timeout": 20}, timeout=180)
             assert not [i for i in items if "gpu_evidence" in i]
-            items, _ = w.call("collect", {"timeout": 20})
+            items, _ = w.call("collect", {"timeout": 20}, timeout=180)
             assert not [i for i in items if "gpu_evidence" in i], "off unless asked"
 
 
