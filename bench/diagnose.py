@@ -62,6 +62,8 @@ TRUTH: Dict[str, Truth] = {
     "uneven": Truth("DDP with uneven inputs: one rank's data ran out, it left the loop for evaluate()", (2,),
                     cause=("rank 2", "left the loop", "backward")),
 }
+TRUTH["gpu_xid"] = Truth("a rank stuck in a CUDA call on a GPU that fell off the bus (a FAKE Xid 79 on its node)",
+                         (3,), cause=("rank 3", "node02", "Xid 79", "fallen off the bus"))
 
 
 @dataclass(frozen=True)

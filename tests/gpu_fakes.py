@@ -14,7 +14,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu"
 FAKE_MARK = "HANGSCOPE_FAKE_GPU_TOOL"  # in each fake's source: a test can find its processes by it
@@ -134,3 +134,34 @@ def ras_json(ranks: Sequence[dict], missing: Sequence[dict] = (), comm_hash: str
 
 def path_with(bindir: Path, base: Optional[str] = None) -> str:
     return f"{bindir}{os.pathsep}{base if base is not None else os.environ.get('PATH', '')}"
+
+
+# -- the gpu_xid scenario: a GPU fault on the culprit's node, for the recorded golden and the live test ----------
+
+SCENARIO_GPUS = ("0, 00000000:3B:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c01, NVIDIA H100 80GB HBM3, 0, 0, 0, [N/A]\n"
+                 "1, 00000000:5D:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c02, NVIDIA H100 80GB HBM3, 2, 2, 0, [N/A]\n")
+SCENARIO_REMAP = "00000000:3B:00.0, 0, 0, 0, 0\n00000000:5D:00.0, 0, 1, 1, 0\n"
+# fresh: the culprit's GPU (local rank 1 -> GPU 1 at 0000:5d:00) fell off the bus 40 s ago; stale: a week-old
+# row-remap notice on GPU 0 (said as older, never the lead)
+SCENARIO_DMESG = ("@AGE:604800@ NVRM: Xid (PCI:0000:3b:00): 63, pid=1896, Row Remapper: New row marked for "
+                  "remapping, reset gpu to activate.\n"
+                  "@AGE:40@ NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                  "the bus.\n"
+                  "@AGE:39@ NVRM: GPU 0000:5d:00.0: GPU has fallen off the bus.\n")
+
+
+def install_gpu_xid(cluster, job, culprit: int, nodes: Sequence[str]) -> List[Path]:
+    """FAKE GPU tools for the gpu_xid scenario (no GPU here): on the culprit's node an nvidia-smi whose process list
+    puts each rank there on the GPU of its LOCAL_RANK and whose counters show the culprit's GPU with uncorrectable
+    ECC errors, and a dmesg with a fresh Xid 79 for that GPU; on the first node an ncclras (JSON, NCCL 2.29) in
+    which the culprit launched one AllReduce fewer than the others, as a rank stuck in a CUDA call does. Returns
+    the files, to remove when the scenario stops."""
+    loc = job.ranks[culprit]
+    bindir = Path(cluster[loc.node].dir) / "bin"
+    uuids = [line.split(",")[2].strip() for line in SCENARIO_GPUS.splitlines()]
+    apps = "".join(f"{r.pid}, {uuids[r.local_rank]}, 30211\n" for r in job.ranks.values() if r.node == loc.node)
+    made = [nvidia_smi(bindir, gpus=SCENARIO_GPUS, remap=SCENARIO_REMAP, apps=apps), dmesg(bindir, SCENARIO_DMESG)]
+    ras_ranks = [{"rank": n, "host": cluster[r.node].ip, "pid": r.pid, "gpu": r.local_rank,
+                  "allreduce": 41 if n == culprit else 42} for n, r in sorted(job.ranks.items())]
+    made.append(ncclras(Path(cluster[nodes[0]].dir) / "bin", json_text=ras_json(ras_ranks)))
+    return made

@@ -78,6 +78,9 @@ SCENARIOS = {
     "order": Scenario("order", 2, 2, culprit=1),
     "uneven": Scenario("uneven", 2, 2, culprit=2),
 }
+SCENARIOS["gpu_xid"] = Scenario("gpu_xid", 2, 2, culprit=3)  # GPU evidence: a FAKE GPU fault (tests/gpu_fakes.py)
+# CLI options a scenario needs beyond the defaults: the gloo demo maps no libnccl, so GPU evidence is forced
+CLI_EXTRA: dict[str, tuple[str, ...]] = {"gpu_xid": ("--gpu-evidence",)}
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Running:
     job: Job
     cluster: Cluster
     rules: list[tuple[Node, tuple[str, ...]]] = field(default_factory=list)
+    fakes: list[Path] = field(default_factory=list)  # FAKE tools placed on nodes for this scenario, removed at stop
 
     @property
     def names(self) -> list[str]:
@@ -100,7 +104,12 @@ class Running:
                 node.iptables("-D", *rule)
             self.rules.clear()
         finally:
-            self.job.stop()
+            try:
+                self.job.stop()
+            finally:
+                for path in self.fakes:
+                    path.unlink(missing_ok=True)
+                self.fakes.clear()
 
 
 def cut_off(cluster: Cluster, name: str, others: Sequence[str]) -> list[tuple[Node, tuple[str, ...]]]:
@@ -158,6 +167,9 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
         if scenario.cut is not None:
             cut_between_steps(running, scenario.cut)
             job.wait_blocked(timeout=60)  # every rank now waits for data that cannot arrive
+        if scenario.name == "gpu_xid":
+            from gpu_fakes import install_gpu_xid
+            running.fakes = install_gpu_xid(cluster, job, scenario.culprit or 0, running.names)
     except BaseException:
         running.stop()
         raise
@@ -200,6 +212,7 @@ def diagnose(running: Running, workdir: Path, *extra: str) -> Diagnosis:
     hosts.write_text(hosts_text(running))
     out = workdir / f"{running.scenario.name}.json"
     started_at = time.monotonic()
+    extra = (*CLI_EXTRA.get(running.scenario.name, ()), *extra)
     res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *extra], running.cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     seconds = time.monotonic() - started_at
@@ -218,7 +231,8 @@ def record(running: Running, out_dir: Path) -> list[Path]:
     from app.hosts import parse_hosts
     from app.session import Session
 
-    args = build_parser().parse_args(["hosts.txt", "-F", str(running.cluster.ssh_config)])
+    args = build_parser().parse_args(["hosts.txt", "-F", str(running.cluster.ssh_config),
+                                      *CLI_EXTRA.get(running.scenario.name, ())])
     hosts = list(parse_hosts(hosts_text(running), "scenario").hosts)
 
     async def two_samples() -> tuple[Snapshot, Snapshot]:

@@ -22,6 +22,7 @@ from app.model import Snapshot, snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
 SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven")
+SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,15 @@ EXPECTED = {
         splits=((0, "step=3: ranks 0-1,3"),),
         progress="stuck", title="rank 2 has left the loop `for step, batch in enumerate(loader)` (job.py:"),
 }
+EXPECTED["gpu_xid"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    # rank 3 never returns from device_synchronize; its node's (FAKE) kernel log has a fresh Xid 79 for the GPU
+    # nvidia-smi's process list puts it on, NCCL RAS counts one AllReduce fewer for it in both samples, and a
+    # week-old Xid 63 on the other GPU is said to predate the hang
+    findings=(("gpu_fault", "high", (3,)), ("nccl_ras", "high", (3,)), ("minority_stack", "high", (3,)),
+              ("gpu_fault", "low", ())),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3 on node02: its GPU 1 (0000:5d:00) reported Xid 79, GPU has fallen off the bus")
 
 
 @lru_cache(maxsize=None)

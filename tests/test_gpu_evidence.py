@@ -447,3 +447,14 @@ def test_print_report_and_tui_show_the_gpu_evidence(tmp_path) -> None:
     (group,) = [g for g in node_groups(snap.nodes, snap.ranks)]
     assert any(line.startswith("gpu02: Xid 79 on 0000:5d:00") for line in group.gpu)
     assert not any(line.startswith("gpu01") for line in group.gpu), "gpu01 has no evidence"
+
+
+def test_redacted_uuids_do_not_tie_every_rank_to_the_gpu() -> None:
+    # GPU uuids are high-entropy text: the node's redaction may turn them into *** on both sides
+    gpus = tuple(dataclasses.replace(g, uuid="***") for g in
+                 parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS))
+    ranks = [_rank("gpu02", 200, 2, 0, gpus=[GpuUse(index=0, uuid="***")]),
+             _rank("gpu02", 203, 3, 1, gpus=[GpuUse(index=3, uuid="***")])]
+    snap = _snap({"gpu02": _evidence(gpus=gpus, xids=(FRESH_79,))}, ranks)
+    (f,) = gpu_findings(snap, [], history=[snap])
+    assert f.ranks == (("gpu02", 203),) and "nvidia-smi's process list" in f.detail

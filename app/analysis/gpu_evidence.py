@@ -86,7 +86,10 @@ def _ranks_on_gpu(node: str, ranks: Sequence[RankSnapshot], gpu: Optional[GpuHea
     here = [r for r in ranks if r.node == node]
     if gpu is None:
         return here, "node"
-    by_uuid = [r for r in here if gpu.uuid and any(u.uuid == gpu.uuid for u in r.gpus)]
+    # the uuid when it survived redaction (`***` on both sides matches nothing), else nvidia-smi's own index
+    real = gpu.uuid if gpu.uuid and "***" not in gpu.uuid else ""
+    by_uuid = [r for r in here if any((real and u.uuid == real) or
+                                      (not real and u.index is not None and u.index == gpu.index) for u in r.gpus)]
     if by_uuid:
         return by_uuid, "nvidia-smi's process list"
     by_ras = [r for r in here if gpu.index is not None and ras_gpu.get((r.node, r.pid)) == gpu.index]
@@ -406,6 +409,8 @@ def evidence_lines(node: NodeStatus) -> List[str]:
         bad = [g for g in ev.gpus if _ecc_text(g)]
         out.append(f"nvidia-smi: {len(ev.gpus)} GPU(s)" + (
             "; " + "; ".join(f"GPU {g.index}: {_ecc_text(g)}" for g in bad) if bad else ", no ECC/remap trouble"))
+    elif ev.smi == "missing":
+        out.append("nvidia-smi: not found on this node")
     elif ev.smi:
         out.append(f"nvidia-smi: {ev.smi}" + (f" ({clean(ev.smi_error, 120)})" if ev.smi_error else ""))
     if ev.xids:

@@ -24,6 +24,9 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
   order       every step all_reduces five gradient buckets, each on its own process group; at step K the
               culprit walks its buckets in another order (as a set's order can differ between processes): it
               waits in one bucket's all_reduce while the others wait in another's
+  gpu_xid     at step K the culprit never returns from device_synchronize(), a stand-in for
+              torch.cuda.synchronize() on a GPU that fell off the bus; the others wait in that step's all_reduce
+              (the recorded scenario fakes the GPU fault on the culprit's node: tests/gpu_fakes.py)
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -73,6 +76,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order", "uneven")
+SCENARIOS += ("gpu_xid",)  # the culprit never returns from device_synchronize (its GPU fell off the bus)
 BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16
 BATCH = 8
@@ -209,6 +213,13 @@ class CheckpointWriter(threading.Thread):
             self.uploaded.wait()
 
 
+def device_synchronize() -> None:
+    """gpu_xid: the demo has no GPU; this stands in for torch.cuda.synchronize() on a GPU that fell off the bus,
+    a call that never returns (the rank's thread waits in the driver). The GPU fault itself is faked on the
+    recording's node (tests/gpu_fakes.py: its nvidia-smi, dmesg and ncclras print recorded outputs)."""
+    threading.Event().wait()
+
+
 def log_metrics(step: int, loss: float) -> None:
     with _metrics_lock:
         METRICS.append((step, loss))
@@ -284,6 +295,9 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
         if ddp_group is not None and step == args.hang_step:
             report_ready("backward", step)  # DDP's gradient all_reduce runs inside backward()
         loss.backward()
+        if culprit and args.scenario == "gpu_xid" and step == args.hang_step:
+            report_ready("synchronize", step)
+            device_synchronize()
         if culprit and args.scenario == "die" and step == args.hang_step:
             report_ready("exit", step)
             keep_sockets_open(args.timeout_hours * 3600)
