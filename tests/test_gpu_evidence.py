@@ -458,3 +458,21 @@ def test_redacted_uuids_do_not_tie_every_rank_to_the_gpu() -> None:
     snap = _snap({"gpu02": _evidence(gpus=gpus, xids=(FRESH_79,))}, ranks)
     (f,) = gpu_findings(snap, [], history=[snap])
     assert f.ranks == (("gpu02", 203),) and "nvidia-smi's process list" in f.detail
+
+
+def test_gpu_evidence_collector_on_the_oldest_supported_python(tmp_path) -> None:
+    import testenv
+
+    py39 = testenv.other_python("3.9")
+    if not os.path.exists(py39):
+        import pytest
+
+        pytest.skip("no python3.9 here")
+    with start_rank(0) as t:
+        bindir = _fakes(tmp_path, t.pid)
+        with WorkerProc(python=py39, isolated=True, env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+            assert w.hello["python"].startswith("3.9")
+            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
+            assert done["type"] == "done", done
+            ev = parse_gpu.gpu_evidence([i for i in items if "gpu_evidence" in i][0]["gpu_evidence"])
+            assert ev is not None and ev.smi == "ok" and ev.xids[0].xid == 79 and ev.ras.status == "ok"
