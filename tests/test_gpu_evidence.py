@@ -476,3 +476,13 @@ def test_gpu_evidence_collector_on_the_oldest_supported_python(tmp_path) -> None
             assert done["type"] == "done", done
             ev = parse_gpu.gpu_evidence([i for i in items if "gpu_evidence" in i][0]["gpu_evidence"])
             assert ev is not None and ev.smi == "ok" and ev.xids[0].xid == 79 and ev.ras.status == "ok"
+
+
+def test_a_collector_past_its_deadline_sends_what_answered(monkeypatch) -> None:
+    monkeypatch.setattr(collector, "TOTAL_TIMEOUT", 0.2)
+    box = {"partial": {"why": "test", "smi": {"status": "ok"}, "notes": []}}
+    slow = threading.Thread(target=time.sleep, args=(5,), daemon=True)  # a source that does not answer
+    slow.start()
+    out = collector.finish(slow, box, time.monotonic())
+    assert out is not None and out["incomplete"] and out["smi"] == {"status": "ok"}
+    assert "did not finish within 0.2s" in out["notes"][-1] and box["partial"]["notes"] == []

@@ -338,6 +338,9 @@ def _ras_findings(comms: Sequence[RasComm], nodes: Sequence[NodeStatus], ranks: 
     out: List[Finding] = []
     for c in comms:
         rank_of = {rr.rank: rr for rr in c.ranks}
+        if any(rr.pid is not None for rr in c.ranks) and \
+                not any(_match(rr.host, rr.pid, nodes, ranks) is not None for rr in c.ranks):
+            continue  # none of its processes is a rank of this job: another job's communicator
         if c.missing:
             named = []
             keys: List[RankKey] = []

@@ -222,9 +222,9 @@ def _xids(req: Request, notes: List[str]) -> Dict[str, Any]:
         return kmsg
     journal, _ = req.worker.tools.find("journalctl")
     if journal is not None:
-        res = run_bounded(req, [journal.path, "-k", "-q", "--no-pager", "-o", "short-iso", "--since", "-24h",
-                                "--grep", "NVRM: Xid"], DMESG_TIMEOUT, MAX_KERNEL_LOG)
-        if res["rc"] in (0, 1):  # 1: nothing matched
+        res = run_bounded(req, [journal.path, "-k", "-q", "--no-pager", "-o", "short-iso", "-n", "20000"],
+                          DMESG_TIMEOUT, MAX_KERNEL_LOG)
+        if res["rc"] == 0:
             lines = [ln for ln in res["stdout"].splitlines() if "NVRM: Xid" in ln]
             return {"xid_source": "journalctl -k", "xid_lines": lines[-XID_LINES:], "xid_timed": "iso"}
     for path in KERNEL_LOGS:
@@ -338,36 +338,48 @@ def _ras(req: Request, host: str, port: int) -> Dict[str, Any]:
 
 
 def collect(req: Request, pids: Sequence[int], envs: Sequence[Optional[Dict[str, str]]], mode: str,
-            ras: bool) -> Optional[Dict[str, Any]]:
-    """The node's GPU evidence, or None when the job is not an NCCL/CUDA job (mode auto) or mode is off."""
+            ras: bool, out: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The node's GPU evidence, or None when the job is not an NCCL/CUDA job (mode auto) or mode is off. `out`
+    is filled as each source answers (finish() sends what is there if the whole takes too long); NCCL's RAS is
+    asked in a thread of its own beside nvidia-smi and the kernel log."""
     if mode == "off" or not pids and mode != "on":
         return None
     why = job_uses_gpu(pids) if mode == "auto" else "--gpu-evidence on"
     if why is None:
         return None
+    out = {} if out is None else out
     notes: List[str] = []
-    out: Dict[str, Any] = {"why": why, "at": round(time.time(), 3)}
-    out["smi"] = _smi(req, notes)
-    out.update(_xids(req, notes))
+    out.update(why=why, at=round(time.time(), 3), notes=notes)
     host, port, enabled = ras_address(envs)
+    asking = None
     if not ras:
         out["ras"] = {"status": "skipped"}
     elif not enabled:
         out["ras"] = {"status": "disabled", "error": "NCCL_RAS_ENABLE=0 in the ranks' environment"}
     else:
-        out["ras"] = _ras(req, host, port)
-    out["notes"] = notes
+        out["ras"] = {"status": "timeout", "error": "RAS did not answer within %gs" % RAS_TIMEOUT}
+
+        def ask() -> None:
+            out["ras"] = _ras(req, host, port)
+
+        asking = threading.Thread(target=ask, name="gpu-ras-%d" % req.id, daemon=True)
+        asking.start()
+    out["smi"] = _smi(req, notes)
+    out.update(_xids(req, notes))
+    if asking is not None:
+        asking.join(RAS_TIMEOUT + 2.0)  # _ras ends by its own deadline; this one only guards against a bug
     return out
 
 
 def start(req: Request, pids: Sequence[int], envs: Sequence[Optional[Dict[str, str]]], mode: str,
           ras: bool) -> Tuple[threading.Thread, Dict[str, Any]]:
-    """collect() in a thread of its own (the dumps go on meanwhile); the box holds its result or error."""
-    box: Dict[str, Any] = {}
+    """collect() in a thread of its own (the dumps go on meanwhile); the box holds its result, or what it had
+    when finish() stopped waiting, or the error."""
+    box: Dict[str, Any] = {"partial": {}}
 
     def work() -> None:
         try:
-            box["data"] = collect(req, pids, envs, mode, ras)
+            box["data"] = collect(req, pids, envs, mode, ras, box["partial"])
         except Exception as exc:  # a bug here must not lose the snapshot: it becomes a note
             box["data"] = {"why": "", "notes": ["GPU evidence failed: %s: %s" % (type(exc).__name__, exc)]}
 
@@ -377,9 +389,12 @@ def start(req: Request, pids: Sequence[int], envs: Sequence[Optional[Dict[str, s
 
 
 def finish(thread: threading.Thread, box: Dict[str, Any], started: float) -> Optional[Dict[str, Any]]:
-    """The collector's result, waiting at most until TOTAL_TIMEOUT after it started."""
+    """The collector's result, waiting at most until TOTAL_TIMEOUT after it started; past that, what it had."""
     thread.join(max(0.0, TOTAL_TIMEOUT - (time.monotonic() - started)))
     if thread.is_alive():
-        return {"why": "", "notes": ["GPU evidence did not finish within %gs (a GPU tool hangs); left out"
-                                     % TOTAL_TIMEOUT], "incomplete": True}
+        partial = dict(box["partial"])
+        partial["notes"] = list(partial.get("notes") or []) + [
+            "GPU evidence did not finish within %gs (a GPU tool hangs): what answered is kept" % TOTAL_TIMEOUT]
+        partial["incomplete"] = True
+        return partial
     return box.get("data")
