@@ -486,3 +486,15 @@ def test_a_collector_past_its_deadline_sends_what_answered(monkeypatch) -> None:
     out = collector.finish(slow, box, time.monotonic())
     assert out is not None and out["incomplete"] and out["smi"] == {"status": "ok"}
     assert "did not finish within 0.2s" in out["notes"][-1] and box["partial"]["notes"] == []
+
+
+def test_a_gpu_finding_that_other_evidence_contradicts_is_not_high() -> None:
+    from app.analysis.findings import Finding
+    snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
+    elsewhere = Finding("minority_stack", "rank 0 is in `load`", "", "high", "1 against 3", ranks=(("gpu01", 100),),
+                        ranks_label="rank 0 on gpu01")
+    (f,) = gpu_findings(snap, [elsewhere], history=[snap])
+    assert f.confidence == "medium" and "singles out rank 0 on gpu01" in f.reason
+    same = Finding("minority_stack", "rank 3 is in `sync`", "", "high", "1 against 3", ranks=(("gpu02", 203),))
+    (g,) = gpu_findings(snap, [same], history=[snap])
+    assert g.confidence == "high" and "the same rank" in g.reason

@@ -9,7 +9,8 @@ long before the snapshot is said to be old, [low]; without samples over time the
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from dataclasses import replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, fold_nodes, short_keys
@@ -167,7 +168,27 @@ def gpu_findings(snapshot: Snapshot, findings: Sequence[Finding], history: Seque
             out.append(_smi_finding(node, ev, here, stuck, all_nodes=len(hung_smi) == len(nodes) > 1))
         out += _ecc_findings(node, ev, ranks, ras_gpu, stuck)
     out += _ras_findings(comms, nodes, ranks, by_pid, stuck, _previous_comms(history))
-    return out
+    return [_against(f, findings) for f in out]
+
+
+def _against(g: Finding, findings: Sequence[Finding]) -> Finding:
+    """A GPU culprit finding weighed against the surest other culprits (stacks, process state, locks): agreeing
+    evidence is said; a [high] one that names other ranks than theirs drops to [medium] (a finding another piece
+    of evidence contradicts is never [high])."""
+    if not g.culprit or not g.ranks:
+        return g
+    mine = set(g.ranks)
+    others = [f for f in findings if f.culprit and f.confidence == "high" and f.ranks
+              and f.kind not in ("gpu_fault", "nccl_ras", "progressing")]
+    if not others:
+        return g
+    if any(mine & set(f.ranks) for f in others):
+        return replace(g, reason=g.reason + "; the stacks or process states single out the same rank")
+    if g.confidence != "high":
+        return g
+    who = others[0].ranks_label or others[0].title
+    return replace(g, confidence="medium",
+                   reason=g.reason + f"; but other evidence singles out {clean(who, 80)}, not these ranks")
 
 
 def _xid_findings(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSnapshot],
