@@ -165,3 +165,40 @@ def install_gpu_xid(cluster, job, culprit: int, nodes: Sequence[str]) -> List[Pa
                   "allreduce": 41 if n == culprit else 42} for n, r in sorted(job.ranks.items())]
     made.append(ncclras(Path(cluster[nodes[0]].dir) / "bin", json_text=ras_json(ras_ranks)))
     return made
+
+
+# A FAKE libnvidia-ml.so.1 (no driver here): the NVML calls the worker's ctypes child makes, with NVML's
+# signatures (nvml.h) and recorded values: two GPUs, the second with uncorrectable ECC errors and a pending remap.
+FAKE_NVML_C = r"""
+/* FAKE libnvidia-ml.so.1 for hangscope's tests: no NVIDIA driver here. */
+#include <string.h>
+typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+                 char busId[32]; } pci_t;
+static const char *BUS[] = {"00000000:3B:00.0", "00000000:5D:00.0"};
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) { *h = (void *)(long)(i + 1); return 0; }
+static int idx(void *h) { return (int)(long)h - 1; }
+int nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) { memset(p, 0, sizeof *p); strcpy(p->busId, BUS[idx(h)]); return 0; }
+int nvmlDeviceGetUUID(void *h, char *s, unsigned int n) {
+    strncpy(s, idx(h) ? "GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c02" : "GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c01", n);
+    return 0; }
+int nvmlDeviceGetName(void *h, char *s, unsigned int n) { strncpy(s, "NVIDIA H100 80GB HBM3", n); return 0; }
+int nvmlDeviceGetTotalEccErrors(void *h, int kind, int counter, unsigned long long *v) {
+    *v = (idx(h) == 1 && kind == 1) ? 2 : 0; return 0; }
+int nvmlDeviceGetRemappedRows(void *h, unsigned int *c, unsigned int *u, unsigned int *p, unsigned int *f) {
+    *c = 0; *u = idx(h); *p = idx(h); *f = 0; return 0; }
+"""
+
+
+def fake_nvml(libdir: Path) -> Path:
+    """Build the FAKE libnvidia-ml.so.1 into libdir (needs a C compiler); its path."""
+    import subprocess
+
+    libdir.mkdir(parents=True, exist_ok=True)
+    src = libdir / "fake_nvml.c"
+    src.write_text(FAKE_NVML_C, encoding="utf-8")
+    out = libdir / "libnvidia-ml.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True, timeout=60)
+    return out

@@ -498,3 +498,25 @@ def test_a_gpu_finding_that_other_evidence_contradicts_is_not_high() -> None:
     same = Finding("minority_stack", "rank 3 is in `sync`", "", "high", "1 against 3", ranks=(("gpu02", 203),))
     (g,) = gpu_findings(snap, [same], history=[snap])
     assert g.confidence == "high" and "the same rank" in g.reason
+
+
+def test_without_nvidia_smi_nvml_is_read_through_ctypes_in_a_child(tmp_path) -> None:
+    import shutil
+
+    import pytest
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the FAKE libnvidia-ml")
+    lib = gpu_fakes.fake_nvml(tmp_path / "lib")
+    bindir = tmp_path / "fakebin"
+    gpu_fakes.dmesg(bindir, recorded("dmesg-xids.txt"))  # no nvidia-smi on this PATH
+    with start_rank(0) as t, WorkerProc(env={"PATH": gpu_fakes.path_with(bindir),
+                                             "LD_LIBRARY_PATH": str(lib.parent)}) as w:
+        items, done = w.call("collect", {"gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=180)
+        assert done["type"] == "done" and t.pid
+        raw = [i["gpu_evidence"] for i in items if "gpu_evidence" in i][0]
+    assert raw["smi"]["via"] == "nvml", raw["smi"]
+    ev = parse_gpu.gpu_evidence(raw)
+    assert ev is not None and ev.smi == "ok"
+    assert [(g.index, g.bus_id, g.ecc_uncorrected_volatile, g.remap_pending) for g in ev.gpus] == [
+        (0, "00000000:3B:00.0", 0, False), (1, "00000000:5D:00.0", 2, True)]

@@ -118,10 +118,73 @@ def run_bounded(req: Request, argv: Sequence[str], timeout: float, max_stdout: i
     return out
 
 
+# NVML through ctypes, for a node with the driver's libnvidia-ml but no nvidia-smi. It runs in a child python
+# (killed at its deadline like nvidia-smi): an NVML call into a hung driver must never block the worker. It
+# prints nvidia-smi's CSV forms, so the login side decodes one format.
+_NVML_CHILD = r"""
+import ctypes, json, sys
+try:
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+except OSError as exc:
+    print(json.dumps({"status": "missing", "error": str(exc)[:200]})); sys.exit(0)
+class Pci(ctypes.Structure):
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+def ok(rc): return rc == 0
+if not ok(lib.nvmlInit_v2()):
+    print(json.dumps({"status": "failed", "error": "nvmlInit failed"})); sys.exit(0)
+n = ctypes.c_uint()
+lib.nvmlDeviceGetCount_v2(ctypes.byref(n))
+gpus, remaps = [], []
+for i in range(min(n.value, 64)):
+    h = ctypes.c_void_p()
+    if not ok(lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(h))):
+        continue
+    pci, uuid, name = Pci(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
+    bus = pci.busId.decode() if ok(lib.nvmlDeviceGetPciInfo_v3(h, ctypes.byref(pci))) else ""
+    lib.nvmlDeviceGetUUID(h, uuid, ctypes.c_uint(96))
+    lib.nvmlDeviceGetName(h, name, ctypes.c_uint(96))
+    def ecc(kind, counter):
+        v = ctypes.c_ulonglong()
+        return str(v.value) if ok(lib.nvmlDeviceGetTotalEccErrors(h, ctypes.c_int(kind), ctypes.c_int(counter),
+                                                                   ctypes.byref(v))) else "[N/A]"
+    gpus.append(", ".join([str(i), bus, uuid.value.decode(), name.value.decode(), ecc(1, 0), ecc(1, 1), ecc(0, 0),
+                           "[N/A]"]))
+    c, u, p, f = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+    if ok(lib.nvmlDeviceGetRemappedRows(h, ctypes.byref(c), ctypes.byref(u), ctypes.byref(p), ctypes.byref(f))):
+        remaps.append(", ".join([bus, str(c.value), str(u.value), str(p.value), str(f.value)]))
+lib.nvmlShutdown()
+print(json.dumps({"status": "ok", "gpus_csv": "\n".join(gpus) + "\n", "remap_csv": "\n".join(remaps) + "\n"}))
+"""
+
+
+def _nvml(req: Request) -> Dict[str, Any]:
+    import json
+    import sys
+
+    res = run_bounded(req, [sys.executable, "-I", "-S", "-c", _NVML_CHILD], SMI_TIMEOUT, MAX_SMI)
+    out: Dict[str, Any] = {"via": "nvml", "timeout": SMI_TIMEOUT, "elapsed": res["elapsed"]}
+    if res["timed_out"]:
+        out.update(status="timeout", stuck=res["stuck"])
+        return out
+    try:
+        got = json.loads(res["stdout"].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        out.update(status="failed", error=(res["stderr"] or res["stdout"])[:300])
+        return out
+    if not isinstance(got, dict) or got.get("status") != "ok":
+        return {"status": "missing"} if isinstance(got, dict) and got.get("status") == "missing" else \
+            dict(out, status="failed", error=str(got.get("error", ""))[:300] if isinstance(got, dict) else "")
+    out.update(status="ok", gpu_fields=GPU_FIELDS, gpus_csv=str(got.get("gpus_csv", "")),
+               remap_fields=REMAP_FIELDS, remap_csv=str(got.get("remap_csv", "")))
+    return out
+
+
 def _smi(req: Request, notes: List[str]) -> Dict[str, Any]:
     tool, _ = req.worker.tools.find("nvidia-smi")
     if tool is None:
-        return {"status": "missing"}
+        return _nvml(req)
     with _smi_lock:
         hung = dict(_smi_hung)
     if hung["at"] and time.monotonic() - hung["at"] < SMI_HUNG_REUSE:
