@@ -520,3 +520,33 @@ def test_without_nvidia_smi_nvml_is_read_through_ctypes_in_a_child(tmp_path) -> 
     assert ev is not None and ev.smi == "ok"
     assert [(g.index, g.bus_id, g.ecc_uncorrected_volatile, g.remap_pending) for g in ev.gpus] == [
         (0, "00000000:3B:00.0", 0, False), (1, "00000000:5D:00.0", 2, True)]
+
+
+def test_auto_collects_for_a_rank_that_maps_libnccl(tmp_path) -> None:
+    # A real library mapped under NCCL's file name (a copy of libm, loaded with dlopen): the rank maps a
+    # libnccl.so.2 as a CUDA torch's ranks do, and "auto" collects; the CPU rank beside it alone would not.
+    import ctypes.util
+    import shutil
+    import sys
+
+    from worker_targets import Target, rank_env
+
+    libm = ctypes.util.find_library("m")
+    assert libm, "libm is everywhere"
+    src = next(p for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
+                           "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+               for p in [os.path.join(d, libm)] if os.path.exists(p))
+    nccl = tmp_path / "libnccl.so.2"
+    shutil.copy(src, nccl)
+    prog = ("import ctypes, os, sys, time; ctypes.CDLL(sys.argv[1]); print('ready %d' % os.getpid(), flush=True); "
+            "time.sleep(120)")
+    t = Target([sys.executable, "-c", prog, str(nccl)], env=rank_env(1))
+    try:
+        bindir = _fakes(tmp_path, t.proc.pid)
+        with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+            items, _ = w.call("collect", {"pids": [t.proc.pid], "gpu_evidence": "auto", "ras": False,
+                                          "timeout": 20}, timeout=180)
+            (raw,) = [i["gpu_evidence"] for i in items if "gpu_evidence" in i]
+            assert raw["why"] == "pid %d maps libnccl.so" % t.proc.pid
+    finally:
+        t.kill()
