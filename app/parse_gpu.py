@@ -22,6 +22,7 @@ MAX_XIDS = 64
 MAX_COMMS = 256
 MAX_RANKS = 4096  # per communicator
 MAX_TEXT = 300
+MAX_RAS_TEXT = 1 << 20  # the worker sends at most 256 KiB; an older or hostile one is cut here
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\):? "
                   r"(\d{1,4}),?\s*(.*)$")
@@ -362,6 +363,7 @@ def ras_view(raw: Any) -> Optional[RasView]:
     text = raw.get("text")
     if status != "ok" or not isinstance(text, str):
         return view
+    text = text[:MAX_RAS_TEXT]
     try:
         if view.format == "json" or text.lstrip().startswith("{"):
             version, comms, timeouts = parse_ras_json(text)

@@ -550,3 +550,34 @@ def test_auto_collects_for_a_rank_that_maps_libnccl(tmp_path) -> None:
             assert raw["why"] == "pid %d maps libnccl.so" % t.proc.pid
     finally:
         t.kill()
+
+
+def test_hostile_or_malformed_evidence_never_raises() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+                          lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                       max_size=4), max_leaves=20)
+    keys = st.sampled_from(["why", "at", "smi", "xid_lines", "xid_timed", "ras", "notes", "gpus_csv", "text",
+                            "status", "format", "gpu_fields", "query_text"])
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.dictionaries(keys, values, max_size=8), st.dictionaries(keys, values, max_size=6))
+    def check(raw: dict, inner: dict) -> None:
+        raw = dict(raw)
+        if "smi" in raw:
+            raw["smi"] = inner
+        if "ras" in raw:
+            raw["ras"] = dict(inner, status="ok")
+        ev = parse_gpu.gpu_evidence(raw)
+        assert ev is not None
+        node = NodeStatus(name="n", gpu=ev)
+        evidence_lines(node)
+        gpu_findings(Snapshot(taken_at=NOW, nodes=(node,), ranks=(_rank("n", 1, 0, 0),)), [], history=[])
+
+    check()
+    for text in ("{", "#0-0 (zz) INCOMPLETE\nRank x", "Rank 3 -- GPU 1 managed by process 9 on node h\n" * 3,
+                 "\x00\x1b[31m" * 100):
+        view = parse_gpu.ras_view({"status": "ok", "text": text})
+        assert view is not None
