@@ -277,7 +277,7 @@ class Session:
             t = time.monotonic()
             # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
             # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
-            args = dict(self._collect_args(), ras=self._nodes.index(node) < 2)
+            args = dict(self._collect_args(), ras=any(node is n for n in self._nodes[:2]))
             req = conn.request("collect", args, timeout=DISCOVER_TIMEOUT)
             async for item in req:
                 if "gpu_evidence" in item:  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here

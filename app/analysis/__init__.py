@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from app.analysis.columns import facts
 from app.analysis.findings import Finding, identical_finding, lead, order, stack_findings
 from app.analysis.flight import FlightSummary, flight_analysis
-from app.analysis.gpu_evidence import gpu_findings
 from app.analysis.frames import clean
+from app.analysis.gpu_evidence import gpu_findings
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
