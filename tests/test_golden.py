@@ -21,7 +21,9 @@ from app.analysis.text import summary_text
 from app.model import Snapshot, snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
-SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven")
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "mismatch",
+             "fsstall")
+HUNG = tuple(n for n in SCENARIOS if n not in ("healthy", "slow"))  # the jobs that are hung
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,20 @@ EXPECTED = {
         findings=(("minority_stack", "high", (2,)),),
         splits=((0, "step=3: ranks 0-1,3"),),
         progress="stuck", title="rank 2 has left the loop `for step, batch in enumerate(loader)` (job.py:"),
+    "mismatch": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), "all_gather")),
+        # one rank gathers where the others all_reduce, on the same group: neither can complete
+        findings=(("different_collective", "high", (1,)),),
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+        progress="stuck", title="rank 1 is in `all_gather` (distributed_c10d.py:4287) while 3 others wait in "
+                                "`all_reduce`"),
+    "fsstall": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        # the process state (D, with the file it waits on) outranks where its stack is
+        findings=(("uninterruptible", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2 is in uninterruptible sleep (D): waiting on I/O or a driver "
+                                "(/tmp/hangscope-stall-"),
 }
 
 
@@ -147,7 +163,7 @@ def test_the_culprits_are_named_where_they_ran() -> None:
 
 def test_without_history_one_sample_still_names_each_culprit() -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
-    for name in ("skip", "dataloader", "die", "netcut", "lock", "deadlock", "order", "uneven"):
+    for name in HUNG:
         snap, _, _ = load(name)
         assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
 
