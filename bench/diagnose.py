@@ -7,7 +7,7 @@ history, as the CLI analyses it). TRUTH below says what happened in each, from t
 from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
 must contain. A headline is right when the first finding names the culprit (its ranks, or its node) and every
 word of the cause; a [high] culprit finding that names another rank or node contradicts the truth, as does a
-[high] culprit finding on a job that is not hung.
+[high] culprit finding on a job that is not hung (but for the slow node a slow job's truth names).
 
     python3 bench/diagnose.py [--data DIR] [--json OUT]
 
@@ -143,7 +143,8 @@ def judge_parts(name: str, truth: Truth, snap: Snapshot, headline: str, findings
         if f.confidence != "high" or not f.culprit:
             continue
         if not truth.hung:
-            contradicted.append(f.title)
+            if not (truth.node and f.kind == "slow_node" and f.nodes == truth.node):  # the slow node is the truth
+                contradicted.append(f.title)
             continue
         named = {numbers.get(k) for k in f.ranks}
         if truth.culprit and f.ranks and not named <= set(truth.culprit):

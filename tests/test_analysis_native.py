@@ -80,3 +80,12 @@ def test_a_rank_the_stacks_do_not_single_out_is_not_high() -> None:
     ranks = tuple(rank(r, "node01", (), world=2, threads=threads) for r in (0, 1))
     found = [f for f in analyze(snapshot(ranks)).findings if f.kind == "native_call"]
     assert found and all(f.confidence == "medium" for f in found)
+
+
+def test_a_library_waiting_for_its_thread_pool_with_the_gil_is_not_named() -> None:
+    """torch's CPU ops hold the GIL and wait (futex) for their intra-op workers: seen on a running, throttled
+    job. Not a native call that never returns."""
+    torch_call = Frame("_wrapped_call_impl", "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", 1778)
+    t = main_thread(torch_call, Frame("train", F, 90), syscall="futex", gil=True)
+    kinds = [f.kind for f in analyze(snapshot(job_with(t, helper()))).findings]
+    assert "gil_held" not in kinds and "native_call" not in kinds, kinds
