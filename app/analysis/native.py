@@ -89,8 +89,8 @@ def gil_held(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Finding]:
             stuck = ""
         title = (f"{who}'s {_label(t)} holds the GIL while blocked in native code called from {named(f)}: it "
                  f"sleeps in `{clean(t.syscall, 40)}`{stuck}")
-        detail = (f"{who} on {clean(r.node, 60)}: py-spy says its {_label(t)} owns the GIL, and /proc says it sleeps in "
-                  f"the kernel in `{clean(t.syscall, 40)}` (wchan {clean(t.wchan or '?', 60)}), called from "
+        detail = (f"{who} on {clean(r.node, 60)}: py-spy says its {_label(t)} owns the GIL, and /proc says it "
+                  f"sleeps in the kernel in `{clean(t.syscall, 40)}` (wchan {clean(t.wchan or '?', 60)}), called from "
                   f"{named(f)}{_line_text(f)}. CPython releases the GIL around its own blocking calls, so this is "
                   f"native code that kept it (a ctypes.PyDLL call, or a C extension without "
                   f"Py_BEGIN_ALLOW_THREADS); no other thread of the process can run Python until it returns. "

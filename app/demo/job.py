@@ -398,7 +398,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="with --worker-server: set TORCH_WORKER_SERVER_SOCKET in os.environ just before "
                         "worker_main(), so it is not in /proc/PID/environ (the Flight Recorder must be switched on "
                         "by the launch environment)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.scenario == "fsstall" and not args.stall_file:
+        parser.error("--scenario fsstall needs --stall-file (a file on a file system that does not answer)")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
