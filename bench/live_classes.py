@@ -38,6 +38,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("classes", nargs="*", metavar="CLASS", help=f"some of {', '.join(SCENARIOS)} (default: all)")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--start-timeout", type=float, default=300,
+                    help="seconds a class's job may take to start and hang (a loaded machine needs more)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
     names = args.classes or list(SCENARIOS)
@@ -51,7 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             scenario = sized(SCENARIOS[name], args.nodes, args.ranks_per_node)
             started_at = time.monotonic()
             try:
-                with started(cluster, scenario) as running:
+                with started(cluster, scenario, args.start_timeout) as running:
                     setup = time.monotonic() - started_at
                     d = diagnose(running, work, "--print", "--force")
             except Exception as exc:  # a job that did not start is a row, not the end of the bench

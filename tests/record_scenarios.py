@@ -401,8 +401,8 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
 
 
 @contextlib.contextmanager
-def started(cluster: Cluster, scenario: Scenario) -> Iterator[Running]:
-    running = start(cluster, scenario)
+def started(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Iterator[Running]:
+    running = start(cluster, scenario, timeout)
     try:
         yield running
     finally:
