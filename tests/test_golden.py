@@ -235,7 +235,12 @@ def test_without_history_one_sample_still_names_each_culprit() -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
     for name in HUNG:
         snap, _, _ = load(name)
-        assert analyze(snap).findings[0].kind == EXPECTED[name].findings[0][0], name
+        findings = analyze(snap).findings
+        if name == "gpu_xid":  # GPU evidence from one sample is capped at [medium]: the stack leads, same rank
+            assert findings[0].ranks == analysed(name).findings[0].ranks, name
+            assert any(f.kind == "gpu_fault" and f.ranks == findings[0].ranks for f in findings), name
+            continue
+        assert findings[0].kind == EXPECTED[name].findings[0][0], name
 
 
 def test_summaries_say_it_in_plain_words() -> None:
