@@ -8,6 +8,11 @@ from (`rank_evidence`). Helpers that inherit a rank's environment or are its spa
 compile workers) are listed as that rank's children, and a launcher that itself carries SLURM_PROCID (torchrun
 under srun) is not a rank. When nothing is found, python processes with torch loaded are listed in the notes as
 candidates for --pid. The worker's own process tree (its shell, its tools) is never considered.
+
+The rest of each job is listed too, never as ranks (`Scan.processes`): the launchers above the ranks
+(torchrun's agent, deepspeed, accelerate, srun, mpirun, the python that called mp.spawn) and each rank's child
+processes (data-loader workers, compile workers, subprocesses); a launcher with no rank below it yet (torchrun
+waiting for a rendezvous) is listed on its own, so a job that has not started its ranks is still a job.
 """
 
 from __future__ import annotations
@@ -40,6 +45,23 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
                      "deepspeed.launcher.launch": "deepspeed", "deepspeed.launcher.runner": "deepspeed",
                      "accelerate.commands.launch": "accelerate", "accelerate.commands.accelerate_cli":
                      "accelerate"}
+
+
+# Launchers that make a job by themselves, before any rank exists (srun and slurmstepd only lead to ranks).
+STANDALONE_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "mpirun")
+MAX_PROCESSES = 256  # launchers and children listed per node
+MAX_CHILDREN = 32  # children listed per rank
+
+
+def child_kind(p: Proc, rank: Proc) -> str:
+    """What a rank's child is, from its command line (the login side refines it from its stack once dumped:
+    torch's DataLoader workers are forked copies of the rank, or spawn children)."""
+    text = " ".join(p.cmdline[:4])
+    if "compile_worker" in text or "_inductor" in text:
+        return "compile worker"
+    if is_python(p) and (is_spawn_child(p) or p.cmdline == rank.cmdline):
+        return "multiprocessing child"
+    return "subprocess"
 
 
 def is_python(p: Proc) -> bool:
@@ -189,6 +211,7 @@ class Scan:
         self._fresh: Set[int] = set()  # read in full by this scan, not taken from the cache
         self._own: Dict[int, Proc] = {}  # the worker's own tree: never ranks, but maybe a rank's ancestor
         self._spawned: Set[int] = set()  # ranks found as spawn children with torch loaded (no rank environment)
+        self.processes: List[Dict[str, Any]] = []  # the jobs' other processes: launchers and ranks' children
 
     def _load(self) -> None:
         cache = self._cache
@@ -264,7 +287,66 @@ class Scan:
         if self.unreadable:
             self.notes.append("%d python processes of other users could not be inspected: run as their user "
                               "or with --sudo" % self.unreadable)
-        return [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+        out = [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+        self.processes = self._job_processes(out, standalone=pids is None)
+        for r in out:  # every descendant, not only the helpers that share its identity
+            r["children"] = sorted(set(r["children"]) | {p["pid"] for p in self.processes
+                                                        if p["role"] == "child" and p["of"] == [r["pid"]]})
+        return out
+
+    def _job_processes(self, ranks: List[Dict[str, Any]], standalone: bool) -> List[Dict[str, Any]]:
+        """The launchers above the ranks, each rank's descendants, and (standalone) launchers without ranks."""
+        rank_pids = {r["pid"] for r in ranks}
+        kids: Dict[int, List[int]] = {}
+        for p in self.procs.values():
+            kids.setdefault(p.ppid, []).append(p.pid)
+        out: Dict[int, Dict[str, Any]] = {}
+        for r in ranks:
+            # launchers: every launcher among its ancestors (srun above torchrun), and its launcher process
+            cur, chain = r["ppid"], []
+            for _ in range(64):
+                a = self.procs.get(cur) or self._peek(cur)
+                if a is None or cur in (0, 1) or cur in rank_pids:
+                    break
+                name = launcher_name(a)
+                if name or cur == r.get("launcher_pid"):
+                    chain.append((a, name or r.get("launcher") or "python"))
+                cur = a.ppid
+            for a, name in chain:
+                entry = out.get(a.pid)
+                if entry is None:
+                    entry = out[a.pid] = self._process(a, "launcher", name, [])
+                entry["of"].append(r["pid"])
+            # children: every descendant that is not itself a rank, breadth first, bounded
+            todo, listed = list(kids.get(r["pid"], [])), 0
+            while todo and listed < MAX_CHILDREN:
+                pid = todo.pop(0)
+                if pid in rank_pids or pid in out:
+                    continue
+                todo.extend(kids.get(pid, []))
+                p = self.procs[pid]
+                out[pid] = self._process(p, "child", child_kind(p, self.procs[r["pid"]]), [r["pid"]])
+                listed += 1
+        if standalone:
+            for pid, p in sorted(self.procs.items()):
+                if pid in out or pid in rank_pids or len(out) >= MAX_PROCESSES:
+                    continue
+                name = launcher_name(p)
+                if name in STANDALONE_LAUNCHERS and not self._launches_a_launcher(pid, kids):
+                    out[pid] = self._process(p, "launcher", name, [])
+        return [out[pid] for pid in list(out)[:MAX_PROCESSES]]
+
+    def _launches_a_launcher(self, pid: int, kids: Dict[int, List[int]]) -> bool:
+        """`torchrun` exec'd by a shell wrapper, deepspeed's runner above its per-node launcher: list the lowest."""
+        return any(launcher_name(self.procs[c]) in STANDALONE_LAUNCHERS for c in kids.get(pid, [])
+                   if c in self.procs)
+
+    def _process(self, p: Proc, role: str, kind: str, of: List[int]) -> Dict[str, Any]:
+        return {"pid": p.pid, "start_time": p.start_time, "ppid": p.ppid, "role": role, "kind": kind, "of": of,
+                "cmdline": redact_argv(p.cmdline), "exe": p.exe, "python": is_python(p), "state": p.state,
+                "wchan": procinfo.wchan(p.pid), "num_threads": p.num_threads, "cpu_time": p.cpu_time,
+                "env": allowed_env(p.environ or {}) if role == "launcher" else [],
+                "nspid": procinfo.ns_id(p.pid)}
 
     def _spawn_ranks(self, ranks: Set[int]) -> Set[int]:
         """Ranks without a rank environment (torch.multiprocessing.spawn, PyTorch's DDP tutorial: the rank is
