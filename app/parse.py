@@ -427,6 +427,7 @@ def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
 
 
 _SPAWN_WRAP = "torch/multiprocessing/spawn.py"
+_MP_PROCESS = "multiprocessing/process.py"
 
 
 def spawn_identity(rank: RankSnapshot, threads: Iterable[ThreadStack]) -> RankSnapshot:
@@ -437,6 +438,17 @@ def spawn_identity(rank: RankSnapshot, threads: Iterable[ThreadStack]) -> RankSn
     for t in sorted(threads, key=lambda t: not t.is_main):
         frames = t.frames
         for i, f in enumerate(frames):
+            if i and f.filename.endswith(_MP_PROCESS) and f.function.rsplit(".", 1)[-1] == "run":
+                # plain multiprocessing: Process(target=fn, args=(rank, ...)).start(); run() calls the target
+                target = frames[i - 1]
+                args = {lc.name: lc.repr for lc in target.locals if lc.arg}
+                number, world = _int_text(args.get("rank")), _int_text(args.get("world_size"))
+                if number is not None:
+                    return dataclasses.replace(
+                        rank, rank=number, world_size=rank.world_size or world,
+                        rank_evidence=f"the multiprocessing target's `rank` argument ({target.function[:80]}, "
+                                      "py-spy --locals)")
+                continue
             if f.function != "_wrap" or not f.filename.endswith(_SPAWN_WRAP) or i == 0:
                 continue
             target = frames[i - 1]

@@ -64,6 +64,19 @@ def child_kind(p: Proc, rank: Proc) -> str:
     return "subprocess"
 
 
+def cmdline_rank(argv: List[str]) -> Optional[Tuple[str, int]]:
+    """A rank the process was given on its command line (`--rank 3`, `--rank=3`, `--global-rank 3`): (flag,
+    number), or None. Read from the script's own arguments only (after the script or -m module)."""
+    for i, a in enumerate(argv[1:64], 1):
+        flag, eq, value = a.partition("=")
+        if flag not in ("--rank", "--global-rank", "--global_rank"):
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if value.isdigit() and len(value) < 10:
+            return flag, int(value)
+    return None
+
+
 def is_python(p: Proc) -> bool:
     names = [os.path.basename(p.exe)] if p.exe else []
     if p.cmdline:
@@ -212,6 +225,7 @@ class Scan:
         self._own: Dict[int, Proc] = {}  # the worker's own tree: never ranks, but maybe a rank's ancestor
         self._spawned: Set[int] = set()  # ranks found as spawn children with torch loaded (no rank environment)
         self.processes: List[Dict[str, Any]] = []  # the jobs' other processes: launchers and ranks' children
+        self._connected: Dict[int, str] = {}  # ranks found by their connections (no rank environment): why
 
     def _load(self) -> None:
         cache = self._cache
@@ -261,6 +275,9 @@ class Scan:
         ranks = {pid for pid, p in self.procs.items() if is_python(p) and is_rank_env(p.environ)}
         self._spawned = self._spawn_ranks(ranks)
         ranks |= self._spawned
+        if pids is None:
+            self._connected = self._connected_ranks(ranks)
+            ranks |= set(self._connected)
         helpers: Dict[int, List[int]] = {}
         for pid in sorted(ranks):
             owner = self._helper_of(pid, ranks)
@@ -366,6 +383,54 @@ class Scan:
                               % (len(out), "" if len(out) == 1 else "es"))
         return out
 
+    def _connected_ranks(self, ranks: Set[int]) -> Dict[int, str]:
+        """Ranks without a rank environment that are not spawn children (plain multiprocessing, a script that
+        passes its rank on the command line): python processes with torch loaded, started by no rank, that
+        hold TCP connections to the job's store (a known rank's MASTER_ADDR:MASTER_PORT, or a port another
+        such process listens on: the TCPStore) or to each other (gloo's pairs). pid -> the evidence."""
+        cands = {}
+        for pid, p in self.procs.items():
+            if pid in ranks or not is_python(p) or is_rank_env(p.environ) or launcher_name(p):
+                continue
+            if self._has_rank_ancestor(p, ranks) or not torch_loaded(pid):
+                continue
+            cands[pid] = p
+        if not cands:
+            return {}
+        from workers.collect import sockets
+
+        stores = {"%s:%s" % (e.get("MASTER_ADDR"), e.get("MASTER_PORT")) for e in
+                  (self.procs[r].environ or {} for r in ranks) if e.get("MASTER_ADDR") and e.get("MASTER_PORT")}
+        tables: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        held: Dict[int, List[Dict[str, Any]]] = {}
+        for pid in cands:
+            netns = procinfo.namespace(pid, "net") or str(pid)
+            if netns not in tables:
+                tables[netns] = sockets.tcp_table(pid)
+            held[pid] = [tables[netns][i] for i in sockets.socket_inodes(pid) if i in tables[netns]]
+        listening = {row["local"].rsplit(":", 1)[-1] for rows in held.values() for row in rows
+                     if row["state"] == "LISTEN"}
+        endpoints = {row["local"]: pid for pid, rows in held.items() for row in rows if row["state"] == "ESTABLISHED"}
+        out: Dict[int, str] = {}
+        for pid, rows in held.items():
+            est = [row for row in rows if row["state"] == "ESTABLISHED"]
+            to_store = sorted({row["peer"] for row in est if row["peer"] in stores
+                               or row["peer"].rsplit(":", 1)[-1] in listening})
+            peers = sorted({endpoints[row["peer"]] for row in est if endpoints.get(row["peer"], pid) != pid})
+            if to_store:
+                out[pid] = "holds a connection to the job's store (%s)" % ", ".join(to_store[:3])
+            elif peers:
+                out[pid] = "holds connections to other torch processes (pid %s)" % ", ".join(map(str, peers[:4]))
+        # a found rank's forked children (DataLoader workers) hold its sockets too: they are its children
+        for pid in [pid for pid in out if self._has_rank_ancestor(self.procs[pid], set(out))]:
+            del out[pid]
+        if out:
+            self.notes.append("%d process%s with torch loaded and no RANK in the environment found by %s "
+                              "connections to the job's store or to each other: taken as ranks; the rank number "
+                              "comes from the process's target's `rank` argument (--locals) or its command line"
+                              % (len(out), "" if len(out) == 1 else "es", "its" if len(out) == 1 else "their"))
+        return out
+
     def _has_rank_ancestor(self, p: Proc, ranks: Set[int]) -> bool:
         cur = p.ppid
         for _ in range(64):
@@ -464,13 +529,17 @@ class Scan:
         rank_var = next((v for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
                          if _int(env, v) is not None), None)
         spawned = pid in self._spawned
+        arg_rank = None if rank_var else cmdline_rank(p.cmdline)
         return {
             "pid": pid, "start_time": p.start_time,
             # how the process was found, and where its rank number comes from ("" while unknown)
             "found_by": "rank environment" if is_rank_env(env) else (
-                "multiprocessing spawn child with torch loaded" if spawned else "--pid"),
-            "rank_evidence": "environment (%s)" % rank_var if rank_var else "",
-            "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+                "multiprocessing spawn child with torch loaded" if spawned else (
+                    "connections: " + self._connected[pid] if pid in self._connected else "--pid")),
+            "rank_evidence": "environment (%s)" % rank_var if rank_var else (
+                "command line (%s)" % arg_rank[0] if arg_rank else ""),
+            "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") if rank_var else (
+                arg_rank[1] if arg_rank else None),
             "local_rank": _int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                "SLURM_LOCALID"),
             "world_size": _int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
