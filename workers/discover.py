@@ -121,8 +121,10 @@ def launcher_name(p: Proc) -> Optional[str]:
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m":
             return _LAUNCHER_MODULES.get(argv[i + 1])
-    exe = _LAUNCHER_SCRIPTS.get(os.path.basename(p.exe)) if p.exe else None
-    return exe
+    exe = os.path.basename(p.exe) if p.exe else ""
+    if exe.startswith("slurmstepd") or (p.cmdline and p.cmdline[0].startswith("slurmstepd:")):
+        return "srun"  # Debian's /usr/sbin/slurmstepd-wlm; its command line reads `slurmstepd: [42.0]`
+    return _LAUNCHER_SCRIPTS.get(exe) if exe else None
 
 
 def _int(env: Dict[str, str], *names: str) -> Optional[int]:
