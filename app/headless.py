@@ -126,6 +126,10 @@ def exit_status(snap: Snapshot, analysis) -> tuple:
         return EXIT_INTERRUPTED, ""
     failed = [n.name for n in snap.nodes if n.state in ("failed", "partial")]
     if not snap.ranks:
+        launchers = [p for p in snap.processes if p.role == "launcher"]
+        if launchers:  # a job whose ranks have not started is a job: its launchers were found (and dumped)
+            return EXIT_PARTIAL, (f"partial: no rank has started yet; {len(launchers)} launcher(s) of the job found"
+                                  + (f"; {len(failed)} node(s) failed" if failed else ""))
         if failed and len(failed) == len(snap.nodes):
             return EXIT_NOTHING, (f"nothing was collected: every node failed ({len(failed)} of {len(snap.nodes)})")
         where = f"{len(snap.nodes) - len(failed)} node(s) answered" if snap.nodes else "nothing was inspected"

@@ -375,6 +375,8 @@ class RankSnapshot:
     counters: Optional[ProgressCounters] = None  # what moves between samples, read at discovery
     hold: Optional[ProcessHold] = None  # what holds the process (stopped, traced, frozen, D, exiting), read before any tool ran; None when nothing does, and in old files
     actions: Tuple[str, ...] = ()  # what hangscope did to the process, in order (tools run, signals sent)
+    dump_started: Optional[float] = None  # when its dump began and ended (epoch seconds, login clock; issue 16.8)
+    dump_ended: Optional[float] = None
 
     @property
     def main_thread(self) -> Optional[ThreadStack]:
@@ -401,6 +403,41 @@ class RankSnapshot:
             if k == name:
                 return v
         return None
+
+
+@dataclass(frozen=True)
+class JobProcess:
+    """A process of a job that is not a rank: a launcher above ranks (or with none yet), or a rank's child
+    (data-loader worker, compile worker, subprocess). Never counted as a rank; dumped when what it does matters
+    (no rank exists yet, or a rank waits on it)."""
+
+    node: str
+    pid: int
+    start_time: int
+    role: Literal["launcher", "child"]
+    kind: str  # launcher: torchrun, deepspeed, accelerate, srun, mpirun, python; child: data-loader worker, ...
+    ppid: Optional[int] = None
+    of: Tuple[int, ...] = ()  # rank pids on its node: those below a launcher, the rank a child belongs to
+    job: str = ""  # as on its ranks, or from its own command line when it has none
+    job_evidence: str = ""
+    cmdline: Tuple[str, ...] = ()  # redacted on the node
+    exe: str = ""
+    state: ProcState = ""
+    wchan: str = ""
+    num_threads: int = 0
+    cpu_time: float = 0.0
+    env: Tuple[Tuple[str, str], ...] = ()  # allowlisted names only (launchers)
+    nspid: Optional[int] = None
+    threads: Tuple[ThreadStack, ...] = ()  # when dumped
+    collected: bool = False
+    hold: Optional[ProcessHold] = None
+    error: Optional[ErrorInfo] = None
+    actions: Tuple[str, ...] = ()
+    why_dumped: str = ""  # "no rank yet", "its rank waits on it"; "" when not dumped
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} pid {self.pid}"
 
 
 @dataclass(frozen=True)
@@ -567,6 +604,9 @@ class Snapshot:
     # (address, name, how) for addresses the ranks talk to that no inspected node has, named on the login side
     # (ssh config, reverse DNS, the SLURM job's node list); see app/analysis/peers.py
     peer_names: Tuple[Tuple[str, str, str], ...] = ()
+    processes: Tuple[JobProcess, ...] = ()  # the jobs' launchers and ranks' children (never ranks)
+    # seconds between the first and the last start of a rank's dump in this pass (login clock); None: < 2 dumps
+    dump_skew: Optional[float] = None
 
     @property
     def complete(self) -> bool:

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProcessHold,
+from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
 from app.parse_flight import flight_record
@@ -151,6 +151,68 @@ def job_identity(r: RankSnapshot) -> tuple[str, str]:
     if r.launcher_pid:
         return (f"{r.launcher or 'launcher'} pid {r.launcher_pid} on {r.node}", "launcher process")
     return "", ""
+
+
+def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | None:
+    """A launcher or a rank's child as discovery listed it (remote text: bounded, typed)."""
+    role = item.get("role")
+    pid = _int(item.get("pid"))
+    if role not in ("launcher", "child") or not pid:
+        return None
+    env = tuple((k[:100], v[:1000]) for k, v in (tuple(e) for e in _list(item.get("env"))[:64]
+                                                  if isinstance(e, list) and len(e) == 2)
+                if isinstance(k, str) and isinstance(v, str))
+    return JobProcess(
+        node=node, pid=pid, start_time=_int(item.get("start_time")) or 0, role=role,
+        kind=_str(item.get("kind"))[:60] or role, ppid=_int(item.get("ppid")),
+        of=tuple(p for p in (_int(x) for x in _list(item.get("of"))[:4096]) if p is not None),
+        cmdline=tuple(a[:4096] for a in _list(item.get("cmdline"))[:256] if isinstance(a, str)),
+        exe=_str(item.get("exe"))[:4096], state=_str(item.get("state"))[:1], wchan=_str(item.get("wchan"))[:100],
+        num_threads=_int(item.get("num_threads")) or 0, cpu_time=_float(item.get("cpu_time")), env=env,
+        nspid=_int(item.get("nspid")))
+
+
+_DATA_LOADER_WORKER = "torch/utils/data/_utils/worker.py"
+
+
+def apply_process_dump(proc: JobProcess, item: Mapping[str, Any], why: str) -> JobProcess:
+    """A launcher's or child's dump, read as a rank's is (apply_dump); a child whose stack runs torch's
+    DataLoader worker loop is named a data-loader worker."""
+    shell = apply_dump(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1), item)
+    kind = proc.kind
+    if proc.role == "child" and any(f.filename.endswith(_DATA_LOADER_WORKER) and f.function.endswith("_worker_loop")
+                                    for t in shell.threads for f in t.frames):
+        kind = "data-loader worker"
+    return dataclasses.replace(proc, kind=kind, threads=shell.threads, collected=shell.collected, hold=shell.hold,
+                               error=shell.error, actions=proc.actions + shell.actions, why_dumped=why,
+                               state=shell.state or proc.state)
+
+
+_RDZV_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
+_ADDR_FLAGS = ("--master-addr", "--master_addr")
+_PORT_FLAGS = ("--master-port", "--master_port")
+
+
+def launcher_job(p: JobProcess) -> tuple[str, str]:
+    """A launcher's job when it has no rank to take it from: the store its command line names (torchrun's
+    --rdzv-endpoint, or --master-addr and --master-port), the way job_identity names a rank's; else the
+    launcher itself."""
+    args: dict[str, str] = {}
+    argv = list(p.cmdline)
+    for i, a in enumerate(argv):
+        flag, eq, value = a.partition("=")
+        if not eq and i + 1 < len(argv):
+            value = argv[i + 1]
+        if flag in _RDZV_FLAGS + _ADDR_FLAGS + _PORT_FLAGS and flag not in args:
+            args[flag.replace("_", "-")] = value[:100]
+    endpoint = args.get("--rdzv-endpoint", "")
+    addr, port = args.get("--master-addr", ""), args.get("--master-port", "")
+    if not endpoint and addr and port.isdigit():
+        endpoint = f"{addr}:{port}"
+    if endpoint and ":" in endpoint:
+        local = endpoint.startswith(_LOOPBACK)
+        return endpoint + (f" on {p.node}" if local else ""), "the launcher's command line (rendezvous endpoint)"
+    return f"{p.kind} pid {p.pid} on {p.node}", "launcher process"
 
 
 def with_job(r: RankSnapshot) -> RankSnapshot:
@@ -365,6 +427,7 @@ def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
 
 
 _SPAWN_WRAP = "torch/multiprocessing/spawn.py"
+_MP_PROCESS = "multiprocessing/process.py"
 
 
 def spawn_identity(rank: RankSnapshot, threads: Iterable[ThreadStack]) -> RankSnapshot:
@@ -375,6 +438,17 @@ def spawn_identity(rank: RankSnapshot, threads: Iterable[ThreadStack]) -> RankSn
     for t in sorted(threads, key=lambda t: not t.is_main):
         frames = t.frames
         for i, f in enumerate(frames):
+            if i and f.filename.endswith(_MP_PROCESS) and f.function.rsplit(".", 1)[-1] == "run":
+                # plain multiprocessing: Process(target=fn, args=(rank, ...)).start(); run() calls the target
+                target = frames[i - 1]
+                args = {lc.name: lc.repr for lc in target.locals if lc.arg}
+                number, world = _int_text(args.get("rank")), _int_text(args.get("world_size"))
+                if number is not None:
+                    return dataclasses.replace(
+                        rank, rank=number, world_size=rank.world_size or world,
+                        rank_evidence=f"the multiprocessing target's `rank` argument ({target.function[:80]}, "
+                                      "py-spy --locals)")
+                continue
             if f.function != "_wrap" or not f.filename.endswith(_SPAWN_WRAP) or i == 0:
                 continue
             target = frames[i - 1]

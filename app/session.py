@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, S
 
 from app import __version__, parse, parse_gpu
 from app.errors import HangscopeError, TransportError
-from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
+from app.model import CollectOptions, ErrorInfo, JobProcess, NodeStatus, RankSnapshot, Snapshot
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
 from app.peer_names import PeerNamer
@@ -34,6 +34,7 @@ SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
 STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
+GATE_WAIT = 3.0  # seconds a connected node waits for the others before its collect request goes out
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
 
@@ -86,10 +87,41 @@ class _Node:
     status: NodeStatus
     conn: Optional[WorkerConnection] = None
     ranks: dict[int, RankSnapshot] = field(default_factory=dict)  # by pid, from the latest pass
+    processes: dict[int, JobProcess] = field(default_factory=dict)  # launchers and ranks' children, by pid
+    # the node's clock minus the login side's, estimated when discovery answered (within the link's one-way
+    # latency): dump times are given on the login clock so that nodes compare
+    clock_offset: float = 0.0
 
     @property
     def name(self) -> str:
         return self.status.name
+
+
+def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
+    """Seconds between the first and the last start of a rank dump (login clock); None with fewer than two."""
+    starts = [r.dump_started for r in ranks if r.dump_started is not None]
+    return round(max(starts) - min(starts), 6) if len(starts) > 1 else None
+
+
+class _Gate:
+    """Opens when every node task of a pass has arrived (connected, already connected, or failed)."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._open = asyncio.Event()
+        if count <= 0:
+            self._open.set()
+
+    def arrive(self) -> None:
+        self._left -= 1
+        if self._left <= 0:
+            self._open.set()
+
+    async def wait(self, at_most: float) -> None:
+        try:
+            await asyncio.wait_for(self._open.wait(), at_most)
+        except asyncio.TimeoutError:
+            pass
 
 
 def raise_nofile_limit() -> None:
@@ -238,8 +270,14 @@ class Session:
             nodes = [n for n in self._nodes
                      if reconnect or n.conn is not None or n.status.state != "failed"]
             for node in nodes:
-                node.ranks = {}
-            self._tasks = [asyncio.create_task(self._run_node(n), name=f"hangscope-node-{n.name}")
+                node.ranks, node.processes = {}, {}
+            # Every node's collect request goes out together, once every node that needs a connection has one
+            # (or failed to get one): the dumps of a pass then start as close together as the transport allows
+            # (issue 16.8), not each as soon as its own node connected. A node waits at most GATE_WAIT for the
+            # others, so one that cannot be reached does not hold the rest back for its whole connect deadline.
+            # Warm passes have nothing to wait for.
+            gate = _Gate(len(nodes))
+            self._tasks = [asyncio.create_task(self._run_node(n, gate), name=f"hangscope-node-{n.name}")
                            for n in nodes]
             try:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -260,18 +298,19 @@ class Session:
             self._lock = asyncio.Lock()
         return self._lock
 
-    async def _run_node(self, node: _Node) -> None:
+    async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None) -> None:
         phase = "connect"
         timings: dict[str, float] = {}
         try:
-            if node.conn is None or node.conn.closed:
-                node.conn = None
-                self._update(node, state="connecting", error=None, timings=(), warnings=(), ranks_found=0)
-                conn = await self._open(node)
-                node.conn = conn
-                timings.update({k: v for k, v in conn.timings.items() if k != "total"})
-                self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
+            try:
+                await self._connect(node, timings)
+            finally:
+                if gate is not None:
+                    gate.arrive()
+            if gate is not None:
+                await gate.wait(GATE_WAIT)
             conn = node.conn
+            assert conn is not None
             phase = "discover"
             self._update(node, state="discovering", error=None, timings=tuple(timings.items()), gpu=None)
             t = time.monotonic()
@@ -284,6 +323,8 @@ class Session:
                     self._update(node, gpu=parse_gpu.gpu_evidence(item["gpu_evidence"]))
                 elif isinstance(item.get("dump"), dict):
                     self._apply_dump(node, item["dump"])
+                elif isinstance(item.get("process_dump"), dict):
+                    self._apply_process_dump(node, item["process_dump"])
                 elif isinstance(item.get("rank"), dict):
                     rank = parse.rank_from_discover(node.name, item["rank"])
                     node.ranks[rank.pid] = rank
@@ -293,14 +334,22 @@ class Session:
                     phase, t = "collect", time.monotonic()
                     # what discovery says about the node (spawn ranks taken, candidates when none): remote text
                     found = item["discovered"] if isinstance(item["discovered"], dict) else {}
+                    node_time = found.get("time")
+                    if isinstance(node_time, (int, float)) and not isinstance(node_time, bool):
+                        node.clock_offset = float(node_time) - time.time()
+                    for raw in (found.get("processes") or [])[:1024]:
+                        proc = parse.process_from_discover(node.name, raw) if isinstance(raw, dict) else None
+                        if proc is not None:
+                            node.processes[proc.pid] = proc
                     notes = tuple(n[:1000] for n in (found.get("notes") or [])[:10] if isinstance(n, str))
                     self._update(node, state="collecting", ranks_found=len(node.ranks),
                                  timings=tuple(timings.items()),
                                  warnings=node.status.warnings + tuple(n for n in notes
                                                                        if n not in node.status.warnings))
                     # A backstop only (the worker enforces each rank's deadline): as if every rank ran into
-                    # it, one by one.
-                    req.set_deadline(self.options.dump_timeout * len(node.ranks) + 15.0)
+                    # it, one by one (and the launchers or children it dumps after them).
+                    req.set_deadline(self.options.dump_timeout * (len(node.ranks) + min(len(node.processes), 32))
+                                     + 15.0)
             if node.ranks:
                 timings["dump"] = time.monotonic() - t
             self._update(node, state="done", timings=tuple(timings.items()))
@@ -314,6 +363,15 @@ class Session:
         except Exception as exc:  # a bug must not take the other nodes down: report it on this node
             self._node_failed(node, TransportError("internal", f"{node.name}: {type(exc).__name__}: {exc}",
                                                    phase=phase), timings)
+
+    async def _connect(self, node: _Node, timings: dict[str, float]) -> None:
+        if node.conn is None or node.conn.closed:
+            node.conn = None
+            self._update(node, state="connecting", error=None, timings=(), warnings=(), ranks_found=0)
+            conn = await self._open(node)
+            node.conn = conn
+            timings.update({k: v for k, v in conn.timings.items() if k != "total"})
+            self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
 
     async def _open(self, node: _Node) -> WorkerConnection:
         worker_options = self._worker_options()
@@ -354,8 +412,19 @@ class Session:
         if rank is None:
             return
         rank = parse.apply_dump(rank, item)
+        started, ended = item.get("started_at"), item.get("ended_at")
+        if isinstance(started, (int, float)) and isinstance(ended, (int, float)) and not isinstance(started, bool):
+            rank = dataclasses.replace(rank, dump_started=round(float(started) - node.clock_offset, 6),
+                                       dump_ended=round(float(ended) - node.clock_offset, 6))
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
+
+    def _apply_process_dump(self, node: _Node, item: dict) -> None:
+        proc = node.processes.get(item.get("pid"))  # type: ignore[arg-type]
+        if proc is None:
+            return
+        why = "its rank waits on it" if proc.role == "child" else "no rank of it exists yet"
+        node.processes[proc.pid] = parse.apply_process_dump(proc, item, why)
 
     def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
                      phase: str = "") -> None:
@@ -463,7 +532,21 @@ class Session:
         ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, order.get(r.node, 0), r.pid))
         return tuple(ranks)
 
+    def _processes(self, ranks: Sequence[RankSnapshot]) -> tuple[JobProcess, ...]:
+        """The jobs' other processes, each with the job of the ranks it serves (its command line's otherwise)."""
+        jobs = {(r.node, r.pid): (r.job, r.job_evidence) for r in ranks}
+        out = []
+        for n in self._nodes:
+            for p in n.processes.values():
+                job = next((jobs[(p.node, pid)] for pid in p.of if (p.node, pid) in jobs), None)
+                if job is None or not job[0]:
+                    job = parse.launcher_job(p) if p.role == "launcher" else ("", "")
+                out.append(dataclasses.replace(p, job=job[0], job_evidence=job[1]))
+        return tuple(out)
+
     def _build(self, taken_at: float, duration: float, *, interrupted: bool) -> Snapshot:
+        ranks = self._ranks()
         return Snapshot(taken_at=taken_at, duration=duration, hangscope_version=__version__,
                         options=self.options.collect, nodes=tuple(n.status for n in self._nodes),
-                        ranks=self._ranks(), interrupted=interrupted)
+                        ranks=ranks, interrupted=interrupted, processes=self._processes(ranks),
+                        dump_skew=dump_skew(ranks))

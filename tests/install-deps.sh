@@ -21,6 +21,7 @@ command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v sudo >/dev/null 2>&1 || need+=(sudo)  # `sudo -n` needing a password is a fault-matrix row
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v srun >/dev/null 2>&1; } || need+=(slurmctld slurmd slurm-client munge)  # the SLURM test bed
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)  # report.html is rendered in tests
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)  # an mpirun launch in test_cluster_launchers.py
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

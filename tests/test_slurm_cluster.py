@@ -278,6 +278,16 @@ def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
     assert f"rank {job.culprit}" in res.stdout
     # the culprit's SLURM task ids next to its RANK: its node is the srun step's task 1 (node index 1)
     assert f"RANK {job.culprit}: SLURM_PROCID=1 SLURM_NODEID=1 SLURM_LOCALID=0" in res.stdout, res.stdout
+    # the whole job (issue 16.3): on each node the srun step (slurmstepd) above torchrun above the two ranks, the
+    # launchers never counted as ranks
+    for node in slurm.compute_names:
+        launchers = {p.kind: p for p in snap.processes if p.role == "launcher" and p.node == node}
+        assert set(launchers) == {"srun", "torchrun"}, (node, launchers)
+        ranks = sorted(r.pid for r in snap.ranks if r.node == node)
+        assert sorted(launchers["torchrun"].of) == ranks and sorted(launchers["srun"].of) == ranks
+        assert launchers["torchrun"].ppid == launchers["srun"].pid
+        assert all(r.launcher == "torchrun" and r.launcher_pid == launchers["torchrun"].pid
+                   for r in snap.ranks if r.node == node)
     assert srun_processes() == [] and node_workers(slurm) == []
 
 

@@ -8,6 +8,11 @@ from (`rank_evidence`). Helpers that inherit a rank's environment or are its spa
 compile workers) are listed as that rank's children, and a launcher that itself carries SLURM_PROCID (torchrun
 under srun) is not a rank. When nothing is found, python processes with torch loaded are listed in the notes as
 candidates for --pid. The worker's own process tree (its shell, its tools) is never considered.
+
+The rest of each job is listed too, never as ranks (`Scan.processes`): the launchers above the ranks
+(torchrun's agent, deepspeed, accelerate, srun, mpirun, the python that called mp.spawn) and each rank's child
+processes (data-loader workers, compile workers, subprocesses); a launcher with no rank below it yet (torchrun
+waiting for a rendezvous) is listed on its own, so a job that has not started its ranks is still a job.
 """
 
 from __future__ import annotations
@@ -40,6 +45,36 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
                      "deepspeed.launcher.launch": "deepspeed", "deepspeed.launcher.runner": "deepspeed",
                      "accelerate.commands.launch": "accelerate", "accelerate.commands.accelerate_cli":
                      "accelerate"}
+
+
+# Launchers that make a job by themselves, before any rank exists (srun and slurmstepd only lead to ranks).
+STANDALONE_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "mpirun")
+MAX_PROCESSES = 256  # launchers and children listed per node
+MAX_CHILDREN = 32  # children listed per rank
+
+
+def child_kind(p: Proc, rank: Proc) -> str:
+    """What a rank's child is, from its command line (the login side refines it from its stack once dumped:
+    torch's DataLoader workers are forked copies of the rank, or spawn children)."""
+    text = " ".join(p.cmdline[:4])
+    if "compile_worker" in text or "_inductor" in text:
+        return "compile worker"
+    if is_python(p) and (is_spawn_child(p) or p.cmdline == rank.cmdline):
+        return "multiprocessing child"
+    return "subprocess"
+
+
+def cmdline_rank(argv: List[str]) -> Optional[Tuple[str, int]]:
+    """A rank the process was given on its command line (`--rank 3`, `--rank=3`, `--global-rank 3`): (flag,
+    number), or None. Read from the script's own arguments only (after the script or -m module)."""
+    for i, a in enumerate(argv[1:64], 1):
+        flag, eq, value = a.partition("=")
+        if flag not in ("--rank", "--global-rank", "--global_rank"):
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if value.isdigit() and len(value) < 10:
+            return flag, int(value)
+    return None
 
 
 def is_python(p: Proc) -> bool:
@@ -86,8 +121,10 @@ def launcher_name(p: Proc) -> Optional[str]:
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m":
             return _LAUNCHER_MODULES.get(argv[i + 1])
-    exe = _LAUNCHER_SCRIPTS.get(os.path.basename(p.exe)) if p.exe else None
-    return exe
+    exe = os.path.basename(p.exe) if p.exe else ""
+    if exe.startswith("slurmstepd") or (p.cmdline and p.cmdline[0].startswith("slurmstepd:")):
+        return "srun"  # Debian's /usr/sbin/slurmstepd-wlm; its command line reads `slurmstepd: [42.0]`
+    return _LAUNCHER_SCRIPTS.get(exe) if exe else None
 
 
 def _int(env: Dict[str, str], *names: str) -> Optional[int]:
@@ -189,6 +226,8 @@ class Scan:
         self._fresh: Set[int] = set()  # read in full by this scan, not taken from the cache
         self._own: Dict[int, Proc] = {}  # the worker's own tree: never ranks, but maybe a rank's ancestor
         self._spawned: Set[int] = set()  # ranks found as spawn children with torch loaded (no rank environment)
+        self.processes: List[Dict[str, Any]] = []  # the jobs' other processes: launchers and ranks' children
+        self._connected: Dict[int, str] = {}  # ranks found by their connections (no rank environment): why
 
     def _load(self) -> None:
         cache = self._cache
@@ -238,6 +277,9 @@ class Scan:
         ranks = {pid for pid, p in self.procs.items() if is_python(p) and is_rank_env(p.environ)}
         self._spawned = self._spawn_ranks(ranks)
         ranks |= self._spawned
+        if pids is None:
+            self._connected = self._connected_ranks(ranks)
+            ranks |= set(self._connected)
         helpers: Dict[int, List[int]] = {}
         for pid in sorted(ranks):
             owner = self._helper_of(pid, ranks)
@@ -264,7 +306,66 @@ class Scan:
         if self.unreadable:
             self.notes.append("%d python processes of other users could not be inspected: run as their user "
                               "or with --sudo" % self.unreadable)
-        return [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+        out = [self._describe(pid, helpers.get(pid, [])) for pid in sorted(ranks)]
+        self.processes = self._job_processes(out, standalone=pids is None)
+        for r in out:  # every descendant, not only the helpers that share its identity
+            r["children"] = sorted(set(r["children"]) | {p["pid"] for p in self.processes
+                                                        if p["role"] == "child" and p["of"] == [r["pid"]]})
+        return out
+
+    def _job_processes(self, ranks: List[Dict[str, Any]], standalone: bool) -> List[Dict[str, Any]]:
+        """The launchers above the ranks, each rank's descendants, and (standalone) launchers without ranks."""
+        rank_pids = {r["pid"] for r in ranks}
+        kids: Dict[int, List[int]] = {}
+        for p in self.procs.values():
+            kids.setdefault(p.ppid, []).append(p.pid)
+        out: Dict[int, Dict[str, Any]] = {}
+        for r in ranks:
+            # launchers: every launcher among its ancestors (srun above torchrun), and its launcher process
+            cur, chain = r["ppid"], []
+            for _ in range(64):
+                a = self.procs.get(cur) or self._peek(cur)
+                if a is None or cur in (0, 1) or cur in rank_pids:
+                    break
+                name = launcher_name(a)
+                if name or cur == r.get("launcher_pid"):
+                    chain.append((a, name or r.get("launcher") or "python"))
+                cur = a.ppid
+            for a, name in chain:
+                entry = out.get(a.pid)
+                if entry is None:
+                    entry = out[a.pid] = self._process(a, "launcher", name, [])
+                entry["of"].append(r["pid"])
+            # children: every descendant that is not itself a rank, breadth first, bounded
+            todo, listed = list(kids.get(r["pid"], [])), 0
+            while todo and listed < MAX_CHILDREN:
+                pid = todo.pop(0)
+                if pid in rank_pids or pid in out:
+                    continue
+                todo.extend(kids.get(pid, []))
+                p = self.procs[pid]
+                out[pid] = self._process(p, "child", child_kind(p, self.procs[r["pid"]]), [r["pid"]])
+                listed += 1
+        if standalone:
+            for pid, p in sorted(self.procs.items()):
+                if pid in out or pid in rank_pids or len(out) >= MAX_PROCESSES:
+                    continue
+                name = launcher_name(p)
+                if name in STANDALONE_LAUNCHERS and not self._launches_a_launcher(pid, kids):
+                    out[pid] = self._process(p, "launcher", name, [])
+        return [out[pid] for pid in list(out)[:MAX_PROCESSES]]
+
+    def _launches_a_launcher(self, pid: int, kids: Dict[int, List[int]]) -> bool:
+        """`torchrun` exec'd by a shell wrapper, deepspeed's runner above its per-node launcher: list the lowest."""
+        return any(launcher_name(self.procs[c]) in STANDALONE_LAUNCHERS for c in kids.get(pid, [])
+                   if c in self.procs)
+
+    def _process(self, p: Proc, role: str, kind: str, of: List[int]) -> Dict[str, Any]:
+        return {"pid": p.pid, "start_time": p.start_time, "ppid": p.ppid, "role": role, "kind": kind, "of": of,
+                "cmdline": redact_argv(p.cmdline), "exe": p.exe, "python": is_python(p), "state": p.state,
+                "wchan": procinfo.wchan(p.pid), "num_threads": p.num_threads, "cpu_time": p.cpu_time,
+                "env": allowed_env(p.environ or {}) if role == "launcher" else [],
+                "nspid": procinfo.ns_id(p.pid)}
 
     def _spawn_ranks(self, ranks: Set[int]) -> Set[int]:
         """Ranks without a rank environment (torch.multiprocessing.spawn, PyTorch's DDP tutorial: the rank is
@@ -282,6 +383,54 @@ class Scan:
                               "environment (torch.multiprocessing.spawn): taken as ranks; the rank number comes "
                               "from the spawn target's `rank` argument, read with --locals"
                               % (len(out), "" if len(out) == 1 else "es"))
+        return out
+
+    def _connected_ranks(self, ranks: Set[int]) -> Dict[int, str]:
+        """Ranks without a rank environment that are not spawn children (plain multiprocessing, a script that
+        passes its rank on the command line): python processes with torch loaded, started by no rank, that
+        hold TCP connections to the job's store (a known rank's MASTER_ADDR:MASTER_PORT, or a port another
+        such process listens on: the TCPStore) or to each other (gloo's pairs). pid -> the evidence."""
+        cands = {}
+        for pid, p in self.procs.items():
+            if pid in ranks or not is_python(p) or is_rank_env(p.environ) or launcher_name(p):
+                continue
+            if self._has_rank_ancestor(p, ranks) or not torch_loaded(pid):
+                continue
+            cands[pid] = p
+        if not cands:
+            return {}
+        from workers.collect import sockets
+
+        stores = {"%s:%s" % (e.get("MASTER_ADDR"), e.get("MASTER_PORT")) for e in
+                  (self.procs[r].environ or {} for r in ranks) if e.get("MASTER_ADDR") and e.get("MASTER_PORT")}
+        tables: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        held: Dict[int, List[Dict[str, Any]]] = {}
+        for pid in cands:
+            netns = procinfo.namespace(pid, "net") or str(pid)
+            if netns not in tables:
+                tables[netns] = sockets.tcp_table(pid)
+            held[pid] = [tables[netns][i] for i in sockets.socket_inodes(pid) if i in tables[netns]]
+        listening = {row["local"].rsplit(":", 1)[-1] for rows in held.values() for row in rows
+                     if row["state"] == "LISTEN"}
+        endpoints = {row["local"]: pid for pid, rows in held.items() for row in rows if row["state"] == "ESTABLISHED"}
+        out: Dict[int, str] = {}
+        for pid, rows in held.items():
+            est = [row for row in rows if row["state"] == "ESTABLISHED"]
+            to_store = sorted({row["peer"] for row in est if row["peer"] in stores
+                               or row["peer"].rsplit(":", 1)[-1] in listening})
+            peers = sorted({endpoints[row["peer"]] for row in est if endpoints.get(row["peer"], pid) != pid})
+            if to_store:
+                out[pid] = "holds a connection to the job's store (%s)" % ", ".join(to_store[:3])
+            elif peers:
+                out[pid] = "holds connections to other torch processes (pid %s)" % ", ".join(map(str, peers[:4]))
+        # a found rank's forked children (DataLoader workers) hold its sockets too: they are its children
+        for pid in [pid for pid in out if self._has_rank_ancestor(self.procs[pid], set(out))]:
+            del out[pid]
+        if out:
+            self.notes.append("%d process%s with torch loaded and no RANK in the environment found by %s "
+                              "connections to the job's store or to each other: taken as ranks; the rank number "
+                              "comes from the process's target's `rank` argument (--locals) or its command line"
+                              % (len(out), "" if len(out) == 1 else "es", "its" if len(out) == 1 else "their"))
         return out
 
     def _has_rank_ancestor(self, p: Proc, ranks: Set[int]) -> bool:
@@ -382,13 +531,17 @@ class Scan:
         rank_var = next((v for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
                          if _int(env, v) is not None), None)
         spawned = pid in self._spawned
+        arg_rank = None if rank_var else cmdline_rank(p.cmdline)
         return {
             "pid": pid, "start_time": p.start_time,
             # how the process was found, and where its rank number comes from ("" while unknown)
             "found_by": "rank environment" if is_rank_env(env) else (
-                "multiprocessing spawn child with torch loaded" if spawned else "--pid"),
-            "rank_evidence": "environment (%s)" % rank_var if rank_var else "",
-            "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+                "multiprocessing spawn child with torch loaded" if spawned else (
+                    "connections: " + self._connected[pid] if pid in self._connected else "--pid")),
+            "rank_evidence": "environment (%s)" % rank_var if rank_var else (
+                "command line (%s)" % arg_rank[0] if arg_rank else ""),
+            "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") if rank_var else (
+                arg_rank[1] if arg_rank else None),
             "local_rank": _int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                "SLURM_LOCALID"),
             "world_size": _int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),

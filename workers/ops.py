@@ -90,7 +90,8 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
         rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
         rank["counters"] = progress.collect(rank["pid"])  # what moves between samples (slow vs stuck)
         emit(rank)
-    return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes}
+    return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes,
+            "processes": scan.processes, "time": time.time()}
 
 
 def _ss(req: Request, pid: int, netns: str) -> Dict[Any, Any]:
@@ -139,13 +140,59 @@ def collect(req: Request) -> Dict[str, Any]:
     discovered = _discover(req, rank)
     req.item({"discovered": discovered})
     req.check()
+    procs = discovered.get("processes") or []
+    children = {}  # rank pid -> its python children, dumped when the rank's stack waits on them
+    for p in procs:
+        if p["role"] == "child" and p["python"] and p["of"]:
+            children.setdefault(p["of"][0], []).append((p["pid"], p["start_time"]))
+    extra: "queue.Queue[Tuple[int, Optional[int]]]" = queue.Queue()
+
+    def ranked(item: Dict[str, Any]) -> None:
+        waits = waits_on_children(item.get("pyspy"))  # before the item goes out: replies are redacted in place
+        req.item({"dump": item})
+        if waits:
+            for target in children.get(item.get("pid"), [])[:MAX_CHILD_DUMPS]:  # type: ignore[call-overload]
+                extra.put(target)
+
     gpu = _gpu_evidence_start(req, found)
-    dumped = _dump(req, found, lambda item: req.item({"dump": item}))
+    dumped = _dump(req, found, ranked)
+    # what the job's other processes do matters when no rank exists yet (launchers with no rank below them: a
+    # rendezvous that waits) or when a rank waits on
+    # them (its children): dumped after the ranks, under the same rules (state first, deadlines)
+    more = [(p["pid"], p["start_time"]) for p in procs if p["role"] == "launcher" and p["python"] and not p["of"]]
+    while not extra.empty():
+        more.append(extra.get_nowait())
+    if more:
+        req.check()
+        dumped["processes"] = _dump(req, more[:MAX_PROCESS_DUMPS], lambda item: req.item({"process_dump": item}))
     if gpu is not None:
         evidence = gpu_evidence.finish(*gpu)
         if evidence is not None:
             req.item({"gpu_evidence": evidence})
     return {"discover": discovered, "dump": dumped}
+
+
+MAX_CHILD_DUMPS = 8  # per rank
+MAX_PROCESS_DUMPS = 32  # per node and pass
+# Where a rank waits for its own children: a DataLoader's result queue, a subprocess, a process pool.
+_CHILD_WAITS = (("torch/utils/data/dataloader.py", ("_try_get_data", "_get_data", "_next_data")),
+                ("subprocess.py", ("wait", "_wait", "communicate", "_communicate", "_try_wait")),
+                ("multiprocessing/pool.py", ("get", "wait", "map", "starmap")),
+                ("concurrent/futures/_base.py", ("result", "wait", "as_completed")),
+                ("multiprocessing/popen_fork.py", ("wait", "poll")))
+
+
+def waits_on_children(traces: Any) -> bool:
+    """A rank's py-spy dump shows its main thread (or any thread) waiting for a child process's work."""
+    for thread in traces if isinstance(traces, list) else []:
+        for frame in (thread.get("frames") or [])[:40] if isinstance(thread, dict) else []:
+            filename, function = frame.get("filename") or "", frame.get("name") or ""
+            if not isinstance(filename, str) or not isinstance(function, str):
+                continue
+            function = function.rsplit(".", 1)[-1]  # py-spy >= 0.4 qualifies methods: Class.method
+            if any(filename.endswith(f) and function in names for f, names in _CHILD_WAITS):
+                return True
+    return False
 
 
 def _gpu_evidence_start(req: Request, found: List[Tuple[int, Optional[int]]]) -> Optional[tuple]:

@@ -27,6 +27,7 @@ from app.analysis.locks import lock_findings
 from app.analysis.native import native_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
+from app.analysis.processes import launchers_without_ranks
 from app.analysis.options import AnalysisOptions
 from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
 from app.analysis.progress import contradicted_stalls, while_progressing
@@ -105,17 +106,22 @@ def job_keys(snapshot: Snapshot) -> List[str]:
     """The jobs of the snapshot, by the identity parse gave each rank (RankSnapshot.job), largest first; one
     entry "" when no rank tells (old snapshot files) or all tell the same."""
     distinct = set(map(_job, snapshot.ranks))  # in C: the usual case is one job
-    if len(distinct) <= 1:
-        return list(distinct) or [""]
-    counts: Dict[str, int] = {}
+    # a job with launchers and no rank yet is a job too (issue 16.3)
+    lone = {p.job for p in snapshot.processes if p.role == "launcher" and p.job} - distinct if snapshot.processes \
+        else set()
+    if len(distinct) + len(lone) <= 1:
+        return list(distinct | lone) or [""]
+    counts: Dict[str, int] = dict.fromkeys(lone, 0)
     for r in snapshot.ranks:
         counts[r.job] = counts.get(r.job, 0) + 1
     return sorted(counts, key=lambda k: (-counts[k], k))
 
 
 def only_job(snapshot: Snapshot, job: str) -> Snapshot:
-    """The snapshot with the ranks of one job only (nodes stay: a node failure concerns every job on it)."""
-    return dataclasses.replace(snapshot, ranks=tuple(r for r in snapshot.ranks if r.job == job))
+    """The snapshot with the ranks (and launchers and children) of one job only (nodes stay: a node failure
+    concerns every job on it)."""
+    return dataclasses.replace(snapshot, ranks=tuple(r for r in snapshot.ranks if r.job == job),
+                               processes=tuple(p for p in snapshot.processes if p.job == job))
 
 
 def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
@@ -240,7 +246,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     if held:
         findings = _explained_by_state(findings, held[0])
     if not classes:
-        findings.append(_no_data(snapshot))
+        findings += launchers_without_ranks(snapshot) or [_no_data(snapshot)]
     ordered = order(findings)
     return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
                     len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)

@@ -43,6 +43,7 @@ FindingKind = Literal[
     "all_identical",  # every rank at the same place: stacks cannot tell the culprit
     "several_jobs",  # the snapshot holds ranks of more than one job
     "no_locals",  # loops on the path but no loop variables: run with --locals
+    "launchers_only",  # a job's launchers run but no rank of it exists yet (issue 16.3)
     "no_data",  # nothing to analyse
 ]
 Confidence = Literal["high", "medium", "low"]

@@ -15,6 +15,7 @@ from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import stuck_summary
 from app.model import Frame, RankSnapshot, Snapshot
 
@@ -50,6 +51,13 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
                 out += _wrap(f"iterations: {split.text(snapshot.options.locals)}", width, " " * 10, first=" " * 8)
         if len(analysis.classes) > MAX_CLASSES:
             out.append(f"  ... {len(analysis.classes) - MAX_CLASSES} more groups")
+    procs = tree_lines(snapshot)
+    if procs:  # the jobs' launchers and ranks' children, where they are in the job (never counted as ranks)
+        out += ["", "Processes of the job (launchers, ranks, their children):"]
+        out += ["  " + line for line in procs]
+    skew = skew_line(snapshot)
+    if skew:
+        out += [""] + _wrap(skew, width, "    ")
     if analysis.flight is not None:  # PyTorch's Flight Recorder: one line when the job does not use it
         flight = analysis.flight
         out += [""] + _wrap(flight.line + (":" if flight.rows else ""), width, "  ")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.processes import skew_line, tree_lines
 from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
@@ -49,6 +50,13 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     gpu = [(n.name, line) for n in snap.nodes for line in evidence_lines(n)]
     if gpu:
         out += ["## GPU evidence", ""] + [f"- {md(name)}: {md_sentence(line)}" for name, line in gpu] + [""]
+    procs = tree_lines(snap)
+    if procs:
+        out += ["## Processes of the job", "", "Launchers above their ranks, each rank's children below it "
+                "(never counted as ranks).", ""] + _details("Process tree", md_block("\n".join(procs))) + [""]
+    skew = skew_line(snap)
+    if skew:
+        out += ["## Dump timing", "", md_sentence(skew), ""]
     if facts.failures:
         out += ["## Node and rank failures", ""] + [f"- {md_sentence(line)}" for line in facts.failures] + [""]
     if tests is not None:

@@ -113,7 +113,7 @@ def _frames(traces: Any) -> List[Tuple[str, int]]:
 
 def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> Dict[str, Any]:
     """The dump item for one target (errors are part of the item: a rank's failure is data)."""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
                             "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
                             "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": [],
@@ -123,6 +123,8 @@ def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -
     except CollectError as exc:
         item["error"] = error_dict(exc.code, exc.message)
     item["elapsed"] = round(time.monotonic() - started, 4)
+    # the node's clock around the whole dump (state read, tool, source): how close together a pass's dumps were
+    item["started_at"], item["ended_at"] = round(started_at, 6), round(started_at + item["elapsed"], 6)
     return item
 
 

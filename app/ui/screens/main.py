@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Static
 
 from app.analysis.diff import diff_vs_majority
+from app.analysis.processes import LARGE_SKEW, skew_line, tree_lines
 from app.model import Snapshot
 from app.ui.grid_model import Cell, RankKey, build_grid, rank_key
 from app.ui.safe import literal
@@ -173,13 +174,18 @@ class MainScreen(WatchesSize, Screen[None]):
                 c = view.classes[0]
                 body.update(Text.assemble(("no rank stands out on its stack: ", "dim"), literal(c.label, 200), " ",
                                           literal(c.where, 200),
-                                          ("\nt: the merged stack tree; d: this rank against its class", "dim")))
+                                          ("\nt: the merged stack tree; d: this rank against its class", "dim"),
+                                          _skew(view)))
+            elif view.snapshot.processes:  # a job with launchers and no rank yet: what its processes do
+                body.update(Text.assemble(("no rank yet; the job's processes:\n", "dim"),
+                                          Text("\n").join(literal(line, 200)
+                                                           for line in tree_lines(view.snapshot, 40))))
             else:
                 body.update(Text("no stacks yet", style="dim"))
             return
         title.update(Text.assemble("evidence: ", literal(view.ranks[key].label, 40), " against the majority  ",
                                    ("d: the whole diff", "dim")))
-        body.update(Group(evidence_summary(diff), evidence_table(diff)))
+        body.update(Group(evidence_summary(diff), evidence_table(diff), _skew(view)))
 
     def _show_nodes(self, groups) -> None:
         self.query_one(NodesPanel).show(groups)
@@ -291,3 +297,12 @@ class MainScreen(WatchesSize, Screen[None]):
             self.grid.set_focus_class(None)
         else:
             self.grid.focus()
+
+
+def _skew(view: View) -> Text:
+    """How close together in time the pass's dumps were; bold when large (issue 16.8)."""
+    line = skew_line(view.snapshot)
+    if not line:
+        return Text(end="")
+    large = (view.snapshot.dump_skew or 0.0) > LARGE_SKEW
+    return Text.assemble("\n", Text(line, style="bold #ffaf00" if large else "dim"))  # our own text

@@ -1,0 +1,177 @@
+"""The whole job as a process tree: launchers above their ranks, each rank's children below it (issue 16.3).
+
+Launchers and children are never ranks (Snapshot.processes holds them apart); here they are put back where they
+are in the job: per job, per node, the launcher chain (srun above torchrun), its ranks, and each rank's children
+(data-loader workers, compile workers, subprocesses), with what a dumped one was doing. Also the finding for a
+job that has launchers but no rank yet (torchrun waiting for its rendezvous): that is a job, not "nothing found".
+Pure functions; every remote string goes through `clean` where it is shown.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from app.analysis.findings import Finding
+from app.analysis.frames import clean, frame_text, is_library
+from app.model import JobProcess, RankSnapshot, Snapshot
+
+MAX_LINES = 200  # of the printed tree
+MAX_CHILDREN_SHOWN = 8  # per rank
+
+
+def doing(p: JobProcess) -> str:
+    """Where a dumped process's main thread is: its innermost Python frame (or its kernel wait)."""
+    if p.threads:
+        main = next((t for t in p.threads if t.is_main), p.threads[0])
+        py = [f for f in main.frames if not f.native]
+        own = next((f for f in py if not is_library(f)), None)  # the job's own code says more than threading's
+        if own is not None and own is not py[0]:
+            return f"in {frame_text(own)} (innermost: {frame_text(py[0])})"
+        if py:
+            return f"in {frame_text(py[0])}"
+    if p.hold is not None and p.hold.held:
+        return p.hold.kind.replace("_", " ")
+    if p.wchan and p.state in ("S", "D"):
+        return f"sleeping in {p.wchan}"
+    return ""
+
+
+def _proc_line(p: JobProcess) -> str:
+    what = doing(p)
+    dumped = f"dumped: {p.why_dumped}" if p.why_dumped else ""
+    if p.error is not None and p.why_dumped:
+        dumped += f" ({p.error.code.replace('_', ' ')})"
+    extra = "; ".join(x for x in (what, dumped) if x)
+    state = f" [{p.state}]" if p.state else ""
+    return clean(f"{p.kind} pid {p.pid}{state}" + (f": {extra}" if extra else ""), 300)
+
+
+def _rank_line(r: RankSnapshot) -> str:
+    state = f" [{r.state}]" if r.state else ""
+    return clean(f"{r.label}{' (pid ' + str(r.pid) + ')' if r.rank is not None else ''}{state}", 200)
+
+
+def tree_lines(snapshot: Snapshot, limit: int = MAX_LINES) -> List[str]:
+    """The jobs' process trees, indented two spaces a level; [] when the snapshot holds no launcher nor child
+    (nothing to add to the ranks)."""
+    if not snapshot.processes:
+        return []
+    jobs: Dict[str, Dict[str, Tuple[List[RankSnapshot], List[JobProcess]]]] = defaultdict(dict)
+    for r in snapshot.ranks:
+        jobs[r.job].setdefault(r.node, ([], []))[0].append(r)
+    for p in snapshot.processes:
+        jobs[p.job].setdefault(p.node, ([], []))[1].append(p)
+    out: List[str] = []
+    several = len(jobs) > 1
+    for job in sorted(jobs, key=lambda j: (j == "", j)):
+        depth0 = 0
+        if several or job:
+            out.append(clean(f"job {job or 'unidentified'}", 200))
+            depth0 = 1
+        for node, (ranks, procs) in jobs[job].items():
+            out.append("  " * depth0 + clean(node, 200))
+            out += _node_tree(ranks, procs, depth0 + 1)
+            if len(out) >= limit:
+                return out[:limit] + ["  ... (more in the snapshot file)"]
+    return out
+
+
+def _node_tree(ranks: Sequence[RankSnapshot], procs: Sequence[JobProcess], depth: int) -> List[str]:
+    by_pid = {p.pid: p for p in procs}
+    launchers = [p for p in procs if p.role == "launcher"]
+    children: Dict[int, List[JobProcess]] = defaultdict(list)
+    for p in procs:
+        if p.role == "child" and p.of:
+            children[p.of[0]].append(p)
+    # a launcher's parent launcher (srun above torchrun): the nearest launcher among its ancestors
+    parent: Dict[int, Optional[int]] = {}
+    for p in launchers:
+        up = p.ppid
+        seen = 0
+        while up is not None and up not in by_pid and seen < 64:
+            up, seen = None, seen + 1  # only direct parents are known here; a gap ends the chain
+        parent[p.pid] = up if up is not None and by_pid[up].role == "launcher" else None
+    # ranks under their nearest launcher: the launcher listing them with the fewest ranks is the nearest
+    owner: Dict[int, Optional[int]] = {}
+    for r in ranks:
+        holders = [p for p in launchers if r.pid in p.of]
+        near = next((p for p in holders if p.pid == r.ppid), None) or (
+            min(holders, key=lambda p: (len(p.of), -p.pid)) if holders else None)
+        owner[r.pid] = near.pid if near is not None else None
+    out: List[str] = []
+
+    def rank_block(r: RankSnapshot, d: int) -> None:
+        out.append("  " * d + _rank_line(r))
+        kids = children.get(r.pid, [])
+        for c in kids[:MAX_CHILDREN_SHOWN]:
+            out.append("  " * (d + 1) + _proc_line(c))
+        if len(kids) > MAX_CHILDREN_SHOWN:
+            out.append("  " * (d + 1) + f"... {len(kids) - MAX_CHILDREN_SHOWN} more children")
+
+    def launcher_block(p: JobProcess, d: int) -> None:
+        out.append("  " * d + _proc_line(p))
+        for q in launchers:
+            if parent.get(q.pid) == p.pid:
+                launcher_block(q, d + 1)
+        for r in ranks:
+            if owner.get(r.pid) == p.pid:
+                rank_block(r, d + 1)
+
+    for p in launchers:
+        if parent.get(p.pid) is None:
+            launcher_block(p, depth)
+    for r in ranks:
+        if owner.get(r.pid) is None:
+            rank_block(r, depth)
+    return out
+
+
+def launchers_without_ranks(snapshot: Snapshot) -> List[Finding]:
+    """A job whose launchers run but none of whose ranks exist yet (torchrun in its rendezvous, waiting for a
+    node that has not joined): a job, reported with what its launchers are doing."""
+    if snapshot.ranks:
+        return []
+    launchers = [p for p in snapshot.processes if p.role == "launcher"]
+    if not launchers:
+        return []
+    by_job: Dict[str, List[JobProcess]] = defaultdict(list)
+    for p in launchers:
+        by_job[p.job].append(p)
+    out = []
+    for job, procs in sorted(by_job.items()):
+        where = "; ".join(f"{p.kind} pid {p.pid} on {p.node}" + (f" {doing(p)}" if doing(p) else "")
+                          for p in procs[:4])
+        more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+        nodes = sorted({p.node for p in procs})
+        out.append(Finding(
+            "launchers_only",
+            clean(f"job {job or 'unidentified'} has {len(procs)} launcher{'s' if len(procs) != 1 else ''} "
+                  f"on {', '.join(nodes[:4])}{'...' if len(nodes) > 4 else ''} and no rank yet", 300),
+            clean(where + more, 600), "high",
+            "no rank process exists while its launchers run: a launcher waiting in its rendezvous waits for nodes "
+            "(or a store) that have not joined; check that every node of the job started its launcher and can "
+            "reach the rendezvous endpoint", culprit=False))
+    return out
+
+
+# A pass whose dumps start further apart than this is flagged: the analysis compares where ranks are as if at one
+# moment, and a rank that moves (a step of a healthy job is often well under a second) can be caught one step on.
+LARGE_SKEW = 1.0
+
+
+def skew_line(snapshot: Snapshot) -> str:
+    """How close together in time the pass's rank dumps were (Snapshot.dump_skew), flagged when large; "" when
+    fewer than two ranks were dumped."""
+    skew = snapshot.dump_skew
+    if skew is None:
+        return ""
+    dumped = [r for r in snapshot.ranks if r.dump_started is not None]
+    nodes = len({r.node for r in dumped})
+    longest = max((r.dump_ended - r.dump_started for r in dumped if r.dump_ended is not None), default=0.0)
+    line = (f"Dump skew: the {len(dumped)} rank dumps on {nodes} node{'s' if nodes != 1 else ''} started within "
+            f"{skew:.3f} s of each other (the longest took {longest:.3f} s)")
+    if skew > LARGE_SKEW:
+        line += (f"; large: more than {LARGE_SKEW:g} s apart, so ranks that still move may have been caught at "
+                 "different moments: compare their positions with care, or take another snapshot")
+    return line + "."
