@@ -62,6 +62,14 @@ TRUTH: Dict[str, Truth] = {
     "uneven": Truth("DDP with uneven inputs: one rank's data ran out, it left the loop for evaluate()", (2,),
                     cause=("rank 2", "left the loop", "backward")),
 }
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/record_oss.py)
+TRUTH["nanogpt-healthy"] = Truth("nanoGPT's train.py, DDP on CPU, training", hung=False, cause=("progressing",))
+TRUTH["nanogpt-stopped"] = Truth("nanoGPT's train.py, rank 5 stopped with SIGSTOP", (5,),
+                                 cause=("rank 5", "stopped", "kill -CONT"))
+TRUTH["lightning-healthy"] = Truth("Lightning Fabric's language-model example, training", hung=False,
+                                   cause=("progressing",))
+TRUTH["lightning-frozen"] = Truth("Lightning Fabric's example, rank 5 frozen by a cgroup v2 freezer", (5,),
+                                  cause=("rank 5", "frozen", "cgroup freezer"))
 
 
 @dataclass(frozen=True)
