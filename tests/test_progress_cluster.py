@@ -3,8 +3,8 @@ progressing in every run of `hangscope HOSTS --print`, and with one node's ranks
 cgroup it is still called progressing, with that node named slow and the throttling as the evidence.
 
 The job is tests/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
-accumulation, DDP's all_reduce inside backward): nanoGPT's own train.py cannot run DDP on a CPU-only machine
-unmodified (it sets a CUDA device after reading its config). One job serves every test here.
+accumulation, DDP's all_reduce inside backward). nanoGPT's own train.py, unmodified, and Lightning Fabric's
+example are diagnosed the same way in tests/test_oss_cluster.py. One job serves every test here.
 """
 
 from __future__ import annotations
