@@ -10,7 +10,7 @@ Fabric's language-model example), one DDP job of 4 nodes x 2 ranks (gloo, CPU) o
   and names node04 slow (and no other node).
 Prints one row per script and condition, with how many runs were right and the CLI's median time.
 
-    python3 bench/oss_runs.py [--runs 20] [--slow-runs 5] [--kinds nanogpt lightning] [--json OUT]
+    python3 bench/oss_runs.py [--runs 20] [--slow-runs 5] [--kinds nanogpt lightning] [--json OUT] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -51,31 +51,44 @@ def run_cli(cluster: Cluster, work: Path, index: int, *extra: str) -> Dict[str, 
                 "progress": [], "ranks": 0, "exit": res.returncode}
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))
     assert analysis is not None
-    out.unlink()
     return {"seconds": seconds, "verdict": analysis["verdict"], "findings": analysis["findings"],
-            "progress": analysis["progress"], "ranks": len(snap.ranks), "exit": res.returncode}
+            "progress": analysis["progress"], "ranks": len(snap.ranks), "exit": res.returncode, "file": out}
 
 
-def healthy_right(r: Dict[str, Any]) -> bool:
-    blamed = [f for f in r["findings"] if f["culprit"] and f["kind"] != "slow_node" and f["confidence"] != "low"]
-    return (r["ranks"] == 8 and r["verdict"].startswith("The job is progressing") and not blamed
-            and not any(p["status"] == "stuck" for p in r["progress"])
-            and not any(f["kind"] == "slow_node" for f in r["findings"]))
+def _common(r: Dict[str, Any]) -> List[str]:
+    """What is wrong for a job that trains: the ranks not all found, not called progressing, a culprit."""
+    wrong = []
+    if r["ranks"] != 8:
+        wrong.append(f"{r['ranks']} of 8 ranks found")
+    if not r["verdict"].startswith("The job is progressing"):
+        wrong.append("not called progressing")
+    blamed = [f["title"] for f in r["findings"] if f["culprit"] and f["kind"] != "slow_node"
+              and f["confidence"] != "low"]
+    wrong += [f"culprit finding: {t}" for t in blamed]
+    return wrong
 
 
-def slow_right(r: Dict[str, Any]) -> bool:
+def healthy_wrong(r: Dict[str, Any]) -> List[str]:
+    wrong = _common(r)
+    stuck = [p for p in r["progress"] if p["status"] == "stuck"]
+    if stuck:
+        wrong.append(f"{len(stuck)} rank(s) stuck")
+    wrong += [f"slow finding: {f['title']}" for f in r["findings"] if f["kind"] == "slow_node"]
+    return wrong
+
+
+def slow_wrong(r: Dict[str, Any]) -> List[str]:
     slow = [f["nodes"] for f in r["findings"] if f["kind"] == "slow_node"]
-    blamed = [f for f in r["findings"] if f["culprit"] and f["kind"] != "slow_node" and f["confidence"] != "low"]
-    return (r["ranks"] == 8 and r["verdict"].startswith("The job is progressing") and slow == [SLOW]
-            and not blamed)
+    return _common(r) + ([] if slow == [SLOW] else [f"slow nodes named: {slow}"])
 
 
-def bench(cluster: Cluster, kind: str, runs: int, slow_runs: int, work: Path) -> List[Dict[str, Any]]:
+def bench(cluster: Cluster, kind: str, runs: int, slow_runs: int, work: Path,
+          keep: Optional[Path]) -> List[Dict[str, Any]]:
     rows = []
     job = start_oss_job(cluster, kind)
     try:
-        for condition, count, right in (("healthy", runs, healthy_right), ("node04 at 10% CPU", slow_runs,
-                                                                             slow_right)):
+        for condition, count, judge in (("healthy", runs, healthy_wrong), ("node04 at 10% CPU", slow_runs,
+                                                                             slow_wrong)):
             if count <= 0:
                 continue
             results = []
@@ -90,10 +103,19 @@ def bench(cluster: Cluster, kind: str, runs: int, slow_runs: int, work: Path) ->
                 first = iterations(job, kind)
                 for i in range(count):
                     r = run_cli(cluster, work, i, *(("--samples", "3") if cap is not None else ()))
-                    r["right"] = right(r)
+                    r["wrong"] = judge(r)
+                    r["right"] = not r["wrong"]
                     results.append(r)
                     print(f"  {kind} {condition} run {i + 1}: {'right' if r['right'] else 'WRONG'} "
                           f"{r['seconds']:.1f} s: {r['verdict'][:110]}", flush=True)
+                    for why in r["wrong"]:
+                        print(f"    wrong: {why}", flush=True)
+                    saved = r.pop("file", None)
+                    if saved is not None and keep is not None and r["wrong"]:
+                        keep.mkdir(parents=True, exist_ok=True)
+                        saved.rename(keep / f"{kind}-{condition.split()[0]}-{i + 1}.json")
+                    elif saved is not None:
+                        saved.unlink()
                 last = iterations(job, kind)
             finally:
                 if cap is not None:
@@ -102,7 +124,7 @@ def bench(cluster: Cluster, kind: str, runs: int, slow_runs: int, work: Path) ->
                          "right": sum(r["right"] for r in results),
                          "median_s": statistics.median(r["seconds"] for r in results),
                          "iterations": f"{first}->{last}" if first >= 0 else "n/a",
-                         "wrong": [r["verdict"] for r in results if not r["right"]]})
+                         "wrong": [f"{r['verdict']} ({'; '.join(r['wrong'])})" for r in results if r["wrong"]]})
     finally:
         job.stop()
     return rows
@@ -114,12 +136,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--slow-runs", type=int, default=5, help="runs with node04 throttled, per script (5)")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--keep", type=Path, help="keep the snapshot of every wrong run in this folder")
     args = ap.parse_args(argv)
     rows: List[Dict[str, Any]] = []
     with build_cluster(4) as cluster, tempfile.TemporaryDirectory(prefix="hangscope-oss-bench-") as tmp:
         for kind in args.kinds:
-            rows += bench(cluster, kind, args.runs, args.slow_runs, Path(tmp))
-    print("\n| script | condition | runs | right | median CLI time (s) | rank 0's logged iterations |")
+            rows += bench(cluster, kind, args.runs, args.slow_runs, Path(tmp), args.keep)
+    print("\n| script | condition | runs | right | median CLI time (s) | rank 0's logged iterations (Lightning's: "
+          "every 200th) |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['script']} | {row['condition']} | {row['runs']} | {row['right']} | {row['median_s']:.1f} "
