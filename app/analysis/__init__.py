@@ -21,7 +21,7 @@ from app.analysis.frames import clean
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
-from app.analysis.launch import launch_findings
+from app.analysis.launch import launch_findings, slow_by_flags
 from app.analysis.locks import lock_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
@@ -222,6 +222,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
         findings += slow_nodes(progress)
+        findings = slow_by_flags(findings)  # a slow node launched with other flags: the flags say why
     if same_place and (gap is None or not peers):
         # (with ranks missing on a node the hosts list leaves out, the ranks here wait for those: no puzzle)
         findings.append(identical_finding(classes[0], locals_missing=locals_missing, network=bool(network),
