@@ -81,6 +81,14 @@ TRUTH: Dict[str, Truth] = {
 }
 TRUTH["gpu_xid"] = Truth("a rank stuck in a CUDA call on a GPU that fell off the bus (a FAKE Xid 79 on its node)",
                          (3,), cause=("rank 3", "node02", "Xid 79", "fallen off the bus"))
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/record_oss.py)
+TRUTH["nanogpt-healthy"] = Truth("nanoGPT's train.py, DDP on CPU, training", hung=False, cause=("progressing",))
+TRUTH["nanogpt-stopped"] = Truth("nanoGPT's train.py, rank 5 stopped with SIGSTOP", (5,),
+                                 cause=("rank 5", "stopped", "kill -CONT"))
+TRUTH["lightning-healthy"] = Truth("Lightning Fabric's language-model example, training", hung=False,
+                                   cause=("progressing",))
+TRUTH["lightning-frozen"] = Truth("Lightning Fabric's example, rank 5 frozen by a cgroup v2 freezer", (5,),
+                                  cause=("rank 5", "frozen", "cgroup freezer"))
 
 
 @dataclass(frozen=True)

@@ -304,3 +304,20 @@ def test_a_rank_past_the_end_of_the_loop_the_others_are_in_has_left_it() -> None
     # a rank inside the same loop (data loading at its header) has not left it
     inside = [rank(r, "node01", in_step(LOADING if r == 3 else ALL_REDUCE_FRAMES, 7), world=4) for r in range(4)]
     assert "left the loop" not in analyze(snapshot(inside)).findings[0].title
+
+
+def test_the_others_in_backward_are_named_as_ddp_all_reduce() -> None:
+    """DDP's gradient all_reduce runs inside autograd's C++ engine: the majority's path shows `backward`, no
+    torch.distributed frame. The odd rank's finding says the others are there (issue 17, on nanoGPT and
+    Lightning), not "no collective recognised"; stacks alone stay below [high]."""
+    backward = stack("_engine_run_backward (/usr/lib/python3/dist-packages/torch/autograd/graph.py:979)",
+                     "backward (/usr/lib/python3/dist-packages/torch/autograd/__init__.py:395)",
+                     "train_epoch (train.py:41)", "main (train.py:26)", "<module> (train.py:76)")
+    forward = stack("forward (model.py:90)", "train_epoch (train.py:39)", "main (train.py:26)",
+                    "<module> (train.py:76)")
+    ranks = [rank(r, f"node0{r // 2 + 1}", forward if r == 5 else backward, world=8) for r in range(8)]
+    odd = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "minority_stack")
+    assert odd.title == ("rank 5 is in `forward` (model.py:90) while 7 others are in autograd's backward in "
+                         "`train_epoch` (train.py:41), where DDP all_reduces the gradients")
+    assert "DDP's gradient all_reduce waits for every rank" in odd.reason and "no collective" not in odd.reason
+    assert odd.confidence == "medium"

@@ -44,3 +44,27 @@ def test_per_rank_flags_and_redacted_values_are_no_difference() -> None:
 
 def test_identical_command_lines_cost_one_set_lookup() -> None:
     assert not [f for f in analyze(snapshot(job(16, 4))).findings if f.kind == "launch_differs"]
+
+
+def test_a_slow_node_launched_with_other_flags_says_the_flags_are_why() -> None:
+    """nanoGPT with node04 at 32 accumulation steps and batch 16 (the rest 16 and 4) trains on, node04 at the
+    job's pace: its slow finding names the flags, which are what to change (seen live, tests/test_oss_cluster.py);
+    a slow node whose ranks were launched like the rest keeps its finding as it is."""
+    from app.analysis.findings import Finding
+    from app.analysis.launch import slow_by_flags
+
+    other = (*TRAIN[:4], "--batch_size=16", "--compile=False")
+    snap = snapshot(launched({6: other, 7: other}))
+    differs = [f for f in analyze(snap).findings if f.kind == "launch_differs"]
+    node04 = tuple(sorted((r.node, r.pid) for r in snap.ranks if r.node == "node04"))
+    node03 = tuple(sorted((r.node, r.pid) for r in snap.ranks if r.node == "node03"))
+    slow = Finding("slow_node", "node04 is slow: its ranks wait for a CPU", "its ranks waited for a CPU 62% of the "
+                   "time.", "high", "counters read on the node between samples", node04, "ranks 6-7 on node04",
+                   "node04")
+    out = slow_by_flags([*differs, slow, dataclasses.replace(slow, ranks=node03, nodes="node03")])
+    assert out[0] == differs[0] and out[2].ranks == node03 and out[2].title == slow.title
+    assert out[1].title == ("node04 is slow: its ranks wait for a CPU; its ranks run with other flags than the rest: "
+                            "--batch_size `16` where the others have `4`")
+    assert "likely reason; launch every node with the same flags" in out[1].detail
+    assert (out[1].kind, out[1].confidence, out[1].ranks) == ("slow_node", "high", node04)
+    assert slow_by_flags([slow]) == [slow]

@@ -24,7 +24,8 @@ GOLDEN = Path(__file__).resolve().parent / "data" / "scenarios"
 SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "stopped",
              "frozen", "spawn", "twojobs", "slow", "missing", "mismatch", "gil", "native", "pipe", "fsstall")
 SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
-HUNG = tuple(n for n in SCENARIOS if n not in ("healthy", "slow"))  # the jobs that are hung
+SCENARIOS += ("nanogpt-healthy", "nanogpt-stopped", "lightning-healthy", "lightning-frozen")  # real scripts (tests/oss)
+HUNG = tuple(n for n in SCENARIOS if not n.endswith("healthy") and n != "slow")  # the jobs that are hung
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,31 @@ EXPECTED["gpu_xid"] = Expected(
               ("gpu_fault", "low", ())),
     splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
     progress="stuck", title="rank 3 on node02: its GPU 1 (0000:5d:00) reported Xid 79, GPU has fallen off the bus")
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/record_oss.py). nanoGPT's loop and its
+# counters are at module level: no loop variable is readable. One sample caught rank 0 in its forward while the
+# others were in backward; the samples show every rank moving, so that is no lead.
+EXPECTED["nanogpt-healthy"] = Expected(
+    classes=((7, (1, 2, 3, 4, 5, 6, 7), None), (1, (0,), None)),
+    findings=(("progressing", "high", (0, 1, 2, 3, 4, 5, 6, 7)), ("minority_stack", "low", (0,)),
+              ("no_locals", "low", ())),
+    splits=((0, "no loop variable had a readable value"), (1, "no loop variable had a readable value")),
+    progress="progressing", title="the job is progressing: 8 of 8 ranks moved between samples")
+# the others wait in DDP's all_reduce inside backward, at the stopped rank's line: the state is the answer
+EXPECTED["nanogpt-stopped"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("stopped", "high", (5,)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7)), ("no_locals", "low", ())),
+    splits=((0, "no loop variable had a readable value"),),
+    progress="stuck", title="rank 5 is stopped (SIGSTOP or job control); the other 7 ranks wait for it; `kill -CONT")
+EXPECTED["lightning-healthy"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("progressing", "high", (0, 1, 2, 3, 4, 5, 6, 7)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7))),
+    splits=((0, "epoch=0, batch_idx=2: ranks 0-7"),),
+    progress="progressing", title="the job is progressing: 8 of 8 ranks moved between samples")
+EXPECTED["lightning-frozen"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("frozen", "high", (5,)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7))),
+    splits=((0, "epoch=0, batch_idx=3: ranks 0-7"),),
+    progress="stuck", title="rank 5 is frozen by the cgroup freezer (v2 cgroup /hangscope-test-")
 
 
 @lru_cache(maxsize=None)

@@ -3,13 +3,12 @@ progressing in every run of `hangscope HOSTS --print`, and with one node's ranks
 cgroup it is still called progressing, with that node named slow and the throttling as the evidence.
 
 The job is tests/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
-accumulation, DDP's all_reduce inside backward): nanoGPT's own train.py cannot run DDP on a CPU-only machine
-unmodified (it sets a CUDA device after reading its config). One job serves every test here.
+accumulation, DDP's all_reduce inside backward). nanoGPT's own train.py, unmodified, and Lightning Fabric's
+example are diagnosed the same way in tests/test_oss_cluster.py. One job serves every test here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import sys
@@ -20,6 +19,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from cluster import Cluster, run_login
+from cpu_cap import CpuCap
 from jobs import REPO, Job, start_job
 from app.model import snapshot_from_json
 
@@ -94,56 +94,6 @@ def test_a_healthy_ddp_job_is_progressing_in_every_run(cluster: Cluster, ddp_job
         assert not any(f["kind"] == "slow_node" for f in analysis["findings"]), f"no node is held back:\n{stdout}"
         moved = [p for p in analysis["progress"] if p["net_bytes"]]
         assert len(moved) == 8, "every rank's sockets to its peers moved the gradients between the samples"
-
-
-class CpuCap:
-    """A cgroup that caps its processes to `share` of one CPU: v2 cpu.max where the cpu controller is on the
-    unified hierarchy, else v1 cpu.cfs_quota_us. Created here, emptied and removed on exit."""
-
-    PERIOD_US = 100_000
-
-    def __init__(self, share: float) -> None:
-        self.quota = int(self.PERIOD_US * share)
-        name = f"hangscope-slow-{secrets.token_hex(3)}"
-        v2 = Path("/sys/fs/cgroup")
-        if "cpu" in _read(v2 / "cgroup.controllers").split():
-            self.root, self.v2 = v2, True
-        else:
-            self.root, self.v2 = Path("/sys/fs/cgroup/cpu"), False
-        self.path = self.root / name
-
-    def __enter__(self) -> CpuCap:
-        self.path.mkdir()
-        if self.v2:
-            (self.path / "cpu.max").write_text(f"{self.quota} {self.PERIOD_US}")
-        else:
-            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(self.quota))
-        return self
-
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def __exit__(self, *exc: object) -> None:
-        for line in _read(self.path / "cgroup.procs").split():
-            with contextlib.suppress(OSError):
-                (self.root / "cgroup.procs").write_text(line)  # back to the root: uncapped
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def test_a_node_capped_to_ten_percent_cpu_is_named_slow(cluster: Cluster, ddp_job: Job, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from app.analysis.gpu_evidence import gpu_findings
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
-from app.analysis.launch import launch_findings
+from app.analysis.launch import launch_findings, slow_by_flags
 from app.analysis.locks import lock_findings
 from app.analysis.native import native_findings
 from app.analysis.network import network_findings
@@ -231,6 +231,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         progress = track(list(history) + [snapshot], options)
         findings += progress_findings(progress)
         findings += slow_nodes(progress)
+        findings = slow_by_flags(findings)  # a slow node launched with other flags: the flags say why
     findings += gpu_findings(snapshot, findings, history)  # GPU-side evidence: Xid, ECC, nvidia-smi, NCCL RAS
     if same_place and (gap is None or not peers):
         # (with ranks missing on a node the hosts list leaves out, the ranks here wait for those: no puzzle)

@@ -202,8 +202,13 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
         conf = "medium" if conf == "high" else conf
     else:
         kind = "minority_stack"
-        conf, reason = _by_size(tie, small, "no collective recognised; the smallest groups are the usual suspects",
-                                c, d)
+        why = "no collective recognised; the smallest groups are the usual suspects"
+        if in_backward(d.frames) and not in_backward(c.frames):  # DDP's all_reduce: no c10d frame in backward
+            title = (f"{who} {verb} {where(c)} while {others} {'is' if d.size == 1 else 'are'} in autograd's "
+                     f"backward {where(d)}, where DDP all_reduces the gradients")
+            why = ("the others are in autograd's backward, where DDP's gradient all_reduce waits for every rank; "
+                   "the smallest groups are the usual suspects")
+        conf, reason = _by_size(tie, small, why, c, d)
         conf = "medium" if conf == "high" else conf
     return Finding(kind, title, detail, conf, reason, c.ranks, c.label, c.nodes, class_index=c.index)
 

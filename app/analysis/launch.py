@@ -9,6 +9,7 @@ rank's own number by design (`--local_rank`, `--node_rank`, ...) or a redacted v
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from operator import attrgetter
@@ -105,3 +106,25 @@ def launch_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
 
 def _value(v: str) -> str:
     return "unset" if v == "(not given)" else ("set" if v == "(set)" else f"`{clean(v, 60)}`")
+
+
+def slow_by_flags(findings: Sequence[Finding]) -> List[Finding]:
+    """A slow node whose ranks were launched with other flags than the rest: its slow finding says so, since the
+    flags (more micro steps, a bigger batch) are the likely reason its ranks need more time per step; the other
+    findings are returned as they are."""
+    launched = [f for f in findings if f.kind == "launch_differs" and " ranks: " in f.title]
+    if not launched:
+        return list(findings)
+    out = []
+    for f in findings:
+        match = next((m for m in launched if f.kind == "slow_node" and f.ranks and set(f.ranks) <= set(m.ranks)),
+                     None)
+        if match is None:
+            out.append(f)
+            continue
+        shown = match.title.split(" ranks: ", 1)[1]
+        out.append(dataclasses.replace(
+            f, title=clean(f"{f.title}; its ranks run with other flags than the rest: {shown}", 400),
+            detail=f"{f.detail} Its ranks were launched with other flags than the rest ({shown}): more work per "
+                   "step there is the likely reason; launch every node with the same flags."))
+    return out

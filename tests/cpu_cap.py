@@ -1,0 +1,59 @@
+"""A cgroup that caps processes to a share of one CPU, for the slow-node tests (tests/test_progress_cluster.py,
+tests/test_oss_cluster.py): a node whose ranks are throttled, as a noisy neighbour or a wrong cgroup limit does."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from pathlib import Path
+
+
+class CpuCap:
+    """A cgroup that caps its processes to `share` of one CPU: v2 cpu.max where the cpu controller is on the
+    unified hierarchy, else v1 cpu.cfs_quota_us. Created here, emptied and removed on exit."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, share: float) -> None:
+        self.quota = int(self.PERIOD_US * share)
+        name = f"hangscope-slow-{secrets.token_hex(3)}"
+        v2 = Path("/sys/fs/cgroup")
+        if "cpu" in _read(v2 / "cgroup.controllers").split():
+            self.root, self.v2 = v2, True
+        else:
+            self.root, self.v2 = Path("/sys/fs/cgroup/cpu"), False
+        self.path = self.root / name
+
+    def __enter__(self) -> CpuCap:
+        self.path.mkdir()
+        if self.v2:
+            (self.path / "cpu.max").write_text(f"{self.quota} {self.PERIOD_US}")
+        else:
+            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(self.quota))
+        return self
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def __exit__(self, *exc: object) -> None:
+        for line in _read(self.path / "cgroup.procs").split():
+            with contextlib.suppress(OSError):
+                (self.root / "cgroup.procs").write_text(line)  # back to the root: uncapped
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
