@@ -22,6 +22,7 @@ FindingKind = Literal[
     "exited",  # a rank is a zombie, or vanished between samples
     "uninterruptible",  # D state: I/O or a driver
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
+    "p2p_wait",  # a rank blocked in send/recv for a peer that is elsewhere, or ranks whose p2p calls form a cycle
     "slow_node",  # a node's ranks are held back (CPU throttling, run-queue wait, caught outside the collective)
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
@@ -61,10 +62,13 @@ class Finding:
     class_index: Optional[int] = None
 
 
-def order(findings: Sequence[Finding]) -> Tuple[Finding, ...]:
+def order(findings: Sequence[Finding], first: Sequence[Finding] = ()) -> Tuple[Finding, ...]:
     """Most likely culprit first, and never a less sure finding before a surer one: by confidence, and within one
-    confidence "progressing" (the job is not hung), then suspects, then notes about the data."""
-    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], _head(f), KINDS.index(f.kind))))
+    confidence `first` (the finding at the wait graph's root, app/analysis/waits.py), "progressing" (the job is
+    not hung), then suspects, then notes about the data."""
+    lead_ids = {id(f) for f in first}
+    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], id(f) not in lead_ids, _head(f),
+                                                 KINDS.index(f.kind))))
 
 
 def lead(findings: Sequence[Finding]) -> Optional[Finding]:
