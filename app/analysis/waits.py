@@ -246,6 +246,8 @@ class _Builder:
 
     def suspect(self, f: Finding) -> Optional[str]:
         state = _STATE.get(f.kind, "")
+        if f.kind == "p2p_wait" and f.ranks:
+            return self.rank_vertex(f.ranks[:1])  # the calls' own edges (p2p()) lead on from its first rank
         if f.ranks:
             label = f.ranks_label if f.ranks_label and len(f.ranks_label) <= 160 else ""
             doing = where(self.classes[f.class_index]) if (
@@ -506,7 +508,10 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
             continue
         mine = b.vertices[vid]
         leads_to_root = not reach[vid].isdisjoint(root) or any(_agree(mine, w) for w in on_root)
-        if not leads_to_root:
+        if not leads_to_root and any(not reach[vid].isdisjoint(c) for c in rivals):
+            out.append(replace(f, confidence="medium", reason=f"{f.reason}; but evidence as strong points at "
+                               f"{clean(root_label, 120)}"))
+        elif not leads_to_root:
             out.append(replace(f, confidence="medium", reason=f"{f.reason}; but the wait graph's root is "
                                f"{clean(root_label, 120)} ({clean(_evidence(best, classes), 100)})"))
         elif rivals:
