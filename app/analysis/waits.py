@@ -166,6 +166,9 @@ class _Builder:
         return self._by_key
 
     def number(self, k: RankKey) -> Optional[int]:
+        if self._by_key is not None:  # analyze() made it already: no new table of every rank
+            r = self._by_key.get(k)
+            return r.rank if r is not None else None
         if self._number is None:
             self._number = dict(zip(self.keys, self.numbers_col))
         return self._number.get(k)
