@@ -7,7 +7,7 @@ history, as the CLI analyses it). TRUTH below says what happened in each, from t
 from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
 must contain. A headline is right when the first finding names the culprit (its ranks, or its node) and every
 word of the cause; a [high] culprit finding that names another rank or node contradicts the truth, as does a
-[high] culprit finding on a job that is not hung.
+[high] culprit finding on a job that is not hung (but for the slow node a slow job's truth names).
 
     python3 bench/diagnose.py [--data DIR] [--json OUT]
 
@@ -23,7 +23,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -61,6 +61,23 @@ TRUTH: Dict[str, Truth] = {
                    cause=("rank 1", "another order")),
     "uneven": Truth("DDP with uneven inputs: one rank's data ran out, it left the loop for evaluate()", (2,),
                     cause=("rank 2", "left the loop", "backward")),
+    "stopped": Truth("one rank stopped with SIGSTOP (ps state T)", (3,), cause=("rank 3", "stopped", "kill -CONT")),
+    "frozen": Truth("one rank frozen by the cgroup freezer", (2,), cause=("rank 2", "frozen", "thaw")),
+    "spawn": Truth("mp.spawn ranks (no RANK in the environment); one never reaches the 2nd all_reduce", (2,),
+                   cause=("rank 2", "demo_basic")),
+    "twojobs": Truth("two jobs on the same nodes: one hung in its data loader, one training", (3,),
+                     cause=("is hung", "rank 3", "_recv_exact", "progressing, not hung")),
+    "slow": Truth("a node's ranks capped to 10 % of a CPU: slow, not hung", node="node02", hung=False,
+                  cause=("progressing", "node02 is slow")),
+    "missing": Truth("the hosts list leaves out the culprit's node", (2, 3),
+                     cause=("ranks 2-3", "not in the snapshot", "node02")),
+    "mismatch": Truth("mismatched collectives: one rank in all_gather, the others in all_reduce", (1,),
+                      cause=("rank 1", "all_gather", "all_reduce")),
+    "gil": Truth("a native call that blocks holding the GIL", (2,), cause=("rank 2", "holds the GIL")),
+    "native": Truth("a native call (GIL released) that never returns", (3,), cause=("rank 3", "native call")),
+    "pipe": Truth("a rank blocked writing to a pipe nobody reads", (1,), cause=("rank 1", "full pipe")),
+    "fsstall": Truth("a rank reading a file on a stalled file system (D state)", (2,),
+                     cause=("rank 2", "uninterruptible")),
 }
 
 
@@ -81,12 +98,34 @@ def load(data: Path, name: str) -> Tuple[Snapshot, List[Snapshot]]:
     return snap, history
 
 
+@dataclass(frozen=True)
+class Said:
+    """A finding as the judge reads it: from an Analysis, or from a snapshot file's stored analysis."""
+
+    kind: str
+    title: str
+    confidence: str
+    culprit: bool
+    ranks: Tuple[Tuple[str, int], ...]
+    nodes: str
+
+
+def said(findings: List[Dict]) -> List[Said]:
+    """Findings of a stored analysis (a snapshot file's "analysis"), for judge()."""
+    return [Said(f["kind"], f["title"], f["confidence"], f["culprit"], tuple((k[0], k[1]) for k in f["ranks"]),
+                 f.get("nodes", "")) for f in findings]
+
+
 def judge(name: str, truth: Truth, snap: Snapshot, a: Analysis) -> Row:
+    return judge_parts(name, truth, snap, a.verdict, a.findings)
+
+
+def judge_parts(name: str, truth: Truth, snap: Snapshot, headline: str, findings: Sequence) -> Row:
+    """The verdict and findings (Finding or Said) against the truth."""
     numbers = {(r.node, r.pid): r.rank for r in snap.ranks}
-    headline = a.verdict
     low = headline.lower()
     problems = [f"does not say `{w}`" for w in truth.cause if w.lower() not in low]
-    top = a.findings[0] if a.findings else None
+    top = findings[0] if findings else None
     if top is None:
         problems.append("no finding")
     elif truth.hung:
@@ -100,11 +139,12 @@ def judge(name: str, truth: Truth, snap: Snapshot, a: Analysis) -> Row:
     elif top.kind != "progressing":
         problems.append("calls a healthy job hung")
     contradicted = []
-    for f in a.findings:
+    for f in findings:
         if f.confidence != "high" or not f.culprit:
             continue
         if not truth.hung:
-            contradicted.append(f.title)
+            if not (truth.node and f.kind == "slow_node" and f.nodes == truth.node):  # the slow node is the truth
+                contradicted.append(f.title)
             continue
         named = {numbers.get(k) for k in f.ranks}
         if truth.culprit and f.ranks and not named <= set(truth.culprit):

@@ -228,3 +228,90 @@ def test_a_rank_whose_data_ran_out_has_left_the_loop_the_ddp_ranks_are_still_in(
     assert "where DDP all_reduces the gradients" in first["title"]
     assert "inputs are uneven" in first["detail"] and "join()" in first["detail"]
     assert "either side may hold the other up" not in first["reason"]
+
+
+@pytest.fixture(scope="module")
+def mismatch(run_case: Callable[[str], Case]) -> Case:
+    return run_case("mismatch")
+
+
+def test_a_rank_in_another_collective_type_is_named_with_both(mismatch: Case) -> None:
+    """Mismatched collectives: rank 1 gathers its metrics with all_gather where the others all_reduce their
+    gradients on the same group; gloo pairs neither and every rank waits."""
+    d = mismatch.diagnosis
+    assert_complete(mismatch, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "different_collective" and first["confidence"] == "high", first
+    assert first["ranks"] == [mismatch.key(1)]
+    assert flat(d.stdout).startswith("hangscope: Rank 1 is in `all_gather` (distributed_c10d.py:"), d.stdout
+    assert "while 3 others wait in `all_reduce`" in first["title"]
+
+
+@pytest.fixture(scope="module")
+def gil(run_case: Callable[[str], Case]) -> Case:
+    return run_case("gil")
+
+
+def test_a_native_call_that_keeps_the_gil_is_named_with_the_threads_it_stops(gil: Case) -> None:
+    """Rank 2 calls libc's pause() through ctypes.PyDLL, which keeps the GIL: py-spy says its main thread owns
+    the GIL, /proc says it sleeps in `pause`; its shard-reader thread cannot run Python."""
+    d = gil.diagnosis
+    assert_complete(gil, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "gil_held" and first["confidence"] == "high", first
+    assert first["ranks"] == [gil.key(2)]
+    assert flat(d.stdout).startswith("hangscope: Rank 2's main thread holds the GIL while blocked in native code "
+                                     "called from `native_wait` (job.py:"), d.stdout
+    assert "sleeps in `pause`" in first["title"] and "`shard-reader`, cannot run" in first["title"], first
+    assert "--native" in first["detail"]
+
+
+@pytest.fixture(scope="module")
+def native(run_case: Callable[[str], Case]) -> Case:
+    return run_case("native")
+
+
+def test_a_native_call_that_never_returns_is_named_with_its_system_call(native: Case) -> None:
+    """Rank 3 calls libc's pause() through ctypes.CDLL (the GIL released): a C call that never returns."""
+    d = native.diagnosis
+    assert_complete(native, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "native_call" and first["confidence"] == "high", first
+    assert first["ranks"] == [native.key(3)]
+    assert flat(d.stdout).startswith("hangscope: Rank 3's main thread is inside a native call that does not "
+                                     "return, made at `native_wait` (job.py:"), d.stdout
+    assert "sleeps in `pause` with the GIL released" in first["title"]
+    assert not any(f["kind"] == "gil_held" for f in d.analysis["findings"])
+
+
+@pytest.fixture(scope="module")
+def pipe(run_case: Callable[[str], Case]) -> Case:
+    return run_case("pipe")
+
+
+def test_a_rank_blocked_on_a_full_pipe_is_named(pipe: Case) -> None:
+    """Rank 1 ships its logs through a pipe to a helper that stopped reading; its report fills the pipe."""
+    d = pipe.diagnosis
+    assert_complete(pipe, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "pipe_write" and first["confidence"] == "high", first
+    assert first["ranks"] == [pipe.key(1)]
+    assert flat(d.stdout).startswith("hangscope: Rank 1's main thread is blocked writing to a full pipe in "
+                                     "`LogShipper.log` (job.py:"), d.stdout
+
+
+@pytest.fixture(scope="module")
+def fsstall(run_case: Callable[[str], Case]) -> Case:
+    return run_case("fsstall")
+
+
+def test_a_rank_reading_from_a_stalled_file_system_is_in_d_state_with_its_file(fsstall: Case) -> None:
+    """Rank 2 reads a data shard from a FUSE file system that never answers (tests/fuse_stall.py): state D.
+    No blocking tool touches it; the headline names the state and the file."""
+    d = fsstall.diagnosis
+    assert_complete(fsstall, [0, 1, 2, 3])
+    first = d.analysis["findings"][0]
+    assert first["kind"] == "uninterruptible" and first["confidence"] == "high", first
+    assert first["ranks"] == [fsstall.key(2)]
+    assert flat(d.stdout).startswith("hangscope: Rank 2 is in uninterruptible sleep (D)"), d.stdout
+    assert "stalled" in first["title"], first["title"]  # the file it waits on

@@ -23,6 +23,7 @@ from app.analysis.health import held_ranks, several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_findings, locals_missing_finding, split_iterations
 from app.analysis.launch import launch_findings
 from app.analysis.locks import lock_findings
+from app.analysis.native import native_findings
 from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.options import AnalysisOptions
@@ -193,6 +194,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         findings += p2p_findings(calls, _where_of(classes, {c.peer for c in calls if c.peer is not None}))
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
     findings += lock_findings(ranks, odd, rank_facts.enters_with)
+    findings += native_findings(ranks, odd)
     findings += launch_findings(ranks)
     for split in splits:
         findings.extend(iteration_findings(split, by_key))

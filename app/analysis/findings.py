@@ -23,6 +23,9 @@ FindingKind = Literal[
     "uninterruptible",  # D state: I/O or a driver
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
     "p2p_wait",  # a rank blocked in send/recv for a peer that is elsewhere, or ranks whose p2p calls form a cycle
+    "gil_held",  # a thread holds the GIL while asleep in native code: no other thread of the rank runs Python
+    "pipe_write",  # a thread blocked writing to a full pipe nobody drains
+    "native_call",  # the main thread inside a native call (ctypes, a C extension) that does not return
     "slow_node",  # a node's ranks are held back (CPU throttling, run-queue wait, caught outside the collective)
     "different_collective",  # some ranks wait in another collective than the rest
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one

@@ -462,7 +462,8 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
 
 # Culprit findings read off one sample's stacks: in a job that moves, ranks caught at different places (one in
 # its data loader, the rest in all_reduce; one a step ahead) are the normal state of a running job, not a lead.
-_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split", "collective_lag"})
+_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split", "collective_lag",
+                             "gil_held", "native_call", "pipe_write"})
 # Notes that read a stall into one sample: every rank at one place ("check the links"), sockets that look
 # stalled. Sockets that move bytes between samples contradict both.
 _STALL_KINDS = frozenset({"all_identical", "network_stall"})

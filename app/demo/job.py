@@ -24,6 +24,16 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
   order       every step all_reduces five gradient buckets, each on its own process group; at step K the
               culprit walks its buckets in another order (as a set's order can differ between processes): it
               waits in one bucket's all_reduce while the others wait in another's
+  mismatch    at step K the culprit gathers its metrics with all_gather where the others all_reduce the
+              gradients on the same group: gloo pairs neither, every rank waits (mismatched collective types)
+  gil         at step K the culprit calls a native function (ctypes, through PyDLL) that blocks in the kernel
+              without releasing the GIL: its other Python threads (the shard reader) cannot run either
+  native      at step K the culprit calls a native function (ctypes, through CDLL: the GIL released) that never
+              returns: a C extension call that blocks forever
+  pipe        the culprit ships its logs to a helper process through a pipe; the helper has stopped reading, and
+              at step K the culprit's report fills the pipe: it blocks in write()
+  fsstall     at step K the culprit reads a data shard from --stall-file, on a file system that never answers
+              (tests/fuse_stall.py): it sits in uninterruptible sleep (D)
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -72,7 +82,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order", "uneven")
+SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order", "uneven", "mismatch",
+             "gil", "native", "pipe", "fsstall")
 BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16
 BATCH = 8
@@ -223,6 +234,45 @@ def log_metrics_and_weights(step: int, loss: float, writer: CheckpointWriter) ->
             METRICS.append((step, 0.0))
 
 
+def gather_metrics(loss: torch.Tensor, group: dist.ProcessGroup) -> List[torch.Tensor]:
+    """Every rank's loss, for logging (the culprit calls this where the others sync their gradients)."""
+    out = [torch.zeros_like(loss) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, loss, group=group)
+    return out
+
+
+def native_wait(hold_gil: bool) -> None:
+    """A call into native code that never returns: libc's pause(), through ctypes. PyDLL keeps the GIL held
+    during the call (as a C extension that forgets Py_BEGIN_ALLOW_THREADS does); CDLL releases it."""
+    import ctypes
+
+    lib = ctypes.PyDLL(None) if hold_gil else ctypes.CDLL(None)
+    lib.pause()
+
+
+class LogShipper:
+    """The rank's log lines go to a helper process through a pipe (as to a log shipper or `| tee`). With
+    `stalled`, the helper never reads: once the pipe's buffer is full, the rank's next write blocks."""
+
+    def __init__(self, stalled: bool) -> None:
+        # no RANK in its environment: it is not a rank (HANGSCOPE_* kept: the tests find and stop it by it)
+        env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("HANGSCOPE_")}
+        argv = ["sleep", "86400"] if stalled else ["cat"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        assert self.proc.stdin is not None
+        self.pipe = self.proc.stdin
+
+    def log(self, text: str) -> None:
+        self.pipe.write(text.encode())
+        self.pipe.flush()
+
+
+def read_shard(path: str) -> bytes:
+    """The next data shard, from shared storage."""
+    with open(path, "rb") as f:
+        return f.read(1 << 16)
+
+
 def sync_buckets(buckets: Dict[str, torch.Tensor], bucket_groups: Dict[str, dist.ProcessGroup],
                  names: List[str]) -> None:
     """One all_reduce per gradient bucket, each on its own process group, in the order `names` gives."""
@@ -271,7 +321,19 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
         writer = CheckpointWriter(upload_hangs=culprit and args.scenario == "lock",
                                   opposite_order=culprit and args.scenario == "deadlock")
         writer.start()
+    shipper = LogShipper(stalled=culprit) if args.scenario == "pipe" else None
     for step, batch in enumerate(loader):
+        if culprit and step == args.hang_step and args.scenario in ("gil", "native"):
+            report_ready("native", step)
+            native_wait(hold_gil=args.scenario == "gil")
+        if culprit and step == args.hang_step and args.scenario == "fsstall":
+            report_ready("read", step)
+            read_shard(args.stall_file)
+        if shipper is not None:
+            if culprit and step == args.hang_step:
+                report_ready("write", step)
+                shipper.log(f"step {step}: parameter report\n" + "x" * (1 << 20))  # more than a pipe holds
+            shipper.log(f"step {step}\n")
         if ddp_group is not None and culprit and step == args.hang_step:
             report_ready("evaluate", step)
             break  # this rank's shard has run out: it leaves the training loop before the others
@@ -308,6 +370,8 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
             if culprit and step == args.hang_step:
                 names = names[1:] + names[:1]  # this rank's buckets come out in another order
             sync_buckets({name: torch.ones(4) for name in names}, bucket_groups, names)
+        if culprit and step == args.hang_step and args.scenario == "mismatch":
+            gather_metrics(loss.detach().reshape(1), groups[step % len(groups)])  # the others all_reduce here
         sync_gradients(model, groups[step % len(groups)])
         optimizer.step()
         if forever:
@@ -323,6 +387,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--scenario", choices=SCENARIOS, default="skip")
     parser.add_argument("--culprit", type=int, default=None, help="rank that misbehaves (default: the last)")
     parser.add_argument("--hang-step", type=int, default=3, help="step at which the job hangs (default 3)")
+    parser.add_argument("--stall-file", default="", help="fsstall: the file the culprit reads at the hang step")
     parser.add_argument("--step-delay", type=float, default=0.05, help="healthy/netcut: seconds per step")
     parser.add_argument("--timeout-hours", type=float, default=2.0,
                         help="process-group timeout: long, so a hang stays hung while it is investigated")
@@ -333,7 +398,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="with --worker-server: set TORCH_WORKER_SERVER_SOCKET in os.environ just before "
                         "worker_main(), so it is not in /proc/PID/environ (the Flight Recorder must be switched on "
                         "by the launch environment)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.scenario == "fsstall" and not args.stall_file:
+        parser.error("--scenario fsstall needs --stall-file (a file on a file system that does not answer)")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
