@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from app.analysis.findings import Confidence, Finding, where
+from app.analysis.findings import KINDS, Confidence, Finding, where
 from app.analysis.fold import RankKey, count_phrase, describe_keys, fold_nodes
 from app.analysis.frames import clean
 from app.analysis.locks import _label as thread_label
@@ -433,6 +433,10 @@ def _agree(a: Vertex, b: Vertex) -> bool:
     return host and bool(a.nodes) and bool(b.nodes) and not set(a.nodes).isdisjoint(b.nodes)
 
 
+def _kind_index(kind: str) -> int:
+    return KINDS.index(kind) if kind in KINDS else len(KINDS)
+
+
 def _key(f: Finding) -> Tuple[int, int]:
     return _CONF[f.confidence], TIER.get(f.kind, DEFAULT_TIER)
 
@@ -484,7 +488,9 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
         for c in components:
             if not reach[vid].isdisjoint(c):
                 support[c].append(f)
-    position = {id(f): i for i, f in enumerate(findings)}
+    # among equally strong findings, the kinds' order (findings.KINDS: the more specific cause first), then
+    # the order the findings were made in
+    position = {id(f): (_kind_index(f.kind), i) for i, f in enumerate(findings)}
     ranked = sorted((c for c in components if support[c]),
                     key=lambda c: (min(map(_key, support[c])), -len({f.kind for f in support[c]}),
                                    min(position[id(f)] for f in support[c] if _key(f) == min(map(_key, support[c]))),
@@ -523,7 +529,7 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
                                f"{clean(other, 120)}"))
         else:
             out.append(f)
-    best = out[position[id(best)]]
+    best = out[position[id(best)][1]]
     deadlock = len(root) > 1
     graph = WaitGraph(tuple(b.vertices.values()), tuple(b.edges), root, chain, deadlock, best.confidence,
                       False, _headline(b, root, chain, deadlock), _next(best, b.vertices[root[0]], b, deadlock))
