@@ -47,6 +47,8 @@ _CONF = {"high": 0, "medium": 1, "low": 2}
 TIER: Dict[str, int] = {
     "stopped": 0, "frozen": 0, "exited": 0, "uninterruptible": 1,
     "lock_wait": 2, "p2p_wait": 2, "collective_lag": 2, "missing_ranks": 2,
+    # /proc and py-spy on the culprit's own threads, and the GPU's own reports: more than a stack's position
+    "gil_held": 2, "pipe_write": 2, "native_call": 2, "gpu_fault": 2, "nccl_ras": 2,
     "different_collective": 3, "minority_stack": 3, "iteration_split": 3, "launch_differs": 3,
     "outside_peer": 4, "network_stall": 4, "slow_node": 4, "still_running": 4,
     "node_failed": 5, "thread_count": 5,
@@ -59,6 +61,9 @@ _EDGE_KIND = {"stopped": "state", "frozen": "state", "exited": "state", "uninter
               "different_collective": "stacks", "minority_stack": "stacks", "iteration_split": "iteration",
               "launch_differs": "launch", "outside_peer": "outside", "network_stall": "network",
               "node_failed": "node", "slow_node": "slow", "still_running": "progress", "thread_count": "threads"}
+# Findings that a progressing job does not contradict: they say how it runs (slowly, with other flags), not that
+# it is held
+MOVING_KINDS = frozenset({"progressing", "slow_node", "launch_differs"})
 MAX_LINES = 12
 SMALL_JOB = 512  # up to this many ranks the rest of the job is labelled rank by rank; beyond, counted
 _RANKS_IN_LABEL = re.compile(r"\branks? ((?:\d+(?:-\d+)?)(?:,\d+(?:-\d+)?)*)")
@@ -465,7 +470,7 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
 
     if progressing is not None:
         out = [replace(f, confidence="medium", reason=f"{f.reason}; but the job progresses between samples")
-               if f.culprit and f.confidence == "high" and f.kind != "progressing" else f for f in findings]
+               if f.culprit and f.confidence == "high" and f.kind not in MOVING_KINDS else f for f in findings]
         graph = WaitGraph(tuple(b.vertices.values()), tuple(b.edges), progressing=True,
                           headline="nobody: the job is progressing between samples")
         return graph, out, next(f for f in out if f.kind == "progressing")
