@@ -276,3 +276,54 @@ def test_permuting_the_ranks_never_changes_the_culprit(kind: str, culprit: int, 
     a, b = analyze(snapshot(ranks, locals=True)), analyze(snapshot(shuffled, locals=True))
     assert root_numbers(a) == root_numbers(b) == {culprit}
     assert graph(a).headline == graph(b).headline and a.verdict == b.verdict
+
+
+# --- processes beside the ranks (discovery's Snapshot.processes) ---------------------------------------------
+# Stand-ins named as such: discovery (issue 16) adds JobProcess to the model on its own branch; the graph reads
+# these attributes only (node, pid, role, kind, of, state, hold, threads, job).
+
+
+def job_process(pid: int, role: str, of: tuple, **kw: object) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**dict(dict(node="node01", pid=pid, role=role, kind="data-loader worker", of=of,
+                                       state="S", hold=None, threads=(), job=""), **kw))
+
+
+def with_processes(snap, processes):  # type: ignore[no-untyped-def]
+    """The snapshot carrying these processes (a field of discovery's Snapshot; set as an attribute here)."""
+    object.__setattr__(snap, "processes", tuple(processes))
+    return snap
+
+
+LOADER_QUEUE = stack("_recv (/usr/lib/python3.11/multiprocessing/connection.py:430)",
+                     "_try_get_data (/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:1133)",
+                     "train (job.py:55)", "<module> (job.py:120)")
+
+
+def test_a_rank_waiting_on_a_stopped_child_makes_the_child_the_root() -> None:
+    ranks = list(job(8, 4, rank1=LOADER_QUEUE))
+    procs = [job_process(4242, "child", (1001,), state="T"), job_process(4243, "child", (1000,), state="T")]
+    a = analyze(with_processes(snapshot(ranks), procs))
+    g = graph(a)
+    root = g.vertex(g.root[0])
+    assert root is not None and root.kind == "process" and root.state == "stopped"
+    assert root.label == "rank 1's data-loader worker pid 4242"  # rank 0's stopped child: rank 0 does not wait on it
+    assert "kill -CONT 4242" in g.next and a.findings[0].ranks == (("node01", 1001),)
+    assert "rank 1 waits for rank 1's data-loader worker pid 4242 (held: stopped)" in g.headline
+
+
+def test_a_running_child_is_shown_but_does_not_take_the_blame() -> None:
+    ranks = list(job(8, 4, rank1=LOADER_QUEUE))
+    a = analyze(with_processes(snapshot(ranks), [job_process(4242, "child", (1001,))]))
+    g = graph(a)
+    assert root_numbers(a) == {1} and any(e.kind == "child" and e.strength == "low" for e in g.edges)
+
+
+def test_a_launcher_with_no_rank_below_it_waits_for_its_rendezvous() -> None:
+    ranks = list(job(8, 4, rank1=LOADING))
+    launcher = job_process(77, "launcher", (), kind="torchrun", node="node03")
+    g = graph(analyze(with_processes(snapshot(ranks), [launcher])))
+    e = next(e for e in g.edges if e.kind == "rendezvous")
+    assert g.vertex(e.waiter).label == "torchrun pid 77 on node03"  # type: ignore[union-attr]
+    assert root_numbers(analyze(snapshot(ranks))) == {1}

@@ -248,10 +248,21 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         findings = _explained_by_state(findings, held[0])
     if not classes:
         findings.append(_no_data(snapshot))
-    graph, findings, top = wait_graph(findings, ranks, rank_facts.key, rank_facts.rank, classes, by_key, calls)
+    graph, findings, top = wait_graph(findings, ranks, rank_facts.key, rank_facts.rank, classes, by_key, calls,
+                                      _processes(snapshot))
     ordered = order(findings, first=[top] if top is not None else ())
     return Analysis(_verdict(ordered, top), ordered, classes, tree, splits, progress, len(ranks),
                     len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight, (graph,))
+
+
+def _processes(snapshot: Snapshot) -> list:
+    """The launchers and children of this snapshot's job(s) (Snapshot.processes, from discovery), by attribute:
+    a snapshot without them costs nothing."""
+    processes = getattr(snapshot, "processes", ())
+    if not processes:
+        return []
+    jobs_here = {r.job for r in snapshot.ranks}
+    return [p for p in processes if getattr(p, "job", "") in jobs_here or not getattr(p, "job", "")]
 
 
 def _where_of(classes: Sequence[StackClass], wanted: set) -> Dict[int, str]:

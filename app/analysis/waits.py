@@ -286,6 +286,36 @@ class _Builder:
             self.edge(a, b, "lock", f"`{clean(e.waiter.key[1], 60)}` at {e.waiter.frame.location}", f.confidence,
                       f.kind)
 
+    def processes(self, processes: Sequence[Any]) -> None:
+        """A suspect rank that waits on its children (a DataLoader queue, a subprocess, a pool) waits for them;
+        a child held by its state is what it waits for. A launcher with no rank below it waits for a rendezvous
+        that nodes never joined. `processes`: Snapshot.processes (discovery's JobProcess: node, pid, role, kind,
+        of, state, hold, threads), read by attribute so that snapshots without them cost nothing."""
+        suspects = {v.ranks[0]: v.id for v in list(self.vertices.values()) if v.kind == "ranks" and len(v.ranks) == 1}
+        for p in processes[:4096]:
+            role = getattr(p, "role", "")
+            if role == "child" and suspects:
+                for rank_pid in getattr(p, "of", ()):
+                    owner = suspects.get((p.node, rank_pid))
+                    r = self.by_key().get((p.node, rank_pid)) if owner else None
+                    if owner is None or r is None or not waits_on_children(r):
+                        continue
+                    state = _process_state(p)
+                    who = f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
+                    vid = self._id(("process", p.node, p.pid))
+                    main = next((t for t in getattr(p, "threads", ()) if t.is_main), None)
+                    self.vertices[vid] = Vertex(vid, "process", clean(f"{who}'s {p.kind or 'child'} pid {p.pid}", 160),
+                                                (), (), (p.node,), state,
+                                                f"in {thread_where(main)}" if main is not None and main.frames else "")
+                    self.edge(owner, vid, "child", f"{'held: ' + state if state else 'waits on its child'}",
+                              "high" if state else "low")
+            elif role == "launcher" and not getattr(p, "of", ()):
+                vid = self._id(("process", p.node, p.pid))
+                self.vertices[vid] = Vertex(vid, "process", clean(f"{p.kind or 'launcher'} pid {p.pid} on {p.node}",
+                                                                  160), (), (), (p.node,), _process_state(p))
+                gone = self.other_vertex("missing", "nodes that have not joined its rendezvous", (), ())
+                self.edge(vid, gone, "rendezvous", "no rank started below it", "medium")
+
     def p2p(self, calls: Sequence[P2PCall]) -> None:
         """Unmatched point-to-point calls: the caller waits for its peer; a peer that waits in a collective the
         caller has not joined waits for it back (a mismatch: both wait)."""
@@ -332,6 +362,40 @@ class _Builder:
         else:
             label = f"the other {count_phrase(rest)}"
         self.vertices["job"] = replace(self.vertices["job"], label=label)
+
+
+# Where a rank's main thread waits on processes of its own: multiprocessing pipes and queues (DataLoader
+# workers), subprocess waits, pools. (file suffix, function names)
+_ON_CHILDREN = (("multiprocessing/connection.py", {"_recv", "_recv_bytes", "recv", "recv_bytes", "poll", "_poll",
+                                                   "wait"}),
+                ("multiprocessing/queues.py", {"get"}), ("multiprocessing/pool.py", {"get", "wait"}),
+                ("torch/utils/data/dataloader.py", {"_try_get_data", "_get_data", "_next_data"}),
+                ("subprocess.py", {"wait", "_wait", "communicate", "_communicate"}))
+
+
+def waits_on_children(r: RankSnapshot) -> bool:
+    t = r.main_thread
+    if t is None:
+        return False
+    for f in t.frames[:12]:
+        name = f.filename.replace("\\", "/")
+        fn = f.function.rsplit(".", 1)[-1]
+        if any(name.endswith(suffix) and fn in fns for suffix, fns in _ON_CHILDREN):
+            return True
+    return False
+
+
+def _process_state(p: Any) -> str:
+    hold = getattr(p, "hold", None)
+    kind = getattr(hold, "kind", "") if hold is not None else ""
+    if kind in ("stopped", "traced", "frozen"):
+        return kind
+    if kind == "disk_sleep":
+        return "in D state"
+    if kind in ("zombie", "exiting", "gone"):
+        return "exited"
+    state = getattr(p, "state", "")
+    return {"T": "stopped", "t": "stopped", "Z": "exited", "X": "exited", "D": "in D state"}.get(state, "")
 
 
 def rank_numbers(text: str) -> Tuple[int, ...]:
@@ -448,8 +512,8 @@ def _key(f: Finding) -> Tuple[int, int]:
 
 def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys: Sequence[RankKey],
                numbers: Sequence[Optional[int]], classes: Sequence[StackClass],
-               by_key: Optional[Dict[RankKey, RankSnapshot]] = None, calls: Sequence[P2PCall] = ()
-               ) -> Tuple[WaitGraph, List[Finding], Optional[Finding]]:
+               by_key: Optional[Dict[RankKey, RankSnapshot]] = None, calls: Sequence[P2PCall] = (),
+               processes: Sequence[Any] = ()) -> Tuple[WaitGraph, List[Finding], Optional[Finding]]:
     """The wait graph of one job, the findings calibrated against it, and the finding the headline speaks of
     (the root's best evidence; "progressing" when the job moves; None when nothing names a culprit)."""
     b = _Builder(ranks, keys, numbers, classes, by_key)
@@ -466,6 +530,8 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
     for f in findings:
         b.finding(f)
     b.p2p(calls)
+    if processes:
+        b.processes(processes)
     b.finish_job_label()
 
     if progressing is not None:
@@ -601,6 +667,12 @@ def _next(f: Finding, v: Vertex, b: _Builder, deadlock: bool) -> str:
     at = f" on {clean(key[0], 60)}" if key else ""
     pid = str(key[1]) if key else "PID"
     who = short(v)
+    if v.kind == "process":  # a child process the culprit waits on: its own pid, not its rank's
+        m = re.search(r"pid (\d+)", v.label)
+        ppid, node = (m.group(1) if m else "PID"), (v.nodes[0] if v.nodes else "its node")
+        if v.state == "stopped":
+            return f"`kill -CONT {ppid}` on {clean(node, 60)} resumes it; hangscope left it as it was"
+        return f"see what it does: `py-spy dump --pid {ppid}` on {clean(node, 60)}"
     if deadlock and k == "lock_wait":
         return "take the locks in one order on every thread (or never wait while holding one)"
     if deadlock or k == "p2p_wait":
@@ -626,6 +698,9 @@ def _next(f: Finding, v: Vertex, b: _Builder, deadlock: bool) -> str:
             return "iterate in one order on every rank (sorted(), not a set's or a dict's order)"
         return (f"find the branch under which {who} skipped or repeated a collective (one that depends on the "
                 "rank, its data or the clock)")
+    if k == "different_collective" and "left the loop" not in f.title:
+        return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
+                "do not (or where they call one it skipped)")
     if k in ("minority_stack", "different_collective"):
         if "left the loop" in f.title:
             return ("give every rank the same number of batches (DistributedSampler(drop_last=True), equal "
