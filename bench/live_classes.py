@@ -41,14 +41,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=300,
                     help="seconds a class's job may take to start and hang (a loaded machine needs more)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--keep", type=Path, help="keep each class's hosts file and snapshot in this folder")
     args = ap.parse_args(argv)
     names = args.classes or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS or n not in TRUTH]
     if unknown:
         ap.error(f"unknown class {', '.join(unknown)}")
     rows = []
-    work = Path(tempfile.mkdtemp(prefix="hangscope-live-"))
-    with build_cluster(args.nodes) as cluster:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="hangscope-live-") as tmp, build_cluster(args.nodes) as cluster:
+        work = args.keep or Path(tmp)
         for name in names:
             scenario = sized(SCENARIOS[name], args.nodes, args.ranks_per_node)
             started_at = time.monotonic()

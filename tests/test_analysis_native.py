@@ -89,3 +89,14 @@ def test_a_library_waiting_for_its_thread_pool_with_the_gil_is_not_named() -> No
     t = main_thread(torch_call, Frame("train", F, 90), syscall="futex", gil=True)
     kinds = [f.kind for f in analyze(snapshot(job_with(t, helper()))).findings]
     assert "gil_held" not in kinds and "native_call" not in kinds, kinds
+
+
+def test_a_futex_wait_with_the_gil_in_a_single_threaded_rank_is_not_named() -> None:
+    """`x = torch.randn(...)` at module level: the job's own line, a torch op holding the GIL that waits for its
+    pool; with no other Python thread there is nothing the GIL holds up, and it is a moment of a running job."""
+    t = main_thread(Frame("<module>", F, 61), syscall="futex", gil=True)
+    kinds = [f.kind for f in analyze(snapshot(job_with(t))).findings]
+    assert "gil_held" not in kinds and "native_call" not in kinds, kinds
+    # the same wait with a Python thread it holds up is named
+    kinds = [f.kind for f in analyze(snapshot(job_with(t, helper()))).findings]
+    assert kinds[0] == "gil_held", kinds

@@ -8,8 +8,8 @@ write) shows its innermost Python frame at the line that made the call. What the
 - the GIL held in native code: py-spy says the thread owns the GIL, and /proc says it sleeps in the kernel.
   CPython releases the GIL around every blocking call of its own, so this is native code that did not
   (ctypes.PyDLL, a C extension without Py_BEGIN_ALLOW_THREADS): no other thread of the process runs Python.
-  A futex wait under a library's frame is left out: torch's CPU ops wait for their thread pool with the GIL
-  held, a moment of every running job.
+  A futex wait under a library's frame, or in a process with no other Python thread, is left out: torch's CPU
+  ops wait for their thread pool with the GIL held, a moment of every running job.
 - a native call that does not return: the innermost Python frame is the job's own code (not a library's
   wait, not a `with` header), and the thread sleeps in a call that waits for nothing a Python API gives
   (pause, a futex of C code, a signal wait, a child).
@@ -74,11 +74,12 @@ def gil_held(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Finding]:
         f = _innermost_python(t)
         if f is None or collective_of(f) is not None:
             continue
-        if t.syscall == "futex" and is_library(f):
-            # a library's C code waiting for its own thread pool with the GIL held (torch's CPU ops do, between
-            # their workers' chunks): a normal moment of a running job, not a native call that never returns
-            continue
         others = [o for o in r.threads if o is not t and o.frames]
+        if t.syscall == "futex" and (is_library(f) or not others):
+            # C code waiting for its own thread pool with the GIL held (torch's CPU ops do, between their workers'
+            # chunks): a normal moment of a running job. Named only under the job's own code and with Python
+            # threads that the held GIL stops
+            continue
         who = short_keys(((r.node, r.pid),), (r.rank,))
         if len(others) == 1:
             stuck = f"; its other Python thread, {_label(others[0])}, cannot run"

@@ -8,7 +8,8 @@ import signal
 import sys
 from typing import Sequence
 
-SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock", "order", "uneven")
+SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock", "order", "uneven", "mismatch", "gil",
+             "native", "pipe")
 
 
 def demo_main(argv: Sequence[str]) -> int:
@@ -22,7 +23,9 @@ def demo_main(argv: Sequence[str]) -> int:
                         "healthy: the job keeps making progress; lock: one rank's main thread waits for a lock "
                         "its checkpoint thread holds; deadlock: two threads of one rank take two locks in "
                         "opposite orders; order: one rank all_reduces its gradient buckets in another order; uneven: "
-                        "DDP, and one rank's data runs out first")
+                        "DDP, and one rank's data runs out first; mismatch: one rank all_gathers where the others "
+                        "all_reduce; gil / native: one rank in a ctypes call that never returns, holding the GIL or "
+                        "not; pipe: one rank blocks writing to a pipe nobody reads")
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
     parser.add_argument("--print", dest="print_summary", action="store_true",
