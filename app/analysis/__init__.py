@@ -29,13 +29,15 @@ from app.analysis.network import network_findings
 from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.processes import launchers_without_ranks
 from app.analysis.options import AnalysisOptions
+from app.analysis.p2p import p2p_calls, p2p_findings
 from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
 from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
+from app.analysis.waits import WaitGraph, wait_graph
 from app.model import Frame, RankSnapshot, Snapshot, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
-           "RankProgress", "analyze"]
+           "RankProgress", "WaitGraph", "analyze"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Analysis:
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
     elapsed: float = 0.0  # seconds the analysis took
     flight: Optional[FlightSummary] = None  # PyTorch's Flight Recorder: used or not, and each rank's numbers
+    waits: Tuple[WaitGraph, ...] = ()  # who waits for whom, one graph per job: its root is the culprit
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-able: stored as the snapshot file's "analysis". Frames are shortened to their identity (the
@@ -69,6 +72,7 @@ class Analysis:
             "iteration_splits": [_split_dict(s) for s in self.iteration_splits],
             "progress": [to_dict(p) for p in self.progress],
             "flight": to_dict(self.flight) if self.flight is not None else None,
+            "waits": [g.to_dict() for g in self.waits],
         }
 
 
@@ -157,7 +161,9 @@ def _analyze_jobs(snapshot: Snapshot, history: Sequence[Snapshot], options: Anal
         tag = f"job {clean(key or 'unidentified', 120)}: "
         findings += [dataclasses.replace(f, title=tag + f.title) for f in a.findings]
     findings += [f for f in whole.findings if f.kind in ("several_jobs", "node_failed")]
-    return dataclasses.replace(whole, verdict=" ".join(parts), findings=tuple(findings),
+    graphs = tuple(dataclasses.replace(g, job=_job_label(snapshot, key)) for key, a in stuck + progressing
+                   for g in a.waits)
+    return dataclasses.replace(whole, verdict=" ".join(parts), findings=tuple(findings), waits=graphs,
                                progress=tuple(p for _, a in per_job for p in a.progress),
                                elapsed=time.perf_counter() - started)
 
@@ -190,6 +196,9 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     # the ranks by key, when something compares a rank's own frames (loops, locals) with its class's path
     by_key = dict(zip(rank_facts.key, ranks)) if len(classes) > 1 or any(s.split for s in splits) else None
     findings: List[Finding] = stack_findings(classes, by_key)
+    calls = p2p_calls(ranks, classes, by_key)
+    if calls:
+        findings += p2p_findings(calls, _where_of(classes, {c.peer for c in calls if c.peer is not None}))
     odd = {k for c in classes[1:] for k in c.ranks}  # the ranks the stacks single out
     findings += lock_findings(ranks, odd, rank_facts.enters_with)
     findings += native_findings(ranks, odd)
@@ -248,9 +257,33 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         findings = _explained_by_state(findings, held[0])
     if not classes:
         findings += launchers_without_ranks(snapshot) or [_no_data(snapshot)]
-    ordered = order(findings)
-    return Analysis(_verdict(ordered), ordered, classes, tree, splits, progress, len(ranks),
-                    len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight)
+    graph, findings, top = wait_graph(findings, ranks, rank_facts.key, rank_facts.rank, classes, by_key, calls,
+                                      _processes(snapshot))
+    ordered = order(findings, first=[top] if top is not None else ())
+    return Analysis(_verdict(ordered, top), ordered, classes, tree, splits, progress, len(ranks),
+                    len(ranks) - len(grouping.no_stack), options, time.perf_counter() - started, flight, (graph,))
+
+
+def _processes(snapshot: Snapshot) -> list:
+    """The launchers and children of this snapshot's job(s) (Snapshot.processes, from discovery)."""
+    if not snapshot.processes:
+        return []
+    jobs_here = {r.job for r in snapshot.ranks}
+    return [p for p in snapshot.processes if p.job in jobs_here or not p.job]
+
+
+def _where_of(classes: Sequence[StackClass], wanted: set) -> Dict[int, str]:
+    """Rank number -> where its class is, for the ranks named as peers of point-to-point calls."""
+    from app.analysis.findings import where
+
+    out: Dict[int, str] = {}
+    for c in classes:
+        if c.collective in ("send", "recv", "send/recv"):
+            continue
+        for n in c.numbers:
+            if n in wanted and n not in out:
+                out[n] = f"in `{c.collective}`" if c.collective else where(c)
+    return out
 
 
 def _ddp_wait(ranks: Sequence[RankSnapshot], c: StackClass, options: AnalysisOptions) -> bool:
@@ -284,8 +317,10 @@ def _no_data(snapshot: Snapshot) -> Finding:
                    "see why in the dump failures above", "high", "nothing to merge", culprit=False)
 
 
-def _verdict(findings: Sequence[Finding]) -> str:
-    top = lead(findings)
+def _verdict(findings: Sequence[Finding], top: Optional[Finding] = None) -> str:
+    """The headline: what the finding at the wait graph's root says (`top`), else the lead finding's."""
+    if top is None or top not in findings:
+        top = lead(findings)
     if top is None:
         return "Nothing stands out."
     title = top.title[:1].upper() + top.title[1:]

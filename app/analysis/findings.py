@@ -24,6 +24,7 @@ FindingKind = Literal[
     "gpu_fault",  # GPU evidence (app/analysis/gpu_evidence.py): a fresh Xid, ECC errors, nvidia-smi hung
     "nccl_ras",  # NCCL's RAS: ranks missing from a communicator, collective counts that differ
     "lock_wait",  # a thread blocked on a lock another thread of its rank holds (or a deadlock of threads)
+    "p2p_wait",  # a rank blocked in send/recv for a peer that is elsewhere, or ranks whose p2p calls form a cycle
     "gil_held",  # a thread holds the GIL while asleep in native code: no other thread of the rank runs Python
     "pipe_write",  # a thread blocked writing to a full pipe nobody drains
     "native_call",  # the main thread inside a native call (ctypes, a C extension) that does not return
@@ -67,10 +68,13 @@ class Finding:
     class_index: Optional[int] = None
 
 
-def order(findings: Sequence[Finding]) -> Tuple[Finding, ...]:
+def order(findings: Sequence[Finding], first: Sequence[Finding] = ()) -> Tuple[Finding, ...]:
     """Most likely culprit first, and never a less sure finding before a surer one: by confidence, and within one
-    confidence "progressing" (the job is not hung), then suspects, then notes about the data."""
-    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], _head(f), KINDS.index(f.kind))))
+    confidence `first` (the finding at the wait graph's root, app/analysis/waits.py), "progressing" (the job is
+    not hung), then suspects, then notes about the data."""
+    lead_ids = {id(f) for f in first}
+    return tuple(sorted(findings, key=lambda f: (_CONFIDENCE[f.confidence], id(f) not in lead_ids, _head(f),
+                                                 KINDS.index(f.kind))))
 
 
 def lead(findings: Sequence[Finding]) -> Optional[Finding]:

@@ -28,6 +28,7 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
     width = max(width, 40)
     out: List[str] = []
     out += _wrap(f"hangscope: {analysis.verdict}", width, "  ")
+    out += waits_text(analysis, width)
     if analysis.findings:
         out += ["", "Findings, most likely culprit first:"]
         slurm = _slurm_ids(snapshot)
@@ -84,6 +85,23 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
         for line in failures:
             out += _wrap(line, width, "    ", first="  ")
     return "\n".join(clean(line, 10 * width) for line in out)
+
+
+def waits_text(analysis: Analysis, width: int = 100) -> List[str]:
+    """Who waits for whom, under the headline: `ranks 0-6 -> rank 7 (iteration: step=41 vs 40; high)`, the
+    culprit and what to do next; one block per job when the snapshot holds several."""
+    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    if not graphs:
+        return []
+    out = ["", "Who waits for whom:"]
+    for g in graphs:
+        indent = "  "
+        if len(graphs) > 1:
+            out += _wrap(f"job {g.job}:", width, "    ", first="  ")
+            indent = "    "
+        for line in g.lines():
+            out += _wrap(line, width, indent + "    ", first=indent)
+    return out
 
 
 def _slurm_ids(snapshot: Snapshot) -> Dict[Tuple[str, int], str]:

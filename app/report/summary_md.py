@@ -34,6 +34,8 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     snap = facts.snapshot
     out: List[str] = ["# hangscope report", "", f"**Verdict:** {md_sentence(facts.verdict)}", "",
                       _context(snap, first), ""]
+    if analysis is not None:
+        out += _waits(analysis, red)
     out += _findings(facts)
     if facts.culprit is not None:
         out += _culprit(facts)
@@ -96,6 +98,19 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
     if opts.nonblocking and not given:
         text += " This sample was taken without pausing the ranks (py-spy's non-blocking mode)."
     return text
+
+
+def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
+    """Who waits for whom (app/analysis/waits.py), under the verdict: one line per edge, the culprit, next."""
+    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    if not graphs:
+        return []
+    out = ["## Who waits for whom", ""]
+    for g in graphs:
+        if len(graphs) > 1:
+            out.append(f"- job {md(red.text(g.job), 200)}:")
+        out += [f"{'  ' if len(graphs) > 1 else ''}- {md_sentence(red.text(line))}" for line in g.lines()]
+    return out + [""]
 
 
 def _findings(facts: Facts) -> List[str]:
