@@ -14,20 +14,19 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from app import __version__, parse
 from app.errors import HangscopeError, TransportError
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
+from app.hosts import HostSpec
+from app.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
-from app.peer_names import PeerNamer
-from app.transport.local import start_local
-from app.transport.ssh import SshOptions, SshTransport
+from app.transport.connect import Connector
+from app.transport.srun import SrunOptions
+from app.transport.ssh import SshOptions
 from workers.protocol import ERROR_HINTS
-
-if TYPE_CHECKING:
-    from app.hosts import HostSpec
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -35,11 +34,6 @@ STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
-
-
-SshOpen = Callable[[], Awaitable[WorkerConnection]]  # opens this node over SSH, as the session would
-# Another way onto nodes (app.slurm: srun): given the node, the worker's options and the SSH way, a started worker.
-Opener = Callable[["HostSpec", Mapping[str, Any], SshOpen], Awaitable[WorkerConnection]]
 
 
 @dataclass(frozen=True)
@@ -56,7 +50,15 @@ class SessionOptions:
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
     strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
-    opener: Optional[Opener] = field(default=None, compare=False)  # None: SSH to every node
+    srun: Optional[SrunOptions] = field(default=None, compare=False)  # the SLURM job for hosts over srun/auto
+
+    def connector(self, worker_options: Mapping[str, Any], *, push_pyspy: bool = True) -> Connector:
+        """How this run opens workers (app.transport.connect): SSH settings, the SLURM job, the interpreter."""
+        return Connector(SshOptions(
+            config_paths=self.ssh_config, known_hosts=self.known_hosts, identity=self.identity,
+            python=self.python or bootstrap.DEFAULT_PYTHON, connect_timeout=self.connect_timeout,
+            accept_new_host_keys=self.accept_new_host_keys, fanout=self.fanout, push_pyspy=push_pyspy),
+            srun=self.srun, python=self.python, worker_options=worker_options)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ RankKey = tuple[str, int]  # (node name, pid)
 class _Node:
     """One node's mutable state across passes."""
 
-    spec: Optional["HostSpec"]
+    spec: HostSpec
     status: NodeStatus
     conn: Optional[WorkerConnection] = None
     ranks: dict[int, RankSnapshot] = field(default_factory=dict)  # by pid, from the latest pass
@@ -107,17 +109,15 @@ def raise_nofile_limit() -> None:
 class Session:
     """Collects snapshots from nodes (hosts None = this machine, no SSH) and keeps workers warm between them."""
 
-    def __init__(self, hosts: Optional[Sequence["HostSpec"]], options: SessionOptions = SessionOptions(),
+    def __init__(self, hosts: Optional[Sequence[HostSpec]], options: SessionOptions = SessionOptions(),
                  on_event: Optional[Callable[[SessionEvent], None]] = None) -> None:
         self.options = options
         self._on_event = on_event
-        self._local = hosts is None
         if hosts is None:
-            self._nodes = [_Node(None, NodeStatus(name=socket.gethostname(), address="localhost"))]
-        else:
-            self._nodes = [_Node(h, NodeStatus(name=h.name, address=h.host, user=h.user or "", port=h.port,
-                                               slots=h.slots)) for h in hosts]
-        self._ssh: Optional[SshTransport] = None
+            hosts = [HostSpec(name=socket.gethostname(), host="localhost", transport="local")]
+        self._nodes = [_Node(h, NodeStatus(name=h.name, address=h.host, user=h.user or "", port=h.port,
+                                           slots=h.slots)) for h in hosts]
+        self._connector: Optional[Connector] = None  # made on the first open: the worker options are known then
         self._tasks: list[asyncio.Task[None]] = []
         self._cancelled = False
         self._closed = False
@@ -312,24 +312,9 @@ class Session:
                                                    phase=phase), timings)
 
     async def _open(self, node: _Node) -> WorkerConnection:
-        worker_options = self._worker_options()
-        if self._local:
-            return await start_local(self.options.python, name=node.name, options=worker_options)
-        assert node.spec is not None
-        if self.options.opener is not None:
-            return await self.options.opener(node.spec, worker_options, lambda: self._open_ssh(node, worker_options))
-        return await self._open_ssh(node, worker_options)
-
-    async def _open_ssh(self, node: _Node, worker_options: dict) -> WorkerConnection:
-        if self._ssh is None:
-            o = self.options
-            self._ssh = SshTransport(SshOptions(
-                config_paths=o.ssh_config, known_hosts=o.known_hosts, identity=o.identity,
-                python=o.python or bootstrap.DEFAULT_PYTHON, connect_timeout=o.connect_timeout,
-                accept_new_host_keys=o.accept_new_host_keys, fanout=o.fanout, worker_options=worker_options))
-        spec = node.spec
-        assert spec is not None
-        return await self._ssh.open(spec.host, name=node.name, user=spec.user, port=spec.port)
+        if self._connector is None:
+            self._connector = self.options.connector(self._worker_options())
+        return await self._connector.open(node.spec)
 
     def _worker_options(self) -> dict:
         opts: dict = {"sudo": self.options.collect.sudo}
