@@ -11,7 +11,7 @@ import tempfile
 from typing import List, Optional, Sequence, TextIO
 
 from app.errors import HangscopeError, InputError
-from app.model import (CollectOptions, Snapshot, SnapshotFormatError, snapshot_from_json,
+from app.model import (CollectOptions, Snapshot, SnapshotFormatError, rank_key, snapshot_from_json,
                        snapshot_to_json)
 
 EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
@@ -65,7 +65,7 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
                 await asyncio.sleep(args.interval)
                 # a node that failed to connect in the first sample is not tried again: one deadline each
                 snap = await session.refresh(reconnect=False)
-            wanted = [(r.node, r.pid) for r in snap.ranks if r.collected]
+            wanted = [rank_key(r) for r in snap.ranks if r.collected]
             if args.strace and wanted:
                 await session.strace(wanted, args.strace)
             if args.gdb and wanted:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from app import __version__, parse
 from app.errors import HangscopeError, TransportError
-from app.model import CollectOptions, ErrorInfo, NodeStatus, RankSnapshot, Snapshot
+from app.model import CollectOptions, ErrorInfo, NodeStatus, RankKey, RankSnapshot, Snapshot
 from app.hosts import HostSpec
 from app.peer_names import PeerNamer
 from app.transport import bootstrap
@@ -77,7 +77,6 @@ class SnapshotDone:
 
 
 SessionEvent = Union[NodeUpdate, RankUpdate, SnapshotDone]
-RankKey = tuple[str, int]  # (node name, pid)
 
 
 @dataclass

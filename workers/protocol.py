@@ -178,3 +178,8 @@ def error_dict(code: str, message: str, hint: Optional[str] = None) -> Dict[str,
     if code not in ERROR_HINTS:
         code, message = "internal", "unknown error code %r: %s" % (code, message)
     return {"code": code, "message": message, "hint": hint if hint is not None else ERROR_HINTS[code]}
+
+
+def pyspy_flags(native: bool, locals_: bool, nonblocking: bool) -> List[str]:
+    """py-spy dump's flags for these options, in one place: the worker runs them, the TUI shows them."""
+    return ["--native"] * native + ["--locals"] * locals_ + ["--nonblocking"] * nonblocking

@@ -18,8 +18,9 @@ from textual.timer import Timer
 from app.errors import HangscopeError
 from app.model import CollectOptions
 from app.ui.core import HangscopeCore
-from app.ui.grid_model import RankKey
+from app.model import RankKey
 from app.ui.safe import counted
+from workers.protocol import pyspy_flags
 from app.ui.screens.dialogs import ConfirmScreen, PathScreen
 
 STRACE_SECONDS = 2.0
@@ -37,9 +38,7 @@ def command_lines(kind: str, keys: Sequence[RankKey], options: CollectOptions, s
         elif kind == "gdb":
             cmd = f"{sudo}gdb -p {pid} -batch -iex 'set debuginfod enabled off' -ex 'thread apply all bt'"
         else:
-            flags = " --native" if options.native else ""
-            flags += " --locals" if options.locals else ""
-            flags += " --nonblocking" if options.nonblocking else ""
+            flags = "".join(f" {f}" for f in pyspy_flags(options.native, options.locals, options.nonblocking))
             cmd = f"{sudo}py-spy dump --json{flags} --pid {pid}"
         out.append(f"{node}: {cmd}")
     return out

@@ -17,7 +17,7 @@ from workers import pstate
 from workers.collect import guard, procfs, runas
 from workers.collect.guard import CollectError
 from workers.procinfo import ns_id
-from workers.protocol import error_dict
+from workers.protocol import error_dict, pyspy_flags
 from workers.redact import redact_text, secret_value
 from workers.request import Cancelled, Request
 
@@ -153,7 +153,7 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
         item["notes"].append("not attached: the process is %s; dumped with py-spy --nonblocking (reads its "
                              "memory, no ptrace)%s" % (pstate.describe(info), "; native frames need ptrace and "
                                                        "were not collected" if opts.native_wanted else ""))
-    flags = ["--native"] * opts.native + ["--locals"] * opts.locals + ["--nonblocking"] * opts.nonblocking
+    flags = pyspy_flags(opts.native, opts.locals, opts.nonblocking)
     # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
     lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
     with lock:
