@@ -11,12 +11,12 @@ import re
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from app.errors import hint_for
 from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.parse_flight import flight_record
-from workers.protocol import ERROR_HINTS
 
 
 def _int(value: Any) -> int | None:
@@ -56,7 +56,7 @@ def error_info(err: Any, phase: str = "") -> ErrorInfo | None:
         return None
     code = _str(err.get("code")) or "internal"
     return ErrorInfo(code=code, message=_str(err.get("message")),
-                     hint=_str(err.get("hint")) or ERROR_HINTS.get(code, ""), phase=phase)
+                     hint=_str(err.get("hint")) or hint_for(code), phase=phase)
 
 
 def _gpu(g: dict) -> GpuUse:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from app import __version__, parse
-from app.errors import HangscopeError, TransportError
+from app.errors import HangscopeError, TransportError, hint_for
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankKey, RankSnapshot, Snapshot
 from app.hosts import HostSpec
 from app.peer_names import PeerNamer
@@ -26,7 +26,6 @@ from app.transport.base import WorkerConnection
 from app.transport.connect import Connector
 from app.transport.srun import SrunOptions
 from app.transport.ssh import SshOptions
-from workers.protocol import ERROR_HINTS
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -161,7 +160,7 @@ class Session:
                     async for item in req:
                         self._apply_dump(node, item)
                 except TransportError as exc:
-                    error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), "dump")
+                    error = exc.info("dump")
                     for r in known:
                         node.ranks[r.pid] = dataclasses.replace(node.ranks.get(r.pid, r), error=error)
                         self._emit(RankUpdate(node.ranks[r.pid]))
@@ -339,8 +338,7 @@ class Session:
 
     def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
                      phase: str = "") -> None:
-        error = ErrorInfo(code=exc.code, message=exc.message, hint=exc.hint or ERROR_HINTS.get(exc.code, ""),
-                          phase=exc.phase or phase)
+        error = exc.info(exc.phase or phase)
         conn = node.conn
         if conn is not None and (conn.closed or conn.error is not None):
             node.conn = None  # the worker is gone: the next pass starts a new one
@@ -374,7 +372,7 @@ class Session:
             if node is None or rank is None:
                 results[key] = RankSnapshot(node=key[0], pid=key[1], start_time=0, error=ErrorInfo(
                     "target_exited", f"{key[0]} pid {key[1]} is not in the current snapshot; take a new one",
-                    ERROR_HINTS["target_exited"]))
+                    hint_for("target_exited")))
                 return
             try:
                 if node.conn is None or node.conn.closed:
@@ -385,7 +383,7 @@ class Session:
                 if not self._cancelled:
                     raise
                 rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
-                                                                 ERROR_HINTS["cancelled"], op))
+                                                                 hint_for("cancelled"), op))
             except TransportError as exc:
                 if exc.code == "target_held":  # stopped, frozen or D: the tool was not run, nothing is wrong
                     current = node.ranks.get(rank.pid, rank)
@@ -394,7 +392,7 @@ class Session:
                     results[key] = rank
                     self._emit(RankUpdate(rank))
                     return
-                error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op)
+                error = exc.info(op)
                 # The worker is gone (connection lost, worker died): the stacks already taken stay, but the
                 # rank and its node say the picture is partial, as a loss during the dump pass does.
                 gone = exc.code in _CONNECTION_GONE

@@ -96,12 +96,19 @@ import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, List, Literal, Optional
+
+    ErrorCode = Literal[
+        "bad_request", "unknown_op", "tool_missing", "ptrace_denied", "target_exited", "target_changed",
+        "already_traced", "timeout", "target_held", "sudo_password", "cancelled", "tool_failed", "internal",
+        "unreachable", "dns", "refused", "connect_timeout", "host_key_unknown", "host_key_changed", "auth_failed",
+        "throttled", "lost", "no_python", "protocol", "worker_crashed", "ssh_error"]
 
 PROTOCOL_VERSION = 1
 
 # The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
-# this table so that every layer speaks one vocabulary.
+# this table so that every layer speaks one vocabulary. ErrorCode names the same set for type checkers
+# (tests/test_transport_local.py checks that the two agree).
 ERROR_HINTS: Dict[str, str] = {
     # worker-side, per request or per rank
     "bad_request": "hangscope sent something the worker did not understand; report this as a bug",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Optional, Protocol, Union
+from typing import TYPE_CHECKING, AsyncIterator, Optional, Protocol, Union, cast
 
-from app.errors import TransportError
-from workers import protocol
+from app.errors import TransportError, hint_for
+
+if TYPE_CHECKING:
+    from workers.protocol import ErrorCode
 
 
 class _Connection(Protocol):
@@ -62,9 +64,10 @@ class Request:
             data = msg.get("data")
             self.done = data if isinstance(data, dict) else {}
             raise StopAsyncIteration
-        code = str(msg.get("code") or "internal")
+        # remote text: a newer worker may send a code this version does not know; it is kept as sent
+        code = cast("ErrorCode", str(msg.get("code") or "internal"))
         raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
-                                 hint=str(msg.get("hint") or protocol.ERROR_HINTS.get(code, "")))
+                                 hint=str(msg.get("hint") or hint_for(code)))
 
     async def _get(self) -> dict | TransportError:
         if self.deadline is None:

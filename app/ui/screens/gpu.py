@@ -278,8 +278,7 @@ class GpuTests:
                     options = replace(options, allow_busy_gpus=True)
         except HangscopeError as exc:
             progress.stage = f"failed: {exc.title}"
-            self.app.notify(f"{exc}" + (f"\n{exc.hint}" if exc.hint else ""), title=exc.title, severity="error",
-                            timeout=20, markup=False)
+            self.app.show_error(exc, timeout=20)
         except asyncio.CancelledError:
             progress.stage = "cancelled before it started"
             raise
