@@ -9,11 +9,17 @@ line in app.cli.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from app.model import ErrorInfo
     from workers.protocol import ErrorCode
+
+
+def remote_code(value: Any) -> "ErrorCode":
+    """An error code as a worker sent it: remote text, kept as sent (a newer worker may send a code this
+    version does not know; hint_for gives it no remedy then); "internal" when there is none."""
+    return cast("ErrorCode", str(value or "internal"))
 
 
 def hint_for(code: str) -> str:

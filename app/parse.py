@@ -1,5 +1,8 @@
 """Turning the worker's raw replies into the model: pure functions, no I/O, golden-tested on recorded output.
 
+The replies' shapes are the TypedDicts of workers/protocol.py (Hello, RankInfo, DumpItem, ...), checked by
+mypy here and where the worker builds them.
+
 Everything here reads remote data: values are type-checked as they are taken, never trusted, and text is
 kept as text (never interpreted as markup or shell).
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from app.errors import hint_for
 from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, NodeInfo, ProcessHold,
@@ -17,6 +20,9 @@ from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, Local, LoopInfo, Nod
                        WithInfo)
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.parse_flight import flight_record
+
+if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds them, this module reads them
+    from workers.protocol import DumpItem, Hello, RankInfo
 
 
 def _int(value: Any) -> int | None:
@@ -39,7 +45,7 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def node_info(hello: Mapping[str, Any]) -> NodeInfo:
+def node_info(hello: Hello) -> NodeInfo:
     tools = tuple(ToolInfo(name, _str(t.get("path")), _str(t.get("version")))
                   for name, t in sorted(_dict(hello.get("tools")).items()) if isinstance(t, dict))
     searched = tuple((name, tuple(p for p in _list(paths) if isinstance(p, str)))
@@ -106,7 +112,7 @@ def counters(raw: Any) -> ProgressCounters | None:
         log_bytes=_count(raw.get("log_bytes")), cgroup=cgroup)
 
 
-def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
+def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     """A discovered rank, not yet collected."""
     env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
                 if isinstance(k, str) and isinstance(v, str))
@@ -256,7 +262,7 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
     return frame
 
 
-def _procfs_threads(item: Mapping[str, Any]) -> dict[int, dict]:
+def _procfs_threads(item: DumpItem) -> dict[int, dict]:
     out = {}
     for t in _list(_dict(item.get("procfs")).get("threads")):
         if isinstance(t, dict) and _int(t.get("tid")) is not None:
@@ -277,7 +283,7 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
                        is_main=is_main)
 
 
-def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
+def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
     """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
     procfs = _procfs_threads(item)
     by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union, cast
 
 from app import __version__, parse
 from app.errors import HangscopeError, TransportError, hint_for
@@ -26,6 +26,9 @@ from app.transport.base import WorkerConnection
 from app.transport.connect import Connector
 from app.transport.srun import SrunOptions
 from app.transport.ssh import SshOptions
+
+if TYPE_CHECKING:  # what the worker sends (app.parse reads every value with a check)
+    from workers.protocol import DumpItem
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -158,7 +161,7 @@ class Session:
                     args["targets"] = [{"pid": r.pid, "start_time": r.start_time} for r in known]
                     req = node.conn.request("dump", args, timeout=self.options.dump_timeout * len(known) + 15.0)
                     async for item in req:
-                        self._apply_dump(node, item)
+                        self._apply_dump(node, cast("DumpItem", item))
                 except TransportError as exc:
                     error = exc.info("dump")
                     for r in known:
@@ -328,7 +331,7 @@ class Session:
                 "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
                 "source_context": SOURCE_CONTEXT, "sudo": c.sudo}
 
-    def _apply_dump(self, node: _Node, item: dict) -> None:
+    def _apply_dump(self, node: _Node, item: DumpItem) -> None:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
         if rank is None:
             return

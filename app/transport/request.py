@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, AsyncIterator, Optional, Protocol, Union, cast
+from typing import AsyncIterator, Optional, Protocol, Union
 
-from app.errors import TransportError, hint_for
-
-if TYPE_CHECKING:
-    from workers.protocol import ErrorCode
+from app.errors import TransportError, hint_for, remote_code
 
 
 class _Connection(Protocol):
@@ -64,8 +61,7 @@ class Request:
             data = msg.get("data")
             self.done = data if isinstance(data, dict) else {}
             raise StopAsyncIteration
-        # remote text: a newer worker may send a code this version does not know; it is kept as sent
-        code = cast("ErrorCode", str(msg.get("code") or "internal"))
+        code = remote_code(msg.get("code"))
         raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
                                  hint=str(msg.get("hint") or hint_for(code)))
 

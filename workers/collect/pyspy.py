@@ -12,6 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple
 
+    from workers.protocol import DumpItem
+
 from workers import loops as loopinfo
 from workers import pstate
 from workers.collect import guard, procfs, runas
@@ -111,10 +113,10 @@ def _frames(traces: Any) -> List[Tuple[str, int]]:
     return out
 
 
-def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> Dict[str, Any]:
+def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> DumpItem:
     """The dump item for one target (errors are part of the item: a rank's failure is data)."""
     started = time.monotonic()
-    item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
+    item: DumpItem = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
                             "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
                             "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": [],
                             "source_context": opts.source_context, "process": None, "actions": []}
@@ -126,7 +128,7 @@ def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -
     return item
 
 
-def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, item: Dict[str, Any]) -> None:
+def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, item: DumpItem) -> None:
     # --nonblocking reads memory without attaching, so another tracer does not stop it.
     try:
         item["state_before"] = guard.check_before(pid, start_time, allow_tracer=opts.nonblocking)
@@ -212,7 +214,7 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
 
 
 def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],
-         opts: DumpOptions, item: Dict[str, Any]) -> Any:
+         opts: DumpOptions, item: DumpItem) -> Any:
     # a failure message, not a Rust backtrace (the worker sets it for all its children at start; copying the
     # environment for each dump costs more than the dump's own bookkeeping)
     env = None if os.environ.get("RUST_BACKTRACE") == "0" else dict(os.environ, RUST_BACKTRACE="0")
