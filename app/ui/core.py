@@ -231,7 +231,7 @@ class HangscopeCore(App[int]):
         self.main.set_topbar(out)
 
     def set_filter(self, text: str) -> None:
-        self.query_text = text.strip()
+        self.query_text = self.main.query_text = text.strip()
         self.main.close_filter()
         self.show_position()
         self._update_topbar()
