@@ -1,6 +1,32 @@
-"""One error base for everything hangscope reports to a user: a title, the detail, and a remedy hint."""
+"""One error base for everything hangscope reports to a user: a title, the detail, and a remedy hint.
+
+One subclass per failure class, each carrying its title and remedy: bad input (InputError, HostsError), a node
+that failed (TransportError, its remedy from its code), and, beside their code, SnapshotFormatError
+(app.model), WriteError (app.headless), SlurmError (app.slurm.job), NoInterpreterError and GpusBusyError
+(app.gpu). The TUI shows every one of them in one place (app.ui.core.HangscopeCore.show_error), the command
+line in app.cli.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from app.model import ErrorInfo
+    from workers.protocol import ErrorCode
+
+
+def remote_code(value: Any) -> "ErrorCode":
+    """An error code as a worker sent it: remote text, kept as sent (a newer worker may send a code this
+    version does not know; hint_for gives it no remedy then); "internal" when there is none."""
+    return cast("ErrorCode", str(value or "internal"))
+
+
+def hint_for(code: str) -> str:
+    """The remedy a user reads for an error code (workers.protocol.ERROR_HINTS), "" for a code not in it."""
+    from workers.protocol import ERROR_HINTS
+
+    return ERROR_HINTS.get(code, "")
 
 
 class HangscopeError(Exception):
@@ -45,13 +71,19 @@ class HostsError(InputError):
 
 
 class TransportError(HangscopeError):
-    """A node-level failure, classified with a code from workers.protocol.ERROR_HINTS."""
+    """A node-level failure, classified with a code from workers.protocol.ERROR_HINTS (its remedy unless `hint`
+    says otherwise)."""
 
     title = "node failed"
 
-    def __init__(self, code: str, message: str, *, phase: str = "", hint: str | None = None) -> None:
-        from workers.protocol import ERROR_HINTS
-
-        super().__init__(message, hint=hint if hint is not None else ERROR_HINTS.get(code, ""))
-        self.code = code
+    def __init__(self, code: "ErrorCode", message: str, *, phase: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or hint_for(code))
+        self.code: ErrorCode = code
         self.phase = phase
+
+    def info(self, phase: str | None = None) -> "ErrorInfo":
+        """As the model records it on a node or a rank, in `phase` (default: the error's own)."""
+        from app.model import ErrorInfo
+
+        return ErrorInfo(code=self.code, message=self.message, hint=self.hint,
+                         phase=self.phase if phase is None else phase)

@@ -11,7 +11,7 @@ import tempfile
 from typing import List, Optional, Sequence, TextIO
 
 from app.errors import HangscopeError, InputError
-from app.model import (CollectOptions, Snapshot, SnapshotFormatError, snapshot_from_json,
+from app.model import (CollectOptions, Snapshot, SnapshotFormatError, rank_key, snapshot_from_json,
                        snapshot_to_json)
 
 EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
@@ -34,7 +34,7 @@ def session_options(args: argparse.Namespace):
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,
         ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
         pids=tuple(args.pids) if args.pids else None, strace_data=getattr(args, "strace_data", False),
-        opener=getattr(args, "opener", None),  # set by --slurm (app.slurm.cli): srun or SSH-then-srun
+        srun=getattr(args, "srun", None),  # set by --slurm (app.slurm.cli): the job for hosts over srun or auto
     )
 
 
@@ -66,7 +66,7 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
                 await asyncio.sleep(args.interval)
                 # a node that failed to connect in the first sample is not tried again: one deadline each
                 snap = await session.refresh(reconnect=False)
-            wanted = [(r.node, r.pid) for r in snap.ranks if r.collected]
+            wanted = [rank_key(r) for r in snap.ranks if r.collected]
             if args.strace and wanted:
                 await session.strace(wanted, args.strace)
             if args.gdb and wanted:

@@ -28,7 +28,7 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import BinaryIO, Callable, Iterator, NoReturn
+from typing import BinaryIO, Callable, Iterator, Literal, NoReturn
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
@@ -57,6 +57,7 @@ _DOTTED_NUMBERS = re.compile(r"[0-9.]+", re.ASCII)
 _NODELIST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[^\[\]]*\])+", re.ASCII)
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9})(?:/([0-9]{1,9}))?)?", re.ASCII)
+TransportKind = Literal["ssh", "srun", "auto", "local"]
 _EQUALS = re.compile(r"[ \t]*=[ \t]*")
 _COMMA_SPACES = re.compile(r"\s*,\s*")
 _TOP_COMMA = re.compile(r",(?![^\[\]]*\])")  # a comma not inside [...] (node lists do not nest)
@@ -78,6 +79,9 @@ class HostSpec:
     slots: int | None = None  # expected number of ranks on this node
     source: str = ""  # file name, "<stdin>" or "-w"
     line: int | None = None
+    # how to open its worker (app.transport.connect): ssh; srun into a SLURM job's allocation (--slurm); auto
+    # (SSH, srun where SSH cannot get in); local (this machine, no SSH: no hosts given)
+    transport: TransportKind = "ssh"
 
     @property
     def key(self) -> tuple[str | None, str, int | None]:

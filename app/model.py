@@ -12,7 +12,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Dict, Literal, Optional, Tuple, Union
+from typing import Any, Dict, Literal, Optional, Protocol, Tuple, Union
 
 SCHEMA_NAME = "hangscope.snapshot"
 SCHEMA_VERSION = 1
@@ -325,6 +325,22 @@ class ProcessHold:
     def held(self) -> bool:
         """A state that holds the rank whatever its stack shows: stopped, traced, frozen, D."""
         return self.kind in ("stopped", "traced", "frozen", "disk_sleep")
+
+
+RankKey = Tuple[str, int]  # (node name, pid): unique among a snapshot's ranks, stable across refreshes of a rank
+
+
+class _OnNode(Protocol):
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+
+def rank_key(r: _OnNode) -> RankKey:
+    """A rank's (node, pid): a RankSnapshot's, or anything else about one rank (its progress, its finding)."""
+    return (r.node, r.pid)
 
 
 @dataclass(frozen=True)

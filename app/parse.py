@@ -1,5 +1,8 @@
 """Turning the worker's raw replies into the model: pure functions, no I/O, golden-tested on recorded output.
 
+The replies' shapes are the TypedDicts of workers/protocol.py (Hello, RankInfo, DumpItem, ...), checked by
+mypy here and where the worker builds them.
+
 Everything here reads remote data: values are type-checked as they are taken, never trusted, and text is
 kept as text (never interpreted as markup or shell).
 """
@@ -9,13 +12,17 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from app.errors import hint_for
 from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
+from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.parse_flight import flight_record
-from workers.protocol import ERROR_HINTS
+
+if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds them, this module reads them
+    from workers.protocol import DumpItem, Hello, RankInfo
 
 
 def _int(value: Any) -> int | None:
@@ -38,7 +45,7 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def node_info(hello: Mapping[str, Any]) -> NodeInfo:
+def node_info(hello: Hello) -> NodeInfo:
     tools = tuple(ToolInfo(name, _str(t.get("path")), _str(t.get("version")))
                   for name, t in sorted(_dict(hello.get("tools")).items()) if isinstance(t, dict))
     searched = tuple((name, tuple(p for p in _list(paths) if isinstance(p, str)))
@@ -55,7 +62,7 @@ def error_info(err: Any, phase: str = "") -> ErrorInfo | None:
         return None
     code = _str(err.get("code")) or "internal"
     return ErrorInfo(code=code, message=_str(err.get("message")),
-                     hint=_str(err.get("hint")) or ERROR_HINTS.get(code, ""), phase=phase)
+                     hint=_str(err.get("hint")) or hint_for(code), phase=phase)
 
 
 def _gpu(g: dict) -> GpuUse:
@@ -105,7 +112,7 @@ def counters(raw: Any) -> ProgressCounters | None:
         log_bytes=_count(raw.get("log_bytes")), cgroup=cgroup)
 
 
-def rank_from_discover(node: str, item: Mapping[str, Any]) -> RankSnapshot:
+def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     """A discovered rank, not yet collected."""
     env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
                 if isinstance(k, str) and isinstance(v, str))
@@ -220,62 +227,6 @@ def with_job(r: RankSnapshot) -> RankSnapshot:
     return dataclasses.replace(r, job=job, job_evidence=evidence) if job else r
 
 
-# --- iteration coordinates ------------------------------------------------------------------------------
-
-_SCALAR = r"(?:-?\d+|-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|True|False|\"[^\"\\,()]{0,40}\"|'[^'\\,()]{0,40}')"
-_MEANINGFUL = re.compile(r"^(?:%s|\((?:%s, ){0,5}%s,?\))$" % (_SCALAR, _SCALAR, _SCALAR))
-
-
-def meaningful(value: str) -> bool:
-    """A repr that means the same on every rank: a number, a short string, a small tuple of those. Object
-    reprs (`<Tensor at 0x7f..>`) carry addresses that differ everywhere and would split equal ranks."""
-    return len(value) <= 80 and "0x" not in value and bool(_MEANINGFUL.match(value))
-
-
-# `for i, x in enumerate(it):` / `for i in range(a, b[, s]):` — loops whose first variable counts up
-_COUNTING = re.compile(r"^(?:async\s+)?for\s+\(?\s*(\w+)\b.*\bin\s+(enumerate|range)\((.*)\)\s*:")
-
-
-def _advancing(loop: LoopInfo, values: dict[str, str]) -> dict[str, str]:
-    """A frame on its for-loop's header line is fetching the next item (a data loader's next batch): the loop
-    variables still hold the previous iteration. The counting variable of enumerate()/range() is given as
-    the iteration being entered; the other variables are not known yet and are left out."""
-    m = _COUNTING.match(loop.header)
-    if m is None or m.group(1) not in values:
-        return {}
-    name, func, args = m.groups()
-    stride = 1
-    if func == "range" and args.count(",") == 2:
-        last = args.rsplit(",", 1)[1].strip()
-        if not re.fullmatch(r"-?\d+", last):
-            return {}
-        stride = int(last)
-    try:
-        return {name: str(int(values[name]) + stride)}
-    except ValueError:
-        return {}
-
-
-def iteration(loops: Iterable[LoopInfo], local_vars: Iterable[Local],
-              line: int = 0) -> tuple[tuple[str, str], ...]:
-    """(name, value) of each loop's variables and counters, outermost loop first; `line` is the frame's
-    current line (on a for-loop's header the loop is moving to its next iteration)."""
-    values = {lc.name: lc.repr for lc in local_vars}
-    out: list[tuple[str, str]] = []
-    for loop in loops:
-        names: Iterable[str] = loop.variables + loop.counters
-        loop_values = values
-        if line and line == loop.line and loop.kind != "while":
-            ahead = _advancing(loop, values)
-            loop_values = dict(values, **ahead)
-            names = [n for n in names if n not in loop.variables or n in ahead]
-        for name in names:
-            value = loop_values.get(name)
-            if value is not None and meaningful(value) and (name, value) not in out:
-                out.append((name, value))
-    return tuple(out)
-
-
 # --- dumps ------------------------------------------------------------------------------------------------
 
 _NATIVE_FILE = re.compile(r"\.so(?:\.[\w.]+)?$|\.(?:c|cc|cpp|cxx|h|hpp)$")
@@ -373,7 +324,7 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
     return frame
 
 
-def _procfs_threads(item: Mapping[str, Any]) -> dict[int, dict]:
+def _procfs_threads(item: DumpItem) -> dict[int, dict]:
     out = {}
     for t in _list(_dict(item.get("procfs")).get("threads")):
         if isinstance(t, dict) and _int(t.get("tid")) is not None:
@@ -394,7 +345,7 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
                        is_main=is_main)
 
 
-def apply_dump(rank: RankSnapshot, item: Mapping[str, Any]) -> RankSnapshot:
+def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
     """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
     procfs = _procfs_threads(item)
     by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}

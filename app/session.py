@@ -14,20 +14,21 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union, cast
 
 from app import __version__, parse, parse_gpu
-from app.errors import HangscopeError, TransportError
-from app.model import CollectOptions, ErrorInfo, JobProcess, NodeStatus, RankSnapshot, Snapshot
+from app.errors import HangscopeError, TransportError, hint_for
+from app.model import CollectOptions, ErrorInfo, JobProcess, NodeStatus, RankKey, RankSnapshot, Snapshot
+from app.hosts import HostSpec
+from app.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
-from app.peer_names import PeerNamer
-from app.transport.local import start_local
-from app.transport.ssh import SshOptions, SshTransport
-from workers.protocol import ERROR_HINTS
+from app.transport.connect import Connector
+from app.transport.srun import SrunOptions
+from app.transport.ssh import SshOptions
 
-if TYPE_CHECKING:
-    from app.hosts import HostSpec
+if TYPE_CHECKING:  # what the worker sends (app.parse reads every value with a check)
+    from workers.protocol import DumpItem
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -36,11 +37,6 @@ KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to 
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 GATE_WAIT = 3.0  # seconds a connected node waits for the others before its collect request goes out
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
-
-
-SshOpen = Callable[[], Awaitable[WorkerConnection]]  # opens this node over SSH, as the session would
-# Another way onto nodes (app.slurm: srun): given the node, the worker's options and the SSH way, a started worker.
-Opener = Callable[["HostSpec", Mapping[str, Any], SshOpen], Awaitable[WorkerConnection]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,15 @@ class SessionOptions:
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
     strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
-    opener: Optional[Opener] = field(default=None, compare=False)  # None: SSH to every node
+    srun: Optional[SrunOptions] = field(default=None, compare=False)  # the SLURM job for hosts over srun/auto
+
+    def connector(self, worker_options: Mapping[str, Any], *, push_pyspy: bool = True) -> Connector:
+        """How this run opens workers (app.transport.connect): SSH settings, the SLURM job, the interpreter."""
+        return Connector(SshOptions(
+            config_paths=self.ssh_config, known_hosts=self.known_hosts, identity=self.identity,
+            python=self.python or bootstrap.DEFAULT_PYTHON, connect_timeout=self.connect_timeout,
+            accept_new_host_keys=self.accept_new_host_keys, fanout=self.fanout, push_pyspy=push_pyspy),
+            srun=self.srun, python=self.python, worker_options=worker_options)
 
 
 @dataclass(frozen=True)
@@ -76,14 +80,13 @@ class SnapshotDone:
 
 
 SessionEvent = Union[NodeUpdate, RankUpdate, SnapshotDone]
-RankKey = tuple[str, int]  # (node name, pid)
 
 
 @dataclass
 class _Node:
     """One node's mutable state across passes."""
 
-    spec: Optional["HostSpec"]
+    spec: HostSpec
     status: NodeStatus
     conn: Optional[WorkerConnection] = None
     ranks: dict[int, RankSnapshot] = field(default_factory=dict)  # by pid, from the latest pass
@@ -139,17 +142,15 @@ def raise_nofile_limit() -> None:
 class Session:
     """Collects snapshots from nodes (hosts None = this machine, no SSH) and keeps workers warm between them."""
 
-    def __init__(self, hosts: Optional[Sequence["HostSpec"]], options: SessionOptions = SessionOptions(),
+    def __init__(self, hosts: Optional[Sequence[HostSpec]], options: SessionOptions = SessionOptions(),
                  on_event: Optional[Callable[[SessionEvent], None]] = None) -> None:
         self.options = options
         self._on_event = on_event
-        self._local = hosts is None
         if hosts is None:
-            self._nodes = [_Node(None, NodeStatus(name=socket.gethostname(), address="localhost"))]
-        else:
-            self._nodes = [_Node(h, NodeStatus(name=h.name, address=h.host, user=h.user or "", port=h.port,
-                                               slots=h.slots)) for h in hosts]
-        self._ssh: Optional[SshTransport] = None
+            hosts = [HostSpec(name=socket.gethostname(), host="localhost", transport="local")]
+        self._nodes = [_Node(h, NodeStatus(name=h.name, address=h.host, user=h.user or "", port=h.port,
+                                           slots=h.slots)) for h in hosts]
+        self._connector: Optional[Connector] = None  # made on the first open: the worker options are known then
         self._tasks: list[asyncio.Task[None]] = []
         self._cancelled = False
         self._closed = False
@@ -192,9 +193,9 @@ class Session:
                     args["targets"] = [{"pid": r.pid, "start_time": r.start_time} for r in known]
                     req = node.conn.request("dump", args, timeout=self.options.dump_timeout * len(known) + 15.0)
                     async for item in req:
-                        self._apply_dump(node, item)
+                        self._apply_dump(node, cast("DumpItem", item))
                 except TransportError as exc:
-                    error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), "dump")
+                    error = exc.info("dump")
                     for r in known:
                         node.ranks[r.pid] = dataclasses.replace(node.ranks.get(r.pid, r), error=error)
                         self._emit(RankUpdate(node.ranks[r.pid]))
@@ -374,24 +375,9 @@ class Session:
             self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
 
     async def _open(self, node: _Node) -> WorkerConnection:
-        worker_options = self._worker_options()
-        if self._local:
-            return await start_local(self.options.python, name=node.name, options=worker_options)
-        assert node.spec is not None
-        if self.options.opener is not None:
-            return await self.options.opener(node.spec, worker_options, lambda: self._open_ssh(node, worker_options))
-        return await self._open_ssh(node, worker_options)
-
-    async def _open_ssh(self, node: _Node, worker_options: dict) -> WorkerConnection:
-        if self._ssh is None:
-            o = self.options
-            self._ssh = SshTransport(SshOptions(
-                config_paths=o.ssh_config, known_hosts=o.known_hosts, identity=o.identity,
-                python=o.python or bootstrap.DEFAULT_PYTHON, connect_timeout=o.connect_timeout,
-                accept_new_host_keys=o.accept_new_host_keys, fanout=o.fanout, worker_options=worker_options))
-        spec = node.spec
-        assert spec is not None
-        return await self._ssh.open(spec.host, name=node.name, user=spec.user, port=spec.port)
+        if self._connector is None:
+            self._connector = self.options.connector(self._worker_options())
+        return await self._connector.open(node.spec)
 
     def _worker_options(self) -> dict:
         opts: dict = {"sudo": self.options.collect.sudo}
@@ -407,7 +393,7 @@ class Session:
                 "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
                 "source_context": SOURCE_CONTEXT, "sudo": c.sudo, "gpu_evidence": c.gpu_evidence}
 
-    def _apply_dump(self, node: _Node, item: dict) -> None:
+    def _apply_dump(self, node: _Node, item: DumpItem) -> None:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
         if rank is None:
             return
@@ -428,8 +414,7 @@ class Session:
 
     def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
                      phase: str = "") -> None:
-        error = ErrorInfo(code=exc.code, message=exc.message, hint=exc.hint or ERROR_HINTS.get(exc.code, ""),
-                          phase=exc.phase or phase)
+        error = exc.info(exc.phase or phase)
         conn = node.conn
         if conn is not None and (conn.closed or conn.error is not None):
             node.conn = None  # the worker is gone: the next pass starts a new one
@@ -463,7 +448,7 @@ class Session:
             if node is None or rank is None:
                 results[key] = RankSnapshot(node=key[0], pid=key[1], start_time=0, error=ErrorInfo(
                     "target_exited", f"{key[0]} pid {key[1]} is not in the current snapshot; take a new one",
-                    ERROR_HINTS["target_exited"]))
+                    hint_for("target_exited")))
                 return
             try:
                 if node.conn is None or node.conn.closed:
@@ -474,7 +459,7 @@ class Session:
                 if not self._cancelled:
                     raise
                 rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
-                                                                 ERROR_HINTS["cancelled"], op))
+                                                                 hint_for("cancelled"), op))
             except TransportError as exc:
                 if exc.code == "target_held":  # stopped, frozen or D: the tool was not run, nothing is wrong
                     current = node.ranks.get(rank.pid, rank)
@@ -483,7 +468,7 @@ class Session:
                     results[key] = rank
                     self._emit(RankUpdate(rank))
                     return
-                error = ErrorInfo(exc.code, exc.message, exc.hint or ERROR_HINTS.get(exc.code, ""), op)
+                error = exc.info(op)
                 # The worker is gone (connection lost, worker died): the stacks already taken stay, but the
                 # rank and its node say the picture is partial, as a loss during the dump pass does.
                 gone = exc.code in _CONNECTION_GONE

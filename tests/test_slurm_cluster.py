@@ -22,9 +22,8 @@ from app.gpu.connect import close_workers, open_workers
 from app.model import snapshot_from_json
 from app.slurm.job import SlurmError
 from app.session import Session, SessionOptions
-from app.slurm.connect import slurm_opener
 from app.slurm.resolve import host_specs, resolve_job
-from app.slurm.srun import SrunOptions, SrunTransport
+from app.transport.srun import SrunOptions, SrunTransport
 from app.transport.base import WorkerConnection
 from cluster import poll
 from jobs import JOB_SCRIPT, MARK, PYTHON, REPO, Job
@@ -174,8 +173,8 @@ async def test_session_over_srun_and_auto_falls_back_when_ssh_is_refused(slurm: 
     srun = SrunOptions(job_id=job.job_id, env=slurm.env(), start_timeout=60)
     ssh_config = (str(slurm.cluster.ssh_config),)
     for choice in ("srun", "auto"):
-        opener = slurm_opener(choice, srun)
-        session = Session(host_specs(job), SessionOptions(opener=opener, ssh_config=ssh_config, connect_timeout=5))
+        session = Session(host_specs(job, choice), SessionOptions(srun=srun, ssh_config=ssh_config,
+                                                                  connect_timeout=5))
         try:
             snap = await session.snapshot()
         finally:
@@ -184,7 +183,7 @@ async def test_session_over_srun_and_auto_falls_back_when_ssh_is_refused(slurm: 
         if choice == "auto":  # no sshd on the nodes: every node said "refused", then srun got in
             assert all(any("reached over srun" in w and "refused" in w for w in n.warnings) for n in snap.nodes)
         assert srun_processes() == []
-    assert slurm_opener("ssh", srun) is None
+    assert {h.transport for h in host_specs(job)} == {"ssh"}  # --transport ssh: the job's nodes over SSH only
 
 
 async def test_a_node_srun_cannot_launch_on_fails_alone(cluster_support: None) -> None:
@@ -293,8 +292,8 @@ def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
 
 async def test_gpu_test_workers_open_in_the_allocation_over_srun(slurm: SlurmCluster, sleeper: str) -> None:
     job = resolve_job(sleeper, slurm.env())
-    opener = slurm_opener("srun", SrunOptions(job_id=job.job_id, env=slurm.env(), start_timeout=60))
-    conns, errors = await open_workers(host_specs(job), SessionOptions(opener=opener))
+    srun = SrunOptions(job_id=job.job_id, env=slurm.env(), start_timeout=60)
+    conns, errors = await open_workers(host_specs(job, "srun"), SessionOptions(srun=srun))
     try:
         assert errors == {} and list(conns) == slurm.compute_names
         done = await conns[slurm.compute_names[0]].call("gpu_ports", {"count": 2, "exclude": [], "low": 20000,

@@ -10,6 +10,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, Optional
 
+    from workers.protocol import Hello
+
 from workers import WORKER_VERSION
 from workers.collect.tools import Tools
 from workers.protocol import PROTOCOL_VERSION
@@ -55,7 +57,7 @@ def pid_namespace(pid: str = "self") -> Optional[str]:
         return None
 
 
-def hello(tools: Tools) -> Dict[str, Any]:
+def hello(tools: Tools) -> Hello:
     found, searched = tools.describe()
     uid = os.getuid()
     uname = os.uname()  # what platform.release()/machine() and socket.gethostname() read, minus two imports

@@ -11,6 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from workers.protocol import DumpItem
+
 from workers import discover as discovery
 from workers import procinfo, pstate
 from workers.collect import flight, gpu_evidence, gpus, progress, pyspy, runas, sockets, traced
@@ -209,7 +211,7 @@ def _gpu_evidence_start(req: Request, found: List[Tuple[int, Optional[int]]]) ->
 
 
 def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],
-          emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+          emit: Callable[[DumpItem], None]) -> Dict[str, Any]:
     started = time.monotonic()
     opts = pyspy.DumpOptions(req)
     todo: "queue.Queue[tuple]" = queue.Queue()

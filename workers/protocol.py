@@ -100,12 +100,156 @@ import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, List, Literal, Optional, TypedDict
+
+    ErrorCode = Literal[
+        "bad_request", "unknown_op", "tool_missing", "ptrace_denied", "target_exited", "target_changed",
+        "already_traced", "timeout", "target_held", "sudo_password", "cancelled", "tool_failed", "internal",
+        "unreachable", "dns", "refused", "connect_timeout", "host_key_unknown", "host_key_changed", "auth_failed",
+        "throttled", "lost", "no_python", "protocol", "worker_crashed", "ssh_error"]
+
+    # Message shapes, for type checkers on both sides (the worker builds them, app/parse.py reads them). Every
+    # key is optional to the reader: the data is remote, and each value is checked as it is taken.
+    class ToolFound(TypedDict, total=False):
+        path: str
+        version: str
+        pushed: bool  # set on the login side: hangscope pushed its own (app/transport/push.py)
+
+    class Hello(TypedDict, total=False):
+        type: str  # "hello"
+        protocol: int
+        worker_version: str
+        python: str
+        python_exe: str
+        pid: int
+        uid: int
+        euid: int
+        user: str
+        hostname: str
+        kernel: str
+        machine: str
+        ptrace_scope: Optional[int]
+        cpus: int
+        psutil: bool
+        pid_ns: Optional[str]
+        tools: Dict[str, Optional[ToolFound]]
+        searched: Dict[str, List[str]]
+
+    class RequestMsg(TypedDict):
+        id: int
+        op: str
+        args: Dict[str, Any]
+
+    class Reply(TypedDict, total=False):
+        type: str  # "item", "done" or "error"
+        id: Optional[int]
+        data: Dict[str, Any]  # item, done
+        code: str  # error: an ErrorCode (a newer worker's may be unknown here)
+        message: str
+        hint: str
+
+    class ErrorDict(TypedDict):
+        code: str  # an ErrorCode
+        message: str
+        hint: str
+
+    class RankInfo(TypedDict, total=False):
+        """discover's item per rank (workers/discover.py), the collect op's {"rank": ...}."""
+        pid: int
+        start_time: int
+        found_by: str
+        rank_evidence: str
+        rank: Optional[int]
+        local_rank: Optional[int]
+        world_size: Optional[int]
+        group_rank: Optional[int]
+        local_world_size: Optional[int]
+        master_addr: str
+        master_port: Optional[int]
+        cmdline: List[str]
+        exe: str
+        uid: Optional[int]
+        user: str
+        env: List[List[str]]  # [name, value] pairs, allowed names only, values redacted
+        nspid: Optional[int]
+        in_container: bool
+        launcher: str
+        launcher_pid: Optional[int]
+        ppid: Optional[int]
+        state: str
+        wchan: str
+        num_threads: int
+        cpu_time: float
+        rss: int
+        gpus: List[Dict[str, Any]]
+        children: List[int]
+        sockets: List[Dict[str, Any]]  # workers/collect/sockets.py
+        counters: Dict[str, Any]  # workers/collect/progress.py
+
+    class PyspyThread(TypedDict, total=False):
+        """One thread of py-spy's `dump --json` output."""
+        pid: int
+        thread_id: int
+        os_thread_id: Optional[int]
+        thread_name: Optional[str]
+        active: bool
+        owns_gil: bool
+        frames: List[Dict[str, Any]]  # name, filename, short_filename, module, line, locals, is_entry, ...
+        process_info: Any
+
+    class DumpItem(TypedDict, total=False):
+        """dump's item per target (workers/collect/pyspy.py), the collect op's {"dump": ...}."""
+        pid: int
+        start_time: Optional[int]
+        ok: bool
+        pyspy: Optional[List[PyspyThread]]
+        pyspy_stderr: str
+        procfs: Dict[str, Any]  # workers/collect/procfs.py
+        loops: Dict[str, List[Dict[str, Any]]]  # "<file>:<line>" -> LoopInfo dicts (workers/loops.py)
+        source: Dict[str, Dict[str, str]]  # file -> line number -> text
+        state_before: str
+        state_after: str
+        resumed: bool
+        process: Optional[Dict[str, Any]]  # workers/pstate.py
+        actions: List[str]
+        elapsed: float
+        error: Optional[ErrorDict]
+        notes: List[str]
+        source_context: int
+        flight: Optional[Dict[str, Any]]  # workers/collect/flight.py
+        started_at: float  # the node's clock when the dump began and ended (the pass's skew)
+        ended_at: float
+
+    class CollectItem(TypedDict, total=False):
+        """One item of the collect op: exactly one of the keys."""
+        rank: RankInfo
+        discovered: Dict[str, Any]  # discover's done data
+        dump: DumpItem
+        process_dump: DumpItem  # a launcher or a rank's child, dumped when what it does matters
+        gpu_evidence: Dict[str, Any]  # workers/collect/gpu_evidence.py, once per node when asked
+
+    class StraceDone(TypedDict, total=False):
+        pid: int
+        output: str
+        truncated: bool
+        lines: int
+        resumed: bool
+        elapsed: float
+        seconds: float
+        payloads: bool
+
+    class GdbDone(TypedDict, total=False):
+        pid: int
+        output: str
+        stderr: str
+        resumed: bool
+        elapsed: float
 
 PROTOCOL_VERSION = 1
 
 # The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
-# this table so that every layer speaks one vocabulary.
+# this table so that every layer speaks one vocabulary. ErrorCode names the same set for type checkers
+# (tests/test_transport_local.py checks that the two agree).
 ERROR_HINTS: Dict[str, str] = {
     # worker-side, per request or per rank
     "bad_request": "hangscope sent something the worker did not understand; report this as a bug",
@@ -177,8 +321,13 @@ def error(req_id: Optional[int], code: str, message: str, hint: Optional[str] = 
             "hint": hint if hint is not None else ERROR_HINTS[code]}
 
 
-def error_dict(code: str, message: str, hint: Optional[str] = None) -> Dict[str, str]:
+def error_dict(code: str, message: str, hint: Optional[str] = None) -> ErrorDict:
     """A per-rank error carried inside an item (a rank's failure is data, not a failed request)."""
     if code not in ERROR_HINTS:
         code, message = "internal", "unknown error code %r: %s" % (code, message)
     return {"code": code, "message": message, "hint": hint if hint is not None else ERROR_HINTS[code]}
+
+
+def pyspy_flags(native: bool, locals_: bool, nonblocking: bool) -> List[str]:
+    """py-spy dump's flags for these options, in one place: the worker runs them, the TUI shows them."""
+    return ["--native"] * native + ["--locals"] * locals_ + ["--nonblocking"] * nonblocking

@@ -6,7 +6,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from workers import children
 from workers.collect.tools import Tools
@@ -53,7 +53,7 @@ class Request:
 
     # -- replies ------------------------------------------------------------------------------------------
 
-    def item(self, data: Dict[str, Any]) -> None:
+    def item(self, data: Mapping[str, Any]) -> None:
         with self._lock:
             if not self._finished:
                 self.worker.send({"type": "item", "id": self.id, "data": data})

@@ -12,7 +12,9 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import IO, Any, Callable, Dict, Optional
+    from typing import IO, Any, Callable, Dict, Mapping, Optional
+
+    from workers.protocol import Hello
 
 from workers.protocol import ProtocolError, decode, encode, error
 from workers.redact import redact_message
@@ -64,7 +66,7 @@ class Server:
         self.options = options
         self.worker = Worker(self.send, options)
 
-    def send(self, msg: Dict[str, Any]) -> None:
+    def send(self, msg: Mapping[str, Any]) -> None:
         # every string of every reply, redacted here: nothing secret leaves the node, whichever op produced it
         data = encode(redact_message(msg))
         with self._out_lock:
@@ -103,7 +105,7 @@ class Server:
             log(self.options, "stdin: %s" % exc)
         self._lines.put(None)
 
-    def serve(self, hello: Dict[str, Any]) -> int:
+    def serve(self, hello: Hello) -> int:
         """Send hello, answer requests until EOF, shutdown or a malformed line; return the exit status."""
         self.send(hello)
         threading.Thread(target=self._read, name="stdin", daemon=True).start()

@@ -34,7 +34,7 @@ from app.analysis.progress import RankProgress, ddp_backward_wait, progress_find
 from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
 from app.analysis.waits import WaitGraph, wait_graph
-from app.model import Frame, RankSnapshot, Snapshot, to_dict
+from app.model import Frame, RankSnapshot, Snapshot, rank_key, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
            "RankProgress", "WaitGraph", "analyze"]
@@ -289,7 +289,7 @@ def _where_of(classes: Sequence[StackClass], wanted: set) -> Dict[int, str]:
 def _ddp_wait(ranks: Sequence[RankSnapshot], c: StackClass, options: AnalysisOptions) -> bool:
     """Whether the class waits for DDP's gradient all_reduce inside backward (judged on a few members)."""
     members = set(c.ranks[:8])
-    return ddp_backward_wait(list(islice((r for r in ranks if (r.node, r.pid) in members), 8)), options)
+    return ddp_backward_wait(list(islice((r for r in ranks if rank_key(r) in members), 8)), options)
 
 
 def _explained_by_state(findings: List[Finding], held: Finding) -> List[Finding]:

@@ -12,9 +12,8 @@ from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
 
-from app.model import RankSnapshot
+from app.model import RankKey, RankSnapshot, rank_key
 
-RankKey = Tuple[str, int]  # (node, pid): unique among the ranks of one snapshot
 
 _rank_of = attrgetter("rank")
 _first = itemgetter(0)
@@ -172,7 +171,7 @@ def count_phrase(n: int, noun: str = "rank") -> str:
 
 def rank_lookup(ranks: Iterable[RankSnapshot]) -> Dict[RankKey, RankSnapshot]:
     """RankKey -> RankSnapshot for the ranks of a snapshot."""
-    return {(r.node, r.pid): r for r in ranks}
+    return {rank_key(r): r for r in ranks}
 
 
 def keys_of(ranks: Iterable[RankSnapshot]) -> Tuple[RankKey, ...]:

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Iterable, Literal, Optional, Sequence, Tuple
 
 from app.model import Frame
+from app.printable import clean  # noqa: F401 (re-exported: analysis modules clean remote text with it)
 
 Identity = Literal["function", "function+line"]
 FrameId = Tuple[str, str, int]  # (function, filename, line); line 0 when the identity ignores lines
@@ -153,20 +154,6 @@ def focus_frame(frames: Sequence[Frame]) -> Optional[Frame]:
         if not is_library(frame):
             return frame
     return frames[-1] if frames else None
-
-
-# C0/C1 controls, DEL, and bidi overrides: remote text must not move the cursor, retitle the terminal or
-# reorder what is read. Replaced by visible pictures, like the UI's safe.py (which analysis cannot import).
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
-def clean(text: object, limit: int = 160) -> str:
-    """Remote text as one printable line of at most `limit` characters."""
-    s = text if isinstance(text, str) else str(text)
-    if len(s) > limit:
-        s = s[: max(limit - 1, 0)] + "\u2026"
-    s = s.replace("\t", "    ")
-    return _CONTROL.sub(lambda m: chr(0x2400 + ord(m.group())) if ord(m.group()) < 0x20 else "\ufffd", s)
 
 
 def location(frame: Frame) -> str:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from app.analysis.coordinates import meaningful
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, label_parts
 from app.analysis.frames import clean
@@ -22,10 +23,7 @@ from app.model import Frame, LoopInfo, RankSnapshot
 Coordinate = Tuple[Tuple[str, str], ...]  # (name, value repr), outermost loop first
 MAX_GROUP_FINDINGS = 3
 
-# Values that identify an object rather than a position in a loop (`<Tensor at 0x7f..>`, a batch dict)
-# would put every rank in a group of its own.
-_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
-_MAX_VALUE = 60
+_MAX_VALUE = 60  # characters of a value shown in a finding
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,9 @@ def _show(coord: Coordinate, names: Sequence[str]) -> str:
 
 
 def _meaningful(pairs: Tuple[Tuple[str, str], ...]) -> Coordinate:
-    return tuple((n, v) for n, v in pairs if len(v) <= _MAX_VALUE and not _ADDRESS.search(v))
+    # values that identify an object rather than a position in a loop (`<Tensor at 0x7f..>`, a batch dict)
+    # would put every rank in a group of its own; a snapshot file may carry any value
+    return tuple((n, v) for n, v in pairs if meaningful(v))
 
 
 def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:

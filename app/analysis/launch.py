@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, describe_keys, fold_nodes
 from app.analysis.frames import clean
-from app.model import RankSnapshot
+from app.model import RankSnapshot, rank_key
 
 _CMDLINE = attrgetter("cmdline")
 _PER_RANK = re.compile(r"^-*(local[-_]?rank|node[-_]?rank|rank|group[-_]?rank|local[-_]?world[-_]?size|"
@@ -84,8 +84,8 @@ def launch_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
             groups.setdefault(diff, []).extend(by_cmdline[c])
     out = []
     for diff, members in sorted(groups.items(), key=lambda kv: len(kv[1])):
-        keys_ = tuple(sorted((r.node, r.pid) for r in members))
-        numbers = tuple(r.rank for r in sorted(members, key=lambda r: (r.node, r.pid)))
+        keys_ = tuple(sorted(rank_key(r) for r in members))
+        numbers = tuple(r.rank for r in sorted(members, key=lambda r: rank_key(r)))
         label = describe_keys(keys_, numbers)
         shown = ", ".join(f"{clean(k, 60)} {_value(mine)} where the others have {_value(theirs)}"
                           for k, mine, theirs in diff[:MAX_KEYS])

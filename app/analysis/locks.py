@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.findings import Confidence, Finding
 from app.analysis.frames import clean, is_library, named
-from app.model import Frame, RankSnapshot, ThreadStack
+from app.model import Frame, RankSnapshot, ThreadStack, rank_key
 
 MAX_FINDINGS = 4
 _ENTER_FUNCTIONS = ("__enter__", "acquire", "_acquire_restore")  # threading.Lock/RLock/Condition entry, in Python
@@ -161,7 +161,7 @@ def lock_findings(ranks: Sequence[RankSnapshot], odd: Set[Tuple[str, int]],
         edges = lock_edges(r)
         if not edges:
             continue
-        key = (r.node, r.pid)
+        key = rank_key(r)
         cycle = _cycle(edges)
         if cycle:
             parts = [f"{_label(e.waiter.thread)} holds `{clean(_held_name(e, cycle), 80)}` and waits for "

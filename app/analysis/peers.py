@@ -16,7 +16,7 @@ from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, fold_ints, fold_nodes
 from app.analysis.frames import clean
 from app.analysis.network import _routable, host_of
-from app.model import Snapshot
+from app.model import Snapshot, rank_key
 
 TALKING = ("ESTABLISHED", "SYN_SENT", "SYN_RECV", "CLOSE_WAIT", "FIN_WAIT1", "FIN_WAIT2")
 MAX_PEERS = 8  # outside addresses named in one finding; more are counted
@@ -59,7 +59,7 @@ def outside_peers(snapshot: Snapshot) -> List[OutsidePeer]:
             if not _routable(peer) or peer in known:
                 continue
             per_rank = talking.setdefault(peer, {})
-            per_rank[(r.node, r.pid)] = per_rank.get((r.node, r.pid), 0) + 1
+            per_rank[rank_key(r)] = per_rank.get(rank_key(r), 0) + 1
             if r.rank is not None:
                 numbers.setdefault(peer, set()).add(r.rank)
     names = dict((a, (n, how)) for a, n, how in snapshot.peer_names)

@@ -22,7 +22,7 @@ from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import count_phrase, describe_keys, fold_nodes, short_keys
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
-from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket
+from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
 
 Status = Literal["stuck", "progressing", "gone", "unknown"]
 Activity = Literal["spinning", "sleeping", "busy", "unknown"]
@@ -499,7 +499,7 @@ def contradicted_stalls(findings: Sequence[Finding], progress: Sequence[RankProg
 
 
 def _keys(ps: Sequence[RankProgress]) -> Tuple[tuple, tuple]:
-    return tuple((p.node, p.pid) for p in ps), tuple(p.rank for p in ps)
+    return tuple(rank_key(p) for p in ps), tuple(p.rank for p in ps)
 
 
 def stuck_summary(progress: Sequence[RankProgress]) -> str:

@@ -17,7 +17,7 @@ from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import stuck_summary
-from app.model import Frame, RankSnapshot, Snapshot
+from app.model import Frame, RankSnapshot, Snapshot, rank_key
 
 MAX_FINDINGS = 12
 MAX_CLASSES = 10
@@ -111,7 +111,7 @@ def _slurm_ids(snapshot: Snapshot) -> Dict[Tuple[str, int], str]:
     for r in snapshot.ranks:
         ids = [f"{n}={r.env_value(n)}" for n in names if r.env_value(n) is not None]
         if ids:
-            out[(r.node, r.pid)] = f"RANK {r.rank if r.rank is not None else '?'}: {' '.join(ids)}"
+            out[rank_key(r)] = f"RANK {r.rank if r.rank is not None else '?'}: {' '.join(ids)}"
     return out
 
 

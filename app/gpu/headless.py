@@ -128,7 +128,7 @@ def run_tests_headless(hosts: Optional[Sequence[Any]], kind: TestKind, options: 
                        ) -> tuple[GpuTestResults, int]:
     """Connect, run one test, print its table (and JSON to json_path); hosts None: this machine."""
     from app.cli import run_interruptible
-    from app.gpu.connect import close_workers, open_workers
+    from app.gpu.connect import GpuWorkers
     from app.gpu.runner import GpuTestRunner
     from app.headless import write_private
     from app.session import SessionOptions
@@ -144,12 +144,14 @@ def run_tests_headless(hosts: Optional[Sequence[Any]], kind: TestKind, options: 
 
     async def main() -> GpuTestResults:
         sopts = session_options or SessionOptions(python=options.python)
-        conns, errors = await open_workers(hosts, sopts)
+        workers = GpuWorkers(hosts, sopts)
+        await workers.open()
         try:
-            runner = holder["runner"] = GpuTestRunner(conns, options, None if quiet else _Progress(err), errors)
+            runner = holder["runner"] = GpuTestRunner(workers.conns, options, None if quiet else _Progress(err),
+                                                      workers.errors)
             return await runner.run(kind)
         finally:
-            await close_workers(conns)
+            await workers.close()
 
     results = run_interruptible(main, cancel)
     assert isinstance(results, GpuTestResults)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, cast
 
 from app import parse
 from app.errors import HangscopeError, TransportError
@@ -22,6 +22,9 @@ from app.gpu.model import GpuTestResults, NetReport, NodeInventory, PairReport, 
 from app.gpu.options import CPU_PAIR_SIZE, CPU_SIZES, GPU_PAIR_SIZE, GPU_SIZES, GpuTestOptions
 from app.gpu.schedule import Outcome, PairIsolation
 from app.transport.base import WorkerConnection
+
+if TYPE_CHECKING:
+    from workers.protocol import RankInfo
 
 
 PYTHON_PROBE_S = 60.0  # per node: trying candidate interpreters for torch (importing it takes seconds)
@@ -81,7 +84,7 @@ class GpuTestRunner:
             except TransportError as exc:
                 pre.errors[node] = exc.message
                 return
-            ranks = [parse.rank_from_discover(node, item) for item in items]
+            ranks = [parse.rank_from_discover(node, cast("RankInfo", item)) for item in items]
             pre.masters += [(r.master_addr, r.master_port) for r in ranks if r.master_addr and r.master_port]
             if need_python:
                 await self.choose_python(node, conn, [r.pid for r in ranks], pre)

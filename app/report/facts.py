@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import describe_keys, fold_nodes
-from app.model import Frame, RankSnapshot, Snapshot
+from app.model import Frame, RankKey, RankSnapshot, Snapshot, rank_key
 from app.report.redact import Redactor
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
     from app.analysis.findings import Finding
 
-RankKey = Tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Redactor) ->
     facts.culprit = next((f for f in facts.findings if f.culprit and f.ranks and f.kind != "progressing"), None)
     if facts.culprit is not None:
         facts.suspects = set(facts.culprit.ranks)
-        lookup = {(r.node, r.pid): r for r in snapshot.ranks}
+        lookup = {rank_key(r): r for r in snapshot.ranks}
         facts.culprit_rank = next((lookup[k] for k in facts.culprit.ranks if k in lookup), None)
         if facts.culprit_rank is not None and analysis.classes:
             try:
@@ -99,7 +98,7 @@ def _progress_rows(analysis: "Analysis") -> List[ProgressRow]:
         groups[(p.status, p.activity, p.since)].append(p)
     rows = []
     for (status, activity, since), ps in groups.items():
-        label = describe_keys([(p.node, p.pid) for p in ps], [p.rank for p in ps])
+        label = describe_keys([rank_key(p) for p in ps], [p.rank for p in ps])
         rows.append(ProgressRow(status, activity, label, since, max(p.duration for p in ps), len(ps)))
     order = {"progressing": 0, "gone": 1, "stuck": 2, "unknown": 3}
     rows.sort(key=lambda r: (order.get(r.status, 9), r.count, r.label))
@@ -127,7 +126,7 @@ def node_failures(snapshot: Snapshot) -> List[str]:
         if r.error is not None:
             failed_ranks[r.error.code].append(r)
     for code, ranks in sorted(failed_ranks.items(), key=lambda kv: -len(kv[1])):
-        label = describe_keys([(r.node, r.pid) for r in ranks], [r.rank for r in ranks])
+        label = describe_keys([rank_key(r) for r in ranks], [r.rank for r in ranks])
         hint = ranks[0].error.hint if ranks[0].error else ""
         remedy = f". What to do: {hint}" if hint else ""
         lines.append(f"{label}: stacks not collected: {code.replace('_', ' ')}{remedy}")

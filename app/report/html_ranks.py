@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from app.model import Frame, NodeStatus, RankSnapshot, Snapshot, ThreadStack
+from app.model import Frame, NodeStatus, RankKey, RankSnapshot, Snapshot, ThreadStack, rank_key
 from app.report.html_page import symbol
 from app.report.markup import LINE, NAME, VALUE, h
 
-RankKey = Tuple[str, int]
 TOOL_OUTPUT_LIMIT = 200_000  # characters of strace/gdb output per rank in the page (snapshot.json has it all)
 
 
-def key(r: RankSnapshot) -> RankKey:
-    return (r.node, r.pid)
+key = rank_key
 
 
 def anchors(ranks: Sequence[RankSnapshot]) -> Dict[RankKey, str]:

@@ -11,6 +11,8 @@ import html
 import re
 from typing import Iterator, Optional, Tuple
 
+from app.printable import BIDI, C1, LINE_SEPARATORS
+
 NAME = 200  # a frame, function, file or process name
 VALUE = 400  # a local's repr, an env value, one cmdline argument
 LINE = 2000  # one line of tool output or source
@@ -19,7 +21,7 @@ LINE = 2000  # one line of tool output or source
 # controls that can reorder what a reader sees ("Trojan Source").
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?"
                       r"|\x9b[0-?]*[ -/]*[@-~]")
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\u2028\u2029]")
+_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f{C1}{BIDI}{LINE_SEPARATORS}]")  # app.printable's classes; LF kept
 # Characters Markdown (CommonMark and GitHub's) interprets anywhere in a line; "-", "+", "=" and "1." only
 # at the start of a block, handled by _MD_LEADING.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#!|~&])")

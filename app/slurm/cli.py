@@ -8,10 +8,9 @@ import sys
 
 from app.errors import InputError
 from app.hosts import HostSpec
-from app.slurm.connect import slurm_opener
 from app.slurm.resolve import host_specs, resolve_job
-from app.slurm.srun import SrunOptions
 from app.transport import bootstrap
+from app.transport.srun import SrunOptions
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +25,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
-    """Resolve --slurm into the job's nodes; sets `args.opener` (--transport) and `args.slurm_title` (the TUI's
-    title); InputError when the job cannot be used."""
+    """Resolve --slurm into the job's nodes, each to be reached as --transport says; sets `args.srun` (the job
+    for srun) and `args.slurm_title` (the TUI's title); InputError when the job cannot be used."""
     if args.hosts or args.nodelist:
         raise InputError("--slurm finds the job's nodes itself; do not also give HOSTS or -w")
     job = resolve_job(args.slurm or None, os.environ)
@@ -36,9 +35,8 @@ def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
     for warning in job.warnings:
         print(f"hangscope: warning: {warning}", file=sys.stderr)
     args.slurm_title = f"SLURM job {job.job_id} ({job.name})" if job.name else f"SLURM job {job.job_id}"
-    srun = SrunOptions(job_id=job.job_id, python=args.python or bootstrap.DEFAULT_PYTHON)
-    args.opener = slurm_opener(args.transport, srun)
-    return host_specs(job)
+    args.srun = SrunOptions(job_id=job.job_id, python=args.python or bootstrap.DEFAULT_PYTHON)
+    return host_specs(job, args.transport)
 
 
 def check_transport(args: argparse.Namespace) -> None:

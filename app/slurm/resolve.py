@@ -15,7 +15,7 @@ import subprocess
 from typing import Mapping, Optional, Sequence
 
 from app.errors import HostsError
-from app.hosts import HostSpec, parse_nodelist
+from app.hosts import HostSpec, TransportKind, parse_nodelist
 from app.slurm.job import SlurmError, SlurmJob, clean, job_from_text, parse_json, parse_text
 
 QUERY_TIMEOUT = 20.0
@@ -131,6 +131,7 @@ def _with_nodes(job: SlurmJob, env: Mapping[str, str], timeout: float) -> SlurmJ
     return dataclasses.replace(job, nodes=tuple(nodes), warnings=tuple(warnings))
 
 
-def host_specs(job: SlurmJob) -> list[HostSpec]:
-    """The job's nodes as the session's HostSpecs (one rank group per node, names as SLURM spells them)."""
-    return [HostSpec(name=n, host=n, source=f"slurm job {job.job_id}") for n in job.nodes]
+def host_specs(job: SlurmJob, transport: TransportKind = "ssh") -> list[HostSpec]:
+    """The job's nodes as the session's HostSpecs (one rank group per node, names as SLURM spells them), reached
+    over `transport` (ssh, srun, or auto: SSH, srun where SSH cannot get in)."""
+    return [HostSpec(name=n, host=n, source=f"slurm job {job.job_id}", transport=transport) for n in job.nodes]

@@ -11,9 +11,12 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Protocol, cast
 
-from app.errors import TransportError
+from app.errors import TransportError, remote_code
+
+if TYPE_CHECKING:
+    from workers.protocol import Hello
 from app.transport import bootstrap
 from app.transport.request import Request, WorkerRequestError
 from workers import protocol
@@ -68,11 +71,11 @@ class WorkerConnection:
         self._requests: dict[int, Request] = {}
         self._stderr_tail: deque[str] = deque()
         self._stderr_len = 0
-        self._hello: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+        self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._closing = False
-        self.hello: dict = {}
+        self.hello: Hello = {}
         self.error: Optional[TransportError] = None  # why the worker is gone, once it is
         self.exit: Optional[ExitInfo] = None
         self.noise: list[str] = []  # what the login shell printed before hello
@@ -88,7 +91,7 @@ class WorkerConnection:
     def stderr_tail(self) -> str:
         return "".join(self._stderr_tail)[-STDERR_TAIL:]
 
-    async def start(self, payload: bytes, timeout: float) -> dict:
+    async def start(self, payload: bytes, timeout: float) -> Hello:
         """Send the payload, wait for hello and check its protocol version."""
         t0 = time.monotonic()
         self._tasks.append(asyncio.create_task(self._read_stdout(), name=f"hangscope-stdout-{self.name}"))
@@ -204,7 +207,7 @@ class WorkerConnection:
             except protocol.ProtocolError:
                 msg = {}
             if msg.get("type") == "hello":
-                self._hello.set_result(msg)
+                self._hello.set_result(cast("Hello", msg))  # remote: app/parse.py checks each value it takes
                 return True
             # A login shell's rc file may print to stdout before exec; tolerate a little of it.
             self.noise.append(line.decode("utf-8", errors="replace"))
@@ -220,8 +223,7 @@ class WorkerConnection:
             return False
         req_id = msg.get("id")
         if msg.get("type") == "error" and req_id is None:
-            code = str(msg.get("code") or "internal")
-            self._fail(WorkerRequestError(code, f"{self.name}: the worker gave up: {msg.get('message', '')}"))
+            self._fail(WorkerRequestError(remote_code(msg.get("code")), f"{self.name}: the worker gave up: {msg.get('message', '')}"))
             return False
         req = self._requests.get(req_id) if isinstance(req_id, int) else None
         if req is not None:  # replies to abandoned requests are dropped

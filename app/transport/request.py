@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Optional, Protocol, Union
 
-from app.errors import TransportError
-from workers import protocol
+from app.errors import TransportError, hint_for, remote_code
 
 
 class _Connection(Protocol):
@@ -62,9 +61,9 @@ class Request:
             data = msg.get("data")
             self.done = data if isinstance(data, dict) else {}
             raise StopAsyncIteration
-        code = str(msg.get("code") or "internal")
+        code = remote_code(msg.get("code"))
         raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
-                                 hint=str(msg.get("hint") or protocol.ERROR_HINTS.get(code, "")))
+                                 hint=str(msg.get("hint") or hint_for(code)))
 
     async def _get(self) -> dict | TransportError:
         if self.deadline is None:

@@ -14,6 +14,7 @@ from textual.binding import Binding
 from app.ui.collect import CollectMixin
 from app.ui.commands import HangscopeCommands
 from app.ui.navigate import NavigateMixin
+from app.ui.screens.main import MainScreen
 from app.ui.source import SessionSource
 
 
@@ -39,6 +40,20 @@ class HangscopeApp(CollectMixin, NavigateMixin):
 
     def on_mount(self) -> None:
         self.source.subscribe(self._on_source_event)
+
+    # -- the main screen's messages --------------------------------------------------------------------
+
+    def on_main_screen_ready(self, message: MainScreen.Ready) -> None:
+        self.main_ready()
+
+    def on_main_screen_resumed(self, message: MainScreen.Resumed) -> None:
+        self.check_size()  # the terminal may have shrunk while another screen was on top
+
+    def on_main_screen_rank_chosen(self, message: MainScreen.RankChosen) -> None:
+        self.open_drill(message.rank)
+
+    def on_main_screen_filter_submitted(self, message: MainScreen.FilterSubmitted) -> None:
+        self.set_filter(message.text)
 
     def main_ready(self) -> None:
         """The main screen's widgets exist: show what there is and start collecting."""

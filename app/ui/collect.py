@@ -18,8 +18,9 @@ from textual.timer import Timer
 from app.errors import HangscopeError
 from app.model import CollectOptions
 from app.ui.core import HangscopeCore
-from app.ui.grid_model import RankKey
+from app.model import RankKey
 from app.ui.safe import counted
+from workers.protocol import pyspy_flags
 from app.ui.screens.dialogs import ConfirmScreen, PathScreen
 
 STRACE_SECONDS = 2.0
@@ -37,9 +38,7 @@ def command_lines(kind: str, keys: Sequence[RankKey], options: CollectOptions, s
         elif kind == "gdb":
             cmd = f"{sudo}gdb -p {pid} -batch -iex 'set debuginfod enabled off' -ex 'thread apply all bt'"
         else:
-            flags = " --native" if options.native else ""
-            flags += " --locals" if options.locals else ""
-            flags += " --nonblocking" if options.nonblocking else ""
+            flags = "".join(f" {f}" for f in pyspy_flags(options.native, options.locals, options.nonblocking))
             cmd = f"{sudo}py-spy dump --json{flags} --pid {pid}"
         out.append(f"{node}: {cmd}")
     return out
@@ -81,12 +80,8 @@ class CollectMixin(HangscopeCore):
                 self.add_snapshot(await src.strace(ranks or [], seconds), replace=True)
             elif kind == "gdb":
                 self.add_snapshot(await src.gdb(ranks or []), replace=True)
-        except HangscopeError as exc:
-            self.notify(f"{exc}" + (f"\n{exc.hint}" if exc.hint else ""), title=exc.title, severity="error",
-                        timeout=15, markup=False)
-        except Exception as exc:  # a bug in a layer below: say it, keep the screen usable
-            self.notify(f"{type(exc).__name__}: {exc}", title="collection failed", severity="error", timeout=15,
-                        markup=False)
+        except Exception as exc:  # a HangscopeError, or a bug in a layer below: say it, keep the screen usable
+            self.show_error(exc)
         finally:
             self.collecting = False
             self.collecting_what = ""
@@ -231,8 +226,7 @@ class CollectMixin(HangscopeCore):
         try:
             result = export_bundle(snapshot, analysis, path, history=history, tests=tests)
         except HangscopeError as exc:
-            self.call_from_thread(self.notify, f"{exc}\n{exc.hint}" if exc.hint else str(exc), title=exc.title,
-                                  severity="error", markup=False, timeout=15)
+            self.call_from_thread(self.show_error, exc)
             return
         redacted = sum(result.redactions.values())
         note = f"; {counted(redacted, 'secret value')} redacted" if redacted else ""

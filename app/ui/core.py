@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.app import App
 from textual.message import Message
 
+from app.errors import HangscopeError
 from app.gpu.model import GpuTestResults
 from app.model import NodeStatus, RankSnapshot, Snapshot
 from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
@@ -159,6 +160,18 @@ class HangscopeCore(App[int]):
                 del self.views[old]  # each view holds an analysis of every rank: keep the nearest few
         return view
 
+    # -- errors ----------------------------------------------------------------------------------------
+
+    def show_error(self, exc: BaseException, *, title: str = "collection failed", timeout: float = 15) -> None:
+        """The one place the TUI shows an error: a HangscopeError with its title and remedy; anything else (a
+        bug in a layer below) by its type, under `title`, so the screen stays usable."""
+        if isinstance(exc, HangscopeError):
+            self.notify(f"{exc}" + (f"\n{exc.hint}" if exc.hint else ""), title=exc.title, severity="error",
+                        timeout=timeout, markup=False)
+        else:
+            self.notify(f"{type(exc).__name__}: {exc}", title=title, severity="error", timeout=timeout,
+                        markup=False)
+
     # -- drawing ---------------------------------------------------------------------------------------
 
     def show_position(self) -> None:
@@ -218,7 +231,7 @@ class HangscopeCore(App[int]):
         self.main.set_topbar(out)
 
     def set_filter(self, text: str) -> None:
-        self.query_text = text.strip()
+        self.query_text = self.main.query_text = text.strip()
         self.main.close_filter()
         self.show_position()
         self._update_topbar()

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Set, Tuple
 
-from app.model import NodeStatus, RankSnapshot, Snapshot
+from app.model import NodeStatus, RankKey, RankSnapshot, Snapshot, rank_key
 
-RankKey = Tuple[str, int]  # (node, pid): unique within a snapshot, stable across refreshes of a rank
 CellKind = Literal["class", "pending", "error", "missing", "failed"]
 
 # One narrow glyph per class so the grid reads without colour (NO_COLOR, monochrome terminals);
@@ -28,10 +27,6 @@ def class_symbol(index: int) -> str:
 
 def class_color(index: int) -> str:
     return CLASS_COLORS[index % len(CLASS_COLORS)] if index >= 0 else "#808080"
-
-
-def rank_key(rank: RankSnapshot) -> RankKey:
-    return (rank.node, rank.pid)
 
 
 MAX_EXPECTED_CELLS = 4096  # placeholder cells ("missing", "failed") drawn for a node's expected ranks

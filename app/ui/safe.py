@@ -1,4 +1,5 @@
-"""Remote text made safe to show: control characters and escape sequences replaced, length capped, as Text.
+"""Remote text made safe to show in Textual: cleaned by app.printable (control characters replaced by visible
+pictures, length capped), as rich Text.
 
 Everything a node sends (process names, frames, locals, env, cmdline, strace/gdb output) goes through here
 before it reaches a widget. rich.text.Text never interprets markup, so `[bold]` stays literal; the
@@ -7,39 +8,17 @@ replacements below stop a name like "\\x1b]0;x\\x07" from retitling the terminal
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 from rich.style import Style
 from rich.text import Text
 
-NAME_LIMIT = 160  # a frame, function or process name in a list or a cell status line
+from app.printable import NAME_LIMIT, clean
+
+__all__ = ["NAME_LIMIT", "VALUE_LIMIT", "LINE_LIMIT", "clean", "literal", "lines", "counted"]
+
 VALUE_LIMIT = 400  # a local's repr, an env value
 LINE_LIMIT = 2000  # one line of source, strace or gdb output
-
-# C0 controls, DEL and C1 controls become their visible "control picture" (U+2400 + code) or U+FFFD;
-# bidi overrides/isolates are replaced too so remote text cannot reorder what the user reads.
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
-def _picture(match: "re.Match[str]") -> str:
-    ch = match.group()
-    code = ord(ch)
-    if code < 0x20:
-        return chr(0x2400 + code)  # ␛ for ESC, ␇ for BEL, ␊ for LF
-    if code == 0x7F:
-        return "\u2421"  # ␡
-    return "\ufffd"
-
-
-def clean(text: object, limit: Optional[int] = NAME_LIMIT) -> str:
-    """One line of remote text as a plain, printable string of at most `limit` characters."""
-    s = text if isinstance(text, str) else str(text)
-    if limit is not None and len(s) > limit:
-        # Cut before replacing so a 10 MB value costs no more than `limit` characters of work.
-        s = s[: max(limit - 1, 0)] + "\u2026"
-    s = s.replace("\t", "    ")
-    return _CONTROL.sub(_picture, s)
 
 
 def literal(text: object, limit: Optional[int] = NAME_LIMIT, style: str | Style = "") -> Text:

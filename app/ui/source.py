@@ -14,10 +14,9 @@ from typing import Callable, List, Optional, Protocol, Sequence, Tuple
 
 from app.gpu.options import GpuTestOptions
 from app.hosts import HostSpec
-from app.model import CollectOptions, RankSnapshot, Snapshot
+from app.model import CollectOptions, RankKey, RankSnapshot, Snapshot, rank_key
 from app.session import NodeUpdate, RankUpdate, SessionEvent, SessionOptions, SnapshotDone
 
-RankKey = Tuple[str, int]
 Listener = Callable[[SessionEvent], None]
 
 NEEDS_LIVE_NODES = ("the GPU tests need live nodes: this view replays a recording. Run `hangscope hosts.txt` "
@@ -180,7 +179,7 @@ class ReplaySource:
         wanted = set(ranks)
         updated = []
         for r in self._current.ranks:
-            if (r.node, r.pid) in wanted:
+            if rank_key(r) in wanted:
                 r = change(r)
                 self._emit(RankUpdate(r))
             updated.append(r)
@@ -189,15 +188,15 @@ class ReplaySource:
 
     async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot:
         self.calls.append(("strace", (tuple(ranks), seconds)))
-        recorded = {(r.node, r.pid): r for s in self.snapshots for r in s.ranks if r.strace is not None}
+        recorded = {rank_key(r): r for s in self.snapshots for r in s.ranks if r.strace is not None}
         return await self._tool("strace", ranks, lambda r: dataclasses.replace(
-            r, strace=recorded[(r.node, r.pid)].strace) if (r.node, r.pid) in recorded else r)
+            r, strace=recorded[rank_key(r)].strace) if rank_key(r) in recorded else r)
 
     async def gdb(self, ranks: Sequence[RankKey]) -> Snapshot:
         self.calls.append(("gdb", tuple(ranks)))
-        recorded = {(r.node, r.pid): r for s in self.snapshots for r in s.ranks if r.gdb is not None}
+        recorded = {rank_key(r): r for s in self.snapshots for r in s.ranks if r.gdb is not None}
         return await self._tool("gdb", ranks, lambda r: dataclasses.replace(
-            r, gdb=recorded[(r.node, r.pid)].gdb) if (r.node, r.pid) in recorded else r)
+            r, gdb=recorded[rank_key(r)].gdb) if rank_key(r) in recorded else r)
 
     def cancel(self) -> None:
         self.cancelled += 1

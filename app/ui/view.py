@@ -14,7 +14,7 @@ from app.analysis import Analysis, Finding, RankProgress, analyze
 from app.analysis.findings import where
 from app.analysis.fold import fold_nodes
 from app.analysis.gpu_evidence import evidence_lines
-from app.model import Frame, NodeStatus, RankSnapshot, Snapshot
+from app.model import Frame, NodeStatus, RankSnapshot, Snapshot, rank_key
 from app.ui.grid_model import RankKey, class_color, class_symbol
 
 FindingView = Finding
@@ -78,9 +78,9 @@ def build_view(snapshot: Snapshot, history: Sequence[Snapshot] = ()) -> View:
         among = len(keys & suspects)
         classes.append(ClassView(pos, class_symbol(pos), class_color(pos), c.size, c.label, where(c),
                                  bool(keys) and among == len(keys), keys, among))
-    progress = {(p.node, p.pid): p for p in analysis.progress}
+    progress = {rank_key(p): p for p in analysis.progress}
     return View(snapshot, analysis, tuple(classes), class_of, suspects, node_groups(snapshot.nodes, snapshot.ranks),
-                progress, {(r.node, r.pid): r for r in snapshot.ranks})
+                progress, {rank_key(r): r for r in snapshot.ranks})
 
 
 def suspect_keys(analysis: Analysis, total: int) -> Set[RankKey]:
@@ -185,16 +185,16 @@ def filter_keys(snapshot: Snapshot, query: str) -> Optional[Set[RankKey]]:
     pids = _PIDS.match(q)
     if pids is not None:
         wanted = {int(p) for p in pids.group(1).replace(" ", "").split(",")}
-        return {(r.node, r.pid) for r in snapshot.ranks if r.pid in wanted}
+        return {rank_key(r) for r in snapshot.ranks if r.pid in wanted}
     numbers = parse_ranks(q)
     if numbers is not None:
-        return {(r.node, r.pid) for r in snapshot.ranks if r.rank in numbers}
+        return {rank_key(r) for r in snapshot.ranks if r.rank in numbers}
     nodes = _expand_nodes(q)
     low = q.lower()
     out = set()
     for r in snapshot.ranks:
         if r.node in nodes or low in r.node.lower() or _frames_contain(r, low):
-            out.add((r.node, r.pid))
+            out.add(rank_key(r))
     return out
 
 

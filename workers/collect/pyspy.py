@@ -12,12 +12,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple
 
+    from workers.protocol import DumpItem
+
 from workers import loops as loopinfo
 from workers import pstate
 from workers.collect import guard, procfs, runas
 from workers.collect.guard import CollectError
 from workers.procinfo import ns_id
-from workers.protocol import error_dict
+from workers.protocol import error_dict, pyspy_flags
 from workers.redact import redact_text, secret_value
 from workers.request import Cancelled, Request
 
@@ -111,10 +113,10 @@ def _frames(traces: Any) -> List[Tuple[str, int]]:
     return out
 
 
-def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> Dict[str, Any]:
+def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -> DumpItem:
     """The dump item for one target (errors are part of the item: a rank's failure is data)."""
     started, started_at = time.monotonic(), time.time()
-    item: Dict[str, Any] = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
+    item: DumpItem = {"pid": pid, "start_time": start_time, "ok": False, "pyspy": None, "pyspy_stderr": "",
                             "procfs": {"threads": []}, "loops": {}, "source": {}, "state_before": "",
                             "state_after": "", "resumed": False, "elapsed": 0.0, "error": None, "notes": [],
                             "source_context": opts.source_context, "process": None, "actions": []}
@@ -128,7 +130,7 @@ def dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions) -
     return item
 
 
-def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, item: Dict[str, Any]) -> None:
+def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, item: DumpItem) -> None:
     # --nonblocking reads memory without attaching, so another tracer does not stop it.
     try:
         item["state_before"] = guard.check_before(pid, start_time, allow_tracer=opts.nonblocking)
@@ -155,7 +157,7 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
         item["notes"].append("not attached: the process is %s; dumped with py-spy --nonblocking (reads its "
                              "memory, no ptrace)%s" % (pstate.describe(info), "; native frames need ptrace and "
                                                        "were not collected" if opts.native_wanted else ""))
-    flags = ["--native"] * opts.native + ["--locals"] * opts.locals + ["--nonblocking"] * opts.nonblocking
+    flags = pyspy_flags(opts.native, opts.locals, opts.nonblocking)
     # --nonblocking never attaches, so it may run beside this worker's own strace/gdb on the same pid.
     lock = guard.Shared() if opts.nonblocking else guard.Exclusive(pid, "py-spy dump, request %d" % req.id)
     with lock:
@@ -214,7 +216,7 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
 
 
 def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],
-         opts: DumpOptions, item: Dict[str, Any]) -> Any:
+         opts: DumpOptions, item: DumpItem) -> Any:
     # a failure message, not a Rust backtrace (the worker sets it for all its children at start; copying the
     # environment for each dump costs more than the dump's own bookkeeping)
     env = None if os.environ.get("RUST_BACKTRACE") == "0" else dict(os.environ, RUST_BACKTRACE="0")

@@ -17,6 +17,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, List, Optional, Tuple
 
+    from workers.protocol import ToolFound
+
 from workers import children
 
 TOOL_NAMES = ("py-spy", "strace", "gdb", "nsenter", "nvidia-smi", "sudo")
@@ -132,7 +134,7 @@ class Tools:
                 self._missing[name] = (time.monotonic(), list(searched))
         return None, searched
 
-    def describe(self) -> Tuple[Dict[str, Optional[Dict[str, str]]], Dict[str, List[str]]]:
+    def describe(self) -> Tuple[Dict[str, Optional[ToolFound]], Dict[str, List[str]]]:
         """The hello's tools and searched fields; py-spy's version is asked for under a deadline."""
         found: Dict[str, Optional[Tool]] = {}
         searched: Dict[str, List[str]] = {}
@@ -155,8 +157,9 @@ class Tools:
             text = (res.stdout or res.stderr).decode("utf-8", "replace").strip().splitlines()
             versions[name] = text[0][:200] if text else ""
         reg.kill_all()
-        tools = {n: (None if t is None else {"path": t.path, "version": versions.get(n, "")})
-                 for n, t in found.items()}
+        tools: Dict[str, Optional[ToolFound]] = {}
+        for n, t in found.items():
+            tools[n] = None if t is None else {"path": t.path, "version": versions.get(n, "")}
         return tools, searched
 
     def push(self, name: str, data: bytes, sha256: str) -> Tool:

@@ -30,6 +30,7 @@ from app.ui.screens.gpu_results import GpuResultsScreen
 from app.ui.source import NEEDS_LIVE_NODES, GpuAccess
 
 if TYPE_CHECKING:
+    from app.gpu.connect import GpuWorkers
     from app.gpu.runner import GpuTestRunner
     from app.ui.core import HangscopeCore
 
@@ -188,7 +189,7 @@ class GpuTests:
         self.results: Optional[GpuTestResults] = None
         self.runner: Optional["GpuTestRunner"] = None
         self.running = False
-        self._conns: dict = {}  # the running test's workers, for close()
+        self._workers: Optional["GpuWorkers"] = None  # the running test's workers, for close()
 
     # -- opening ---------------------------------------------------------------------------------------
 
@@ -251,21 +252,20 @@ class GpuTests:
         self._redraw()
 
     async def _run(self, plan: Plan, access: GpuAccess) -> None:
-        from app.gpu.connect import open_workers
+        from app.gpu.connect import GpuWorkers
         from app.gpu.runner import GpuTestRunner
 
         progress = self.progress
         assert progress is not None
         hosts = None if access.hosts is None else [h for h in access.hosts if h.name in plan.nodes]
-        conns: dict = {}
+        workers = self._workers = GpuWorkers(hosts, access.session_options)
         try:
-            conns, errors = await open_workers(hosts, access.session_options)
-            self._conns = conns
+            await workers.open()
             progress.stage = "checking the nodes (GPUs and who holds them, the job's python)"
             self._redraw()
             options = access.options
             while not progress.cancelled:
-                self.runner = GpuTestRunner(conns, options, node_errors=errors)
+                self.runner = GpuTestRunner(workers.conns, options, node_errors=workers.errors)
                 try:
                     async for event in self.runner.events(plan.kind):
                         progress.apply(event)
@@ -278,15 +278,14 @@ class GpuTests:
                     options = replace(options, allow_busy_gpus=True)
         except HangscopeError as exc:
             progress.stage = f"failed: {exc.title}"
-            self.app.notify(f"{exc}" + (f"\n{exc.hint}" if exc.hint else ""), title=exc.title, severity="error",
-                            timeout=20, markup=False)
+            self.app.show_error(exc, timeout=20)
         except asyncio.CancelledError:
             progress.stage = "cancelled before it started"
             raise
         finally:
             self.runner = None
-            await _close(conns)
-            self._conns = {}
+            await workers.close(CLOSE_TIMEOUT)
+            self._workers = None
             self.running = False
             if self.app.is_running:  # not when the app is quitting: nothing is left to show it on
                 self._finished(progress)
@@ -296,7 +295,8 @@ class GpuTests:
         of it on the nodes): Textual only cancels the worker running it, and would not wait for that."""
         if self.runner is not None:
             self.runner.cancel()
-        await _close(self._conns)
+        if self._workers is not None:
+            await self._workers.close(CLOSE_TIMEOUT)
 
     async def _confirm_busy(self, exc: GpusBusyError) -> bool:
         lines = [f"{clean(node, 60)}: pid {h.pid} {clean(h.process, 80)} holds {clean(h.uuid, 60)} "
@@ -329,11 +329,3 @@ class GpuTests:
             self.app.notify(f"{clean(results.verdict, 300)}\n(Ctrl+P, GPU test results)",
                             title=f"GPU test {results.kind} {word}", markup=False, timeout=20)
 
-
-async def _close(conns: dict) -> None:
-    from app.gpu.connect import close_workers
-
-    try:
-        await asyncio.wait_for(close_workers(conns), CLOSE_TIMEOUT)
-    except (asyncio.TimeoutError, HangscopeError, OSError):
-        pass  # a node that does not answer: its worker still exits on EOF when its channel closes

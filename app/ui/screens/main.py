@@ -2,12 +2,14 @@
 classes under it; the findings, the evidence (the culprit's stack beside the majority's from where they part, the
 loop values that differ) and the nodes' states take the rest. The status line and the filter box at the bottom.
 
-It owns its widgets and their messages; the app owns the data and hands it down through show_view/show_live.
+It owns its widgets and their messages; the app owns the data and hands it down (show_view, show_live and the
+`query_text` attribute); what the user asks for goes up as messages (Ready, Resumed, RankChosen,
+FilterSubmitted). The screen never calls into the app.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from rich.console import Group
 from rich.text import Text
@@ -15,12 +17,13 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Static
 
 from app.analysis.diff import diff_vs_majority
 from app.analysis.processes import LARGE_SKEW, skew_line, tree_lines
-from app.model import Snapshot
+from app.model import RankSnapshot, Snapshot
 from app.ui.grid_model import Cell, RankKey, build_grid, rank_key
 from app.ui.safe import literal
 from app.ui.screens.diff import evidence_summary, evidence_table
@@ -33,10 +36,6 @@ LEFT_MIN = 28  # the grid column's least width: the classes under the grid stay 
 LEFT_WIDE = 50  # ... up to this on a wide screen (30% of it) ...
 LEFT_SHARE = 45  # ... and at most this share (%) of the screen, however many ranks: the rest is the answer's
 GRID_SHARE = 60  # the grid's largest share (%) of the height
-
-if TYPE_CHECKING:
-    from app.ui.app import HangscopeApp
-
 
 class MainScreen(WatchesSize, Screen[None]):
     BINDINGS = [
@@ -61,9 +60,31 @@ class MainScreen(WatchesSize, Screen[None]):
         Binding("n", "focus_panel('nodes')", show=False),
     ]
 
-    @property
-    def hs(self) -> "HangscopeApp":
-        return self.app  # type: ignore[return-value]
+    class Ready(Message):
+        """The screen's widgets exist: show what there is (and start collecting)."""
+
+    class Resumed(Message):
+        """Back on top of the screen stack: the terminal may have shrunk while another screen was."""
+
+    class RankChosen(Message):
+        """Enter on a rank: drill into it."""
+
+        def __init__(self, rank: RankSnapshot) -> None:
+            super().__init__()
+            self.rank = rank
+
+    class FilterSubmitted(Message):
+        """The filter box's text, applied ("" clears the filter)."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.view: Optional[View] = None  # the view shown (show_view)
+        self.suspect: Optional[RankKey] = None  # the rank the evidence is about: the view's first suspect
+        self.query_text = ""  # the filter the app applies
 
     def compose(self) -> ComposeResult:
         yield Static(id="topbar")
@@ -89,10 +110,10 @@ class MainScreen(WatchesSize, Screen[None]):
 
     def on_mount(self) -> None:
         self.grid.focus()
-        self.hs.main_ready()
+        self.post_message(self.Ready())
 
     def on_screen_resume(self) -> None:
-        self.hs.check_size()  # the terminal may have shrunk while another screen was on top
+        self.post_message(self.Resumed())
 
     @property
     def grid(self) -> RankGrid:
@@ -105,11 +126,14 @@ class MainScreen(WatchesSize, Screen[None]):
     # -- data down -------------------------------------------------------------------------------------
 
     def show_view(self, view: View, marked: set, keep: Optional[RankKey]) -> None:
+        """Show an analysed snapshot; `keep` is its first suspect, where the grid's cursor goes until the user
+        moves it and what the evidence is about."""
+        self.view, self.suspect = view, keep
         grid = self.grid
         current = grid.current
         if grid.user_moved and current is not None and current.key is not None:
             keep = current.key  # stay where the user is; until then, follow the suspect
-        visible = filter_keys(view.snapshot, self.hs.query_text)
+        visible = filter_keys(view.snapshot, self.query_text)
         grid.set_model(build_grid(view.snapshot, view.class_of, view.suspects, visible), keep=keep)
         grid.set_marked(marked)
         self.fit_grid()
@@ -124,7 +148,7 @@ class MainScreen(WatchesSize, Screen[None]):
         """Ranks as they stream in, with the last snapshot's classes (new ranks show as pending)."""
         grid = self.grid
         current = grid.current
-        grid.set_model(build_grid(snap, class_of, set(), filter_keys(snap, self.hs.query_text)),
+        grid.set_model(build_grid(snap, class_of, set(), filter_keys(snap, self.query_text)),
                        keep=current.key if current else None)
         self.fit_grid()
         self._show_nodes(node_groups(snap.nodes, snap.ranks))
@@ -161,7 +185,7 @@ class MainScreen(WatchesSize, Screen[None]):
         """The culprit against the majority, or, with no culprit, where the ranks wait."""
         title = self.query_one("#evidence-title", Label)
         body = self.query_one("#evidence", Static)
-        key = self.hs.first_suspect(view)
+        key = self.suspect
         diff = None
         if key is not None and key in view.suspects:
             try:
@@ -210,7 +234,7 @@ class MainScreen(WatchesSize, Screen[None]):
                 out.append("this node could not be inspected: see the nodes panel", style="dim")
             return out
         r = cell.rank
-        view = self.hs.current_view
+        view = self.view
         out.append(r.label, style="bold")
         out.append("  ")
         out.append_text(literal(r.node, 40))
@@ -238,13 +262,13 @@ class MainScreen(WatchesSize, Screen[None]):
     @on(RankGrid.Selected)
     def drill_into(self, message: RankGrid.Selected) -> None:
         if message.cell.rank is not None:
-            self.hs.open_drill(message.cell.rank)
+            self.post_message(self.RankChosen(message.cell.rank))
 
     @on(ClassesPanel.ClassChosen)
     def focus_class(self, message: ClassesPanel.ClassChosen) -> None:
         grid = self.grid
         grid.set_focus_class(message.index)
-        view = self.hs.current_view
+        view = self.view
         if message.index is not None and view is not None and message.index < len(view.classes):
             members = view.classes[message.index].keys
             current = grid.current
@@ -271,12 +295,12 @@ class MainScreen(WatchesSize, Screen[None]):
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.add_class("-shown")
-        box.value = self.hs.query_text
+        box.value = self.query_text
         box.focus()
 
     @on(Input.Submitted, "#filter")
     def apply_filter(self, message: Input.Submitted) -> None:
-        self.hs.set_filter(message.value)
+        self.post_message(self.FilterSubmitted(message.value))
 
     def close_filter(self) -> None:
         self.query_one("#filter", Input).remove_class("-shown")
@@ -286,12 +310,12 @@ class MainScreen(WatchesSize, Screen[None]):
         """Esc undoes the innermost thing: the filter (with its box, as the box's placeholder says), the class
         highlight, panel focus."""
         if self.query_one("#filter", Input).has_class("-shown"):
-            if self.hs.query_text:
-                self.hs.set_filter("")  # closes the box too
+            if self.query_text:
+                self.post_message(self.FilterSubmitted(""))  # closes the box too
             else:
                 self.close_filter()
-        elif self.hs.query_text:
-            self.hs.set_filter("")
+        elif self.query_text:
+            self.post_message(self.FilterSubmitted(""))
         elif self.classes_panel.chosen is not None:
             self.classes_panel.chosen = None
             self.grid.set_focus_class(None)

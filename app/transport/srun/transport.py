@@ -14,7 +14,7 @@ import time
 from typing import Optional
 
 from app.errors import TransportError
-from app.slurm.step import SrunOptions, Step, srun_argv
+from app.transport.srun.step import SrunOptions, Step, srun_argv
 from app.transport.base import ExitInfo, WorkerConnection
 
 __all__ = ["SrunOptions", "SrunTransport", "srun_argv"]
@@ -29,7 +29,8 @@ class _StepAborted(Exception):
 
 
 class SrunTransport:
-    """Opens workers on the nodes of one SLURM job through srun steps; `open()` is the session's opener."""
+    """Opens workers on the nodes of one SLURM job through srun steps (app.transport.connect, for srun and auto
+    hosts)."""
 
     def __init__(self, options: SrunOptions) -> None:
         self.options = options

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from app.slurm.mux import frame, mux_stage
+from app.transport.srun.mux import frame, mux_stage
 from app.transport import bootstrap
 from app.transport.base import ExitInfo
 
