@@ -104,7 +104,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         "unreachable", "dns", "refused", "connect_timeout", "host_key_unknown", "host_key_changed", "auth_failed",
         "throttled", "lost", "no_python", "protocol", "worker_crashed", "ssh_error"]
 
-    # Message shapes, for type checkers on both sides (the worker builds them, app/parse.py reads them). Every
+    # Message shapes, for type checkers on both sides (the worker builds them, app/decode/replies.py reads them). Every
     # key is optional to the reader: the data is remote, and each value is checked as it is taken.
     class ToolFound(TypedDict, total=False):
         path: str

@@ -16,18 +16,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union, cast
 
-from app import __version__, parse
+from app import __version__
+from app.decode import replies
 from app.errors import HangscopeError, TransportError, hint_for
 from app.model import CollectOptions, ErrorInfo, NodeStatus, RankKey, RankSnapshot, Snapshot
 from app.hosts import HostSpec
-from app.peer_names import PeerNamer
+from app.session.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
 from app.transport.connect import Connector
 from app.transport.srun import SrunOptions
 from app.transport.ssh import SshOptions
 
-if TYPE_CHECKING:  # what the worker sends (app.parse reads every value with a check)
+if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
     from workers.protocol import DumpItem
 
 DISCOVER_TIMEOUT = 30.0
@@ -193,7 +194,7 @@ class Session:
                     "sudo": sudo, "data": self.options.strace_data}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
-            return dataclasses.replace(r, strace=parse.strace_result(done), resumed=r.resumed or
+            return dataclasses.replace(r, strace=replies.strace_result(done), resumed=r.resumed or
                                        bool(done.get("resumed")),
                                        actions=r.actions + (f"strace for {seconds:g} s: attached with ptrace, then "
                                                             "detached" + ("; SIGCONT: it was left stopped, and runs "
@@ -208,7 +209,7 @@ class Session:
                     "sudo": self.options.collect.sudo}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
-            return dataclasses.replace(r, gdb=parse.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
+            return dataclasses.replace(r, gdb=replies.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
                                        actions=r.actions + ("gdb backtrace: attached with ptrace, then detached"
                                                             + ("; SIGCONT: it was left stopped, and runs again"
                                                                if done.get("resumed") else ""),))
@@ -271,7 +272,7 @@ class Session:
                 conn = await self._open(node)
                 node.conn = conn
                 timings.update({k: v for k, v in conn.timings.items() if k != "total"})
-                self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
+                self._update(node, info=replies.node_info(conn.hello), warnings=tuple(conn.warnings))
             conn = node.conn
             phase = "discover"
             self._update(node, state="discovering", error=None, timings=tuple(timings.items()))
@@ -282,7 +283,7 @@ class Session:
                 if isinstance(item.get("dump"), dict):
                     self._apply_dump(node, item["dump"])
                 elif isinstance(item.get("rank"), dict):
-                    rank = parse.rank_from_discover(node.name, item["rank"])
+                    rank = replies.rank_from_discover(node.name, item["rank"])
                     node.ranks[rank.pid] = rank
                     self._emit(RankUpdate(rank))
                 elif "discovered" in item:
@@ -335,7 +336,7 @@ class Session:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
         if rank is None:
             return
-        rank = parse.apply_dump(rank, item)
+        rank = replies.apply_dump(rank, item)
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
 
