@@ -2,7 +2,7 @@
 
 One subclass per failure class, each carrying its title and remedy: bad input (InputError, HostsError), a node
 that failed (TransportError, its remedy from its code), and, beside their code, SnapshotFormatError
-(app.model), WriteError (app.headless), SlurmError (app.slurm.job), NoInterpreterError and GpusBusyError
+(app.model), WriteError (app.cli.run), SlurmError (app.slurm.job), NoInterpreterError and GpusBusyError
 (app.gpu). The TUI shows every one of them in one place (app.ui.core.HangscopeCore.show_error), the command
 line in app.cli.
 """

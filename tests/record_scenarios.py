@@ -466,7 +466,7 @@ def record(running: Running, out_dir: Path) -> list[Path]:
     """Two samples as the CLI takes them (its own parser and options), written as the golden pair."""
     from app.analysis import analyze
     from app.cli import build_parser
-    from app.headless import session_options
+    from app.cli.headless import session_options
     from app.hosts import parse_hosts
     from app.session import Session
 

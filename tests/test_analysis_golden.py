@@ -1,4 +1,4 @@
-"""The analysis on real worker output: dumps recorded from a hung torch job (tests/data), parsed by app.parse.
+"""The analysis on real worker output: dumps recorded from a hung torch job (tests/data), parsed by app.decode.
 
 They carry what code-built snapshots miss: py-spy 0.4's qualified names (`Thread.run`,
 `_exception_logger.<locals>.wrapper`), unsymbolised native frames named by their (per-process) address,
@@ -14,7 +14,7 @@ from typing import Tuple
 from app.analysis import AnalysisOptions, analyze
 from app.analysis.text import summary_text
 from app.model import CollectOptions, NodeStatus, Snapshot
-from app.parse import apply_dump, rank_from_discover
+from app.decode.replies import apply_dump, rank_from_discover
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 from analysis_snapshots import LOADING, job, rank, snapshot, sock
-from app import parse
+from app.decode import replies as parse
 from app.analysis import analyze
 from app.analysis.text import summary_text
 from app.model import ProcessHold, snapshot_from_json, snapshot_to_json

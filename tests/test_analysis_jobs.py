@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from analysis_snapshots import LOADING, job, snapshot
-from app import parse
+from app.decode import replies as parse
 from app.analysis import analyze
 from app.errors import InputError
-from app.headless import pick_job
+from app.cli.headless import pick_job
 from app.model import RankSnapshot
 
 
@@ -79,7 +79,7 @@ def test_job_picks_one_job_by_name_or_a_part_that_names_one() -> None:
 def test_a_file_written_before_ranks_carried_their_job_gets_it_from_what_they_hold() -> None:
     from pathlib import Path
 
-    from app.headless import load_snapshot
+    from app.cli.headless import load_snapshot
 
     path = Path(__file__).resolve().parent / "data" / "scenarios" / "dataloader.json"
     assert '"job": ""' in path.read_text()  # recorded before: the field is empty in the file

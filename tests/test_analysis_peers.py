@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis_snapshots import rank, snapshot, sock
-from app import peer_names
+from app.session import peer_names
 from app.analysis import analyze
 from app.analysis.peers import outside_peers
 from app.model import NodeStatus

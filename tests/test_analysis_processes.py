@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.analysis import analyze, job_keys, only_job
 from app.analysis.processes import LARGE_SKEW, skew_line, tree_lines
 from app.model import JobProcess, RankSnapshot, Snapshot
-from app.parse import launcher_job
+from app.decode.replies import launcher_job
 
 
 def rank(pid: int, number: int, ppid: int, node: str = "n1", job: str = "10.0.0.1:29500") -> RankSnapshot:

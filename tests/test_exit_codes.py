@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.headless import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, report
+from app.cli.headless import EXIT_NOTHING, EXIT_OK, EXIT_PARTIAL, report
 from test_report_build import make_snapshot
 
 REPO = Path(__file__).resolve().parent.parent

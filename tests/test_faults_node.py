@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from app import parse
+from app.decode import replies as parse
 from app.analysis import analyze
 from app.model import Snapshot
 from worker_client import WorkerProc

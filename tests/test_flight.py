@@ -22,12 +22,12 @@ from typing import Any, Iterator
 import pytest
 
 import jobs
-from app import parse
+from app.decode import replies as parse
 from app.analysis import analyze
 from app.analysis.flight import flight_analysis, rank_text
 from app.analysis.text import summary_text
 from app.model import CollectOptions, FlightGroup, FlightRecord, RankSnapshot, Snapshot
-from app.parse_flight import flight_record
+from app.decode.flight import flight_record
 from worker_client import WorkerProc
 from workers.collect import flight
 

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from app.gpu.headless import run_tests_headless
+from app.cli.gpu import run_tests_headless
 from app.gpu.model import GpuTestResults
 from app.gpu.options import GpuTestOptions
 from app.hosts import HostSpec

@@ -3,7 +3,7 @@ NCCL RAS's view, from the node's worker to the findings.
 
 There is no GPU here: every GPU tool's output is RECORDED (tests/data/gpu/, sources in its README) and printed by
 FAKE executables (tests/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
-them under deadlines, the redaction, the decoding (app/parse_gpu.py) and the analysis are the real code.
+them under deadlines, the redaction, the decoding (app/decode/gpu.py) and the analysis are the real code.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from gpu_fakes import recorded
 from worker_client import WorkerProc
 from worker_targets import start_rank
 
-from app import parse_gpu
+from app.decode import gpu as parse_gpu
 from app.analysis import analyze
 from app.analysis.gpu_evidence import evidence_lines, gpu_findings
-from app.model import (GpuHealth, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
+from app.model import (bus_key, GpuHealth, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
                        RasView, Snapshot)
 from workers.collect import gpu_evidence as collector
 
@@ -70,7 +70,7 @@ def test_xid_lines_with_their_age_and_bus() -> None:
     assert by[79].bus_id == "0000:5d:00" and abs(by[79].age_s - 40) < 1
     assert by[119].bus_id == "0000:ab:00", "an Xid line without `PCI:` in front of the address"
     assert "fallen off the bus" in by[79].text and abs(by[63].age_s - 604800) < 1
-    assert parse_gpu.bus_key("00000000:5D:00.0") == parse_gpu.bus_key("0000:5d:00")
+    assert bus_key("00000000:5D:00.0") == bus_key("0000:5d:00")
 
 
 def test_kmsg_and_syslog_times() -> None:

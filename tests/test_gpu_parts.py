@@ -15,7 +15,7 @@ import pytest
 
 from app.errors import InputError
 from app.gpu import bench, inventory, netcheck
-from app.gpu.headless import add_test_arguments, options_from_args
+from app.cli.gpu import add_test_arguments, options_from_args
 from app.gpu.table import printable
 
 
@@ -147,7 +147,7 @@ def test_remote_text_is_made_printable() -> None:
 
 
 def test_the_gpu_package_never_imports_textual() -> None:
-    code = ("import sys, app.gpu.headless, app.gpu.runner, app.gpu.connect; "
+    code = ("import sys, app.cli.gpu, app.gpu.runner, app.gpu.connect; "
             "assert 'textual' not in sys.modules, 'textual imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -18,7 +18,8 @@ from typing import Tuple
 from pytest import MonkeyPatch
 
 from analysis_snapshots import ALL_REDUCE, LOADING, frame, in_step, rank, snapshot
-from app import model, parse
+from app import model
+from app.decode import replies as parse
 from app.analysis import analyze
 from app.model import Frame, Local, Snapshot, ThreadStack, from_dict, snapshot_from_json, snapshot_to_json, to_dict
 from app.report.schema import schema_text

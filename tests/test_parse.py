@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from app import parse
+from app.decode import replies as parse
 from app.model import Local, LoopInfo, RankSnapshot, from_dict, to_dict
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

@@ -48,7 +48,7 @@ def _keys(name: str) -> set[str]:
 
 
 def test_a_real_workers_messages_carry_only_the_declared_keys() -> None:
-    """The shapes app/parse.py is type-checked against are the ones a real worker sends: hello, and the collect
+    """The shapes app/decode/replies.py is type-checked against are the ones a real worker sends: hello, and the collect
     op's rank, discovered and dump items (py-spy threads included) for a stand-in rank."""
     with start_rank(0) as t, WorkerProc() as w:
         assert set(w.hello) <= _keys("Hello") and set(w.hello["tools"]["py-spy"]) <= _keys("ToolFound")

@@ -155,7 +155,7 @@ def test_the_schema_rejects_a_malformed_snapshot(tmp_path: Path) -> None:
 
 def test_the_committed_schema_is_generated_from_the_model() -> None:
     committed = (ROOT / "docs" / "snapshot.schema.json").read_text()
-    assert committed == schema_text(), "app/model.py changed: run python -m app.report.schema docs/snapshot.schema.json"
+    assert committed == schema_text(), "app/model changed: run python -m app.report.schema docs/snapshot.schema.json"
     schema = json.loads(committed)
     assert "detects pid reuse" in json.dumps(schema["$defs"]["RankSnapshot"]["properties"]["start_time"])
 

@@ -14,7 +14,7 @@ import asyncssh
 import pytest
 
 from app.errors import TransportError
-from app.tools import local_pyspy
+from app.transport.login_tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
 
 import cluster as cluster_mod  # noqa: E402  (tests/ helpers, put on sys.path by conftest)

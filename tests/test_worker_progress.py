@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from app.model import RankSnapshot, Snapshot, from_dict, snapshot_from_json, snapshot_to_json
-from app.parse import counters, rank_from_discover
+from app.decode.replies import counters, rank_from_discover
 from workers.collect import progress, sockets
 
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"

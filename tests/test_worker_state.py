@@ -169,7 +169,7 @@ def stalled_file() -> Iterator[str]:
 
 
 def test_a_rank_in_d_state_is_dumped_without_ptrace_and_named_with_the_file_it_waits_on() -> None:
-    from app import parse
+    from app.decode import replies as parse
     from app.analysis import analyze
     from app.model import Snapshot
 

@@ -8,7 +8,7 @@ from typing import Iterator
 import pytest
 
 import jobs
-from app import parse
+from app.decode import replies as parse
 from worker_client import WorkerProc
 from worker_targets import untouched
 

@@ -8,7 +8,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, Optional
+    from typing import Optional
 
     from workers.protocol import Hello
 

@@ -56,7 +56,7 @@ Ops (args -> items / done):
               -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
                  a rank maps libnccl/libcuda ("ras": true: this node also asks NCCL's RAS service): raw nvidia-smi
                  CSV or -q text, kernel Xid lines, RAS's answer (workers/collect/gpu_evidence.py; decoded by
-                 app/parse_gpu.py)
+                 app/decode/gpu.py)
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
@@ -108,7 +108,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         "unreachable", "dns", "refused", "connect_timeout", "host_key_unknown", "host_key_changed", "auth_failed",
         "throttled", "lost", "no_python", "protocol", "worker_crashed", "ssh_error"]
 
-    # Message shapes, for type checkers on both sides (the worker builds them, app/parse.py reads them). Every
+    # Message shapes, for type checkers on both sides (the worker builds them, app/decode/replies.py reads them). Every
     # key is optional to the reader: the data is remote, and each value is checked as it is taken.
     class ToolFound(TypedDict, total=False):
         path: str

@@ -1,6 +1,6 @@
 """Loop-iteration coordinates: which iteration of its loops a frame is in, from its loop variables' values.
 
-Computed once per frame as a dump is decoded (app.parse), then compared across ranks (iterations.py). Only
+Computed once per frame as a dump is decoded (app.decode.replies), then compared across ranks (iterations.py). Only
 values that mean the same on every rank count (`meaningful`): one filter for both.
 """
 

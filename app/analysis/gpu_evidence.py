@@ -1,5 +1,5 @@
 """GPU-side evidence as findings: kernel Xid errors, ECC and row-remap counts, an nvidia-smi that does not
-answer (each node's, app/parse_gpu.py), and NCCL RAS's view of the communicators (missing ranks, operation
+answer (each node's, app/decode/gpu.py), and NCCL RAS's view of the communicators (missing ranks, operation
 counts that differ).
 
 Calibrated like the rest of the analysis: GPU evidence names a culprit [high] only when the samples say the job
@@ -16,7 +16,7 @@ from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, fold_nodes, short_keys
 from app.analysis.frames import clean
 from app.model import GpuHealth, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, Snapshot
-from app.parse_gpu import bus_key
+from app.model import bus_key
 
 FRESH_S = 3600.0  # an Xid within the hour before the snapshot may be the hang's cause; older ones predate it
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, cast
 
-from app import parse
+from app.decode import replies
 from app.errors import HangscopeError, TransportError
 from app.gpu import events as ev
 from app.gpu import inventory as inv
@@ -84,7 +84,7 @@ class GpuTestRunner:
             except TransportError as exc:
                 pre.errors[node] = exc.message
                 return
-            ranks = [parse.rank_from_discover(node, cast("RankInfo", item)) for item in items]
+            ranks = [replies.rank_from_discover(node, cast("RankInfo", item)) for item in items]
             pre.masters += [(r.master_addr, r.master_port) for r in ranks if r.master_addr and r.master_port]
             if need_python:
                 await self.choose_python(node, conn, [r.pid for r in ranks], pre)

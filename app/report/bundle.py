@@ -110,7 +110,7 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
 
 def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], red: Redactor,
               skipped: Sequence[Tuple[str, str]], history: Sequence[Snapshot], tests: bool) -> bytes:
-    from app.tools import pyspy_version
+    from app.transport.login_tools import pyspy_version
 
     doc = build_manifest(snapshot, created_at=created, files=files, redactions=red.summary(), skipped=skipped,
                          history=history, tests_included=tests, pyspy_version=pyspy_version(),

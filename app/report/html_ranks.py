@@ -3,7 +3,7 @@ locals, source, process facts, sockets, strace and gdb output. All remote text g
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from app.model import Frame, NodeStatus, RankKey, RankSnapshot, Snapshot, ThreadStack, rank_key
 from app.report.html_page import symbol

@@ -1,4 +1,4 @@
-"""The JSON Schema of the snapshot file, generated from app/model.py's dataclasses and their comments.
+"""The JSON Schema of the snapshot file, generated from app/model's dataclasses and their comments.
 
 The model is the one source of truth: docs/snapshot.schema.json is this module's output, committed so users
 can read and validate against it, and a test fails when the two differ (`python -m app.report.schema

@@ -207,7 +207,7 @@ class WorkerConnection:
             except protocol.ProtocolError:
                 msg = {}
             if msg.get("type") == "hello":
-                self._hello.set_result(cast("Hello", msg))  # remote: app/parse.py checks each value it takes
+                self._hello.set_result(cast("Hello", msg))  # remote: app/decode checks each value it takes
                 return True
             # A login shell's rc file may print to stdout before exec; tolerate a little of it.
             self.noise.append(line.decode("utf-8", errors="replace"))

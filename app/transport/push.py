@@ -9,7 +9,7 @@ import platform
 from typing import Optional
 
 from app.errors import TransportError
-from app.tools import local_pyspy, pyspy_version
+from app.transport.login_tools import local_pyspy, pyspy_version
 from app.transport.base import WorkerConnection
 
 PUSH_TIMEOUT = 120.0  # ~11 MB of base64 over a slow link

@@ -10,7 +10,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, List, Optional, Tuple
 
     from workers.protocol import DumpItem
 

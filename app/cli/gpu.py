@@ -127,10 +127,9 @@ def run_tests_headless(hosts: Optional[Sequence[Any]], kind: TestKind, options: 
                        quiet: bool = False, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                        ) -> tuple[GpuTestResults, int]:
     """Connect, run one test, print its table (and JSON to json_path); hosts None: this machine."""
-    from app.cli import run_interruptible
+    from app.cli.run import run_interruptible, write_private
     from app.gpu.connect import GpuWorkers
     from app.gpu.runner import GpuTestRunner
-    from app.headless import write_private
     from app.session import SessionOptions
 
     if kind not in KINDS:

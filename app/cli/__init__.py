@@ -1,6 +1,6 @@
 """Command line: argument parsing, the headless modes (--snapshot, --load, summary) and exit codes.
 
-Exit codes (app.headless.exit_status): 0 every rank collected, 1 partial (a node failed, a rank could not be
+Exit codes (app.cli.headless.exit_status): 0 every rank collected, 1 partial (a node failed, a rank could not be
 dumped, ranks missing from WORLD_SIZE, a rank gone since an earlier sample), 2 bad input, 3 nothing collected
 (no rank found), 130 interrupted (Ctrl+C); --load: 0 once the file is read and shown. The TUI has its own module; this one only decides which mode runs.
 """
@@ -8,14 +8,13 @@ dumped, ranks missing from WORLD_SIZE, a rank gone since an earlier sample), 2 b
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
 import textwrap
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from app import __version__
+from app.cli.run import run_interruptible  # noqa: F401 (re-exported: the modes run through it)
 from app.errors import HangscopeError, InputError
 
 EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -115,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     tui.add_argument("--fps", type=int, default=None, metavar="N",
                      help="limit screen updates to N per second (slow links); below 30 also no animations")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
-    from app.gpu.headless import add_test_arguments
+    from app.cli.gpu import add_test_arguments
     from app.slurm.cli import add_slurm_arguments
 
     add_test_arguments(p)
@@ -127,7 +126,7 @@ def versions_text() -> str:
     """hangscope's version and those of the tools it drives (what a bug report needs)."""
     from importlib import metadata
 
-    from app.tools import pyspy_version
+    from app.transport.login_tools import pyspy_version
 
     parts = [f"hangscope {__version__}"]
     for dist in ("asyncssh", "textual", "psutil", "ClusterShell"):
@@ -143,9 +142,9 @@ def versions_text() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        from app.demo import demo_main
+        from app.cli.demo import demo_main
 
-        return demo_main(args_list[1:])
+        return demo_main(args_list[1:], build_parser())
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.version:
@@ -171,7 +170,7 @@ def _error(exc: HangscopeError) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from app import headless
+    from app.cli import headless
 
     headless_mode = bool(args.print_summary or args.snapshot or args.export)
     if args.load:
@@ -204,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         check_transport(args)
         hosts = _read_hosts(args)
     if args.test:
-        from app.gpu.headless import options_from_args, run_tests_headless
+        from app.cli.gpu import options_from_args, run_tests_headless
 
         _, code = run_tests_headless(hosts, args.test, options_from_args(args),
                                      session_options=headless.session_options(args),
@@ -219,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
     from app.ui.source import LiveSource
 
     title = getattr(args, "slurm_title", "") or args.hosts or ",".join(args.nodelist) or "this machine"
-    from app.gpu.headless import options_from_args
+    from app.cli.gpu import options_from_args
 
     # the GPU-test flags (--test-timeout, --nccl-env, ...) also apply to tests started from the TUI
     source = LiveSource(hosts, headless.session_options(args), gpu_options=options_from_args(args))
@@ -253,33 +252,3 @@ def _read_hosts(args: argparse.Namespace):
     if not merged.hosts:
         raise InputError("no hosts given")
     return list(merged.hosts)
-
-
-def run_interruptible(coro_factory, on_first_interrupt) -> object:
-    """Run an asyncio coroutine; the first Ctrl+C calls on_first_interrupt (cancel, keep partial data),
-    a second one aborts at once with exit code 130."""
-    loop = asyncio.new_event_loop()
-    interrupts: List[int] = []
-
-    def handler() -> None:
-        interrupts.append(1)
-        if len(interrupts) == 1:
-            print("\nhangscope: cancelling collection (Ctrl+C again to abort)", file=sys.stderr)
-            on_first_interrupt()
-        else:
-            print("\nhangscope: aborted", file=sys.stderr)
-            os._exit(EXIT_INTERRUPTED)
-
-    try:
-        loop.add_signal_handler(signal.SIGINT, handler)
-    except (NotImplementedError, RuntimeError):
-        pass
-    try:
-        return loop.run_until_complete(coro_factory())
-    finally:
-        try:
-            loop.remove_signal_handler(signal.SIGINT)
-        except (NotImplementedError, RuntimeError):
-            pass
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()

@@ -1,18 +1,15 @@
 """The snapshot data model: frozen dataclasses for nodes, ranks, threads and frames, and their JSON form.
 
 Pure data: no I/O beyond (de)serialising, never imports Textual. Every layer above (session, analysis, UI,
-reports) reads these types; the worker's raw dicts are turned into them by app/parse.py.
+reports) reads these types; the worker's raw dicts are turned into them by app/decode/replies.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import sys
 import typing
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Dict, Literal, Optional, Protocol, Tuple, Union
+from typing import Dict, Literal, Optional, Protocol, Tuple
 
 SCHEMA_NAME = "hangscope.snapshot"
 SCHEMA_VERSION = 1
@@ -486,9 +483,19 @@ class NodeInfo:
         return None
 
 
+def bus_key(bus_id: str) -> str:
+    """A PCI address in one form for comparing nvidia-smi's `00000000:3B:00.0` with the kernel's `0000:3b:00`:
+    domain, bus and device, lower case, without leading zeros in the domain."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) < 3:
+        return bus_id.strip().lower()
+    domain = parts[-3].lstrip("0") or "0"
+    return f"{domain}:{parts[-2]}:{parts[-1].split('.')[0]}"
+
+
 @dataclass(frozen=True)
 class GpuXid:
-    """One `NVRM: Xid` line of a node's kernel log (app/parse_gpu.py)."""
+    """One `NVRM: Xid` line of a node's kernel log (app/decode/gpu.py)."""
 
     xid: int
     bus_id: str = ""  # the PCI address as the driver writes it, e.g. "0000:3b:00"
@@ -637,197 +644,6 @@ class Snapshot:
         return None
 
 
-# ---------------------------------------------------------------------------------------------------------
-# JSON (de)serialisation: generic over the dataclasses above, driven by their type hints.
-
-
-def to_dict(obj: Any) -> Any:
-    """A dataclass tree as plain JSON-able data (tuples become lists)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [to_dict(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-_HINTS_CACHE: dict = {}
-
-
-def _hints(cls: type) -> dict:
-    hints = _HINTS_CACHE.get(cls)
-    if hints is None:
-        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-        _HINTS_CACHE[cls] = hints
-    return hints
-
-
-class _Invalid(ValueError):
-    """A value that does not fit the model (and so the schema, generated from it); `path` says where."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.path: list = []
-
-    def where(self) -> str:
-        out = ""
-        for part in self.path:
-            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-        return out or "the snapshot"
-
-
-_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _kind(tp: Any) -> str:
-    if tp in _KINDS:
-        return _KINDS[tp]
-    if typing.get_origin(tp) in (tuple, Tuple):
-        return "an array"
-    if dataclasses.is_dataclass(tp):
-        return "an object"
-    return str(tp)
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
-    return "an object" if text == "dict" else "an array" if text == "list" else text
-
-
-def _convert(tp: Any, value: Any, frames: dict) -> Any:
-    """`value` as type `tp`, checked: the loader enforces the types the schema states (it is generated from
-    these same type hints), so a wrong type is an error naming the field, never a value passed on."""
-    origin = typing.get_origin(tp)
-    if origin is Union:
-        if value is None:
-            return None
-        non_none = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(non_none[0], value, frames) if len(non_none) == 1 else value
-    vt = type(value)
-    if tp is str or tp is bool:
-        if vt is tp:
-            return value
-    elif tp is int:
-        if vt is int:
-            return value
-        if vt is float and value.is_integer():  # JSON Schema's "integer" includes 1e12 and 3.0
-            return int(value)
-    elif tp is float:
-        if vt is float or vt is int:
-            return float(value)
-    elif origin is Literal:
-        if vt is str and value in typing.get_args(tp):
-            return value
-        raise _Invalid(f"{_shown(value)} is not one of {', '.join(typing.get_args(tp))}")
-    elif origin in (tuple, Tuple):
-        if vt is list:
-            args = typing.get_args(tp)
-            out = []
-            if len(args) == 2 and args[1] is Ellipsis:
-                item = args[0]
-            elif len(value) != len(args):
-                raise _Invalid(f"expected an array of {len(args)} items, got {len(value)}")
-            else:
-                item = None
-            i = 0
-            try:
-                for i, v in enumerate(value):
-                    out.append(_convert(item if item is not None else args[i], v, frames))
-            except _Invalid as exc:
-                exc.path.insert(0, i)
-                raise
-            return tuple(out)
-    elif dataclasses.is_dataclass(tp):
-        if vt is dict:
-            return from_dict(tp, value, _frames=frames)
-    else:
-        return value
-    raise _Invalid(f"expected {_kind(tp)}, got {_shown(value)}")
-
-
-def _freeze(value: Any) -> Any:
-    """JSON data as a hashable key: lists as tuples, objects as (key, value) tuples in their order."""
-    if isinstance(value, list):
-        return tuple(map(_freeze, value))
-    if isinstance(value, dict):
-        return tuple((k, _freeze(v)) for k, v in value.items())
-    return value
-
-
-T = typing.TypeVar("T")
-
-
-def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None) -> T:
-    """Build a dataclass from to_dict()'s output; unknown keys (from newer versions) are ignored.
-
-    Within one call, identical frames without locals are built once and shared: a snapshot of 100k ranks
-    holds a few hundred distinct frames, so it is built faster and holds less, and each thread's interned path
-    (ThreadStack.path) is derived from frames already seen. Frames are frozen, so sharing cannot be observed
-    other than by `is`."""
-    if not isinstance(data, dict):
-        raise _Invalid(f"expected an object ({cls.__name__}), got {_shown(data)}")
-    frames: dict = {} if _frames is None else _frames
-    key = None
-    if cls is Frame and not data.get("locals"):  # locals differ between ranks (addresses): never shared
-        key = _freeze(data)
-        shared = frames.get(key)
-        if shared is not None:
-            return shared  # type: ignore[no-any-return]
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            try:
-                kwargs[f.name] = _convert(hints[f.name], data[f.name], frames)
-            except _Invalid as exc:
-                exc.path.insert(0, f.name)
-                raise
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            exc = _Invalid("a required field is missing")
-            exc.path.insert(0, f.name)
-            raise exc
-    obj = cls(**kwargs)
-    if key is not None:
-        frames[key] = obj
-    return obj
-
-
-def snapshot_to_json(snapshot: Snapshot, analysis: Optional[dict] = None) -> str:
-    """The snapshot file format: schema header, the snapshot, and the analysis results when given."""
-    doc = {"schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "snapshot": to_dict(snapshot)}
-    if analysis is not None:
-        doc["analysis"] = analysis
-    return json.dumps(doc, indent=1, ensure_ascii=False)
-
-
-class SnapshotFormatError(ValueError):
-    """A file that is not a hangscope snapshot, or of an unsupported version."""
-
-
-def snapshot_from_json(text: str) -> Tuple[Snapshot, Optional[dict]]:
-    """Parse and check a snapshot file's text; every way it can be wrong is a SnapshotFormatError that says
-    where. Types are those of docs/snapshot.schema.json (generated from this module's type hints)."""
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        # the C decoder refuses nesting deeper than the interpreter's recursion limit; no snapshot comes close
-        raise SnapshotFormatError(f"not a hangscope snapshot: JSON nested more than {sys.getrecursionlimit()} "
-                                  "levels deep") from None
-    except ValueError as exc:
-        raise SnapshotFormatError(f"not JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_NAME:
-        raise SnapshotFormatError("not a hangscope snapshot (missing \"schema\": \"hangscope.snapshot\")")
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise SnapshotFormatError(f"snapshot schema version {version!r}; this hangscope reads {SCHEMA_VERSION}")
-    try:
-        snap = from_dict(Snapshot, doc["snapshot"])
-    except _Invalid as exc:
-        exc.path.insert(0, "snapshot")
-        raise SnapshotFormatError(f"does not match the snapshot schema at {exc.where()}: {exc.message}") from None
-    except (KeyError, TypeError, ValueError, RecursionError) as exc:
-        raise SnapshotFormatError(f"malformed snapshot: {type(exc).__name__}: {exc}") from None
-    analysis = doc.get("analysis")
-    return snap, analysis if isinstance(analysis, dict) else None
+# The JSON codec and the snapshot file format (codec.py), here for everything that imports them from the model.
+from app.model.codec import (SnapshotFormatError, from_dict, snapshot_from_json,  # noqa: E402,F401
+                             snapshot_to_json, to_dict)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import sys
-import tempfile
 from typing import List, Optional, Sequence, TextIO
 
-from app.errors import HangscopeError, InputError
+from app.cli.run import WriteError, write_private  # noqa: F401 (WriteError: re-exported, what --snapshot raises)
+from app.errors import InputError
 from app.model import (CollectOptions, Snapshot, SnapshotFormatError, rank_key, snapshot_from_json,
                        snapshot_to_json)
 
@@ -18,9 +17,6 @@ EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
 MAX_SNAPSHOT_BYTES = 1 << 30  # a snapshot of 100k ranks with locals is a few hundred MB
 
 
-class WriteError(HangscopeError):
-    title = "could not write"
-    hint = "choose another path (the data is still printed above)"
 
 
 def session_options(args: argparse.Namespace):
@@ -40,7 +36,7 @@ def session_options(args: argparse.Namespace):
 
 def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> int:
     """Run one collection over hosts (None = this machine) and report it; returns the exit code."""
-    from app.cli import run_interruptible
+    from app.cli.run import run_interruptible
     from app.session import NodeUpdate, Session
 
     progress = None if args.quiet else _NodeProgress(sys.stderr)
@@ -201,34 +197,12 @@ def load_snapshot(path: str) -> Snapshot:
     except SnapshotFormatError as exc:
         raise InputError(f"{path}: {exc}") from exc
     if any(not r.job for r in snap.ranks):  # written before ranks carried their job: derived from what they hold
-        from app.parse import with_job
+        from app.decode.replies import with_job
 
         snap = dataclasses.replace(snap, ranks=tuple(r if r.job else with_job(r) for r in snap.ranks))
     return snap
 
 
-def write_private(path: str, text: str, *, force: bool = False) -> None:
-    """Write a file 0600 atomically (temp file + rename); never follow a symlink at the destination."""
-    if os.path.islink(path):
-        raise WriteError(f"{path} is a symlink; refusing to write through it")
-    if os.path.exists(path) and not force:
-        raise InputError(f"{path} exists; pass --force to overwrite it")
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".hangscope-", dir=directory)
-    except OSError as exc:
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 class _NodeProgress:

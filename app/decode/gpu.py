@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from app.model import GpuHealth, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView
+from app.model import GpuHealth, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView, bus_key
 
 MAX_GPUS = 64
 MAX_XIDS = 64
@@ -50,16 +50,6 @@ def _num(text: str) -> Optional[int]:
 def _yes(text: str) -> Optional[bool]:
     t = text.strip().lower()
     return True if t in ("yes", "1", "true") else False if t in ("no", "0", "false") else None
-
-
-def bus_key(bus_id: str) -> str:
-    """A PCI address in one form for comparing nvidia-smi's `00000000:3B:00.0` with the kernel's `0000:3b:00`:
-    domain, bus and device, lower case, without leading zeros in the domain."""
-    parts = bus_id.strip().lower().split(":")
-    if len(parts) < 3:
-        return bus_id.strip().lower()
-    domain = parts[-3].lstrip("0") or "0"
-    return f"{domain}:{parts[-2]}:{parts[-1].split('.')[0]}"
 
 
 def parse_gpu_csv(text: str, fields: str) -> list[GpuHealth]:

@@ -19,7 +19,7 @@ from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, L
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
-from app.parse_flight import flight_record
+from app.decode.flight import flight_record
 
 if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds them, this module reads them
     from workers.protocol import DumpItem, Hello, RankInfo

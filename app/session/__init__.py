@@ -16,18 +16,20 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union, cast
 
-from app import __version__, parse, parse_gpu
+from app import __version__
+from app.decode import gpu as parse_gpu
+from app.decode import replies
 from app.errors import HangscopeError, TransportError, hint_for
 from app.model import CollectOptions, ErrorInfo, JobProcess, NodeStatus, RankKey, RankSnapshot, Snapshot
 from app.hosts import HostSpec
-from app.peer_names import PeerNamer
+from app.session.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
 from app.transport.connect import Connector
 from app.transport.srun import SrunOptions
 from app.transport.ssh import SshOptions
 
-if TYPE_CHECKING:  # what the worker sends (app.parse reads every value with a check)
+if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
     from workers.protocol import DumpItem
 
 DISCOVER_TIMEOUT = 30.0
@@ -225,7 +227,7 @@ class Session:
                     "sudo": sudo, "data": self.options.strace_data}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
-            return dataclasses.replace(r, strace=parse.strace_result(done), resumed=r.resumed or
+            return dataclasses.replace(r, strace=replies.strace_result(done), resumed=r.resumed or
                                        bool(done.get("resumed")),
                                        actions=r.actions + (f"strace for {seconds:g} s: attached with ptrace, then "
                                                             "detached" + ("; SIGCONT: it was left stopped, and runs "
@@ -240,7 +242,7 @@ class Session:
                     "sudo": self.options.collect.sudo}
 
         def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
-            return dataclasses.replace(r, gdb=parse.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
+            return dataclasses.replace(r, gdb=replies.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
                                        actions=r.actions + ("gdb backtrace: attached with ptrace, then detached"
                                                             + ("; SIGCONT: it was left stopped, and runs again"
                                                                if done.get("resumed") else ""),))
@@ -327,7 +329,7 @@ class Session:
                 elif isinstance(item.get("process_dump"), dict):
                     self._apply_process_dump(node, item["process_dump"])
                 elif isinstance(item.get("rank"), dict):
-                    rank = parse.rank_from_discover(node.name, item["rank"])
+                    rank = replies.rank_from_discover(node.name, item["rank"])
                     node.ranks[rank.pid] = rank
                     self._emit(RankUpdate(rank))
                 elif "discovered" in item:
@@ -339,7 +341,7 @@ class Session:
                     if isinstance(node_time, (int, float)) and not isinstance(node_time, bool):
                         node.clock_offset = float(node_time) - time.time()
                     for raw in (found.get("processes") or [])[:1024]:
-                        proc = parse.process_from_discover(node.name, raw) if isinstance(raw, dict) else None
+                        proc = replies.process_from_discover(node.name, raw) if isinstance(raw, dict) else None
                         if proc is not None:
                             node.processes[proc.pid] = proc
                     notes = tuple(n[:1000] for n in (found.get("notes") or [])[:10] if isinstance(n, str))
@@ -372,7 +374,7 @@ class Session:
             conn = await self._open(node)
             node.conn = conn
             timings.update({k: v for k, v in conn.timings.items() if k != "total"})
-            self._update(node, info=parse.node_info(conn.hello), warnings=tuple(conn.warnings))
+            self._update(node, info=replies.node_info(conn.hello), warnings=tuple(conn.warnings))
 
     async def _open(self, node: _Node) -> WorkerConnection:
         if self._connector is None:
@@ -397,7 +399,7 @@ class Session:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
         if rank is None:
             return
-        rank = parse.apply_dump(rank, item)
+        rank = replies.apply_dump(rank, item)
         started, ended = item.get("started_at"), item.get("ended_at")
         if isinstance(started, (int, float)) and isinstance(ended, (int, float)) and not isinstance(started, bool):
             rank = dataclasses.replace(rank, dump_started=round(float(started) - node.clock_offset, 6),
@@ -410,7 +412,7 @@ class Session:
         if proc is None:
             return
         why = "its rank waits on it" if proc.role == "child" else "no rank of it exists yet"
-        node.processes[proc.pid] = parse.apply_process_dump(proc, item, why)
+        node.processes[proc.pid] = replies.apply_process_dump(proc, item, why)
 
     def _node_failed(self, node: _Node, exc: TransportError, timings: dict[str, float],
                      phase: str = "") -> None:
@@ -525,7 +527,7 @@ class Session:
             for p in n.processes.values():
                 job = next((jobs[(p.node, pid)] for pid in p.of if (p.node, pid) in jobs), None)
                 if job is None or not job[0]:
-                    job = parse.launcher_job(p) if p.role == "launcher" else ("", "")
+                    job = replies.launcher_job(p) if p.role == "launcher" else ("", "")
                 out.append(dataclasses.replace(p, job=job[0], job_evidence=job[1]))
         return tuple(out)
 
