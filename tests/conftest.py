@@ -16,8 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
 
-import cluster as cluster_mod  # noqa: E402
-import jobs as jobs_mod  # noqa: E402
+import cluster as cluster_mod
+import jobs as jobs_mod
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
 

@@ -3,7 +3,6 @@ the inspected ranks hold to it; names come from the ssh config, the SLURM node l
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from pathlib import Path

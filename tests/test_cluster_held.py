@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator

@@ -107,7 +107,7 @@ def test_netcut_hangs_every_rank_in_all_reduce(make_cluster: Callable[..., Clust
             node2.iptables("-A", chain, *rule)
         job.wait_blocked(timeout=60)
         steps = []
-        for rank, loc in job.ranks.items():
+        for loc in job.ranks.values():
             dump = cluster[loc.node].run(["py-spy", "dump", "--locals", "--pid", str(loc.pid)]).stdout
             assert main_thread_frames(dump)[0].startswith("all_reduce ("), dump
             steps.append(train_step(dump))

@@ -35,9 +35,9 @@ def spawn_job(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster
     workdir.chmod(0o755)
     ready = workdir / "ready.jsonl"
     mark = secrets.token_hex(4)
-    log = open(workdir / "log", "wb")
-    launcher = node.spawn([PYTHON, str(SCRIPT), str(WORLD), str(_free_port(node)), str(ready)],
-                          env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
+    with open(workdir / "log", "wb") as log:  # the launcher holds its own copy
+        launcher = node.spawn([PYTHON, str(SCRIPT), str(WORLD), str(_free_port(node)), str(ready)],
+                              env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
     try:
         def all_ready() -> bool:
             assert launcher.poll() is None, (workdir / "log").read_text()
@@ -52,7 +52,6 @@ def spawn_job(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster
     finally:
         poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the spawn job to die")
         launcher.wait(timeout=15)
-        log.close()
         cluster.close()
 
 

@@ -3,7 +3,6 @@ snapshots, cancel keeps what arrived, strace/gdb results land on the ranks."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys

@@ -17,7 +17,7 @@ from app.errors import TransportError
 from app.tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
 
-import cluster as cluster_mod  # noqa: E402  (tests/ helpers, put on sys.path by conftest)
+import cluster as cluster_mod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -61,7 +61,7 @@ async def test_hello_from_every_node_with_the_users_own_ssh_config(ssh_cluster, 
     finally:
         await asyncio.gather(*(w.close() for w in workers))
     for w in workers:  # closing the channel ends the worker: nothing is left running on the node
-        cluster_mod.poll(lambda: w.pid not in c[w.name].pids(), 10, f"worker on {w.name} to exit")
+        cluster_mod.poll(lambda w=w: w.pid not in c[w.name].pids(), 10, f"worker on {w.name} to exit")
 
 
 async def test_unknown_host_key_names_the_fingerprint_and_changes_nothing(ssh_cluster, tmp_path) -> None:
@@ -235,7 +235,7 @@ async def test_proxyjump_from_ssh_config(ssh_cluster, tmp_path) -> None:
     c = ssh_cluster
     config = tmp_path / "config"
     config.write_text(f"Host via01\n    HostName {c['node02'].ip}\n    ProxyJump node01\n\n"
-                      + c.ssh_config.read_text().replace(f"Host node02\n", f"Host node02 via01\n"))
+                      + c.ssh_config.read_text().replace("Host node02\n", "Host node02 via01\n"))
     w = await SshTransport(_opts(c, config_paths=(str(config),))).open("via01")
     try:
         assert w.hello["hostname"] == "node02"

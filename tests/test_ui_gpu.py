@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -79,7 +80,7 @@ async def until_gone(needle: bytes, timeout: float = 20.0) -> List[int]:
 
 
 def text_of(parts) -> str:
-    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console = Console(width=160, record=True, file=io.StringIO())
     for p in parts:
         console.print(p)
     return console.export_text()

@@ -28,7 +28,7 @@ from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.options import AnalysisOptions
 from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
 from app.analysis.progress import contradicted_stalls, while_progressing
-from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
+from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
 from app.model import Frame, RankSnapshot, Snapshot, to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",

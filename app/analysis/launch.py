@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Dict, List, Sequence, Tuple
 
 from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, describe_keys, fold_nodes
+from app.analysis.fold import describe_keys, fold_nodes
 from app.analysis.frames import clean
 from app.model import RankSnapshot
 
