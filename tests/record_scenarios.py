@@ -39,8 +39,9 @@ for _p in (str(REPO), str(TESTS)):  # as a script: the repo (app) and tests/ hel
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cluster import Cluster, Node, build_cluster, poll, run_login  # noqa: E402
+from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import Job, _main_thread, start_job  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from app.model import Snapshot, ThreadStack, snapshot_from_json, snapshot_to_json  # noqa: E402
 
@@ -135,12 +136,12 @@ def cut_between_steps(running: Running, name: str) -> None:
 
     deadline = time.monotonic() + 60
     while True:
-        poll(lambda: asleep("S"), max(1.0, deadline - time.monotonic()), "every rank asleep between two steps",
+        wait_until(lambda: asleep("S"), max(1.0, deadline - time.monotonic()), "every rank asleep between two steps",
              interval=0.002)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
-            poll(lambda: all((_main_thread(p) or ("",))[0] == "T" for p in pids), 10, "the ranks to stop")
+            wait_until(lambda: all((_main_thread(p) or ("",))[0] == "T" for p in pids), 10, "the ranks to stop")
             if asleep("T"):  # none woke up between the check and its stop
                 running.rules = cut_off(running.cluster, name, others)
                 return

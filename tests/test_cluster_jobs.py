@@ -12,8 +12,9 @@ from typing import Callable
 
 import pytest
 
-from cluster import PYSPY, Cluster, poll
+from cluster import PYSPY, Cluster
 from jobs import Job, _main_thread, start_job, start_local_job
+from waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -65,7 +66,7 @@ def test_healthy_job_keeps_making_progress() -> None:
     try:
         pid = job.ranks[0].host_pid
         first = train_step(local_dump(pid, "--locals"))
-        poll(lambda: train_step(local_dump(pid, "--locals")) >= first + 3, 30, "the healthy job to train on")
+        wait_until(lambda: train_step(local_dump(pid, "--locals")) >= first + 3, 30, "the healthy job to train on")
     finally:
         job.stop()
     assert job_processes(job) == [] and _main_thread(pid) is None
@@ -90,7 +91,7 @@ def test_die_leaves_the_others_waiting_in_all_reduce(make_cluster: Callable[...,
         for pid in job_processes(job):
             if pid not in holders:
                 os.kill(pid, signal.SIGKILL)
-        poll(lambda: _main_thread(holders[0]) is None, 30, "the socket holder to exit once its peers are gone")
+        wait_until(lambda: _main_thread(holders[0]) is None, 30, "the socket holder to exit once its peers are gone")
     finally:
         job.stop()
     assert job_processes(job) == []

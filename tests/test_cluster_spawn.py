@@ -17,8 +17,9 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "spawn_job.py"
@@ -43,14 +44,14 @@ def spawn_job(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster
             assert launcher.poll() is None, (workdir / "log").read_text()
             return ready.exists() and len(ready.read_text().splitlines()) >= WORLD
 
-        poll(all_ready, 120, "every spawned rank to be ready", interval=0.2)
+        wait_until(all_ready, 120, "every spawned rank to be ready", interval=0.2)
         ranks = {int(d["rank"]): int(d["pid"]) for d in map(json.loads, ready.read_text().splitlines())}
         parent = {int(line.split()[3]) for pid in ranks.values()
                   for line in [node.run(["cat", f"/proc/{pid}/stat"]).stdout]}
         assert len(parent) == 1
         yield cluster, ranks, parent.pop()
     finally:
-        poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the spawn job to die")
+        wait_until(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the spawn job to die")
         launcher.wait(timeout=15)
         cluster.close()
 

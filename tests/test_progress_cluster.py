@@ -22,6 +22,7 @@ import pytest
 from cluster import Cluster, run_login
 from jobs import REPO, Job, start_job
 from app.model import snapshot_from_json
+from waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -128,15 +129,15 @@ class CpuCap:
         for line in _read(self.path / "cgroup.procs").split():
             with contextlib.suppress(OSError):
                 (self.root / "cgroup.procs").write_text(line)  # back to the root: uncapped
-        deadline = time.monotonic() + 10
-        while True:
+
+        def removed() -> bool:
             try:
                 self.path.rmdir()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+
+        wait_until(removed, 10, f"{self.path} to be removed (its processes moved out)", interval=0.1)
 
 
 def _read(path: Path) -> str:

@@ -8,7 +8,6 @@ real parts: the pair schedule fed with outcomes, inventories parsed from nvidia-
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import json
@@ -17,7 +16,6 @@ import re
 import secrets
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -39,6 +37,7 @@ from app.ui.screens.gpu_results import GpuResultsScreen, result_parts
 from app.ui.source import GpuAccess, LiveSource, ReplaySource, loaded_source
 from app.ui.view import build_view
 from tests.test_ui_support import build_snapshot, screen_text, settle, until
+from waiting import wait_until_async
 
 SIZE = (130, 40)
 PY = sys.executable  # has torch: it stands for the job's interpreter
@@ -73,9 +72,8 @@ def tagged_pids(needle: bytes) -> List[int]:
 
 
 async def until_gone(needle: bytes, timeout: float = 20.0) -> List[int]:
-    deadline = time.monotonic() + timeout
-    while tagged_pids(needle) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)  # polling under a deadline: the kernel reaps asynchronously
+    with contextlib.suppress(TimeoutError):  # polling under a deadline: the kernel reaps asynchronously
+        await wait_until_async(lambda: not tagged_pids(needle), timeout, "the tagged processes to go", interval=0.1)
     return tagged_pids(needle)
 
 
