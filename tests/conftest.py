@@ -18,8 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (clus
 
 import cluster as cluster_mod
 import jobs as jobs_mod
+import leaks as leaks_mod
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test: a child process, thread or open fd that the test (or its function-scoped fixtures) left
+    behind fails it, named (tests/leaks.py; what wider-scoped fixtures hold is not counted). A test that
+    must leave something running says why with @pytest.mark.allow_leaks("why")."""
+    before = leaks_mod.picture()
+    yield
+    if request.node.get_closest_marker("allow_leaks"):
+        return
+    found = leaks_mod.leaks_since(before)
+    if found:
+        leaks_mod.kill_leaked_children(before)
+        pytest.fail("left behind:\n  " + "\n  ".join(found), pytrace=False)
 
 
 def _unavailable(reason: str) -> None:
