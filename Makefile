@@ -7,7 +7,7 @@ deps:
 	bash tests/install-deps.sh
 
 test: deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # Static checks (configured in pyproject.toml): lint, types (app/ with this python, workers/ as the nodes'
 # oldest python3, 3.9), and the import contracts and import cycles (one test, from the layout).

@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -72,8 +72,19 @@ def test_healthy_job_keeps_making_progress() -> None:
     assert job_processes(job) == [] and _main_thread(pid) is None
 
 
-def test_die_leaves_the_others_waiting_in_all_reduce(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(2)  # not the session cluster: its shared hung job must stay as it is
+@pytest.fixture(scope="module")
+def pair(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
+    """Two nodes for the jobs that break things here, one after the other (each test stops its job and undoes
+    what it did): not the session cluster, whose shared hung job must stay as it is; one build, not one each."""
+    cluster = cluster_factory(2)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_die_leaves_the_others_waiting_in_all_reduce(pair: Cluster) -> None:
+    cluster = pair
     job = start_job(cluster, "die", nodes=2, ranks_per_node=1)
     try:
         assert job.culprit == 1 and job.ranks[1].where == "exit" and job.ranks[1].node == "node02"
@@ -97,8 +108,8 @@ def test_die_leaves_the_others_waiting_in_all_reduce(make_cluster: Callable[...,
     assert job_processes(job) == []
 
 
-def test_netcut_hangs_every_rank_in_all_reduce(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(2)
+def test_netcut_hangs_every_rank_in_all_reduce(pair: Cluster) -> None:
+    cluster = pair
     job = start_job(cluster, "netcut", nodes=2, ranks_per_node=1)
     node2 = cluster["node02"]
     rules = [("INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"), ("INPUT", "-j", "DROP"),
