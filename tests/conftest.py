@@ -38,6 +38,14 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail("left behind:\n  " + "\n  ".join(found), pytrace=False)
 
 
+def _sshd_pids(clusters: list[cluster_mod.Cluster]) -> Callable[[], list[int]]:
+    """The sshd daemons of these clusters as they are now (a fault test may have restarted one)."""
+    def pids() -> list[int]:
+        return [sshd.pid for c in clusters for n in c.nodes
+                if (sshd := getattr(n, "_sshd", None)) is not None and sshd.poll() is None]
+    return pids
+
+
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (env CI is set: cluster tests must run here, not be skipped)", pytrace=False)
@@ -72,6 +80,7 @@ def cluster() -> Iterator[cluster_mod.Cluster]:
     """4 nodes, node01..node04, sshd on each; shared by the whole session: restore what you break."""
     require_cluster()
     built = cluster_mod.build_cluster(4)
+    leaks_mod.daemons(_sshd_pids([built]))
     try:
         yield built
     finally:
@@ -82,6 +91,7 @@ def cluster() -> Iterator[cluster_mod.Cluster]:
 def cluster_factory() -> Iterator[Callable[..., cluster_mod.Cluster]]:
     """make(n=2, prefix="node") -> a separate cluster; close it when done (the session closes leftovers)."""
     built: list[cluster_mod.Cluster] = []
+    leaks_mod.daemons(_sshd_pids(built))
 
     def make(n: int = 2, prefix: str = "node") -> cluster_mod.Cluster:
         require_cluster()

@@ -13,13 +13,32 @@ import contextlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Set, Tuple
 
 import psutil
 
 from waiting import wait_until
 
 GRACE_S = 10.0  # generous: a loaded 2-core machine may take seconds to reap a process tree
+
+# Daemons of wider-scoped fixtures that a test may restart (a shared cluster node's sshd, killed and started
+# again by a fault test): each source gives their pids now; they and their direct children (sshd's listener)
+# belong to the fixture, not to the test. Their sessions (grandchildren) are still the test's.
+_DAEMONS: List[Callable[[], Iterable[int]]] = []
+
+
+def daemons(source: Callable[[], Iterable[int]]) -> None:
+    _DAEMONS.append(source)
+
+
+def _exempt() -> Set[int]:
+    pids: Set[int] = set()
+    for source in _DAEMONS:
+        for pid in source():
+            pids.add(pid)
+            with contextlib.suppress(psutil.Error):
+                pids.update(c.pid for c in psutil.Process(pid).children())
+    return pids
 
 
 @dataclass(frozen=True)
@@ -63,7 +82,9 @@ def _describe_process(pid: int) -> str:
 
 
 def _leaks(before: Picture, after: Picture) -> List[str]:
-    out = [f"child process {_describe_process(pid)}" for pid, _ in sorted(after.children - before.children)]
+    exempt = _exempt()
+    out = [f"child process {_describe_process(pid)}" for pid, _ in sorted(after.children - before.children)
+           if pid not in exempt]
     threads = {t.ident: t for t in threading.enumerate()}
     out += [f"thread {threads[i].name!r} (daemon={threads[i].daemon}, target "
             f"{getattr(getattr(threads[i], '_target', None), '__qualname__', '?')})"
@@ -88,7 +109,10 @@ def leaks_since(before: Picture, grace: float = GRACE_S) -> List[str]:
 
 def kill_leaked_children(before: Picture) -> None:
     """Ends the child processes a test left, so that one leak does not spread into the next tests."""
+    exempt = _exempt()
     for pid, started in picture().children - before.children:
+        if pid in exempt:
+            continue
         try:
             p = psutil.Process(pid)
             if p.create_time() == started:
