@@ -1,13 +1,21 @@
 # One command per job: `make test` installs what the tests need and runs every test (what CI runs).
 PY ?= python3
 
-.PHONY: deps test demo bench bench-snapshot
+.PHONY: deps test check demo bench bench-snapshot
 
 deps:
 	bash tests/install-deps.sh
 
 test: deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
+
+# Static checks (configured in pyproject.toml): lint, types (app/ with this python, workers/ as the nodes'
+# oldest python3, 3.9), and the import contracts and import cycles (one test, from the layout).
+check: deps
+	$(PY) -m ruff check app workers tests bench
+	$(PY) -m mypy app
+	$(PY) -m mypy --python-version 3.9 workers
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_architecture.py
 
 demo:
 	$(PY) -m pip install -q torch==2.13.0 -e . && hangscope demo

@@ -154,20 +154,21 @@ def _clip(text: str) -> str:
 
 def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:
     """Parse a hosts file's contents; raises HostsError on the first bad line, or when it lists no host."""
-    lines = data.count(b"\n" if isinstance(data, bytes) else "\n") + 1
+    lines = (data.count(b"\n") if isinstance(data, bytes) else data.count("\n")) + 1
     if len(data) > MAX_INPUT_BYTES or lines > MAX_LINES:
         what = f"more than {MAX_INPUT_BYTES >> 20} MiB" if len(data) > MAX_INPUT_BYTES else f"more than {MAX_LINES} lines"
         raise HostsError(source, None, "", f"{what}: larger than any hosts input (the limits are {MAX_INPUT_BYTES >> 20} "
                          f"MiB and {MAX_LINES} lines); is this the right file?")
     if isinstance(data, bytes):
+        encoded = data
         try:
-            data = data.decode("utf-8")
+            data = encoded.decode("utf-8")
         except UnicodeDecodeError as e:
-            lineno = data.count(b"\n", 0, e.start) + 1
-            start = data.rfind(b"\n", 0, e.start) + 1
-            end = data.find(b"\n", e.start)
-            bad = data[start:end if end >= 0 else len(data)].decode("utf-8", "backslashreplace")
-            raise HostsError(source, lineno, _clip(bad), "not valid UTF-8") from None
+            lineno = encoded.count(b"\n", 0, e.start) + 1
+            start = encoded.rfind(b"\n", 0, e.start) + 1
+            end = encoded.find(b"\n", e.start)
+            undecoded = encoded[start:end if end >= 0 else len(encoded)].decode("utf-8", "backslashreplace")
+            raise HostsError(source, lineno, _clip(undecoded), "not valid UTF-8") from None
     if data.startswith("\ufeff"):
         data = data[1:]
     bad = _CONTROL_IN_TEXT.search(data)  # one scan of the whole text instead of one per line

@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from app.analysis import analyze  # noqa: E402
-from app.analysis.text import summary_text  # noqa: E402
-from app.model import Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot, ThreadStack  # noqa: E402
+from app.analysis import analyze
+from app.analysis.text import summary_text
+from app.model import Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot, ThreadStack
 
 RANKS_PER_NODE = 8
 SITE = "/opt/venv/lib/python3.11/site-packages"

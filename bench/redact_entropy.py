@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workers import redact  # noqa: E402
+from workers import redact
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import cluster as cluster_mod  # noqa: E402
+from waiting import wait_until  # noqa: E402
 from app.hosts import HostSpec  # noqa: E402
 from app.session import Session, SessionOptions  # noqa: E402
 
@@ -66,7 +67,7 @@ def run(nodes: int, ranks: int, repeat: int) -> str:
                 ready.append(c.workdir / f"ready-{node.name}-{r}")
                 node.spawn(["/usr/bin/python3", str(script), str(ready[-1])],
                            env={"RANK": str(i * ranks + r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nodes * ranks)})
-        cluster_mod.poll(lambda: all(p.exists() for p in ready), 120, "stand-in ranks to block")
+        wait_until(lambda: all(p.exists() for p in ready), 120, "stand-in ranks to block")
         m = asyncio.run(_measure(c, ranks, repeat))
     med = {k: statistics.median(v) for k, v in m.items()}
     return (f"{nodes:>5} x {ranks:<3} {nodes * ranks:>6}  {med['cold']:>8.2f}  {min(m['cold']):>8.2f}  "

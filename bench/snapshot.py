@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import cluster as cluster_mod  # noqa: E402
+from waiting import wait_until  # noqa: E402
 from app.hosts import HostSpec  # noqa: E402
 from app.model import CollectOptions  # noqa: E402
 from app.session import Session, SessionOptions  # noqa: E402
@@ -211,7 +212,7 @@ def start_ranks(c: cluster_mod.Cluster, rpn: int) -> None:
                        env={"RANK": str(i * rpn + r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
                             "LOCAL_WORLD_SIZE": str(rpn), "GROUP_RANK": str(i), "MASTER_ADDR": c.names[0],
                             "MASTER_PORT": "29500"})
-    cluster_mod.poll(lambda: all(p.exists() and p.read_text().endswith("\n") for p in ready), 180,
+    wait_until(lambda: all(p.exists() and p.read_text().endswith("\n") for p in ready), 180,
                      "stand-in ranks to block")
 
 

@@ -119,8 +119,9 @@ async def run_case(nodes: int, per_node: int, size: Tuple[int, int], moves: int)
                 label = cell.rank.label if cell is not None and cell.rank is not None else None
                 cursor_f: asyncio.Future = loop.create_future()
                 status_f: asyncio.Future = loop.create_future()
-                waiters[:] = [(lambda: grid.cursor == target, cursor_f),
-                              (lambda: label is None or str(status.render()).startswith(label + " "), status_f)]
+                waiters[:] = [(lambda target=target: grid.cursor == target, cursor_f),
+                              (lambda label=label: label is None or str(status.render()).startswith(label + " "),
+                               status_f)]
                 rendered[0] = 0
                 t0 = time.perf_counter()
                 app._driver.send_message(events.Key(key, None))  # type: ignore[union-attr]

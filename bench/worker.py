@@ -47,7 +47,7 @@ def main() -> int:
             targets = [{"pid": i["pid"], "start_time": i["start_time"]} for i in items if i["pid"] in mine]
             for conc in (1, 2, 4):
                 rows.append(("dump %d ranks, concurrency %d" % (n, conc),
-                             timed(lambda: w.call("dump", {"targets": targets, "concurrency": conc}))))
+                             timed(lambda conc=conc: w.call("dump", {"targets": targets, "concurrency": conc}))))
             rows.append(("dump %d ranks, --locals + loops + source" % n,
                          timed(lambda: w.call("dump", {"targets": targets, "locals": True, "loops": True}))))
             rows.append(("dump 1 rank, --native", timed(lambda: w.call("dump", {"targets": targets[:1],

@@ -21,13 +21,13 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence
 
 import cluster_sweep as sweep
 import testenv
-from cluster_node import NODE_PATH, Node, NodeCommandError, wait_until
+from cluster_node import NODE_PATH, Node, NodeCommandError
 
-__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login", "poll",
+__all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login",
            "NODE_PATH", "SSHD", "PYSPY"]
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
@@ -390,9 +390,3 @@ def run_login(argv: Sequence[str], cluster: Cluster, timeout: float = 60,
                           stdin=subprocess.DEVNULL, **kw)
 
 
-T = TypeVar("T")
-
-
-def poll(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll check() until truthy (returned), or TimeoutError naming `what`: tests wait this way, never sleep."""
-    return wait_until(check, timeout, what, interval)

@@ -14,26 +14,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from waiting import wait_until
 
 SSHD = "/usr/sbin/sshd"
 # the PATH sshd gives root's remote commands on Debian; node.run/spawn use the same so both see one machine
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-T = TypeVar("T")
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll check() until it returns something truthy; TimeoutError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)  # a poll interval, not a wait for an event: the deadline bounds the loop
-
 
 class NodeCommandError(subprocess.CalledProcessError):
     """A command inside a node failed; str() names the node and shows its stderr."""

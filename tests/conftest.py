@@ -16,10 +16,34 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
 
-import cluster as cluster_mod  # noqa: E402
-import jobs as jobs_mod  # noqa: E402
+import cluster as cluster_mod
+import jobs as jobs_mod
+import leaks as leaks_mod
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test: a child process, thread or open fd that the test (or its function-scoped fixtures) left
+    behind fails it, named (tests/leaks.py; what wider-scoped fixtures hold is not counted). A test that
+    must leave something running says why with @pytest.mark.allow_leaks("why")."""
+    before = leaks_mod.picture()
+    yield
+    if request.node.get_closest_marker("allow_leaks"):
+        return
+    found = leaks_mod.leaks_since(before)
+    if found:
+        leaks_mod.kill_leaked_children(before)
+        pytest.fail("left behind:\n  " + "\n  ".join(found), pytrace=False)
+
+
+def _sshd_pids(clusters: list[cluster_mod.Cluster]) -> Callable[[], list[int]]:
+    """The sshd daemons of these clusters as they are now (a fault test may have restarted one)."""
+    def pids() -> list[int]:
+        return [sshd.pid for c in clusters for n in c.nodes
+                if (sshd := getattr(n, "_sshd", None)) is not None and sshd.poll() is None]
+    return pids
 
 
 def _unavailable(reason: str) -> None:
@@ -56,6 +80,7 @@ def cluster() -> Iterator[cluster_mod.Cluster]:
     """4 nodes, node01..node04, sshd on each; shared by the whole session: restore what you break."""
     require_cluster()
     built = cluster_mod.build_cluster(4)
+    leaks_mod.daemons(_sshd_pids([built]))
     try:
         yield built
     finally:
@@ -66,6 +91,7 @@ def cluster() -> Iterator[cluster_mod.Cluster]:
 def cluster_factory() -> Iterator[Callable[..., cluster_mod.Cluster]]:
     """make(n=2, prefix="node") -> a separate cluster; close it when done (the session closes leftovers)."""
     built: list[cluster_mod.Cluster] = []
+    leaks_mod.daemons(_sshd_pids(built))
 
     def make(n: int = 2, prefix: str = "node") -> cluster_mod.Cluster:
         require_cluster()

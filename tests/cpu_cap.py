@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
+
+from waiting import wait_until
 from pathlib import Path
 
 
@@ -41,15 +42,15 @@ class CpuCap:
         for line in _read(self.path / "cgroup.procs").split():
             with contextlib.suppress(OSError):
                 (self.root / "cgroup.procs").write_text(line)  # back to the root: uncapped
-        deadline = time.monotonic() + 10
-        while True:
+
+        def removed() -> bool:
             try:
                 self.path.rmdir()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+
+        wait_until(removed, 10, f"{self.path} to be removed (its processes moved out)", interval=0.1)
 
 
 def _read(path: Path) -> str:

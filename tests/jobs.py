@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from cluster import Cluster
-from cluster_node import NodeProc, wait_until
+from cluster_node import NodeProc
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_SCRIPT = REPO / "app" / "demo" / "job.py"

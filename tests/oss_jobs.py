@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 from cluster import Cluster, Node
 from jobs import MARK, PYTHON, REPO, Job, RankLoc, _free_port, _main_thread
-from cluster_node import wait_until
+from waiting import wait_until
 
 OSS = REPO / "tests" / "oss"
 NANOGPT_DIR = OSS / "nanogpt"

@@ -42,8 +42,9 @@ for _p in (str(REPO), str(TESTS)):  # as a script: the repo (app) and tests/ hel
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cluster import Cluster, Node, build_cluster, poll, run_login  # noqa: E402
+from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import MARK, PYTHON, Job, RankLoc, _free_port, _main_thread, start_job  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from app.model import Snapshot, ThreadStack, snapshot_from_json, snapshot_to_json  # noqa: E402
 
@@ -177,12 +178,12 @@ def cut_between_steps(running: Running, name: str) -> None:
 
     deadline = time.monotonic() + 60
     while True:
-        poll(lambda: asleep("S"), max(1.0, deadline - time.monotonic()), "every rank asleep between two steps",
+        wait_until(lambda: asleep("S"), max(1.0, deadline - time.monotonic()), "every rank asleep between two steps",
              interval=0.002)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
-            poll(lambda: all((_main_thread(p) or ("",))[0] == "T" for p in pids), 10, "the ranks to stop")
+            wait_until(lambda: all((_main_thread(p) or ("",))[0] == "T" for p in pids), 10, "the ranks to stop")
             if asleep("T"):  # none woke up between the check and its stop
                 running.rules = cut_off(running.cluster, name, others)
                 return
@@ -207,7 +208,7 @@ def others_still(job: Job, held: int, timeout: float = 60) -> None:
             seen[rank] = sample
         return ok
 
-    poll(still, timeout, "the other ranks to block waiting for the held one", interval=0.5)
+    wait_until(still, timeout, "the other ranks to block waiting for the held one", interval=0.5)
 
 
 def freeze(pid: int) -> Any:
@@ -236,11 +237,11 @@ def freeze(pid: int) -> Any:
         (group / control).write_text(off)
         with contextlib.suppress(OSError):
             (Path(mount) / home.lstrip("/") / "cgroup.procs").write_text(str(pid))
-        poll(lambda: not (group / "cgroup.procs").read_text().strip(), 15, "the freezer cgroup emptied")
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), 15, "the freezer cgroup emptied")
         group.rmdir()
 
     try:
-        poll(frozen, 15, f"cgroup v{version} frozen")
+        wait_until(frozen, 15, f"cgroup v{version} frozen")
     except BaseException:
         thaw()
         raise
@@ -318,7 +319,7 @@ def start_spawn(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
                 raise RuntimeError(f"the spawn job exited:\n{job.log_tail()}")
             return ready.exists() and len(ready.read_text().splitlines()) >= world
 
-        poll(all_ready, timeout, "every spawned rank to be ready", interval=0.2)
+        wait_until(all_ready, timeout, "every spawned rank to be ready", interval=0.2)
         for line in ready.read_text().splitlines():
             d = json.loads(line)
             pid = int(d["pid"])

@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Optional
 
-from cluster import Cluster, build_cluster, poll
+from cluster import Cluster, build_cluster
+from waiting import wait_until
 
 DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 CLIENTS = ("sbatch", "scontrol", "squeue", "srun", "scancel")
@@ -96,7 +97,7 @@ class SlurmCluster:
              f"--pid-file={self.dir / 'munged.pid'}", f"--seed-file={self.dir / 'munge.seed'}",
              f"--log-file={self.dir / 'munged.log'}", "--num-threads=2"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        poll(lambda: socket.exists() or self._munged_died(), 10, "munged's socket")
+        wait_until(lambda: socket.exists() or self._munged_died(), 10, "munged's socket")
         self.conf.write_text(self._config(socket))
         # hybrid cgroup hierarchies defeat slurmd's autodetection; nothing here is confined by cgroups anyway
         (self.dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
@@ -110,7 +111,7 @@ class SlurmCluster:
                 node.spawn(["/usr/sbin/slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
                            env={"SLURM_CONF": str(self.conf)}, stdout=out, stderr=subprocess.STDOUT)
         try:
-            poll(self._all_idle, timeout, "every slurmd registered and idle", interval=0.2)
+            wait_until(self._all_idle, timeout, "every slurmd registered and idle", interval=0.2)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.logs()}") from None
 

@@ -3,8 +3,8 @@ the inspected ranks hold to it; names come from the ssh config, the SLURM node l
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -90,10 +90,14 @@ async def test_names_come_from_the_ranks_slurm_node_list(monkeypatch: pytest.Mon
 
 
 async def test_a_resolver_that_does_not_answer_costs_the_deadline_not_more(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peer_names, "_reverse", lambda address: time.sleep(30) or "late")
+    release = threading.Event()  # set at the end, so the resolver's thread ends with the test
+    monkeypatch.setattr(peer_names, "_reverse", lambda address: (release.wait(30), "late")[1])
     namer = peer_names.PeerNamer(ssh_config=[])
     started = time.monotonic()
-    named = await namer.name(job_without_node03(), deadline=0.5)
+    try:
+        named = await namer.name(job_without_node03(), deadline=0.5)
+    finally:
+        release.set()
     assert time.monotonic() - started < 0.5 + 10  # the deadline the caller set, with room for a loaded machine
     assert named.peer_names == ()  # unnamed, not wrong
     assert "the job runs on 10.0.0.3 too" in analyze(named).findings[0].title

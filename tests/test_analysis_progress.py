@@ -14,9 +14,9 @@ from app.analysis.progress import track
 from app.model import CgroupCpu, Frame, Local, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 
 
-def sample(at: float, steps: dict, cpu: dict = {}, n: int = 8):  # type: ignore[no-untyped-def]
+def sample(at: float, steps: dict, cpu: Optional[dict] = None, n: int = 8):  # type: ignore[no-untyped-def]
     ranks = [rank(r, f"node{r // 4 + 1:02d}", in_step(ALL_REDUCE, steps.get(r, 10)), world=n,
-                  cpu_time=cpu.get(r, 5.0)) for r in range(n)]
+                  cpu_time=(cpu or {}).get(r, 5.0)) for r in range(n)]
     return snapshot(ranks, taken_at=at, locals=True)
 
 

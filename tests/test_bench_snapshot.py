@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import cluster as cluster_mod
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "snapshot.py"
@@ -39,7 +40,7 @@ def test_stand_in_rank_blocks_in_a_loop_with_its_step(tmp_path: Path) -> None:
     env = dict(os.environ, RANK="4", LOCAL_RANK="0", WORLD_SIZE="8")
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stand_in_rank.py"), str(ready)], env=env)
     try:
-        cluster_mod.poll(lambda: ready.exists() and ready.read_text().endswith("\n"), 30, "the rank to block")
+        wait_until(lambda: ready.exists() and ready.read_text().endswith("\n"), 30, "the rank to block")
         pid, step = (int(x) for x in ready.read_text().split())
         assert pid == proc.pid and step == 4 % 3 + 5
         dump = subprocess.run([str(cluster_mod.PYSPY), "dump", "--json", "--locals", "--pid", str(pid)],

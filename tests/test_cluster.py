@@ -14,7 +14,7 @@ import pytest
 
 import cluster_sweep as sweep
 from cluster import Cluster, build_cluster, run_login
-from cluster_node import wait_until
+from waiting import wait_until
 from jobs import Job, _main_thread
 
 pytestmark = pytest.mark.cluster

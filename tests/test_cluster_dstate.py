@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
+from waiting import wait_until
 from jobs import MARK, PYTHON, _kill_marked
 from worker_targets import proc_state, tracer_pid
 from workers.collect import pyspy
@@ -49,11 +50,11 @@ def d_state_rank(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Clus
                     return p.pid, p.host_pid
             return None
 
-        pid, host_pid = poll(reader, 30, "the rank in D state, reading the stalled file", interval=0.1)
+        pid, host_pid = wait_until(reader, 30, "the rank in D state, reading the stalled file", interval=0.1)
         yield cluster, pid, host_pid, path
     finally:
         node.run(["umount", "-l", mountpoint], check=False)  # aborts the pending read: the reader ends
-        poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the D-state rank to die")
+        wait_until(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the D-state rank to die")
         server.kill()
         server.wait(timeout=10)
         node.run(["rmdir", mountpoint], check=False)

@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,9 +21,10 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
 from jobs import Job, _main_thread, start_job
-from worker_targets import proc_state, tracer_pid, wait_until
+from worker_targets import proc_state, tracer_pid
+from waiting import wait_until
 from workers import pstate
 from workers.collect import pyspy
 
@@ -63,7 +63,7 @@ def others_blocked(job: Job) -> None:
             seen[rank] = sample
         return ok
 
-    poll(still, 60, "the other ranks to block waiting for the held one", interval=0.5)
+    wait_until(still, 60, "the other ranks to block waiting for the held one", interval=0.5)
 
 
 def training_again(job: Job) -> None:

@@ -8,12 +8,13 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
-from cluster import PYSPY, Cluster, poll
+from cluster import PYSPY, Cluster
 from jobs import Job, _main_thread, start_job, start_local_job
+from waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -65,14 +66,25 @@ def test_healthy_job_keeps_making_progress() -> None:
     try:
         pid = job.ranks[0].host_pid
         first = train_step(local_dump(pid, "--locals"))
-        poll(lambda: train_step(local_dump(pid, "--locals")) >= first + 3, 30, "the healthy job to train on")
+        wait_until(lambda: train_step(local_dump(pid, "--locals")) >= first + 3, 30, "the healthy job to train on")
     finally:
         job.stop()
     assert job_processes(job) == [] and _main_thread(pid) is None
 
 
-def test_die_leaves_the_others_waiting_in_all_reduce(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(2)  # not the session cluster: its shared hung job must stay as it is
+@pytest.fixture(scope="module")
+def pair(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
+    """Two nodes for the jobs that break things here, one after the other (each test stops its job and undoes
+    what it did): not the session cluster, whose shared hung job must stay as it is; one build, not one each."""
+    cluster = cluster_factory(2)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_die_leaves_the_others_waiting_in_all_reduce(pair: Cluster) -> None:
+    cluster = pair
     job = start_job(cluster, "die", nodes=2, ranks_per_node=1)
     try:
         assert job.culprit == 1 and job.ranks[1].where == "exit" and job.ranks[1].node == "node02"
@@ -90,14 +102,14 @@ def test_die_leaves_the_others_waiting_in_all_reduce(make_cluster: Callable[...,
         for pid in job_processes(job):
             if pid not in holders:
                 os.kill(pid, signal.SIGKILL)
-        poll(lambda: _main_thread(holders[0]) is None, 30, "the socket holder to exit once its peers are gone")
+        wait_until(lambda: _main_thread(holders[0]) is None, 30, "the socket holder to exit once its peers are gone")
     finally:
         job.stop()
     assert job_processes(job) == []
 
 
-def test_netcut_hangs_every_rank_in_all_reduce(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(2)
+def test_netcut_hangs_every_rank_in_all_reduce(pair: Cluster) -> None:
+    cluster = pair
     job = start_job(cluster, "netcut", nodes=2, ranks_per_node=1)
     node2 = cluster["node02"]
     rules = [("INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"), ("INPUT", "-j", "DROP"),
@@ -107,7 +119,7 @@ def test_netcut_hangs_every_rank_in_all_reduce(make_cluster: Callable[..., Clust
             node2.iptables("-A", chain, *rule)
         job.wait_blocked(timeout=60)
         steps = []
-        for rank, loc in job.ranks.items():
+        for loc in job.ranks.values():
             dump = cluster[loc.node].run(["py-spy", "dump", "--locals", "--pid", str(loc.pid)]).stdout
             assert main_thread_frames(dump)[0].startswith("all_reduce ("), dump
             steps.append(train_step(dump))

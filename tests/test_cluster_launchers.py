@@ -20,7 +20,8 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import Snapshot, snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
+from waiting import wait_until
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def matrix(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, d
     try:
         for mode in EXPECT:
             ready = str(workdir / f"{mode}.jsonl")
-            log = open(workdir / f"{mode}.log", "wb")
+            log = open(workdir / f"{mode}.log", "wb")  # noqa: SIM115 (closed in the finally below)
             logs.append(log)
             env = {MARK: mark, "OMP_NUM_THREADS": "1", "MATRIX_MODE": mode, "DS_ACCELERATOR": "cpu"}
             node.spawn(argv_for(mode, ready, _free_port(node)), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -94,14 +95,14 @@ def matrix(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, d
             return all(len(ranks_of(mode)) == 2 for mode in EXPECT)
 
         try:
-            poll(all_ready, 240, "every job's two ranks to be ready", interval=0.5)
+            wait_until(all_ready, 240, "every job's two ranks to be ready", interval=0.5)
         except TimeoutError:
             tails = {m: (workdir / f"{m}.log").read_text(errors="replace")[-1500:] for m in EXPECT
                      if len(ranks_of(m)) < 2}
             raise AssertionError(f"jobs not ready: {tails}") from None
         yield cluster, {mode: ranks_of(mode) for mode in EXPECT}
     finally:
-        poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 20, "the matrix jobs to die")
+        wait_until(lambda: not _kill_marked([node], f"{MARK}={mark}"), 20, "the matrix jobs to die")
         for log in logs:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)

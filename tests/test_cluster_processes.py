@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import Snapshot, snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
+from waiting import wait_until
 from jobs import MARK, PYTHON, Job, _free_port, _kill_marked, start_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,17 +136,17 @@ def waiting_launcher(loader_job) -> Iterator[tuple[Cluster, str]]:
     mark = secrets.token_hex(4)
     port = _free_port(node)
     workdir = Path(tempfile.mkdtemp(prefix="hangscope-rdzv-"))
-    log = open(workdir / "log", "wb")
+    log = open(workdir / "log", "wb")  # noqa: SIM115 (closed in finally)
     argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "0", "--master_addr", node.ip,
             "--master_port", str(port), "--nproc_per_node", "2", str(SCRIPT)]
     proc = node.spawn(argv, env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
     try:
         # the agent listens on its store once it waits for the other node
-        poll(lambda: proc.poll() is None and str(port) in node.run(["ss", "-ltn"]).stdout, 60,
+        wait_until(lambda: proc.poll() is None and str(port) in node.run(["ss", "-ltn"]).stdout, 60,
              "torchrun's store to listen")
         yield cluster, f"{node.ip}:{port}"
     finally:
-        poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the waiting torchrun to die")
+        wait_until(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the waiting torchrun to die")
         proc.wait(timeout=15)
         log.close()
 

@@ -17,8 +17,9 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model import snapshot_from_json
-from cluster import Cluster, poll, run_login
+from cluster import Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "spawn_job.py"
@@ -35,24 +36,23 @@ def spawn_job(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster
     workdir.chmod(0o755)
     ready = workdir / "ready.jsonl"
     mark = secrets.token_hex(4)
-    log = open(workdir / "log", "wb")
-    launcher = node.spawn([PYTHON, str(SCRIPT), str(WORLD), str(_free_port(node)), str(ready)],
-                          env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
+    with open(workdir / "log", "wb") as log:  # the launcher holds its own copy
+        launcher = node.spawn([PYTHON, str(SCRIPT), str(WORLD), str(_free_port(node)), str(ready)],
+                              env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
     try:
         def all_ready() -> bool:
             assert launcher.poll() is None, (workdir / "log").read_text()
             return ready.exists() and len(ready.read_text().splitlines()) >= WORLD
 
-        poll(all_ready, 120, "every spawned rank to be ready", interval=0.2)
+        wait_until(all_ready, 120, "every spawned rank to be ready", interval=0.2)
         ranks = {int(d["rank"]): int(d["pid"]) for d in map(json.loads, ready.read_text().splitlines())}
         parent = {int(line.split()[3]) for pid in ranks.values()
                   for line in [node.run(["cat", f"/proc/{pid}/stat"]).stdout]}
         assert len(parent) == 1
         yield cluster, ranks, parent.pop()
     finally:
-        poll(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the spawn job to die")
+        wait_until(lambda: not _kill_marked([node], f"{MARK}={mark}"), 15, "the spawn job to die")
         launcher.wait(timeout=15)
-        log.close()
         cluster.close()
 
 

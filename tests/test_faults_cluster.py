@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.model import snapshot_from_json
-from cluster import poll
+from waiting import wait_until
 from faults_nodes import cmdline, leftovers, stopped_or_traced
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def _job_pids(hung_job) -> list[int]:
 def _clean_within(cluster, hung_job, seconds: float) -> float:
     """Seconds until nothing of hangscope is left on any node and no rank is stopped or traced."""
     t0 = time.monotonic()
-    poll(lambda: not leftovers(cluster.nodes) and not stopped_or_traced(_job_pids(hung_job)), seconds,
+    wait_until(lambda: not leftovers(cluster.nodes) and not stopped_or_traced(_job_pids(hung_job)), seconds,
          "nothing of hangscope left on the nodes")
     return time.monotonic() - t0
 
@@ -61,7 +61,7 @@ def test_sigkilled_hangscope_leaves_nothing_on_any_node(cluster, hung_job, tmp_p
     proc = _start(cluster, str(_job_hosts(cluster, hung_job, tmp_path)), "--print", "-q", "--samples", "1",
                   "--strace", "30")
     try:
-        poll(lambda: all(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60,
+        wait_until(lambda: all(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60,
              "strace attached on every node")
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGKILL)  # no handler, no cleanup of its own: only the nodes can clean up
@@ -77,7 +77,7 @@ def test_ctrl_c_once_keeps_partial_data_exits_130_and_leaves_nothing(cluster, hu
     proc = _start(cluster, str(_job_hosts(cluster, hung_job, tmp_path)), "--snapshot", str(out), "-q",
                   "--samples", "1", "--strace", "30")
     try:
-        poll(lambda: any(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60, "strace attached")
+        wait_until(lambda: any(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60, "strace attached")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=20)
@@ -99,9 +99,9 @@ def test_ctrl_c_twice_aborts_with_130_and_leaves_nothing(cluster, hung_job, tmp_
         proc = _start(cluster, str(_job_hosts(cluster, hung_job, tmp_path)), "--print", "-q", "--samples", "1",
                       "--strace", "30", stderr=err_file)
     try:
-        poll(lambda: any(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60, "strace attached")
+        wait_until(lambda: any(_strace_on(n) for n in cluster.nodes) or proc.poll() is not None, 60, "strace attached")
         proc.send_signal(signal.SIGINT)
-        poll(lambda: "cancelling" in err.read_text(), 10, "the first Ctrl+C to be taken")
+        wait_until(lambda: "cancelling" in err.read_text(), 10, "the first Ctrl+C to be taken")
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=10)
         assert proc.returncode == 130, err.read_text()
@@ -117,7 +117,7 @@ def test_sshd_killed_mid_collection_is_lost_and_keeps_partial_data(cluster, hung
     proc = _start(cluster, str(_job_hosts(cluster, hung_job, tmp_path)), "--snapshot", str(out), "-q",
                   "--samples", "1", "--strace", STRACE_SECONDS)
     try:
-        poll(lambda: _strace_on(node) or proc.poll() is not None, 60, "strace attached on node02")
+        wait_until(lambda: _strace_on(node) or proc.poll() is not None, 60, "strace attached on node02")
         node.kill_sshd(sessions=True)  # the node's sshd and every session it serves: the connection drops
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 1, stderr  # partial, not a crash
@@ -132,7 +132,7 @@ def test_sshd_killed_mid_collection_is_lost_and_keeps_partial_data(cluster, hung
             assert r.partial and r.error is not None and r.error.code == "lost"
             assert r.main_thread is not None and r.main_thread.frames
         assert not snap.complete
-        poll(lambda: not leftovers([node]) and not stopped_or_traced(_job_pids(hung_job)), 10,
+        wait_until(lambda: not leftovers([node]) and not stopped_or_traced(_job_pids(hung_job)), 10,
              "node02 clean after its sessions were killed")
     finally:
         _stop(proc)

@@ -19,7 +19,8 @@ from app.decode import replies as parse
 from app.analysis import analyze
 from app.model import Snapshot
 from worker_client import WorkerProc
-from worker_targets import Target, proc_state, rank_env, tracer_pid, untouched, wait_blocked, wait_until
+from worker_targets import Target, proc_state, rank_env, tracer_pid, untouched, wait_blocked
+from waiting import wait_until
 from workers import procinfo
 import testenv
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from waiting import wait_until
 from worker_targets import Target, rank_env, wait_blocked
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,16 +137,15 @@ def corpus_rank_program(flight_file: str) -> str:
 
 def _main_thread_blocked(pid: int, timeout: float = 30) -> None:
     """The main thread in read(2) (the others wait or chatter on purpose): its stack is the planted one."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def in_read() -> bool:
         try:
             with open(f"/proc/{pid}/syscall") as fh:
-                if fh.read().split()[0] in ("0", "63"):
-                    return
+                return fh.read().split()[0] in ("0", "63")
         except OSError:
-            pass
-        assert time.monotonic() < deadline, f"pid {pid} never blocked in read"
-        time.sleep(0.02)
+            return False
+
+    wait_until(in_read, timeout, f"pid {pid} to block in read")
 
 
 @pytest.fixture(scope="module")
@@ -306,8 +306,8 @@ def test_no_planted_value_reaches_the_tui_screens(corpus_rank: Target, tmp_path)
 
 def _host_pid_running(script: Path, timeout: float = 60) -> int:
     """The host pid of the process running `script` (started inside a test node)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def running() -> int:
         for name in os.listdir("/proc"):
             if name.isdigit():
                 try:
@@ -317,8 +317,9 @@ def _host_pid_running(script: Path, timeout: float = 60) -> int:
                     continue
                 if len(argv) > 1 and argv[1] == str(script).encode():
                     return int(name)
-        assert time.monotonic() < deadline, f"{script} did not start"
-        time.sleep(0.05)
+        return 0
+
+    return wait_until(running, timeout, f"{script} to start", interval=0.05)
 
 
 @pytest.mark.cluster

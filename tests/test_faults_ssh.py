@@ -15,6 +15,7 @@ from app.errors import TransportError
 from app.model import snapshot_from_json
 from app.transport.ssh import SshOptions, SshTransport
 import cluster as cluster_mod
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -85,7 +86,7 @@ def test_32_nodes_behind_an_sshd_that_drops_new_connections(cluster, tmp_path) -
     sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(sshd_config)], stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL)
     try:
-        cluster_mod.poll(lambda: node.listening(2222), 10, "the throttled sshd to listen")
+        wait_until(lambda: node.listening(2222), 10, "the throttled sshd to listen")
         # --pid of no process: connect, start the worker and discover, without dumping the hung job 32 times
         res = cluster_mod.run_login(_hangscope(str(hosts), "-F", str(config), "--snapshot", str(out), "-q",
                                                "--samples", "1", "--pid", "999999"), c, timeout=150,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import cluster as cluster_mod
+from waiting import wait_until
 from app.model import snapshot_from_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ def user_node(make_cluster):
                                   f"    UserKnownHostsFile {d}/known_hosts\n")
         sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cluster_mod.poll(lambda: node.listening(PORT), 10, "the second sshd to listen")
+        wait_until(lambda: node.listening(PORT), 10, "the second sshd to listen")
         yield c, node, d / "config", user
     finally:
         if sshd is not None:
@@ -64,7 +65,7 @@ def _root_rank(node) -> tuple[subprocess.Popen, int]:
     """A rank-like root process blocked in read(2) on the node; returns it and its pid inside the node."""
     proc = node.spawn(["python3", "-c", "import os; r, w = os.pipe(); os.read(r, 1)"],
                       env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
-    found = cluster_mod.poll(lambda: [p for p in node.procs() if p.comm == "python3"], 20, "the rank to start")
+    found = wait_until(lambda: [p for p in node.procs() if p.comm == "python3"], 20, "the rank to start")
     return proc, found[0].pid
 
 

@@ -141,12 +141,12 @@ def impostor(job: jobs.Job, tmp_path: Path) -> Iterator[subprocess.Popen]:
     """A process claiming rank 0's socket in its environment, and a dump-file prefix under tmp_path."""
     env = dict(os.environ, RANK="0", TORCH_FR_BUFFER_SIZE="2000", TORCH_WORKER_SERVER_SOCKET=_socket_of(job, 0),
                TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_trace_"))
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], env=env, stdin=subprocess.PIPE)
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], env=env,
+                          stdin=subprocess.PIPE) as proc:  # the with closes its stdin pipe too
+        try:
+            yield proc
+        finally:
+            proc.kill()
 
 
 def _socket_of(job: jobs.Job, rank: int) -> str:

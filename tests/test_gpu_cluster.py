@@ -29,7 +29,8 @@ from app.gpu.options import GpuTestOptions
 from app.hosts import HostSpec
 from app.model import from_dict
 from app.session import SessionOptions
-from cluster import Cluster, poll
+from cluster import Cluster
+from waiting import wait_until
 import testenv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -187,7 +188,7 @@ def test_port_check_from_every_node(cluster, hung_job) -> None:
                              "s.listen(8); sys.stdin.read()"], stdin=-1)
     node01.iptables("-A", "INPUT", "-p", "tcp", "--dport", "29613", "-j", "DROP")
     try:
-        poll(lambda: node01.listening(29611), 30, "the test listener on node01")
+        wait_until(lambda: node01.listening(29611), 30, "the test listener on node01")
         targets = (("node01", 29611), ("node01", 29612), ("node01", 29613))
         results, code, text = run(cluster, "net", GpuTestOptions(targets=targets, check_timeout=1.0))
     finally:

@@ -24,7 +24,7 @@ from worker_targets import start_rank
 from app.decode import gpu as parse_gpu
 from app.analysis import analyze
 from app.analysis.gpu_evidence import evidence_lines, gpu_findings
-from app.model import (bus_key, GpuHealth, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
+from app.model import (bus_key, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
                        RasView, Snapshot)
 from workers.collect import gpu_evidence as collector
 

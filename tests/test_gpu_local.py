@@ -23,6 +23,7 @@ from app.gpu.options import GpuTestOptions
 from app.gpu.runner import GpuTestRunner, Preflight
 from app.transport.local import start_local
 from workers.gputest.marked import marked_pids
+from waiting import wait_until_async
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240), pytest.mark.usefixtures("torch_support")]
 PY = sys.executable  # this interpreter has torch: it stands for the job's
@@ -92,10 +93,8 @@ async def test_closing_the_worker_kills_a_running_test() -> None:
         assert len(marked_pids(token)) >= 2  # torchrun and its ranks are running
     finally:
         await conn.close()  # EOF: the worker kills what it started, then exits
-    deadline = asyncio.get_running_loop().time() + 15
-    while marked_pids(token) and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)  # polling under a deadline: the kernel reaps asynchronously
-    assert marked_pids(token) == []
+    # polling under a deadline: the kernel reaps asynchronously
+    await wait_until_async(lambda: not marked_pids(token), 15, "the worker's processes to go", interval=0.05)
 
 
 async def test_an_interpreter_without_torch_is_reported_not_hung(worker) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from cluster import Cluster, run_login
-from cluster_node import wait_until
+from waiting import wait_until
 from cpu_cap import CpuCap
 from jobs import REPO, Job, _main_thread
 from oss_jobs import cpu_ticks, start_oss_job

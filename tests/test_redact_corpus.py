@@ -18,8 +18,8 @@ from workers.discover import allowed_env
 from workers.redact import MASK, redact_argv, redact_message
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CORPUS: List[Dict[str, Any]] = json.load(open(os.path.join(HERE, "data", "secrets_corpus.json"), encoding="utf-8"))[
-    "secrets"]
+with open(os.path.join(HERE, "data", "secrets_corpus.json"), encoding="utf-8") as _f:
+    CORPUS: List[Dict[str, Any]] = json.load(_f)["secrets"]
 
 
 def strace_quote(payload: str) -> str:

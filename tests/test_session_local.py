@@ -3,7 +3,6 @@ snapshots, cancel keeps what arrived, strace/gdb results land on the ranks."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from app.model import CollectOptions, RankSnapshot
 from app.session import NodeUpdate, RankUpdate, Session, SessionEvent, SessionOptions, SnapshotDone
 from app.transport import bootstrap
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,20 +45,16 @@ WORLD = 3
 
 
 def _wait_ready(paths: list[Path], procs: list[subprocess.Popen], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
+    def ready() -> bool:
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"stand-in rank exited with {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise TimeoutError("stand-in ranks did not get ready")
-        time.sleep(0.01)
-    for proc in procs:  # ready is written just before recv(): wait until each really sleeps in the kernel
-        ps = psutil.Process(proc.pid)
-        while ps.status() != psutil.STATUS_SLEEPING:
-            if time.monotonic() > deadline:
-                raise TimeoutError("stand-in ranks did not block")
-            time.sleep(0.01)
+        return all(p.exists() for p in paths)
+
+    wait_until(ready, timeout, "the stand-in ranks to get ready", interval=0.01)
+    # ready is written just before recv(): wait until each really sleeps in the kernel
+    wait_until(lambda: all(psutil.Process(proc.pid).status() == psutil.STATUS_SLEEPING for proc in procs), timeout,
+               "the stand-in ranks to block", interval=0.01)
 
 
 @pytest.fixture(scope="module")

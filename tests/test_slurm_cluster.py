@@ -25,7 +25,7 @@ from app.session import Session, SessionOptions
 from app.slurm.resolve import host_specs, resolve_job
 from app.transport.srun import SrunOptions, SrunTransport
 from app.transport.base import WorkerConnection
-from cluster import poll
+from waiting import wait_until
 from jobs import JOB_SCRIPT, MARK, PYTHON, REPO, Job
 from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
 
@@ -53,7 +53,7 @@ def submit(slurm: SlurmCluster, *args: str) -> str:
 
 
 def wait_state(slurm: SlurmCluster, job_id: str, state: str) -> None:
-    poll(lambda: slurm.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == state, 30,
+    wait_until(lambda: slurm.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == state, 30,
          f"job {job_id} {state}", interval=0.1)
 
 
@@ -136,7 +136,7 @@ async def test_srun_transport_runs_a_worker_on_every_node_in_one_step(slurm: Slu
     finally:
         await asyncio.gather(*(c.close() for c in conns))
     assert srun_processes() == []  # the step ended with its last node
-    poll(lambda: node_workers(slurm) == [], 15, "no hangscope process left on the nodes")
+    wait_until(lambda: node_workers(slurm) == [], 15, "no hangscope process left on the nodes")
 
 
 async def test_srun_transport_one_dead_worker_fails_only_its_node(slurm: SlurmCluster, sleeper: str) -> None:

@@ -17,7 +17,8 @@ from app.errors import TransportError
 from app.transport.login_tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
 
-import cluster as cluster_mod  # noqa: E402  (tests/ helpers, put on sys.path by conftest)
+import cluster as cluster_mod
+from waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -61,7 +62,7 @@ async def test_hello_from_every_node_with_the_users_own_ssh_config(ssh_cluster, 
     finally:
         await asyncio.gather(*(w.close() for w in workers))
     for w in workers:  # closing the channel ends the worker: nothing is left running on the node
-        cluster_mod.poll(lambda: w.pid not in c[w.name].pids(), 10, f"worker on {w.name} to exit")
+        wait_until(lambda w=w: w.pid not in c[w.name].pids(), 10, f"worker on {w.name} to exit")
 
 
 async def test_unknown_host_key_names_the_fingerprint_and_changes_nothing(ssh_cluster, tmp_path) -> None:
@@ -209,7 +210,7 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
                       stderr=subprocess.DEVNULL)
     holder = None
     try:
-        cluster_mod.poll(lambda: node.listening(2222), 10, "the throttled sshd to listen")
+        wait_until(lambda: node.listening(2222), 10, "the throttled sshd to listen")
         # one unauthenticated connection fills MaxStartups 1: sshd drops every new one before its banner
         holder = socket.create_connection((node.ip, 2222), timeout=5)
         holder.recv(100)  # its banner: the slot is really taken
@@ -235,7 +236,7 @@ async def test_proxyjump_from_ssh_config(ssh_cluster, tmp_path) -> None:
     c = ssh_cluster
     config = tmp_path / "config"
     config.write_text(f"Host via01\n    HostName {c['node02'].ip}\n    ProxyJump node01\n\n"
-                      + c.ssh_config.read_text().replace(f"Host node02\n", f"Host node02 via01\n"))
+                      + c.ssh_config.read_text().replace("Host node02\n", "Host node02 via01\n"))
     w = await SshTransport(_opts(c, config_paths=(str(config),))).open("via01")
     try:
         assert w.hello["hostname"] == "node02"
@@ -333,7 +334,7 @@ async def test_ssh_agent_is_used_when_ssh_auth_sock_is_set(ssh_cluster, tmp_path
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        cluster_mod.poll(sock.exists, 10, "ssh-agent to listen")
+        wait_until(sock.exists, 10, "ssh-agent to listen")
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
         subprocess.run(["ssh-add", "-q", str(c.key)], check=True, capture_output=True)
         monkeypatch.setenv("HOME", str(tmp_path))  # no key files of our own: only the agent can log in

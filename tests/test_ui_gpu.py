@@ -8,15 +8,14 @@ real parts: the pair schedule fed with outcomes, inventories parsed from nvidia-
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import io
 import json
 import os
 import re
 import secrets
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -38,6 +37,7 @@ from app.ui.screens.gpu_results import GpuResultsScreen, result_parts
 from app.ui.source import GpuAccess, LiveSource, ReplaySource, loaded_source
 from app.ui.view import build_view
 from tests.test_ui_support import build_snapshot, screen_text, settle, until
+from waiting import wait_until_async
 
 SIZE = (130, 40)
 PY = sys.executable  # has torch: it stands for the job's interpreter
@@ -72,14 +72,13 @@ def tagged_pids(needle: bytes) -> List[int]:
 
 
 async def until_gone(needle: bytes, timeout: float = 20.0) -> List[int]:
-    deadline = time.monotonic() + timeout
-    while tagged_pids(needle) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)  # polling under a deadline: the kernel reaps asynchronously
+    with contextlib.suppress(TimeoutError):  # polling under a deadline: the kernel reaps asynchronously
+        await wait_until_async(lambda: not tagged_pids(needle), timeout, "the tagged processes to go", interval=0.1)
     return tagged_pids(needle)
 
 
 def text_of(parts) -> str:
-    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console = Console(width=160, record=True, file=io.StringIO())
     for p in parts:
         console.print(p)
     return console.export_text()

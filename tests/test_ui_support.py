@@ -16,6 +16,7 @@ from typing import Iterable, List, Literal, Optional, Sequence, Tuple
 from app.model import (CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot,
                        StraceResult, StraceThread, ThreadStack, snapshot_from_json, snapshot_to_json)
 from workers.protocol import ERROR_HINTS
+from waiting import wait_until_async
 
 Scenario = Literal["skip", "barrier", "dataloader", "healthy"]
 C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
@@ -179,13 +180,7 @@ async def settle(pilot) -> None:
 async def until(pilot, condition, what: str, timeout: float = 10.0) -> None:
     """Poll `condition` between rounds of the app's message processing, up to a deadline (for what the app
     does on a timer or in a worker: the live redraw, the command palette's search)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause()
+    await wait_until_async(condition, timeout, what, pause=pilot.pause)
 
 
 # -- the builder's own tests: what the UI tests rely on -------------------------------------------------

@@ -9,7 +9,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
@@ -18,6 +17,7 @@ import pytest
 
 from app.model import snapshot_to_json
 from tests.test_ui_support import build_snapshot
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,17 +59,19 @@ class Terminal:
 
     def wait_for(self, check: Callable[[str], bool], what: str, timeout: float = 60) -> str:
         """Poll the screen until check(screen) holds, with a deadline: never a fixed sleep."""
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
+        last = [""]
+
+        def shown() -> str:
             try:
-                screen = self.screen()
+                last[0] = self.screen()
             except subprocess.CalledProcessError:
-                screen = "(the tmux session is gone)"
-            if check(screen):
-                return screen
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; the screen shows:\n{screen}")
+                last[0] = "(the tmux session is gone)"
+            return last[0] if check(last[0]) else ""
+
+        try:
+            return wait_until(shown, timeout, what, interval=0.05)
+        except TimeoutError:
+            raise AssertionError(f"timed out waiting for {what}; the screen shows:\n{last[0]}") from None
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
@@ -95,11 +97,7 @@ def terminal() -> Iterator[Callable[..., Terminal]]:
 
 
 def wait_exit(path: Path, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        if time.monotonic() > deadline:
-            raise AssertionError("the TUI did not exit")
-        time.sleep(0.05)
+    wait_until(lambda: path.exists() and path.read_text(), timeout, "the TUI to exit", interval=0.05)
     return int(path.read_text())
 
 

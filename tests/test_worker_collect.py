@@ -11,8 +11,8 @@ import pytest
 
 import testenv
 from worker_client import WorkerProc
-from worker_targets import (PROG, Target, alive, proc_state, rank_env, start_rank, tracer_pid, untouched,
-                            wait_until, without_tool)
+from worker_targets import (PROG, Target, alive, proc_state, rank_env, start_rank, tracer_pid, untouched, without_tool)
+from waiting import wait_until
 from workers import procinfo
 
 

@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from worker_client import WorkerProc
 from worker_targets import PROG, Target, copy_as, start_rank, wait_blocked, without_sudo
 from workers import discover, procinfo
+from waiting import wait_until
 
 SECRET_TOKEN = "hf_" + "Q" * 34
 SECRET_PASSWORD = "hunter2-very-secret"
@@ -210,20 +210,12 @@ def test_a_python_process_that_execs_into_a_rank_is_found_on_the_next_refresh(tm
     pid = int(out.stdout.split()[0])
     try:
         with WorkerProc() as w:
-            deadline = time.monotonic() + 20
-            while not os.path.exists(ready):
-                assert time.monotonic() < deadline, "the process did not start"
-                time.sleep(0.02)
+            wait_until(lambda: os.path.exists(ready), 20, "the process to start")
             before, _ = discover_all(w)
             assert pid not in before, "no rank environment yet"
             open(go, "w").close()
-            deadline = time.monotonic() + 20
-            while True:
-                after, _ = discover_all(w)
-                if pid in after:
-                    break
-                assert time.monotonic() < deadline, "the exec'd rank was never found"
-                time.sleep(0.05)
+            after = wait_until(lambda: (lambda found: found if pid in found else None)(discover_all(w)[0]), 20,
+                               "the exec'd rank to be found", interval=0.05)
             assert after[pid]["rank"] == 3 and after[pid]["cmdline"][1:] == [PROG, "rank"]
     finally:
         try:

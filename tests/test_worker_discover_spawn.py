@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_targets import wait_until
+from waiting import wait_until
 from workers import discover, procinfo, pstate
 
 pytestmark = pytest.mark.torch

@@ -19,6 +19,7 @@ import pytest
 from app.model import RankSnapshot, Snapshot, from_dict, snapshot_from_json, snapshot_to_json
 from app.decode.replies import counters, rank_from_discover
 from workers.collect import progress, sockets
+from waiting import wait_until
 
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
 TALK = "import sys, time\nfor i in range(300):\n    print('x' * 99, flush=True); time.sleep(0.01)\ntime.sleep(30)\n"
@@ -51,9 +52,8 @@ def test_a_spinning_process_moves_cpu_and_schedstat_and_time() -> None:
 def test_output_to_a_file_is_counted_and_a_gone_process_gives_none(tmp_path: Path) -> None:
     log = tmp_path / "out.log"
     with open(log, "wb") as f, child(TALK, stdout=f, stderr=subprocess.STDOUT) as p:
-        deadline = time.monotonic() + 30
-        while log.stat().st_size == 0 and time.monotonic() < deadline:  # python starts slowly on a busy node
-            time.sleep(0.05)
+        # python starts slowly on a busy node
+        wait_until(lambda: log.stat().st_size > 0, 30, "the child's first output", interval=0.05)
         a = progress.collect(p.pid)
         time.sleep(0.5)
         b = progress.collect(p.pid)

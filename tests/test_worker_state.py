@@ -20,7 +20,8 @@ from typing import Iterator
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import Target, proc_state, rank_env, start_rank, tracer_pid, wait_blocked, wait_until
+from worker_targets import Target, proc_state, rank_env, start_rank, tracer_pid, wait_blocked
+from waiting import wait_until
 from workers import procinfo, pstate
 from workers.collect import pyspy
 

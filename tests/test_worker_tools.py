@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from worker_client import WorkerProc
-from worker_targets import (PROG, Target, proc_state, rank_env, start_rank, untouched, wait_blocked, wait_until,
-                            without_sudo)
+from worker_targets import PROG, Target, proc_state, rank_env, start_rank, untouched, wait_blocked, without_sudo
+from waiting import wait_until
 from workers import procinfo
 from workers.collect import runas
 import testenv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -33,8 +34,10 @@ class WorkerProc:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._stderr: List[bytes] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, daemon=True),
+                       threading.Thread(target=self._pump_err, daemon=True)]
+        for t in self._pumps:
+            t.start()
         self._next_id = 1
         self._pending: List[Dict[str, Any]] = []
         self.hello = self.read(timeout=20)
@@ -104,9 +107,17 @@ class WorkerProc:
         return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
+        """Kill the worker, then let the reader threads see the end of its output and close the pipes (a
+        failed test's traceback keeps this object, and with it the pipes, alive otherwise)."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        for t in self._pumps:
+            t.join(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    f.close()
 
     def __enter__(self) -> "WorkerProc":
         return self

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from waiting import wait_until
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROG = os.path.join(HERE, "worker_target_prog.py")
 READ_SYSCALLS = {"0", "63"}  # read(2) on x86_64, aarch64
@@ -56,6 +58,8 @@ class Target:
         except OSError:
             pass
         self.proc.wait()
+        if self.proc.stdout is not None:  # a failed test's traceback would keep the pipe open otherwise
+            self.proc.stdout.close()
 
     def __enter__(self) -> "Target":
         return self
@@ -92,21 +96,18 @@ def tracer_pid(pid: int) -> int:
 
 def wait_blocked(pid: int, timeout: float = 20) -> None:
     """Poll until every thread of pid sits in read(2): then its stacks are deterministic."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def blocked() -> bool:
         try:
-            tids = os.listdir("/proc/%d/task" % pid)
             calls = []
-            for tid in tids:
+            for tid in os.listdir("/proc/%d/task" % pid):
                 with open("/proc/%d/task/%s/syscall" % (pid, tid)) as f:
                     calls.append(f.read().split()[0])
-            if calls and all(c in READ_SYSCALLS for c in calls):
-                return
         except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("pid %d never blocked in read" % pid)
-        time.sleep(0.01)
+            return False
+        return bool(calls) and all(c in READ_SYSCALLS for c in calls)
+
+    wait_until(blocked, timeout, "pid %d to block in read" % pid, interval=0.01)
 
 
 def copy_as(tmp: str, name: str) -> str:
@@ -116,16 +117,6 @@ def copy_as(tmp: str, name: str) -> str:
     return path
 
 
-def wait_until(predicate, timeout: float = 20, what: str = "condition"):  # type: ignore[no-untyped-def]
-    """Poll predicate() until it returns something truthy (returned), or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("%s not reached within %ss" % (what, timeout))
-        time.sleep(0.01)
 
 
 def alive(pid: int) -> bool:

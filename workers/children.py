@@ -28,7 +28,7 @@ PR_SET_PDEATHSIG = 1
 _SETPRIV_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 
-def _load_prctl():  # type: ignore[no-untyped-def]
+def _load_prctl():
     try:
         import ctypes
 

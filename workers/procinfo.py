@@ -250,7 +250,7 @@ class PsutilSource:
         return p
 
 
-def source(prefer_psutil: bool = False):  # type: ignore[no-untyped-def]
+def source(prefer_psutil: bool = False):
     """/proc, or psutil when wanted and importable."""
     if prefer_psutil:
         try:

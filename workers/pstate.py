@@ -201,7 +201,7 @@ def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str,
 
 
 def _thread_states(pid: int) -> List[Tuple[int, str]]:
-    out = []
+    out: List[Tuple[int, str]] = []
     try:
         tids = os.listdir("/proc/%d/task" % pid)
     except OSError:

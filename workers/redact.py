@@ -60,7 +60,7 @@ def _strength(name: str) -> int:
         if len(_STRENGTH) > 4096:
             _STRENGTH.clear()
         known = _STRENGTH[name] = _word_strength(name)
-    return known  # type: ignore[no-any-return]
+    return known
 
 
 def _word_strength(name: str) -> int:

@@ -32,7 +32,7 @@ from app.analysis.options import AnalysisOptions
 from app.analysis.p2p import p2p_calls, p2p_findings
 from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
 from app.analysis.progress import contradicted_stalls, while_progressing
-from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks  # noqa: F401 (API)
+from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
 from app.analysis.waits import WaitGraph, wait_graph
 from app.model import Frame, RankSnapshot, Snapshot, rank_key, to_dict
 

@@ -97,9 +97,11 @@ def diff_stacks(left: RankSnapshot, right: RankSnapshot, options: AnalysisOption
         # loop variables of `train` at line 188 on one side and 202 on the other still tell the iterations).
         comparable = fa is not None and fb is not None and (
             same or (first and (fa.function, fa.filename) == (fb.function, fb.filename)))
-        it = _values(fa.iteration, fb.iteration) if comparable else ()
-        loc = (_values([(x.name, x.repr) for x in fa.locals], [(x.name, x.repr) for x in fb.locals])
-               if comparable else ())
+        it: Tuple[ValueDiff, ...] = ()
+        loc: Tuple[ValueDiff, ...] = ()
+        if comparable and fa is not None and fb is not None:
+            it = _values(fa.iteration, fb.iteration)
+            loc = _values([(x.name, x.repr) for x in fa.locals], [(x.name, x.repr) for x in fb.locals])
         if it and not note:
             note = _iteration_note(left, right, it[0])
         rows.append(DiffRow(depth, fa, fb, same, first,

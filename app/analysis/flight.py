@@ -140,10 +140,10 @@ def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
     out = []
     for devs, members in sorted(deviations.items(), key=lambda kv: len(kv[1])):
         rs = sort_ranks(ranks[i] for i in members)
-        pg, mine, theirs = next(d for d in devs if d[1] < d[2])
+        pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
         title = (f"{short(rs)} {'is' if len(rs) == 1 else 'are'} behind in process group {clean(pg, 40)}: last "
-                 f"collective issued #{mine} where {count_phrase(others, 'other')} "
+                 f"collective issued #{issued} where {count_phrase(others, 'other')} "
                  f"{'is' if others == 1 else 'are'} at #{theirs}")
         parts = [f"{'behind' if v < u else 'ahead'} in pg {clean(p, 40)}: #{v} vs #{u}"
                  + (f" ({clean(names[p], 60)})" if p in names else "") for p, v, u in devs]

@@ -175,7 +175,7 @@ def rank_lookup(ranks: Iterable[RankSnapshot]) -> Dict[RankKey, RankSnapshot]:
 
 
 def keys_of(ranks: Iterable[RankSnapshot]) -> Tuple[RankKey, ...]:
-    return tuple(zip(map(_node_of, ranks), map(_pid_of, ranks)))  # type: ignore[arg-type]
+    return tuple(zip(map(_node_of, ranks), map(_pid_of, ranks)))
 
 
 def sort_ranks(ranks: Iterable[RankSnapshot]) -> List[RankSnapshot]:

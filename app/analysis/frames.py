@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Iterable, Literal, Optional, Sequence, Tuple
 
 from app.model import Frame
-from app.printable import clean  # noqa: F401 (re-exported: analysis modules clean remote text with it)
+from app.printable import clean
 
 Identity = Literal["function", "function+line"]
 FrameId = Tuple[str, str, int]  # (function, filename, line); line 0 when the identity ignores lines

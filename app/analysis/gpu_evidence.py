@@ -413,9 +413,9 @@ def _ras_findings(comms: Sequence[RasComm], nodes: Sequence[NodeStatus], ranks: 
                 level, culprit, why = _level(stuck, strong=False)
             out.append(Finding(
                 "nccl_ras", f"NCCL RAS: {who} {verb} in communicator {clean(c.hash, 40)}",
-                f"RAS counts the collectives each rank launched: the ranks behind have not issued the operation the "
-                f"others wait in (they are elsewhere: their stacks say where). Counts that differ on a busy job are "
-                f"normal (NCCL outpaces RAS); counts that stay put across queries mean the communicator is stuck",
+                "RAS counts the collectives each rank launched: the ranks behind have not issued the operation the "
+                "others wait in (they are elsewhere: their stacks say where). Counts that differ on a busy job are "
+                "normal (NCCL outpaces RAS); counts that stay put across queries mean the communicator is stuck",
                 level, why, tuple(keys), who, fold_nodes(k[0] for k in keys), culprit=culprit))
     return out
 

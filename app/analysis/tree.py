@@ -170,7 +170,7 @@ def group_stacks(ranks: Sequence[RankSnapshot], options: AnalysisOptions = Analy
     pending.sort(key=lambda p: (-len(p[2]), p[3], p[0]))
 
     classes, all_groups, all_at = [], [], []
-    for index, (path, groups, in_order, _) in enumerate(pending):
+    for index, (_path, groups, in_order, _) in enumerate(pending):
         groups.sort(key=attrgetter("first"))
         lead = groups[0]
         frames = tuple(lead.frames[i] for i in lead.kept)

@@ -180,7 +180,7 @@ def load_snapshot(path: str) -> Snapshot:
                 chunk = f.read(min(16 << 20, MAX_SNAPSHOT_BYTES + 1 - len(data)))
                 if not chunk:
                     break
-                if not data and not chunk.lstrip()[:1] in (b"{", b""):
+                if not data and chunk.lstrip()[:1] not in (b"{", b""):
                     raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
                 data += chunk
     except OSError as exc:

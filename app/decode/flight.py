@@ -52,13 +52,17 @@ def flight_record(raw: Any) -> Optional[FlightRecord]:
     """None when the rank does not enable the recorder (the worker sent nothing)."""
     if not isinstance(raw, dict):
         return None
-    record = raw.get("record") if isinstance(raw.get("record"), dict) else {}
+    record = raw.get("record")
+    if not isinstance(record, dict):
+        record = {}
     entries = tuple(e for e in (_entry(x) for x in record.get("entries") or [] if isinstance(x, dict))
                     if e is not None) if isinstance(record.get("entries"), list) else ()
     last_name = {e.pg_id: e.profiling_name for e in sorted(entries, key=lambda e: e.record_id)
                  if not e.is_p2p}
-    status = record.get("pg_status") if isinstance(record.get("pg_status"), dict) else {}
-    config = record.get("pg_config") if isinstance(record.get("pg_config"), dict) else {}
+    status = record.get("pg_status")
+    status = status if isinstance(status, dict) else {}
+    config = record.get("pg_config")
+    config = config if isinstance(config, dict) else {}
     groups = []
     for pg, s in status.items():
         if not isinstance(s, dict):

@@ -312,7 +312,7 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
     if key is not None:
         shared = _SHARED_FRAMES.get(key)
         if shared is not None:
-            return shared  # type: ignore[no-any-return]
+            return shared
     frame = Frame(function=name, filename=filename, line=line, module=module, native=native,
                   locals=local_vars, loops=frame_loops,
                   iteration=iteration(frame_loops, local_vars, line) if frame_loops else (), source=lines,

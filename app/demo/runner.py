@@ -137,12 +137,9 @@ def start_local_job(scenario: str = "skip", nproc: int = 4, python: str = sys.ex
     # --tee 2: each rank's stderr also goes to its own file under ranks/, so a failure shows the rank's error
     argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "--log-dir", os.path.join(workdir, "ranks"), "--tee", "2", JOB_SCRIPT, "--scenario", scenario, *(extra_args or [])]
-    log = open(os.path.join(workdir, "job.log"), "wb")
-    try:
+    with open(os.path.join(workdir, "job.log"), "wb") as log:  # the launcher holds its own copy
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    finally:
-        log.close()
     return LocalJob(scenario=scenario, nproc=nproc, proc=proc, workdir=workdir, owns_workdir=owns_workdir)
 
 

@@ -132,7 +132,7 @@ class PairIsolation:
 
     def _resolution(self, healthy: list[str]) -> list[tuple[str, ...]]:
         needy: list[str] = []
-        for key, c in self.cell.items():
+        for c in self.cell.values():
             if c.status in BAD:
                 a, b = c.a, c.b
                 for x, y in ((a, b), (b, a)):

@@ -110,7 +110,7 @@ def _convert(tp: Any, value: Any, frames: dict) -> Any:
                 exc.path.insert(0, i)
                 raise
             return tuple(out)
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if vt is dict:
             return from_dict(tp, value, _frames=frames)
     else:
@@ -145,7 +145,7 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
         key = _freeze(data)
         shared = frames.get(key)
         if shared is not None:
-            return shared  # type: ignore[no-any-return]
+            return shared
     hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -156,9 +156,9 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
                 exc.path.insert(0, f.name)
                 raise
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            exc = _Invalid("a required field is missing")
-            exc.path.insert(0, f.name)
-            raise exc
+            missing = _Invalid("a required field is missing")
+            missing.path.insert(0, f.name)
+            raise missing
     obj = cls(**kwargs)
     if key is not None:
         frames[key] = obj

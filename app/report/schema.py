@@ -88,7 +88,7 @@ def _define(cls: type, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]) -
             if doc:
                 prop = {**prop, "description": doc}
             props[f.name] = prop
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 required.append(f.name)
         entry: Dict[str, Any] = {"type": "object"}
         summary = (inspect.getdoc(cls) or "").strip()

@@ -56,7 +56,7 @@ def _reverse(address: str) -> str:
 
 def _forward(name: str) -> List[str]:
     try:
-        return sorted({i[4][0] for i in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)})
+        return sorted({str(i[4][0]) for i in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)})
     except (OSError, UnicodeError):
         return []
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import asyncssh
 
@@ -31,8 +31,10 @@ def known_hosts_paths(config: Optional[asyncssh.config.SSHConfig],
     if override is not None:
         wanted: list[str] = list(override)
     else:
-        user = config.get("UserKnownHostsFile", None) if config is not None else None
-        system = config.get("GlobalKnownHostsFile", None) if config is not None else None
+        # asyncssh's config values are typed `object`; these two options are lists of paths.
+        user = cast(Optional[Sequence[str]], config.get("UserKnownHostsFile", None) if config is not None else None)
+        system = cast(Optional[Sequence[str]],
+                      config.get("GlobalKnownHostsFile", None) if config is not None else None)
         wanted = list(DEFAULT_USER_FILES if user is None else user)
         wanted += list(DEFAULT_GLOBAL_FILES if system is None else system)
     out = []

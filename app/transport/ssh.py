@@ -15,7 +15,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import asyncssh
 
@@ -124,9 +124,10 @@ class SshTransport:
 
     def host_config(self, host: str, user: Optional[str], port: Optional[int]) -> asyncssh.config.SSHClientConfig:
         """The ssh config as it applies to this host (first value wins across files, as in OpenSSH)."""
-        return asyncssh.config.SSHClientConfig.load(
+        # load() is typed as returning the base class; called on SSHClientConfig it builds one.
+        return cast(asyncssh.config.SSHClientConfig, asyncssh.config.SSHClientConfig.load(
             None, self.config_paths, False, False, False, getpass.getuser(),
-            user if user else (), host, port if port else ())
+            user if user else (), host, port if port else ()))
 
     async def open(self, host: str, *, name: Optional[str] = None, user: Optional[str] = None,
                    port: Optional[int] = None) -> WorkerConnection:

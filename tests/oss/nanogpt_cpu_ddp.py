@@ -43,5 +43,5 @@ torch.cuda.set_device = _set_device_on_cpu_node
 _DistributedDataParallel = DDP
 
 
-def DDP(module, device_ids=None, **kwargs):  # noqa: N802 (the name train.py calls)
+def DDP(module, device_ids=None, **kwargs):  # the name train.py calls
     return _DistributedDataParallel(module, **kwargs)

@@ -298,13 +298,21 @@ def _text(value: Any, limit: int = 200) -> str:
     return redact_text(value if isinstance(value, str) else str(value))[:limit]
 
 
+def _record_id(entry: Dict[str, Any]) -> int:
+    rid = entry.get("record_id")
+    return rid if isinstance(rid, int) else -1
+
+
 def trim(record: Any) -> Dict[str, Any]:
     """What travels back: every group's status and name, the newest entries' identifying fields."""
     if not isinstance(record, dict):
         raise FlightError("the record is not an object")
-    status = record.get("pg_status") if isinstance(record.get("pg_status"), dict) else {}
-    config = record.get("pg_config") if isinstance(record.get("pg_config"), dict) else {}
-    raw = record.get("entries") if isinstance(record.get("entries"), list) else []
+    status = record.get("pg_status")
+    status = status if isinstance(status, dict) else {}
+    config = record.get("pg_config")
+    config = config if isinstance(config, dict) else {}
+    raw = record.get("entries")
+    raw = raw if isinstance(raw, list) else []
     entries = [e for e in raw if isinstance(e, dict)]
     newest: List[Dict[str, Any]] = entries[-MAX_ENTRIES:]
     have = {str(e.get("pg_id")) for e in newest}
@@ -313,7 +321,7 @@ def trim(record: Any) -> Dict[str, Any]:
         if pg not in have and len(have) < MAX_GROUPS:
             have.add(pg)
             newest.insert(0, e)
-    keep = sorted(newest, key=lambda e: e.get("record_id") if isinstance(e.get("record_id"), int) else -1)
+    keep = sorted(newest, key=_record_id)
     return {
         "version": _text(record.get("version", ""), 40),
         "pg_status": {_text(k, 40): {_text(n, 60): v for n, v in s.items() if isinstance(v, (int, str))}

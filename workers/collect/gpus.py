@@ -60,7 +60,7 @@ def query_cached(req: Request, notes: List[str], ranks: Set[Tuple[int, int]]) ->
     """query(), reused while the node's ranks (pid, start time) are the same ones and the answer is recent."""
     with _lock:
         if _cache["ranks"] == ranks and time.monotonic() - _cache["at"] < REUSE_S:
-            return _cache["use"]  # type: ignore[no-any-return]
+            return _cache["use"]
     before = len(notes)
     use = query(req, notes)
     if len(notes) == before:  # a failed query is asked again next time

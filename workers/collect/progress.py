@@ -106,7 +106,7 @@ def parse_cgroup(text: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def _ancestors(path: str) -> List[str]:
-    out = []
+    out: List[str] = []
     path = "/" + path.strip("/")
     while len(out) < MAX_CGROUP_DEPTH:
         out.append(path)

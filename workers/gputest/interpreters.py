@@ -19,7 +19,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, List, Tuple
 
 MAX_CANDIDATES = 12
 PROBE = "import torch, sys; sys.stdout.write(torch.__version__)"

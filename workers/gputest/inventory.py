@@ -53,9 +53,9 @@ def _nvml(notes: List[str]) -> Dict[str, Any]:
             gpu: Dict[str, Any] = {"index": i, "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
                                    "name": _text(pynvml.nvmlDeviceGetName(h)),
                                    "memory_used_mib": mem.used // (1 << 20), "memory_total_mib": mem.total // (1 << 20)}
-            for key, call in (("utilization_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                              ("ecc_uncorrected", lambda: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 1)),
-                              ("bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))):
+            for key, call in (("utilization_pct", lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                              ("ecc_uncorrected", lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 1)),
+                              ("bus_id", lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))):
                 try:
                     gpu[key] = call()
                 except Exception:

@@ -35,7 +35,7 @@ MARK_ENV = "HANGSCOPE_GPUTEST"
 CONFIG_ENV = "HANGSCOPE_GPUTEST_CONFIG"
 WAIT_REPORT_S = 2.0  # how often a rank waiting for others says who is missing
 _T0 = time.monotonic()
-_STATE = {"rank": None, "local_rank": None, "phase": "start"}
+_STATE: dict = {"rank": None, "local_rank": None, "phase": "start"}
 
 
 def emit(event, **fields):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, OverflowMethod, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -46,7 +46,7 @@ def diff_table(diff: StackDiff) -> Table:
 def _side_by_side(diff: StackDiff, rows, *, wrap: bool) -> Table:
     table = Table(expand=True, box=None, show_edge=False, pad_edge=False, padding=(0, 1))
     table.add_column("", width=1, no_wrap=True)
-    overflow = "fold" if wrap else "ellipsis"
+    overflow: OverflowMethod = "fold" if wrap else "ellipsis"
     table.add_column(Text(clean(diff.left, 120), style="bold #ff5f87", no_wrap=True, overflow="ellipsis"),
                      ratio=1, no_wrap=not wrap, overflow=overflow)
     table.add_column(Text(clean(diff.right, 120), style="bold", no_wrap=True, overflow="ellipsis"), ratio=1,

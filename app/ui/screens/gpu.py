@@ -305,7 +305,7 @@ class GpuTests:
                                 "These processes (the hung job, most likely) still hold GPUs the test would use. "
                                 "Testing next to them may be slow or fail for that reason; stopping the job "
                                 "first gives clean results. Run anyway?", lines)
-        answer: Optional[bool] = await self.app.push_screen_wait(confirm)  # type: ignore[arg-type]
+        answer: Optional[bool] = await self.app.push_screen_wait(confirm)
         return bool(answer)
 
     def _redraw(self) -> None:

@@ -192,7 +192,7 @@ class MainScreen(WatchesSize, Screen[None]):
                 diff = diff_vs_majority(view.snapshot, view.analysis, key)
             except KeyError:
                 diff = None
-        if diff is None:
+        if diff is None or key is None:
             title.update("evidence")
             if view.classes:
                 c = view.classes[0]
