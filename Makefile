@@ -15,7 +15,7 @@ check: deps
 	$(PY) -m ruff check app workers tests bench
 	$(PY) -m mypy app
 	$(PY) -m mypy --python-version 3.9 workers
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_architecture.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/layout/test_architecture.py
 
 demo:
 	$(PY) -m pip install -q torch==2.13.0 -e . && hangscope demo

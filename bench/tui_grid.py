@@ -44,7 +44,7 @@ from app.ui.grid_model import build_grid  # noqa: E402
 from app.ui.source import ReplaySource  # noqa: E402
 from app.ui.view import build_view  # noqa: E402
 from app.ui.widgets.rank_grid import RankGrid  # noqa: E402
-from tests.test_ui_support import build_snapshot  # noqa: E402
+from test_ui_support import build_snapshot  # noqa: E402
 
 KEYS = ["down"] * 20 + ["right"] * 5 + ["up"] * 10 + ["left"] * 5 + ["pagedown"] * 3 + ["pageup", "end", "home"]
 

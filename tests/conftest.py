@@ -15,6 +15,11 @@ from typing import Callable, Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
+# test modules live in one folder per layer (tests/analysis, tests/live, ...); a few share fixtures or builders
+# with a module of another folder (test_report_build's make_snapshot, test_cluster_held's freezer): importable by
+# name from every folder, as when they sat side by side
+sys.path.extend(str(p) for p in sorted(Path(__file__).resolve().parent.iterdir())
+                if p.is_dir() and next(p.glob("test_*.py"), None) is not None)
 
 import cluster as cluster_mod
 import jobs as jobs_mod

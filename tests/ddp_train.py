@@ -1,7 +1,7 @@
 """A DDP training job for the progress tests, shaped like nanoGPT's train.py (our stand-in, not nanoGPT).
 
 nanoGPT's own train.py runs too, unmodified, through a config file of its own format (tests/oss/README.md,
-tests/test_oss_cluster.py); this stand-in writes ready lines and takes flags the progress tests vary. What
+tests/live/test_oss_cluster.py); this stand-in writes ready lines and takes flags the progress tests vary. What
 matters to hangscope is kept from nanoGPT: DDP (gloo here) whose gradient all_reduce runs inside
 `loss.backward()`, gradient accumulation that syncs only on the last micro step, and the training loop at module
 level (`while True:`) with its counters (`iter_num`) as module globals, which py-spy's --locals does not show.

@@ -1,5 +1,5 @@
 """One small gloo job (2 ranks) that hangs, started by whichever launcher the test names (tests/
-test_cluster_launchers.py): rank 1 never reaches the second all_reduce, so rank 0 waits in it.
+live/test_cluster_launchers.py): rank 1 never reaches the second all_reduce, so rank 0 waits in it.
 
     python matrix_job.py rank READY [PORT]              under torchrun / torch.distributed.run / accelerate /
                                                         mpirun: the rank from RANK or OMPI_COMM_WORLD_RANK

@@ -13,7 +13,7 @@ CLI's own options, <name>.json and <name>.earlier.json). Run as root:
 
     python3 tests/record_oss.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all four
 
-Check each diagnosis by hand before changing the expectations in tests/test_golden.py and bench/diagnose.py.
+Check each diagnosis by hand before changing the expectations in tests/analysis/test_golden.py and bench/diagnose.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-for _p in (str(REPO), str(TESTS)):
+for _p in (str(REPO), str(TESTS), str(TESTS / "live")):  # live: the held-rank helpers of its tests
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

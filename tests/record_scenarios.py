@@ -3,19 +3,19 @@
 Each scenario is the demo torch job (app/demo/job.py, gloo) hung in one way on a few nodes of a test cluster:
 `start(cluster, scenario)` launches it and returns once it hangs (netcut: once a node is cut off with
 iptables inside its network namespace, ssh from the login side still allowed); `diagnose()` runs the real
-CLI, `hangscope HOSTS --snapshot out.json`, against it. tests/test_scenarios.py asserts on those runs.
+CLI, `hangscope HOSTS --snapshot out.json`, against it. tests/live/test_scenarios.py asserts on those runs.
 
 Run as a script (root: the cluster needs network namespaces), this module re-records the goldens that
-tests/test_golden.py asserts on, one job at a time on one 3-node cluster:
+tests/analysis/test_golden.py asserts on, one job at a time on one 3-node cluster:
 
     python3 tests/record_scenarios.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all of them
     python3 tests/record_scenarios.py --nodes 4 --ranks-per-node 2 ...            # another size (bench/live_classes.py)
 
 For each scenario it takes two samples one second apart with the CLI's own default options (locals on) and
 writes <scenario>.json (the second sample with its analysis, app.model.snapshot_to_json) and
-<scenario>.earlier.json (the first sample, without locals and source lines: tests/test_golden.py passes it as
+<scenario>.earlier.json (the first sample, without locals and source lines: tests/analysis/test_golden.py passes it as
 history, so progress is judged as the CLI judges it). Node names and pids come from the cluster. Check each new diagnosis by hand before
-updating the expectations in tests/test_golden.py: the goldens are the analysis's regression net.
+updating the expectations in tests/analysis/test_golden.py: the goldens are the analysis's regression net.
 """
 
 from __future__ import annotations
@@ -509,7 +509,7 @@ def lean(snap: Snapshot) -> Snapshot:
 
 def refresh(folder: Path) -> int:
     """Load and dump every recorded snapshot in `folder`, so the files match what today's model writes
-    (tests/test_interning.py checks an exact round trip)."""
+    (tests/model/test_interning.py checks an exact round trip)."""
     for path in sorted(folder.glob("*.json")):
         text = path.read_text(encoding="utf-8")
         snap, analysis = snapshot_from_json(text)

@@ -5,7 +5,7 @@
 Starts the demo job (`skip` scenario: 2 gloo ranks under torchrun --standalone, rank 1 one step ahead),
 drives a real worker over the protocol, and writes what it answered: hello, discover, dumps (plain,
 --locals with loops, --native), strace, gdb, a ptrace-denied dump as another user, and a --locals dump
-of the `dataloader` scenario (a rank blocked fetching its next batch). tests/test_parse.py
+of the `dataloader` scenario (a rank blocked fetching its next batch). tests/decode/test_parse.py
 asserts the parsed model of these files.
 """
 

@@ -1,0 +1,319 @@
+"""Progress over samples (stuck / progressing / gone, CPU between samples) and the rank-vs-rank diff."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+import pytest
+
+from analysis_snapshots import ALL_REDUCE, LOADING, in_step, job, rank, snapshot, stack
+from app.analysis import analyze
+from app.analysis.diff import diff_ranks, diff_vs_majority
+from app.analysis.progress import track
+from app.model import CgroupCpu, Frame, Local, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
+
+
+def sample(at: float, steps: dict, cpu: Optional[dict] = None, n: int = 8):  # type: ignore[no-untyped-def]
+    ranks = [rank(r, f"node{r // 4 + 1:02d}", in_step(ALL_REDUCE, steps.get(r, 10)), world=n,
+                  cpu_time=(cpu or {}).get(r, 5.0)) for r in range(n)]
+    return snapshot(ranks, taken_at=at, locals=True)
+
+
+def test_stuck_ranks_since_the_first_unchanged_sample_and_how_they_spend_cpu() -> None:
+    history = [sample(100.0, {}), sample(110.0, {}, {3: 7.0})]
+    now = sample(130.0, {}, {3: 27.0})  # rank 3 burnt 20 s of CPU in 20 s: it spins
+    a = analyze(now, history=history)
+    p = {x.rank: x for x in a.progress}
+    assert all(x.status == "stuck" for x in p.values())
+    assert (p[0].since, p[0].duration, p[0].samples) == (100.0, 30.0, 3)
+    assert p[0].activity == "sleeping" and p[0].cpu == 0.0
+    assert p[3].activity == "spinning" and p[3].cpu == 1.0
+    assert not any(f.kind == "progressing" for f in a.findings)
+
+
+def test_a_job_whose_ranks_move_is_progressing_not_hung() -> None:
+    a = analyze(sample(20.0, {r: 12 for r in range(8)}), history=[sample(10.0, {r: 11 for r in range(8)})])
+    assert {x.status for x in a.progress} == {"progressing"}
+    assert a.findings[0].kind == "progressing"
+    assert a.verdict == "The job is progressing: 8 of 8 ranks changed stack or iteration between samples; it is not hung."
+
+
+def test_one_rank_still_running_among_stuck_ones() -> None:
+    before = sample(10.0, {5: 3})
+    now = sample(20.0, {5: 4})
+    a = analyze(now, history=[sample(0.0, {5: 2}), before])
+    f = next(f for f in a.findings if f.kind == "still_running")
+    assert f.title == "rank 5 still changes between samples while 7 others are stuck" and f.confidence == "high"
+
+
+def test_a_rank_gone_between_samples_and_pid_reuse() -> None:
+    first = sample(10.0, {})
+    ranks = list(sample(20.0, {}).ranks)
+    ranks[2] = replace(ranks[2], start_time=999)  # the pid now belongs to a new process
+    del ranks[6]
+    a = analyze(snapshot(ranks, taken_at=20.0), history=[first])
+    gone = {(x.rank, x.start_time) for x in a.progress if x.status == "gone"}
+    assert gone == {(2, 1), (6, 1)}
+    assert {(x.rank, x.status) for x in a.progress if x.start_time == 999} == {(2, "unknown")}
+    f = next(f for f in a.findings if f.kind == "exited")
+    assert f.title == "ranks 2,6 are gone since an earlier sample"
+
+
+def test_a_single_sample_tells_nothing_about_progress() -> None:
+    assert {x.status for x in track([sample(1.0, {})])} == {"unknown"}
+    assert track([]) == ()
+
+
+def test_diff_rank_against_rank_marks_the_first_divergence() -> None:
+    ranks = list(job(8, 4, rank5=LOADING))
+    d = diff_ranks(snapshot(ranks), ("node02", 1005), ("node01", 1000))
+    assert d.left == "rank 5 (node02 pid 1005)" and d.divergence == 1
+    assert [(r.left.function if r.left else None, r.right.function if r.right else None, r.same)
+            for r in d.rows] == [("<module>", "<module>", True), ("train", "train", False),
+                                 ("next_batch", "wrapper", False), (None, "all_reduce", False)]
+    assert d.rows[1].first_divergence and d.rows[1].line_differs
+    assert not any(r.first_divergence for r in d.rows[2:])
+
+
+def test_diff_against_the_majority_calls_out_the_iteration_and_locals() -> None:
+    snap = sample(1.0, {7: 11}, n=8)
+    ranks = list(snap.ranks)
+    train = [f for f in ranks[7].threads[0].frames]
+    train[2] = replace(train[2], locals=(Local("loss", "0.25"), Local("step", "11")))
+    ranks[7] = replace(ranks[7], threads=(replace(ranks[7].threads[0], frames=tuple(train)),))
+    snap = replace(snap, ranks=tuple(ranks))
+    a = analyze(snap)
+    d = diff_vs_majority(snap, a, ("node02", 1007))
+    assert d.right == "rank 0 (node01 pid 1000)"
+    assert d.divergence is None and not d.identical
+    assert d.iteration_note == "rank 7 is 1 iteration ahead of rank 0 (step=11 vs 10)"
+    row = next(r for r in d.rows if r.iteration)
+    assert row.left.function == "train" and [(v.name, v.left, v.right) for v in row.iteration][0] == \
+        ("step", "11", "10")
+    assert {(v.name, v.left, v.right) for v in row.locals} == {("loss", "0.25", None), ("step", "11", None)}
+    same = diff_vs_majority(snap, a, ("node01", 1000))  # the reference itself is compared with the next one
+    assert same.right == "rank 1 (node01 pid 1001)" and same.identical
+
+
+def test_diff_of_a_rank_in_another_class() -> None:
+    other = stack("barrier (distributed_c10d.py:4100)", "train (job.py:64)", "<module> (job.py:120)")
+    snap = snapshot(job(4, 4, rank2=other))
+    d = diff_vs_majority(snap, analyze(snap), ("node01", 1002))
+    assert d.divergence == 1 and d.rows[1].left == Frame("train", d.rows[1].left.filename, 64)
+
+
+# --- progress from counters: what moves, not what a stack looks like ------------------------------------
+
+BACKWARD = stack("_engine_run_backward (/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py:829)",
+                 "backward (/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:364)",
+                 "backward (/opt/venv/lib/python3.11/site-packages/torch/_tensor.py:647)",
+                 "<module> (train.py:305)")
+
+
+def counted(at: float, rank_no: int, node: str, *, cpu: float, sent: int, store: int = 0, throttled_us: int = 0,
+            nr_throttled: int = 0, quota: Optional[int] = None, wait_s: float = 0.0, state: str = "S",
+            frames: tuple = BACKWARD, log: int = 0) -> RankSnapshot:
+    """A rank of a 4-node job at time `at` whose counters read `cpu` seconds and `sent` bytes so far."""
+    socks = (TcpSocket(f"10.0.0.{rank_no}:40{rank_no:02d}", "10.0.0.9:41000", "ESTABLISHED",
+                       bytes_acked=sent, bytes_received=sent),
+             TcpSocket(f"10.0.0.{rank_no}:50{rank_no:02d}", "10.0.0.1:29500", "ESTABLISHED",
+                       bytes_acked=store, bytes_received=store))
+    cg = CgroupCpu("v1", "/slow" if quota else "/", quota, 100000, 100, nr_throttled, throttled_us)
+    c = ProgressCounters(at=at, state=state, utime=cpu, stime=0.0, voluntary_ctxt=int(at), nonvoluntary_ctxt=0,
+                         run_ns=int(cpu * 1e9), wait_ns=int(wait_s * 1e9), log_bytes=log, cgroup=cg)
+    return rank(rank_no, node, frames, world=8, master_port=29500, sockets=socks, counters=c)
+
+
+def ddp_sample(at: float, per_rank: dict, **common: Any) -> Snapshot:
+    ranks = []
+    for r in range(8):
+        kw = dict(common)
+        kw.update(per_rank.get(r, {}))
+        ranks.append(counted(at, r, f"node{r // 2 + 1:02d}", **kw))
+    return snapshot(ranks, taken_at=at, locals=True)
+
+
+def test_ranks_on_one_frame_whose_sockets_move_are_progressing_not_stuck() -> None:
+    """nanoGPT under DDP: every rank in `Tensor.backward` at the same line in both samples, the loop counters
+    unreadable module globals; the gradients moving on every rank's sockets say it trains."""
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=10_000)
+    now = ddp_sample(11.0, {5: {"frames": ALL_REDUCE}}, cpu=1.15, sent=60_000)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"progressing"}
+    assert all(p.net_bytes == 100_000 and p.store_bytes == 0 for p in a.progress)
+    assert a.findings[0].kind == "progressing" and a.findings[0].confidence == "high"
+    assert a.verdict.startswith("The job is progressing: 8 of 8 ranks moved between samples (sockets moved 800.0 kB "
+                                "on 8, 1 changed stack); it is not hung")
+    assert not any(f.kind == "still_running" for f in a.findings)
+    assert not any(f.culprit and f.confidence != "low" for f in a.findings)
+
+
+def test_bytes_to_the_store_alone_are_not_progress() -> None:
+    """A rank polling the store for a missing peer moves bytes there and gets nowhere."""
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=10_000, store=100, frames=ALL_REDUCE)
+    now = ddp_sample(12.0, {}, cpu=1.0, sent=10_000, store=5_000, frames=ALL_REDUCE)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"stuck"}
+    assert all(p.store_bytes == 9_800 and p.net_bytes == 0 for p in a.progress)
+    assert not any(f.kind == "progressing" for f in a.findings)
+
+
+def test_output_written_is_progress() -> None:
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=0, log=100, frames=ALL_REDUCE)
+    now = ddp_sample(11.0, {}, cpu=1.0, sent=0, log=400, frames=ALL_REDUCE)
+    a = analyze(now, history=[before])
+    assert {p.moved for p in a.progress} == {("output 300 B",)}
+    assert a.findings[0].kind == "progressing"
+
+
+def test_ranks_called_stuck_that_burn_cpu_weaken_the_still_running_lead() -> None:
+    """One rank changes stack while the others sit on one frame without moving bytes: the classic lead, but
+    when those others used CPU between samples, "stuck" is only their stack: not [high]."""
+    before = ddp_sample(10.0, {5: {"frames": LOADING}}, cpu=1.0, sent=0, frames=ALL_REDUCE)
+    idle = ddp_sample(11.0, {5: {"frames": ALL_REDUCE}}, cpu=1.0, sent=0, frames=ALL_REDUCE)
+    busy = ddp_sample(11.0, {5: {"frames": ALL_REDUCE}}, cpu=1.3, sent=0, frames=ALL_REDUCE)
+    sure = next(f for f in analyze(idle, history=[before]).findings if f.kind == "still_running")
+    assert sure.confidence == "high"
+    doubt = next(f for f in analyze(busy, history=[before]).findings if f.kind == "still_running")
+    assert doubt.confidence == "medium" and "used CPU between samples" in doubt.reason
+
+
+def test_a_throttled_node_is_named_slow_in_a_progressing_job() -> None:
+    slow = {6: {"quota": 10000}, 7: {"quota": 10000}}
+    before = ddp_sample(10.0, {r: dict(v, throttled_us=1_000_000, nr_throttled=10) for r, v in slow.items()},
+                        cpu=1.0, sent=10_000)
+    now = ddp_sample(12.0, {r: dict(v, throttled_us=2_700_000, nr_throttled=30) for r, v in slow.items()},
+                     cpu=1.1, sent=30_000)
+    a = analyze(now, history=[before])
+    assert a.findings[0].kind == "progressing"
+    (f,) = [f for f in a.findings if f.kind == "slow_node"]
+    assert f.nodes == "node04" and f.title == "node04 is slow: its ranks are CPU-throttled by their cgroup"
+    assert "/slow (10% of a CPU) was CPU-throttled 85% of the time" in f.detail
+    assert a.verdict.endswith("; node04 is slow: its ranks are CPU-throttled by their cgroup.")
+    assert next(p for p in a.progress if p.rank == 6).throttled == pytest.approx(0.85)
+
+
+def test_no_slow_node_when_no_node_stands_out() -> None:
+    everyone = {r: {"throttled_us": 0, "nr_throttled": 0, "wait_s": 0.5} for r in range(8)}
+    before = ddp_sample(10.0, everyone, cpu=1.0, sent=10_000)
+    now = ddp_sample(12.0, {r: dict(v, wait_s=1.2) for r, v in everyone.items()}, cpu=1.1, sent=30_000)
+    assert not any(f.kind == "slow_node" for f in analyze(now, history=[before]).findings)
+    # a whole job short of CPU is not one slow node either
+    half = {r: {"quota": 10000, "nr_throttled": 30, "throttled_us": 2_700_000} for r in range(8)}
+    start = ddp_sample(10.0, {r: dict(v, nr_throttled=10, throttled_us=1_000_000) for r, v in half.items()},
+                       cpu=1.0, sent=10_000)
+    assert not any(f.kind == "slow_node" for f in analyze(ddp_sample(12.0, half, cpu=1.1, sent=30_000),
+                                                          history=[start]).findings)
+
+
+def test_a_node_waiting_for_cpu_far_longer_than_the_others_is_slow() -> None:
+    waits = {r: {"wait_s": 0.1} for r in range(8)}
+    later = {r: {"wait_s": 0.2 if r < 6 else 1.6} for r in range(8)}
+    a = analyze(ddp_sample(12.0, later, cpu=1.1, sent=30_000), history=[ddp_sample(10.0, waits, cpu=1.0,
+                                                                                    sent=10_000)])
+    (f,) = [f for f in a.findings if f.kind == "slow_node"]
+    assert f.nodes == "node04" and "waited for a CPU 75% of the time, the other nodes' 5%" in f.detail
+
+
+def test_all_ranks_at_one_place_advice_follows_the_evidence() -> None:
+    """`check the links` is a guess when nothing points at the network: never [high]; and not said at all
+    when the sockets moved bytes between samples."""
+    hung = analyze(ddp_sample(11.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE),
+                   history=[ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)])
+    same = next(f for f in hung.findings if f.kind == "all_identical")
+    assert same.confidence == "medium" and "check the links" in same.detail
+    moving = analyze(ddp_sample(11.0, {}, cpu=1.1, sent=5_000, frames=ALL_REDUCE),
+                     history=[ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)])
+    same = next(f for f in moving.findings if f.kind == "all_identical")
+    assert "check the links" not in same.detail and "the links work" in same.detail
+    assert same.confidence == "low"
+
+
+def test_counters_of_old_snapshots_are_absent_and_the_stacks_decide() -> None:
+    before, now = sample(10.0, {r: 11 for r in range(8)}), sample(20.0, {r: 12 for r in range(8)})
+    assert all(r.counters is None for r in now.ranks)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"progressing"} and all(p.net_bytes is None for p in a.progress)
+
+
+def test_where_ranks_were_caught_names_a_slow_node_only_over_enough_samples() -> None:
+    """Caught computing (state R, outside the collective) while the others wait in it: with 2 samples that is
+    chance in a running job; over 4 samples it is a slow node, said with less confidence than counters."""
+    def run(n: int) -> list:
+        return [ddp_sample(10.0 + i, {6: {"frames": LOADING, "state": "R"}, 7: {"frames": LOADING, "state": "R"}},
+                           cpu=1.0 + i, sent=10_000 * (i + 1), frames=ALL_REDUCE) for i in range(n)]
+    two = run(2)
+    assert not any(f.kind == "slow_node" for f in analyze(two[-1], history=two[:-1]).findings)
+    four = run(4)
+    (f,) = [f for f in analyze(four[-1], history=four[:-1]).findings if f.kind == "slow_node"]
+    assert f.nodes == "node04" and f.confidence == "medium"
+    assert "outside the collective in 100% of samples" in f.detail and "(state R)" in f.detail
+
+
+def test_ddp_backward_counts_as_waiting_in_the_gradient_all_reduce() -> None:
+    """DDP's all_reduce runs inside autograd's engine: `Tensor.backward` is a collective wait when the Reducer
+    shows natively, or when the rank's sockets to its peers move; otherwise it is computing."""
+    from app.analysis.frames import collective_of, ddp_reducer, in_backward
+    from app.analysis.progress import _in_collective
+    from app.analysis.options import AnalysisOptions
+
+    reducer = Frame("c10d::Reducer::finalize_backward()", "libtorch_cpu.so", 0, native=True)
+    assert collective_of(reducer) == "all_reduce"
+    outermost_first = tuple(reversed(BACKWARD))
+    assert in_backward(outermost_first) and not ddp_reducer(outermost_first)
+    assert ddp_reducer((reducer,) + outermost_first)
+    r = counted(1.0, 0, "node01", cpu=1.0, sent=0)
+    assert _in_collective(r, AnalysisOptions(), sockets_active=True) is True
+    assert _in_collective(r, AnalysisOptions(), sockets_active=False) is False
+    native = counted(1.0, 0, "node01", cpu=1.0, sent=0, frames=(reducer,) + BACKWARD)
+    assert _in_collective(native, AnalysisOptions(), sockets_active=False) is True
+
+
+def test_every_rank_in_ddp_backward_with_sockets_in_use_waits_in_the_gradient_all_reduce() -> None:
+    """One snapshot: every rank in `Tensor.backward`, sockets to the peers used within the last second."""
+    ranks = [replace(counted(1.0, r, f"node{r // 2 + 1:02d}", cpu=1.0, sent=5),
+                     sockets=(TcpSocket(f"10.0.0.{r}:4000", "10.0.0.9:41000", "ESTABLISHED", last_send_ms=20,
+                                        last_recv_ms=30),)) for r in range(8)]
+    same = next(f for f in analyze(snapshot(ranks)).findings if f.kind == "all_identical")
+    assert same.title.startswith("all 8 ranks wait in DDP's gradient all_reduce, inside `backward`, in `<module>`")
+    idle = [replace(r, sockets=(replace(r.sockets[0], last_send_ms=60_000, last_recv_ms=60_000),)) for r in ranks]
+    same = next(f for f in analyze(snapshot(idle)).findings if f.kind == "all_identical")
+    assert same.title.startswith("all 8 ranks are in `<module>`")
+
+def test_object_addresses_are_not_a_difference() -> None:
+    """`<Namespace at 0x7f09...>` on one rank and `<Namespace at 0x7fb9...>` on another are the same value: every
+    process has its own addresses. A real difference inside such a value still counts."""
+    snap = sample(1.0, {7: 11}, n=8)
+    ranks = list(snap.ranks)
+
+    def with_locals(i: int, args: str, batch: str, group: str) -> None:
+        frames = list(ranks[i].threads[0].frames)
+        frames[2] = replace(frames[2], locals=(Local("args", args), Local("batch", batch), Local("group", group),
+                                               Local("step", str(frames[2].iteration[0][1]))))
+        ranks[i] = replace(ranks[i], threads=(replace(ranks[i].threads[0], frames=tuple(frames)),))
+
+    with_locals(7, "<Namespace at 0x7f0247b01650>", "(<Tensor at 0x7f0233c0b840>, <Tensor at 0x7f0233c0b7f0>)",
+                "<ProcessGroup at 0x7f0249683030> (gloo)")
+    for i in range(7):
+        with_locals(i, f"<Namespace at 0x7fb9{i:08x}>", "(<Tensor at 0x7f7ac0daae90>, <Tensor at 0x7f7ac0daa440>)",
+                    "<ProcessGroup at 0x7f7af2c8b3b0> (nccl)")
+    snap = replace(snap, ranks=tuple(ranks))
+    d = diff_vs_majority(snap, analyze(snap), ("node02", 1007))
+    listed = {v.name for r in d.rows for v in r.locals}
+    assert listed == {"step", "group"}  # step 11 vs 10; gloo vs nccl; never args or batch
+
+
+def test_recorded_job_diff_lists_only_real_differences() -> None:
+    """The recorded skip job (real py-spy --locals output): rank 2 against the majority differs in its step and
+    its own rank-dependent values, not in the dozen objects whose addresses differ."""
+    from pathlib import Path
+
+    from app.model import snapshot_from_json
+
+    snap, _ = snapshot_from_json((Path(__file__).parent.parent / "data/scenarios/skip.json").read_text())
+    culprit = next(r for r in snap.ranks if r.rank == 2)
+    d = diff_vs_majority(snap, analyze(snap), (culprit.node, culprit.pid))
+    shown = [(v.name, v.left, v.right) for r in d.rows for v in r.iteration + r.locals]
+    assert all(" at 0x" not in (left or "") for _, left, _ in shown), shown
+    assert ("step", "4", "3") in shown

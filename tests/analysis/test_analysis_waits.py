@@ -1,0 +1,327 @@
+"""The wait graph (app/analysis/waits.py): who waits for whom, from each kind of evidence; its root is the
+culprit the headline names; contradicted findings are never [high]; deadlocks are said as such; a progressing
+job has no culprit; several jobs get a graph each; the culprit does not depend on the order ranks arrive in."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis_snapshots import ALL_REDUCE, C10D, LOADING, in_step, job, rank, snapshot, stack
+from app.analysis import Analysis, analyze
+from app.analysis.findings import Finding
+from app.analysis.text import summary_text
+from app.analysis.waits import WaitGraph, rank_numbers, wait_graph
+from app.model import (FlightGroup, FlightRecord, Frame, JobProcess, Local, ProcessHold, RankSnapshot, Snapshot,
+                       snapshot_from_json)
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
+
+
+def graph(a: Analysis) -> WaitGraph:
+    assert len(a.waits) == 1
+    return a.waits[0]
+
+
+def root_numbers(a: Analysis, g: Optional[WaitGraph] = None) -> set:
+    g = g or graph(a)
+    out: set = set()
+    for vid in g.root:
+        v = g.vertex(vid)
+        assert v is not None
+        out.update(v.numbers)
+    return out
+
+
+def edge_kinds(g: WaitGraph) -> set:
+    return {e.kind for e in g.edges}
+
+
+def p2p(op: str, peer_name: str, peer: int, line: int = 2100) -> tuple:
+    """A main thread blocked in torch.distributed's send/recv, its peer in the call's locals (--locals)."""
+    call = Frame(op, C10D, line, locals=(Local("tensor", "tensor([0.])", True), Local(peer_name, str(peer), True)))
+    return (call,) + stack("train (job.py:70)", "<module> (job.py:120)")
+
+
+# --- edges from each kind of evidence ------------------------------------------------------------------------
+
+
+def test_a_stopped_rank_is_the_root_and_its_state_outranks_a_stack_elsewhere() -> None:
+    ranks = list(job(8, 4, rank2=LOADING))
+    ranks[5] = dataclasses.replace(ranks[5], state="T", hold=ProcessHold(kind="stopped", stopped_by="signal"))
+    a = analyze(snapshot(ranks))
+    g = graph(a)
+    assert root_numbers(a) == {5} and g.vertex(g.root[0]).state == "stopped"  # type: ignore[union-attr]
+    assert "state" in edge_kinds(g) and "kill -CONT 1005" in g.next
+    assert a.verdict.startswith("Rank 5 is stopped")
+    # rank 2's odd stack alone would be [high]; the stopped rank explains the hang, so it is not
+    odd = next(f for f in a.findings if f.kind == "minority_stack")
+    assert odd.confidence == "medium" and "the wait graph's root is rank 5" in odd.reason
+
+
+def test_a_thread_holding_the_lock_is_the_root_behind_its_rank() -> None:
+    snap, _ = snapshot_from_json((SCENARIOS / "lock.json").read_text(encoding="utf-8"))
+    a = analyze(snap)
+    g = graph(a)
+    root = g.vertex(g.root[0])
+    assert root is not None and root.kind == "thread" and "checkpoint-writer" in root.label
+    assert root.numbers == (1,) and "Event.wait" in root.doing
+    lock = next(e for e in g.edges if e.kind == "lock" and e.waiter != "job")
+    assert "_metrics_lock" in lock.evidence and g.vertex(lock.waited) is root
+    assert g.chain[-1] == root.id and len(g.chain) == 2  # ranks wait for rank 1, rank 1 for its thread
+    assert not g.deadlock and g.confidence == "high" and "_metrics_lock" in g.next
+
+
+def test_two_threads_on_two_locks_are_a_deadlock_said_as_such() -> None:
+    snap, _ = snapshot_from_json((SCENARIOS / "deadlock.json").read_text(encoding="utf-8"))
+    g = graph(analyze(snap))
+    assert g.deadlock and len(g.root) == 2
+    assert g.headline.startswith("a deadlock: ") and "one order" in g.next
+
+
+def test_two_ranks_receiving_from_each_other_are_deadlocked() -> None:
+    ranks = list(job(8, 4))
+    ranks[0] = rank(0, "node01", p2p("recv", "src", 1), world=8)
+    ranks[1] = rank(1, "node01", p2p("recv", "src", 0), world=8)
+    a = analyze(snapshot(ranks, locals=True))
+    g = graph(a)
+    assert g.deadlock and root_numbers(a) == {0, 1}
+    assert {e.evidence for e in g.edges if e.kind == "p2p" and e.waiter != "job"} == {"recv(src=1)", "recv(src=0)"}
+    top = a.findings[0]
+    assert top.kind == "p2p_wait" and top.confidence == "high" and "deadlocked" in a.verdict
+    assert "batch_isend_irecv" in g.next
+
+
+def test_a_matched_send_and_recv_is_no_wait_between_them() -> None:
+    ranks = list(job(8, 4))
+    ranks[0] = rank(0, "node01", p2p("send", "dst", 1), world=8)
+    ranks[1] = rank(1, "node01", p2p("recv", "src", 0), world=8)
+    g = graph(analyze(snapshot(ranks, locals=True)))
+    assert "p2p" not in edge_kinds(g)
+
+
+def test_a_recv_from_a_rank_in_a_collective_is_a_mutual_wait() -> None:
+    ranks = list(job(8, 4))
+    ranks[3] = rank(3, "node01", p2p("recv", "src", 6), world=8)
+    a = analyze(snapshot(ranks, locals=True))
+    g = graph(a)
+    assert root_numbers(a) == {3, 6} and g.deadlock
+    back = next(e for e in g.edges if e.kind == "collective")
+    assert "all_reduce" in back.evidence and "rank 3 has not joined" in back.evidence
+    p2p_finding = next(f for f in a.findings if f.kind == "p2p_wait")
+    assert "rank 6" in p2p_finding.title and "in `all_reduce`" in p2p_finding.title
+
+
+def test_the_flight_recorder_sequence_numbers_name_the_rank_behind() -> None:
+    def record(seq: int) -> FlightRecord:
+        return FlightRecord("worker_server", "/s", groups=(FlightGroup("0", last_enqueued=seq, last_completed=seq - 1,
+                                                                       last_collective="gloo:all_reduce"),))
+    ranks = [dataclasses.replace(r, flight=record(40 if r.rank == 7 else 41)) for r in job(8, 4)]
+    a = analyze(snapshot(ranks))
+    g = graph(a)
+    assert root_numbers(a) == {7}
+    flight = next(e for e in g.edges if e.kind == "flight")
+    assert flight.evidence == "pg 0: seq #40 vs #41" and flight.finding == "collective_lag"
+    assert "ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41" in "\n".join(g.lines())
+
+
+def test_an_iteration_ahead_and_a_missing_rank_are_edges_with_their_evidence() -> None:
+    ranks = [rank(r, f"node{r // 2 + 1:02d}", in_step(ALL_REDUCE, 5 if r == 2 else 4), world=4) for r in range(4)]
+    g = graph(analyze(snapshot(ranks, locals=True)))
+    assert [(e.kind, e.evidence) for e in g.edges] == [("iteration", "step=5 vs 4")]
+    gone = analyze(snapshot([r for r in job(8, 4) if r.rank != 6]))
+    g = graph(gone)
+    assert root_numbers(gone) == {6} and g.vertex(g.root[0]).kind == "missing"  # type: ignore[union-attr]
+    assert "dmesg" in g.next
+
+
+def test_a_finding_of_a_kind_the_graph_does_not_know_still_makes_an_edge() -> None:
+    """New detectors (hooked into findings.py) need no change here: their culprit is waited for."""
+    ranks = list(job(4, 2))
+    f = Finding("oom_killed", "rank 3 was killed by the OOM killer", "", "high", "dmesg", (("node02", 1003),),  # type: ignore[arg-type]
+                "rank 3 on node02", "node02")
+    g, out, top = wait_graph([f], ranks, [(r.node, r.pid) for r in ranks], [r.rank for r in ranks], ())
+    assert top is f and out == [f]
+    assert [(e.kind, e.strength) for e in g.edges] == [("oom_killed", "high")]
+    assert g.vertex(g.root[0]).numbers == (3,)  # type: ignore[union-attr]
+
+
+# --- root selection and calibration --------------------------------------------------------------------
+
+
+def test_contradicting_evidence_of_the_same_strength_lowers_both() -> None:
+    ranks = list(job(12, 4, rank2=LOADING, rank9=stack("barrier (distributed_c10d.py:4100)", "train (job.py:64)",
+                                                      "<module> (job.py:120)")))
+    a = analyze(snapshot(ranks))
+    odd = [f for f in a.findings if f.kind in ("minority_stack", "different_collective")]
+    assert len(odd) == 2 and all(f.confidence == "medium" for f in odd), odd
+    assert {f.reason.rsplit("; but evidence as strong points at ", 1)[-1] for f in odd} == {"rank 2 on node01",
+                                                                                           "rank 9 on node03"}
+    assert graph(a).confidence == "medium" and a.verdict.startswith("Likely lead: ")
+
+
+def test_stronger_evidence_wins_and_the_weaker_is_no_longer_high() -> None:
+    """Flight Recorder sequence numbers (rank 7 behind) against one rank's stack elsewhere (rank 2)."""
+    def record(seq: int) -> FlightRecord:
+        return FlightRecord("worker_server", "/s", groups=(FlightGroup("0", last_enqueued=seq),))
+    ranks = [dataclasses.replace(r, flight=record(40 if r.rank == 7 else 41)) for r in job(12, 4, rank2=LOADING)]
+    a = analyze(snapshot(ranks))
+    assert root_numbers(a) == {7} and a.findings[0].kind == "collective_lag"
+    stack_lead = next(f for f in a.findings if f.kind == "minority_stack")
+    assert stack_lead.confidence == "medium" and "root is rank 7" in stack_lead.reason
+    assert not [f for f in a.findings if f.confidence == "high" and f.culprit and f.kind != "collective_lag"]
+
+
+def test_kernel_states_are_never_lowered_by_each_other() -> None:
+    ranks = list(job(8, 4))
+    ranks[4] = dataclasses.replace(ranks[4], state="T")
+    ranks[6] = dataclasses.replace(ranks[6], state="Z")
+    a = analyze(snapshot(ranks))
+    assert {f.kind: f.confidence for f in a.findings if f.kind in ("stopped", "exited")} == \
+        {"stopped": "high", "exited": "high"}
+
+
+# --- progress ------------------------------------------------------------------------------------------
+
+
+def sample(at: float, step: int, loading: int, **kw: object) -> object:
+    ranks = [rank(r, f"node{r // 2 + 1:02d}", in_step(LOADING if r == loading else ALL_REDUCE, step), world=4)
+             for r in range(4)]
+    return snapshot(ranks, taken_at=at, locals=True)
+
+
+def test_a_progressing_job_has_no_culprit_and_no_high_suspect() -> None:
+    a = analyze(sample(20.0, 12, 1), history=[sample(19.0, 11, 3)])  # type: ignore[arg-type]
+    g = graph(a)
+    assert g.progressing and not g.root and g.lines() == ["nobody: the job is progressing between samples"]
+    assert a.verdict.startswith("The job is progressing")
+    assert not [f for f in a.findings if f.culprit and f.confidence == "high"]
+
+
+def test_a_job_with_a_stopped_rank_is_not_called_progressing() -> None:
+    def stopped(snap, step):  # type: ignore[no-untyped-def]
+        ranks = list(snap.ranks)
+        ranks[2] = dataclasses.replace(rank(2, "node02", in_step(ALL_REDUCE, 3), world=4), state="T")
+        return dataclasses.replace(snap, ranks=tuple(ranks))
+    a = analyze(stopped(sample(20.0, 12, 1), 3), history=[stopped(sample(19.0, 11, 3), 3)])  # type: ignore[arg-type]
+    assert not graph(a).progressing and root_numbers(a) == {2}
+    assert a.verdict.startswith("Rank 2 is stopped")
+    progressing = next(f for f in a.findings if f.kind == "progressing")
+    assert progressing.confidence == "low" and "not progressing" in progressing.reason
+
+
+# --- jobs, text, order ---------------------------------------------------------------------------------
+
+
+def test_two_jobs_get_a_graph_each() -> None:
+    hung = [dataclasses.replace(r, job="10.0.0.1:29500") for r in job(4, 2, rank3=LOADING)]
+    healthy = [dataclasses.replace(r, job="10.0.0.1:29510", pid=r.pid + 100) for r in job(4, 2)]
+    later = [dataclasses.replace(r, threads=tuple(dataclasses.replace(t, frames=LOADING) for t in r.threads))
+             if r.job.endswith("29510") else r for r in hung + healthy]
+    a = analyze(snapshot(later, taken_at=1002.0), history=[snapshot(hung + healthy, taken_at=1000.0)])
+    by_job = {g.job.split(" ", 1)[0]: g for g in a.waits}
+    assert set(by_job) == {"10.0.0.1:29500", "10.0.0.1:29510"}
+    assert by_job["10.0.0.1:29510"].progressing and not by_job["10.0.0.1:29510"].root
+    assert root_numbers(a, by_job["10.0.0.1:29500"]) == {3}
+    assert {k for v in by_job["10.0.0.1:29500"].vertices for k in v.ranks} <= {(r.node, r.pid) for r in hung}
+    text = summary_text(snapshot(later), a)
+    assert "job 10.0.0.1:29500" in text and "nobody: the job is progressing" in text
+
+
+def test_print_shows_who_waits_for_whom_under_the_headline() -> None:
+    a = analyze(snapshot(job(8, 4, rank7=LOADING)))
+    text = summary_text(snapshot(job(8, 4, rank7=LOADING)), a, width=200)
+    lines = text.splitlines()
+    assert lines[0].startswith("hangscope: Rank 7 is in `next_batch`")
+    assert lines[2] == "Who waits for whom:"
+    assert lines[3].startswith("  ranks 0-6 -> rank 7 (stacks: `all_reduce` vs `next_batch` (loader.py:31); high)")
+    assert any(line.startswith("  next: see why rank 7 does not return from there") for line in lines)
+    stored = a.to_dict()["waits"][0]
+    assert stored["root"] == list(graph(a).root) and stored["edges"][0]["kind"] == "stacks"
+
+
+def test_rank_numbers_in_labels_are_bounded() -> None:
+    assert rank_numbers("ranks 6-7,9 not found") == (6, 7, 9)
+    assert rank_numbers("rank 3") == (3,)
+    assert len(rank_numbers("ranks 0-999999999")) == 0  # more than the bound: nothing, not a billion ints
+
+
+KINDS_OF_CULPRIT = ("loader", "ahead", "stopped", "missing", "lagging")
+
+
+def culprit_job(kind: str, culprit: int, n: int = 8) -> List[RankSnapshot]:
+    ranks = [rank(r, f"node{r // 4 + 1:02d}", in_step(ALL_REDUCE, 4), world=n) for r in range(n)]
+    if kind == "loader":
+        ranks[culprit] = rank(culprit, ranks[culprit].node, in_step(LOADING, 4), world=n)
+    elif kind == "ahead":
+        ranks[culprit] = rank(culprit, ranks[culprit].node, in_step(ALL_REDUCE, 5), world=n)
+    elif kind == "stopped":
+        ranks[culprit] = dataclasses.replace(ranks[culprit], state="T")
+    elif kind == "missing":
+        del ranks[culprit]
+    else:
+        ranks = [dataclasses.replace(r, flight=FlightRecord("worker_server", "/s", groups=(
+            FlightGroup("0", last_enqueued=40 if r.rank == culprit else 41),))) for r in ranks]
+    return ranks
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(KINDS_OF_CULPRIT), st.integers(0, 7), st.randoms(use_true_random=False))
+def test_permuting_the_ranks_never_changes_the_culprit(kind: str, culprit: int, rnd) -> None:  # type: ignore[no-untyped-def]
+    ranks = culprit_job(kind, culprit)
+    shuffled: Sequence[RankSnapshot] = rnd.sample(ranks, len(ranks))
+    a, b = analyze(snapshot(ranks, locals=True)), analyze(snapshot(shuffled, locals=True))
+    assert root_numbers(a) == root_numbers(b) == {culprit}
+    assert graph(a).headline == graph(b).headline and a.verdict == b.verdict
+
+
+# --- processes beside the ranks (discovery's Snapshot.processes) ---------------------------------------------
+# The model's JobProcess (discovery, issue 16): launchers above ranks and each rank's children.
+
+
+def job_process(pid: int, role: str, of: tuple, **kw: object) -> JobProcess:
+    fields: dict = dict(node="node01", pid=pid, start_time=0, role=role, kind="data-loader worker", of=of,
+                        state="S", job="")
+    fields.update(kw)
+    return JobProcess(**fields)
+
+
+def with_processes(snap: Snapshot, processes: list) -> Snapshot:
+    return dataclasses.replace(snap, processes=tuple(processes))
+
+
+LOADER_QUEUE = stack("_recv (/usr/lib/python3.11/multiprocessing/connection.py:430)",
+                     "_try_get_data (/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:1133)",
+                     "train (job.py:55)", "<module> (job.py:120)")
+
+
+def test_a_rank_waiting_on_a_stopped_child_makes_the_child_the_root() -> None:
+    ranks = list(job(8, 4, rank1=LOADER_QUEUE))
+    procs = [job_process(4242, "child", (1001,), state="T"), job_process(4243, "child", (1000,), state="T")]
+    a = analyze(with_processes(snapshot(ranks), procs))
+    g = graph(a)
+    root = g.vertex(g.root[0])
+    assert root is not None and root.kind == "process" and root.state == "stopped"
+    assert root.label == "rank 1's data-loader worker pid 4242"  # rank 0's stopped child: rank 0 does not wait on it
+    assert "kill -CONT 4242" in g.next and a.findings[0].ranks == (("node01", 1001),)
+    assert "rank 1 waits for rank 1's data-loader worker pid 4242 (held: stopped)" in g.headline
+
+
+def test_a_running_child_is_shown_but_does_not_take_the_blame() -> None:
+    ranks = list(job(8, 4, rank1=LOADER_QUEUE))
+    a = analyze(with_processes(snapshot(ranks), [job_process(4242, "child", (1001,))]))
+    g = graph(a)
+    assert root_numbers(a) == {1} and any(e.kind == "child" and e.strength == "low" for e in g.edges)
+
+
+def test_a_launcher_with_no_rank_below_it_waits_for_its_rendezvous() -> None:
+    ranks = list(job(8, 4, rank1=LOADING))
+    launcher = job_process(77, "launcher", (), kind="torchrun", node="node03")
+    g = graph(analyze(with_processes(snapshot(ranks), [launcher])))
+    e = next(e for e in g.edges if e.kind == "rendezvous")
+    assert g.vertex(e.waiter).label == "torchrun pid 77 on node03"  # type: ignore[union-attr]
+    assert root_numbers(analyze(snapshot(ranks))) == {1}

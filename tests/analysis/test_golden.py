@@ -1,0 +1,281 @@
+"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/record_scenarios.py), analysed
+again: the exact classes, findings (kind, confidence, ranks, order), iteration splits and progress.
+
+Each golden pair is what `hangscope HOSTS --snapshot` saw of a real torch gloo job on 2-3 nodes: the second
+sample (<scenario>.json) and the first (<scenario>.earlier.json, given as history, as the CLI does). Node
+names and pids are the cluster's. When an analysis change moves one of these, check the new diagnosis against
+the scenario before changing the expectation here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from app.analysis import Analysis, analyze
+from app.analysis.text import summary_text
+from app.model import Snapshot, snapshot_from_json
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "scenarios"
+SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "stopped",
+             "frozen", "spawn", "twojobs", "slow", "missing", "mismatch", "gil", "native", "pipe", "fsstall")
+SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
+SCENARIOS += ("nanogpt-healthy", "nanogpt-stopped", "lightning-healthy", "lightning-frozen")  # real scripts (tests/oss)
+HUNG = tuple(n for n in SCENARIOS if not n.endswith("healthy") and n != "slow")  # the jobs that are hung
+
+
+@dataclass(frozen=True)
+class Expected:
+    classes: tuple  # (size, rank numbers, collective), largest first
+    findings: tuple  # (kind, confidence, rank numbers), in order
+    splits: tuple  # (class index, iteration split text)
+    progress: str  # every rank's status between the two samples ("progressing/stuck": two jobs, one of each)
+    title: str  # the first finding's title starts with this
+
+
+EXPECTED = {
+    "skip": Expected(
+        classes=((4, (0, 1, 2, 3), "all_reduce"),),
+        findings=(("iteration_split", "high", (2,)),),
+        splits=((0, "step=3: ranks 0-1,3; step=4: rank 2"),),
+        progress="stuck", title="rank 2 is 1 iteration ahead (step=4 vs 3) at job.py:"),
+    "dataloader": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        findings=(("minority_stack", "high", (1,)),),
+        # the culprit's train() sits on its for-header fetching batch 3; `got` counts bytes read in _recv_exact
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3, got=0: rank 1")),
+        progress="stuck", title="rank 1 is in `StreamingLoader._recv_exact` (job.py:"),
+    "die": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"),),
+        findings=(("missing_ranks", "high", ()), ("all_identical", "high", (0, 1, 2))),
+        splits=((0, "step=3: ranks 0-2"),),
+        progress="stuck", title="rank 3 not found (WORLD_SIZE=4)"),
+    "netcut": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"),),
+        findings=(("network_stall", "high", ()), ("all_identical", "high", (0, 1, 2))),
+        splits=((0, "step=5: ranks 0-2"),),
+        progress="stuck", title="every stalled socket involves node02: node02 (or its link) is the problem"),
+    "healthy": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        # one sample catches rank 1 between steps; the two samples show the job moving, so that is no lead
+        findings=(("progressing", "high", (0, 1, 2, 3)), ("minority_stack", "low", (1,))),
+        splits=((0, "step=28: ranks 0,2-3"), (1, "step=27: rank 1")),
+        progress="progressing", title="the job is progressing: 4 of 4 ranks changed stack or iteration"),
+    "lock": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        # the stacks single rank 1 out; its threads say why: the lock its main thread needs is held by its
+        # checkpoint-writer, which waits for an upload that never completes
+        findings=(("lock_wait", "high", (1,)), ("minority_stack", "high", (1,))),
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+        progress="stuck", title="rank 1's main thread waits for `_metrics_lock`, which its thread "
+                                "`checkpoint-writer` holds while it is in `CheckpointWriter.save` (job.py:"),
+    "deadlock": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        findings=(("lock_wait", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2 is deadlocked: its thread `checkpoint-writer` and main thread wait for "
+                                "each other's locks"),
+    "order": Expected(
+        classes=((4, (0, 1, 2, 3), "all_reduce"),),
+        # one stack, one line: only the loop variable differs, and the list it runs over says why
+        findings=(("iteration_split", "high", (1,)),),
+        splits=((0, 'name="embed": ranks 0,2-3; name="attn": rank 1'),),
+        progress="stuck", title='rank 1 iterates `names` in another order than 3 others: name="attn" where they '
+                                'have name="embed" at job.py:'),
+    "uneven": Expected(
+        classes=((3, (0, 1, 3), None), (1, (2,), "all_reduce")),
+        # rank 2's data ran out: it left the training loop for evaluate()'s all_reduce, while the others wait in
+        # DDP's gradient all_reduce inside backward (no torch.distributed frame there: collective None)
+        findings=(("minority_stack", "high", (2,)),),
+        splits=((0, "step=3: ranks 0-1,3"),),
+        progress="stuck", title="rank 2 has left the loop `for step, batch in enumerate(loader)` (job.py:"),
+    "stopped": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+        # stopped between two steps: the others went on into the next step's all_reduce and wait there
+        findings=(("stopped", "high", (3,)), ("minority_stack", "high", (3,))),
+        splits=((0, "step=4: ranks 0-2"), (1, "step=3: rank 3")),
+        progress="stuck", title="rank 3 is stopped (SIGSTOP or job control); the other 3 ranks wait for it; "
+                                "`kill -CONT 59` on node02 resumes it"),
+    "frozen": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        findings=(("frozen", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=4: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2 is frozen by the cgroup freezer (v2 cgroup /hangscope-frozen-"),
+    "spawn": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        # numbered from the spawn target's `rank` argument (no RANK in the environment); rank 0 also runs the store
+        findings=(("minority_stack", "high", (2,)), ("thread_count", "low", (0,))),
+        splits=(),
+        progress="stuck", title="rank 2 is in `demo_basic` (spawn_job.py:28) while 3 others wait in `all_reduce`"),
+    "twojobs": Expected(
+        # the classes are the whole node's picture (both jobs); findings are per job, the hung job first
+        classes=((4, (0, 1, 1, 2), "all_reduce"), (3, (0, 2, 3), None), (1, (3,), None)),
+        findings=(("minority_stack", "high", (3,)), ("progressing", "high", (0, 1, 2, 3)),
+                  ("minority_stack", "low", (1,)), ("several_jobs", "high", (0, 1, 2, 3, 0, 1, 2, 3))),
+        splits=((0, "step=3: ranks 0-2; step=17: rank 1"), (1, "step=16: ranks 0,2-3"), (2, "step=3, got=0: rank 3")),
+        progress="progressing/stuck", title="job 198.18.3.11:47113: rank 3 is in `StreamingLoader._recv_exact` "
+                                            "(job.py:152) while 3 others wait in `all_reduce`"),
+    "slow": Expected(
+        classes=((2, (0, 2), None), (1, (1,), None), (1, (3,), None)),
+        # training on: the stacks differ from moment to moment (low), node02's cgroup throttles its ranks
+        findings=(("progressing", "high", (0, 1, 2, 3)), ("slow_node", "high", (2, 3)), ("minority_stack", "low", (1,)),
+                  ("minority_stack", "low", (3,)), ("no_locals", "low", ())),
+        splits=((0, "no loop variable had a readable value"), (1, "no loop variable had a readable value"),
+                (2, "no loop variable had a readable value")),
+        progress="progressing", title="the job is progressing: 4 of 4 ranks moved between samples"),
+    "missing": Expected(
+        classes=((2, (0, 1), "all_reduce"),),
+        findings=(("outside_peer", "medium", ()), ("missing_ranks", "low", ())),
+        splits=((0, "step=3: ranks 0-1"),),
+        progress="stuck", title="ranks 2-3 are not in the snapshot: the job runs on node02 (198.18.3.12) too, which "
+                                "the hosts list leaves out"),
+    "mismatch": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), "all_gather")),
+        # one rank gathers where the others all_reduce, on the same group: neither can complete
+        findings=(("different_collective", "high", (1,)),),
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+        progress="stuck", title="rank 1 is in `all_gather` (distributed_c10d.py:4287) while 3 others wait in "
+                                "`all_reduce`"),
+    "gil": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        # py-spy: its main thread owns the GIL; /proc: it sleeps in pause(); its shard reader cannot run
+        findings=(("gil_held", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2's main thread holds the GIL while blocked in native code called from "
+                                "`native_wait` (job.py:250): it sleeps in `pause`"),
+    "native": Expected(
+        classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+        findings=(("native_call", "high", (3,)), ("minority_stack", "high", (3,))),
+        splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+        progress="stuck", title="rank 3's main thread is inside a native call that does not return, made at "
+                                "`native_wait` (job.py:250): it sleeps in `pause` with the GIL released"),
+    "pipe": Expected(
+        classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+        # /proc: write() with the kernel in (anon_)pipe_write
+        findings=(("pipe_write", "high", (1,)), ("minority_stack", "high", (1,))),
+        splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+        progress="stuck", title="rank 1's main thread is blocked writing to a full pipe in `LogShipper.log` "
+                                "(job.py:266): the process reading the other end has stopped reading"),
+    "fsstall": Expected(
+        classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+        # the process state (D, with the file it waits on) outranks where its stack is
+        findings=(("uninterruptible", "high", (2,)), ("minority_stack", "high", (2,))),
+        splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+        progress="stuck", title="rank 2 is in uninterruptible sleep (D): waiting on I/O or a driver "
+                                "(/tmp/hangscope-stall-"),
+}
+EXPECTED["gpu_xid"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    # rank 3 never returns from device_synchronize; its node's (FAKE) kernel log has a fresh Xid 79 for the GPU
+    # nvidia-smi's process list puts it on, NCCL RAS counts one AllReduce fewer for it in both samples, and a
+    # week-old Xid 63 on the other GPU is said to predate the hang
+    findings=(("gpu_fault", "high", (3,)), ("nccl_ras", "high", (3,)), ("minority_stack", "high", (3,)),
+              ("gpu_fault", "low", ())),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3 on node02: its GPU 1 (0000:5d:00) reported Xid 79, GPU has fallen off the bus")
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/record_oss.py). nanoGPT's loop and its
+# counters are at module level: no loop variable is readable. One sample caught rank 0 in its forward while the
+# others were in backward; the samples show every rank moving, so that is no lead.
+EXPECTED["nanogpt-healthy"] = Expected(
+    classes=((7, (1, 2, 3, 4, 5, 6, 7), None), (1, (0,), None)),
+    findings=(("progressing", "high", (0, 1, 2, 3, 4, 5, 6, 7)), ("minority_stack", "low", (0,)),
+              ("no_locals", "low", ())),
+    splits=((0, "no loop variable had a readable value"), (1, "no loop variable had a readable value")),
+    progress="progressing", title="the job is progressing: 8 of 8 ranks moved between samples")
+# the others wait in DDP's all_reduce inside backward, at the stopped rank's line: the state is the answer
+EXPECTED["nanogpt-stopped"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("stopped", "high", (5,)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7)), ("no_locals", "low", ())),
+    splits=((0, "no loop variable had a readable value"),),
+    progress="stuck", title="rank 5 is stopped (SIGSTOP or job control); the other 7 ranks wait for it; `kill -CONT")
+EXPECTED["lightning-healthy"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("progressing", "high", (0, 1, 2, 3, 4, 5, 6, 7)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7))),
+    splits=((0, "epoch=0, batch_idx=2: ranks 0-7"),),
+    progress="progressing", title="the job is progressing: 8 of 8 ranks moved between samples")
+EXPECTED["lightning-frozen"] = Expected(
+    classes=((8, (0, 1, 2, 3, 4, 5, 6, 7), None),),
+    findings=(("frozen", "high", (5,)), ("all_identical", "low", (0, 1, 2, 3, 4, 5, 6, 7))),
+    splits=((0, "epoch=0, batch_idx=3: ranks 0-7"),),
+    progress="stuck", title="rank 5 is frozen by the cgroup freezer (v2 cgroup /hangscope-test-")
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> tuple[Snapshot, Snapshot, Optional[dict]]:
+    snap, stored = snapshot_from_json((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
+    earlier, _ = snapshot_from_json((GOLDEN / f"{name}.earlier.json").read_text(encoding="utf-8"))
+    return snap, earlier, stored
+
+
+@lru_cache(maxsize=None)
+def analysed(name: str) -> Analysis:
+    snap, earlier, _ = load(name)
+    return analyze(snap, history=[earlier])
+
+
+def numbers(snap: Snapshot, keys: tuple) -> tuple:
+    by_key = {(r.node, r.pid): r.rank for r in snap.ranks}
+    return tuple(by_key[tuple(k)] for k in keys)
+
+
+def test_every_scenario_has_a_golden_pair() -> None:
+    assert sorted(p.name for p in GOLDEN.glob("*.json")) == sorted(
+        f"{n}{suffix}.json" for n in SCENARIOS for suffix in ("", ".earlier"))
+    assert set(EXPECTED) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_classes_findings_and_iteration_splits(name: str) -> None:
+    snap, _, _ = load(name)
+    a, want = analysed(name), EXPECTED[name]
+    assert tuple((c.size, tuple(c.numbers), c.collective) for c in a.classes) == want.classes
+    assert tuple((f.kind, f.confidence, numbers(snap, f.ranks)) for f in a.findings) == want.findings
+    assert tuple((s.class_index, s.text()) for s in a.iteration_splits) == want.splits
+    assert "/".join(sorted({p.status for p in a.progress})) == want.progress and len(a.progress) == len(snap.ranks)
+    assert a.findings[0].title.startswith(want.title), a.findings[0].title
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_recording_was_diagnosed_as_it_is_now(name: str) -> None:
+    """The stored analysis is what the recorder concluded live; the same first finding comes out again."""
+    _, _, stored = load(name)
+    assert stored is not None
+    assert stored["findings"][0]["kind"] == analysed(name).findings[0].kind
+    assert stored["flight"]["state"] == "unused" and analysed(name).flight is not None
+
+
+def test_the_culprits_are_named_where_they_ran() -> None:
+    skip, dataloader, die = analysed("skip"), analysed("dataloader"), analysed("die")
+    assert skip.findings[0].ranks_label == "rank 2 on node02"
+    assert dataloader.findings[0].ranks_label == "rank 1 on node01"
+    assert "node02: 1 of 2" in die.findings[0].detail and die.findings[0].nodes == "node02"
+    netcut = analysed("netcut").findings[0]
+    assert netcut.nodes == "node02" and "RTO backoff" in netcut.detail
+
+
+def test_without_history_one_sample_still_names_each_culprit() -> None:
+    """--load of a single snapshot: no progress, the same lead for every hung scenario."""
+    for name in HUNG:
+        snap, _, _ = load(name)
+        findings = analyze(snap).findings
+        if name == "gpu_xid":  # GPU evidence from one sample is capped at [medium]: the stack leads, same rank
+            assert findings[0].ranks == analysed(name).findings[0].ranks, name
+            assert any(f.kind == "gpu_fault" and f.ranks == findings[0].ranks for f in findings), name
+            continue
+        assert findings[0].kind == EXPECTED[name].findings[0][0], name
+
+
+def test_summaries_say_it_in_plain_words() -> None:
+    texts = {name: " ".join(summary_text(load(name)[0], analysed(name), width=120).split()) for name in SCENARIOS}
+    assert texts["skip"].startswith("hangscope: Rank 2 is 1 iteration ahead (step=4 vs 3)")
+    assert "iterations: step=3: ranks 0-1,3; step=4: rank 2" in texts["skip"]
+    assert texts["die"].startswith("hangscope: Rank 3 not found (WORLD_SIZE=4).")
+    assert texts["netcut"].startswith("hangscope: Every stalled socket involves node02")
+    assert texts["healthy"].startswith("hangscope: The job is progressing")
+    assert "Progress over samples: 4 ranks stuck for up to" in texts["skip"]
+    for text in texts.values():  # none of these jobs runs with the Flight Recorder: said once, no finding
+        assert text.count("Flight recorder: not used by this job") == 1

@@ -1,0 +1,220 @@
+"""The SSH test cluster behaves like separate machines, leaves nothing behind, and the shared job really hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import cluster_sweep as sweep
+from cluster import Cluster, build_cluster, run_login
+from waiting import wait_until
+from jobs import Job, _main_thread
+
+pytestmark = pytest.mark.cluster
+
+CONNECT = textwrap.dedent("""
+    import socket, sys
+    try:
+        socket.create_connection((sys.argv[1], 22), timeout=float(sys.argv[2])).close()
+        print("connected")
+    except OSError as exc:
+        print(type(exc).__name__, exc.errno)
+""")
+
+
+def connect_from(node, target: str, timeout: float = 2.0) -> str:
+    return node.run(["python3", "-c", CONNECT, target, str(timeout)]).stdout.strip()
+
+
+def test_real_ssh_reaches_every_node_by_name_and_strict_host_key(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        res = run_login(cluster.ssh_argv(node.name, "hostname"), cluster, timeout=30)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == f"{node.name}\n"
+        assert res.stderr == ""  # no host-key prompt or warning: known_hosts holds the node's key
+
+
+def test_remote_shell_is_quiet_and_finds_system_python_and_py_spy(cluster: Cluster) -> None:
+    script = 'echo "$HOME"; command -v python3 py-spy; python3 -c "import sys; print(sys.version_info >= (3, 9))"'
+    res = run_login(cluster.ssh_argv("node02", script), cluster, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["/root", "/usr/bin/python3", "/usr/local/bin/py-spy", "True"]
+    assert res.stderr == ""
+    # the node's root home is the test's clean one, not this machine's /root
+    assert cluster["node02"].run(["cat", "/root/.bashrc"]).stdout == cluster["node02"].dir.joinpath(
+        "home", ".bashrc").read_text()
+
+
+def test_env_points_hangscope_at_the_test_home(cluster: Cluster, tmp_path: Path) -> None:
+    env = cluster.env()
+    assert env["HOME"] == str(cluster.home) and "SSH_AUTH_SOCK" not in env
+    config = cluster.ssh_config.read_text()
+    for node in cluster.nodes:
+        assert f"Host {node.name}\n    HostName {node.ip}\n    User root\n" in config
+        assert f"{node.name},{node.ip} ssh-ed25519 " in cluster.known_hosts.read_text()
+    assert cluster.hosts_file(tmp_path).read_text() == "node01\nnode02\nnode03\nnode04\n"
+    assert cluster.hosts_file(tmp_path, ["node03"]).read_text() == "node03\n"
+
+
+def test_nodes_reach_each_other_by_name_and_ip_and_nothing_beyond_the_bridge(cluster: Cluster) -> None:
+    node1, node2 = cluster["node01"], cluster["node02"]
+    assert connect_from(node1, "node02") == "connected"
+    assert connect_from(node1, node2.ip) == "connected"
+    # no default route: any address outside the bridge's /24 is unreachable
+    assert connect_from(node1, "192.0.2.1", 1.0).startswith("OSError 101")  # ENETUNREACH
+
+
+def test_nodes_have_their_own_pid_uts_and_mount_namespaces(cluster: Cluster) -> None:
+    node1, node2 = cluster["node01"], cluster["node02"]
+    marker = "hangscope-pidns-probe"
+    proc = node2.spawn(["python3", "-c", "import sys, time; time.sleep(3600)", marker])
+    try:
+        def probes(node) -> list[int]:
+            return [p.host_pid for p in node.procs()
+                    if marker.encode() in Path(f"/proc/{p.host_pid}/cmdline").read_bytes()]
+        host_pids = wait_until(lambda: probes(node2), 10, "the probe to start")
+        nspid = next(p.pid for p in node2.procs() if p.host_pid == host_pids[0])
+        assert probes(node1) == []
+        # node01 can neither see the probe by its node02 pid's cmdline nor signal it by its host pid
+        scan = ("import os, sys; me = str(os.getpid()); m = (sys.argv[1] + sys.argv[2]).encode()\n"
+                "print([p for p in os.listdir('/proc') if p.isdigit() and p != me\n"
+                "       and m in open(f'/proc/{p}/cmdline', 'rb').read()])")
+        halves = [marker[:5], marker[5:]]  # the scanner's own argv must not contain the marker
+        assert node2.run(["python3", "-c", scan, *halves]).stdout == f"['{nspid}']\n"
+        assert node1.run(["python3", "-c", scan, *halves]).stdout == "[]\n"
+        assert node1.run(["kill", "-0", str(host_pids[0])], check=False).returncode != 0
+        assert node2.run(["kill", "-0", str(nspid)]).returncode == 0
+        assert node1.run(["cat", "/proc/1/comm"]).stdout == "tini\n"
+        assert node1.run(["hostname"]).stdout == "node01\n"
+        assert "node03" in node1.run(["cat", "/etc/hosts"]).stdout
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_sshd_can_be_stopped_and_restarted(cluster: Cluster) -> None:
+    node = cluster["node04"]
+    node.kill_sshd()
+    try:
+        res = run_login(cluster.ssh_argv("node04", "true"), cluster, timeout=30)
+        assert res.returncode == 255 and "Connection refused" in res.stderr
+    finally:
+        node.start_sshd()
+    assert run_login(cluster.ssh_argv("node04", "true"), cluster, timeout=30).returncode == 0
+
+
+def test_iptables_in_a_node_cuts_only_that_node(cluster: Cluster) -> None:
+    node1, node3 = cluster["node01"], cluster["node03"]
+    node3.iptables("-A", "INPUT", "-s", node1.ip, "-j", "DROP")
+    try:
+        assert connect_from(node1, "node03", 0.5) == "TimeoutError None"
+        assert connect_from(cluster["node02"], "node03") == "connected"
+    finally:
+        node3.iptables("-D", "INPUT", "-s", node1.ip, "-j", "DROP")
+    assert connect_from(node1, "node03") == "connected"
+
+
+def _leftovers(rid: str, workdir: Path, pidns: set[str]) -> list[str]:
+    found = [n for n in sweep.list_netns() + sweep.list_links() if sweep.rid_of(n) == rid]
+    if workdir.exists():
+        found.append(str(workdir))
+    if (sweep.LOCK_DIR / f"{rid}.lock").exists():
+        found.append(f"lock {rid}")
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") in pidns:
+                    found.append(f"pid {entry.name}")
+            except OSError:
+                continue
+    return found
+
+
+def test_up_and_down_leaves_nothing_behind_and_spares_other_clusters(cluster: Cluster) -> None:
+    started = time.monotonic()
+    extra = build_cluster(2)
+    up = time.monotonic() - started
+    try:
+        assert extra.subnet != cluster.subnet and extra.bridge != cluster.bridge
+        # an orphaned daemon inside a node: it must die with the node
+        extra["node02"].run("setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
+        pidns = {os.readlink(f"/proc/{n.init_pid}/ns/pid") for n in extra.nodes}
+        res = run_login(extra.ssh_argv("node01", "hostname"), extra, timeout=30)
+        assert res.stdout == "node01\n"
+    finally:
+        extra.close()
+    assert up < 5, f"2 nodes took {up:.1f} s to come up"
+    wait_until(lambda: not _leftovers(extra.rid, extra.workdir, pidns), 10, "the extra cluster to vanish")
+    # the session cluster was not touched
+    assert run_login(cluster.ssh_argv("node01", "true"), cluster, timeout=30).returncode == 0
+
+
+def test_sweeper_removes_the_leftovers_of_a_crashed_run(cluster_support: None) -> None:
+    tests_dir = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(tests_dir)!r})
+        import cluster
+        c = cluster.build_cluster(1, start_sshd=False)
+        print(c.rid, c.workdir, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash: no finalizer, no atexit
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    rid, workdir = res.stdout.split()
+    leftover = [n for n in sweep.list_netns() if sweep.rid_of(n) == rid]
+    assert leftover  # the crash left its netns behind ...
+    # ... but not its nodes: they die with the process that built them (parent-death signal)
+    wait_until(lambda: subprocess.run(["ip", "netns", "pids", leftover[0]], capture_output=True,
+                                      text=True).stdout == "", 10, "the crashed run's node to die")
+    with sweep.alloc_lock():
+        swept = sweep.sweep_stale()
+    assert rid in swept
+    assert _leftovers(rid, Path(workdir), set()) == []
+
+
+def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_support: None) -> None:
+    tests_dir = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(tests_dir)!r})
+        import cluster
+        c = cluster.build_cluster(2)
+        print(c.rid, c.workdir, *(os.readlink(f"/proc/{{n.init_pid}}/ns/pid") for n in c.nodes), flush=True)
+        sys.stdin.read()  # until the test signals us
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        rid, workdir, *pidns = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert _leftovers(rid, Path(workdir), set(pidns))  # it is up
+        proc.terminate()
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _leftovers(rid, Path(workdir), set(pidns)) == []
+
+
+@pytest.mark.torch
+def test_hung_job_ranks_are_blocked_where_the_scenario_says(hung_job: Job, cluster: Cluster) -> None:
+    assert sorted(hung_job.ranks) == list(range(8)) and hung_job.culprit == 5
+    for rank, loc in hung_job.ranks.items():
+        assert loc.node == f"node{rank // 2 + 1:02d}" and loc.local_rank == rank % 2
+        assert loc.step == 3
+        assert loc.where == ("data_loading" if rank == hung_job.culprit else "all_reduce")
+        state, syscall, *_ = _main_thread(loc.host_pid) or ("gone", "")
+        assert state == "S" and syscall != "running", (rank, state, syscall)
+        dump = cluster[loc.node].run(["py-spy", "dump", "--pid", str(loc.pid)], timeout=30).stdout
+        assert "train (app/demo/job.py:" in dump
+        if rank == hung_job.culprit:
+            assert "StreamingLoader._recv_exact" in dump and "all_reduce" not in dump
+        else:
+            assert "all_reduce (torch/distributed/distributed_c10d.py:" in dump

@@ -1,0 +1,74 @@
+"""Remote text in the TUI: shown literally (no markup, no escape sequences), capped, and the rank tabs."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from app.ui import rank_text
+from app.ui.safe import clean, lines, literal
+from test_ui_support import build_snapshot, with_hostile_names
+
+HOSTILE = ["[bold]x[/", "[/]", "\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "a\u202eb", "tab\there", "nl\nx"]
+
+
+def test_markup_is_never_interpreted():
+    for s in ("[bold]x[/", "[/]", "[link=http://x]y[/link]", "[red on blue]"):
+        t = literal(s)
+        assert t.plain == s and not t.spans
+
+
+def test_escape_sequences_and_controls_become_visible_pictures():
+    assert clean("\x1b]0;pwned\x07") == "␛]0;pwned␇"
+    assert clean("\x1b[2J") == "␛[2J"
+    assert clean("a\u202eb") == "a\ufffdb"  # bidi override: cannot reorder what the user reads
+    assert clean("nl\nx") == "nl␊x"
+    assert clean("tab\there") == "tab    here"
+    for s in HOSTILE:
+        assert not any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in clean(s, None))
+
+
+def test_long_text_is_capped_before_work_is_done():
+    t = clean("N" * 10_000, 160)
+    assert len(t) == 160 and t.endswith("…")
+    out = lines("x\n" * 10, max_lines=3)
+    assert out.plain.count("\n") == 3 and "7 more lines" in out.plain
+
+
+def test_every_tab_renders_hostile_rank_literally():
+    snap = with_hostile_names(build_snapshot(nodes=1, per_node=2, strace=True, gdb=True))
+    rank = snap.rank_by_number(0)
+    assert rank is not None
+    for render in (rank_text.threads_text, rank_text.locals_text, rank_text.source_text, rank_text.strace_text,
+                   rank_text.gdb_text, rank_text.proc_text, rank_text.env_text):
+        text = render(rank)
+        assert isinstance(text, Text)
+        assert "\x1b" not in text.plain and "\x07" not in text.plain
+        for line in text.plain.splitlines():
+            assert len(line) < 4200  # a 10 kB name or value is cut, not shown whole
+    threads = rank_text.threads_text(rank).plain
+    assert "[bold]evil[/" in threads and "␛]0;pwned␇" in threads
+    env = rank_text.env_text(rank).plain
+    assert "[bold]x[/ ␛]0;x␇" in env and "RANK=[red]0" in env
+
+
+def test_threads_tab_shows_iteration_and_native_frames():
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
+    text = rank_text.threads_text(snap.rank_by_number(3)).plain
+    assert "train  train.py:43  [step=6]" in text
+    assert "all_reduce  distributed_c10d.py:2501" in text
+    assert "(main)" in text
+
+
+def test_source_tab_marks_the_current_line():
+    snap = build_snapshot(nodes=1, per_node=1, culprit=0)
+    text = rank_text.source_text(snap.ranks[0]).plain
+    assert "→    43         dist.all_reduce(grad, group=groups[step % 2])" in text
+    assert "     42         loss.backward()" in text
+
+
+def test_missing_tool_output_says_how_to_get_it():
+    rank = build_snapshot(nodes=1, per_node=1).ranks[0]
+    assert "Press s" in rank_text.strace_text(rank).plain
+    assert "Press g" in rank_text.gdb_text(rank).plain
+    no_locals = build_snapshot(nodes=1, per_node=1, locals_=False).ranks[0]
+    assert "Collect with locals" in rank_text.locals_text(no_locals).plain

@@ -1,0 +1,215 @@
+"""The planted-secrets corpus (tests/data/secrets_corpus.json, issue 18) through both redactors, channel by channel,
+in the shape each channel's data has on the wire: no planted value survives. And the other side of the
+trade-off: ordinary values (loop counters, steps, shapes, paths, function names, recorded worker output) pass
+unchanged."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+from typing import Any, Dict, List
+
+import pytest
+
+from app.report.redact import Redactor
+from workers.discover import allowed_env
+from workers.redact import MASK, redact_argv, redact_message
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(HERE, "data", "secrets_corpus.json"), encoding="utf-8") as _f:
+    CORPUS: List[Dict[str, Any]] = json.load(_f)["secrets"]
+
+
+def strace_quote(payload: str) -> str:
+    """A payload as strace prints a string argument."""
+    out = payload.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
+    return '"%s"' % out
+
+
+def pyspy_repr(expr: str) -> str:
+    """py-spy's repr of a str/tuple/list/dict local: Python's, with double quotes."""
+    return repr(ast.literal_eval(expr)).replace("'", '"')
+
+
+def wire(entry: Dict[str, Any]) -> List[Any]:
+    """The entry's value where the worker would carry it: one or more messages, before redaction (argv and env
+    the way discovery builds them)."""
+    ch = entry["channel"]
+    if ch == "argv":
+        argv = ["python", "train.py", *entry["argv"]]
+        return [{"cmdline": redact_argv(argv)}, {"cmdline": argv}]
+    if ch == "env":
+        env = {entry["name"]: entry["env_value"], "RANK": "0"}
+        return [{"env": allowed_env(env)}, {"env": [[entry["name"], entry["env_value"]]]}]
+    if ch == "locals":
+        frames = [{"name": "train", "filename": "/job/train.py", "line": 7,
+                   "locals": [{"name": entry["name"], "addr": 1, "arg": False, "repr": r}]}
+                  for r in (entry["expr"], pyspy_repr(entry["expr"]))]
+        return [{"pyspy": [{"thread_name": "MainThread", "frames": frames}]}]
+    if ch == "source":
+        lines = {str(10 + i): "    " + ln for i, ln in enumerate(entry["lines"])}
+        return [{"source": {"/job/train.py": lines}}]
+    if ch == "thread":
+        return [{"pyspy": [{"thread_id": 1, "thread_name": entry["thread_name"], "frames": []}]},
+                {"output": 'Thread 2 (Thread 0x7f (LWP 12) "%s"):' % entry["thread_name"]}]
+    if ch == "comm":
+        return [{"procfs": {"threads": [{"tid": 1, "comm": entry["comm"]}]}},
+                {"output": 'Thread 2 (Thread 0x7f (LWP 12) "%s"):' % entry["comm"]}]
+    if ch == "strace":
+        line = '12:00:00.000001 sendto(5, %s..., 64, 0, NULL, 0) = 64 <0.000010>' % strace_quote(entry["payload"])
+        return [{"output": line}]
+    if ch == "flight":
+        field = entry["field"].rstrip("2")
+        rec: Dict[str, Any] = {"pg_config": {"0": {field: entry["text"]}}} if field in ("name", "desc") else \
+            {"entries": [{"profiling_name": entry["text"], "pg_id": 0}]}
+        return [{"flight": {"record": rec}}]
+    assert ch == "text", ch
+    return [{"output": entry["text"]}, {"error": {"code": "tool_failed", "message": entry["text"]}}]
+
+
+def test_the_corpus_covers_every_channel_and_shape_of_the_issue() -> None:
+    channels = {e["channel"] for e in CORPUS}
+    assert len(CORPUS) >= 100
+    assert channels >= {"argv", "env", "locals", "source", "thread", "comm", "strace", "flight", "text"}
+    assert len({e["value"] for e in CORPUS}) == len(CORPUS), "every planted value is unique"
+    shapes = " ".join(e["shape"] for e in CORPUS)
+    for word in ("annotated", "tuple", "nested", "non-ASCII", "split across", "JWT", "PEM", "high entropy",
+                 "Authorization", "X-Api-Key", "Cookie", "URL password", "GitHub", "Slack", "Stripe", "OpenAI",
+                 "Hugging Face", "AWS", "GitLab", "basic"):
+        assert word.lower() in shapes.lower(), word
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e["id"] for e in CORPUS])
+def test_no_planted_value_survives_the_node_redactor(entry: Dict[str, Any]) -> None:
+    for msg in wire(entry):
+        out = json.dumps(redact_message(msg), ensure_ascii=False)
+        assert entry["value"] not in out, (entry["shape"], out)
+        assert MASK in out  # a marker says something was there
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e["id"] for e in CORPUS])
+def test_no_planted_value_survives_the_login_redactor_alone(entry: Dict[str, Any]) -> None:
+    """Defence in depth: data the node did not redact (an older worker, a snapshot file from elsewhere) is still
+    caught by the export's pass over the same channels."""
+    red = Redactor()
+    ch = entry["channel"]
+    if ch == "argv":
+        out = " ".join(red.args(["python", *entry["argv"]]))
+    elif ch == "env":
+        out = red.value(entry["name"], entry["env_value"], "secret-env")
+    elif ch == "locals":
+        out = red.value(entry["name"], entry["expr"], "secret-local")
+    else:
+        out = red.tree(wire(entry))
+        out = json.dumps(out, ensure_ascii=False)
+    assert entry["value"] not in out
+    assert sum(red.counts.values()) >= 1
+
+
+# Ordinary values a diagnosis needs: each must come out exactly as it went in.
+ORDINARY_LOCALS = [
+    ("step", "1200"), ("i", "3"), ("epoch", "7"), ("global_step", "48000"), ("batch_idx", "17"),
+    ("loss", "2.3125"), ("lr", "0.0003"), ("shape", "(8, 128, 4096)"), ("size", "torch.Size([8, 128])"),
+    ("path", '"/data/shards/train-00017-of-00128.parquet"'), ("ckpt_dir", '"/checkpoints/run-2024-11-24/step_1200"'),
+    ("num_key_value_heads", "8"), ("max_tokens", "4096"), ("tokens", "512"), ("num_tokens", "7"),
+    ("sort_key", "<function <lambda> at 0x7f3a9c2e4100>"), ("key", "3"), ("keys", '["input_ids", "labels"]'),
+    ("tokenizer", "<LlamaTokenizerFast at 0x7f3a9c2e4100>"), ("session", "<Session at 0x7f3a9c2e4100>"),
+    ("self", "<Trainer at 0x7f3a9c2e4100>"), ("tensor", "<Tensor at 0x7f3a9c2e4100>"),
+    ("group", "<ProcessGroupGloo at 0x7f3a9c2e4100>"), ("rank", "3"), ("world_size", "8"),
+    ("master_addr", '"10.0.0.1"'), ("device", '"cuda:0"'), ("name", '"layers.17.self_attn.k_proj"'),
+    ("use_auth", "False"), ("key_cache", "None"), ("timeout", "1800.0"), ("op", '"all_reduce"'),
+    ("run_id", '"a1b2c3d4e5f60718293a4b5c6d7e8f90"'), ("commit", '"0866c6d3a1f2e4b5c6d7e8f90a1b2c3d4e5f6071"'),
+    ("uuid", '"3f2b8c1e-9d4a-4e6b-8a7c-1d2e3f4a5b6c"'),
+]
+ORDINARY_TEXT = [
+    "for step, batch in enumerate(loader):", "    loss = model(batch).sum()", "dist.all_reduce(tensor)",
+    "all_reduce (distributed_c10d.py:2501) <- wrapper (c10d_logger.py:81)", "def keys(self):",
+    "    return self._get_token_from_header(headers)", "work.wait(timeout=timedelta(seconds=1800))",
+    "python train.py --lr 0.1 --max-tokens 4096 --keyframes 3 --batch-size=32 --num-key-value-heads 8",
+    "MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 NCCL_SOCKET_IFNAME=eth0 TOKENIZERS_PARALLELISM=false",
+    "entry_SYSCALL_64_after_hwframe+0x76/0x7e", "futex_wait_queue+0x63/0x90", "do_epoll_wait+0x4b4/0x4f0",
+    "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+    "#0  0x00007f3a9c2e4100 in __futex_abstimed_wait_common (futex_word=0x55d0, expected=0, clockid=0, "
+    "abstime=0x0, private=0, cancel=true) at ./nptl/futex-internal.c:57",
+    "12:00:00.000001 futex(0x55d0, FUTEX_WAIT_BITSET_PRIVATE|FUTEX_CLOCK_REALTIME, 0, NULL, FUTEX_BITSET_MATCH_ANY"
+    " <unfinished ...>", '12:00:00.000002 write(5, ""..., 64) = 64 <0.000010>',
+    "ProcessGroupGloo::allreduce", "c10d::ProcessGroupGloo::runLoop(int)", "pt_autograd_0",
+    "NCCL INFO Channel 00/02 :    0   1   2   3", "NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0",
+    "https://data.example.com:8443/shards/a@b", "ssh://git@github.com/org/repo.git",
+    "torch.Size([8, 128, 4096])", "step 1200/48000 loss=2.3125 lr=3e-4 tokens/s=51234",
+]
+
+
+@pytest.mark.parametrize("name, value", ORDINARY_LOCALS, ids=[n for n, _ in ORDINARY_LOCALS])
+def test_ordinary_locals_survive(name: str, value: str) -> None:
+    msg = {"pyspy": [{"thread_name": "MainThread", "frames": [
+        {"name": "keys", "filename": "/job/token_utils.py", "module": "token_utils", "line": 3,
+         "locals": [{"name": name, "addr": 1, "arg": False, "repr": value}]}]}]}
+    assert redact_message(msg) == msg
+    red = Redactor()
+    assert red.value(name, value, "secret-local") == value and not red.counts
+
+
+@pytest.mark.parametrize("text", ORDINARY_TEXT)
+def test_ordinary_text_survives(text: str) -> None:
+    msg = {"output": text, "source": {"/job/train.py": {"12": text}}}
+    assert redact_message(msg) == msg
+    red = Redactor()
+    assert red.text(text) == text and not red.counts
+
+
+def test_function_names_and_paths_of_frames_are_never_touched() -> None:
+    frames = [{"name": fn, "filename": "/job/%s.py" % fn, "short_filename": fn + ".py", "module": fn, "line": 1}
+              for fn in ("get_token", "password_reset", "keys", "sort_key", "_refresh_auth_cookie",
+                         "Ab3dE5fG7hJ9kL2mN4pQ6rS8tU0v")]
+    msg = {"pyspy": [{"thread_name": "MainThread", "frames": frames}]}
+    assert redact_message(msg) == msg
+
+
+def test_recorded_worker_output_passes_unchanged() -> None:
+    """Every recorded worker reply in tests/data (real torch ranks: stacks, locals, source, strace, gdb, /proc)
+    holds no secret: redaction must change none of it (the diagnosis goldens are built from these)."""
+    files = [f for f in glob.glob(os.path.join(HERE, "data", "**", "*.json"), recursive=True)
+             if not f.endswith("secrets_corpus.json")]
+    assert len(files) > 5
+    changed = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            try:
+                doc = json.load(fh)
+            except ValueError:
+                continue
+        if redact_message(doc) != doc:
+            changed.append(f)
+    assert changed == []
+
+
+def test_the_manifest_counts_markers_per_channel() -> None:
+    """What the node replaced arrives as markers; the export's manifest counts them by the channel they sit in
+    (and what its own pass replaces on top), never the values."""
+    import dataclasses
+
+    from app.model import Frame, Local, RankSnapshot, Snapshot, StraceResult, ThreadStack
+    from app.report.bundle import build_bundle
+
+    frame = Frame(function="train", filename="/job/train.py", line=3,
+                  locals=(Local("password", MASK), Local("step", "3"), Local("cfg", '{"api_key": "***"}')),
+                  iteration=(("item", '"Authorization: Bearer ***"'),),
+                  source=((2, 'client_secret: str = "***"'), (3, "train()")))
+    rank = RankSnapshot(node="n1", pid=10, start_time=1, cmdline=("python", "--pw", MASK),
+                        env=(("TORCHELASTIC_RDZV_ENDPOINT", "etcd://root:***@h:2379"),),
+                        threads=(ThreadStack(tid=10, name="uploader token=***", frames=(frame,)),),
+                        strace=StraceResult(seconds=1.0, output='sendto(3, "X-Api-Key: ***\\r\\n"..., 20) = 20'),
+                        gdb='Thread 2 (Thread 0x7f (LWP 12) "pw=***")', collected=True)
+    snap = Snapshot(taken_at=1.0, ranks=(rank,))
+    # a value the node let through (an older worker): the export's pass replaces it and counts it too
+    leaky = dataclasses.replace(snap, ranks=(dataclasses.replace(rank, cmdline=("python", "--pw", MASK,
+                                                                                  "--password=hunter2x")),))
+    bundle = build_bundle(leaky, None, now=2.0)
+    manifest = json.loads(bundle.files["manifest.json"])
+    assert manifest["redactions"]["by_channel"] == {"argv": 2, "env": 1, "gdb": 1, "locals": 3, "names": 1,
+                                                    "source lines": 1, "strace": 1}
+    assert manifest["redactions"]["by_rule"].get("secret-flag") == 1
+    assert "hunter2x" not in json.dumps(manifest) and all(b"hunter2x" not in data for data in bundle.files.values())
