@@ -8,6 +8,7 @@ them under deadlines, the redaction, the decoding (app/decode/gpu.py) and the an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -346,10 +347,15 @@ class _RasServer:
         self.port = self.sock.getsockname()[1]
         self.text, self.json, self.silent = text, json_text, silent
         self.commands: list = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.closed = threading.Event()  # a silent server holds its client until closed, then ends
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self.sock.accept()
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:  # closed before a client came
+            return
         fmt = "text"
         with conn:
             f = conn.makefile("rb")
@@ -357,7 +363,7 @@ class _RasServer:
                 cmd = raw.decode().strip()
                 self.commands.append(cmd)
                 if self.silent:
-                    time.sleep(60)
+                    self.closed.wait(60)
                     return
                 up = cmd.upper()
                 if up.startswith("CLIENT PROTOCOL"):
@@ -375,7 +381,11 @@ class _RasServer:
                     return
 
     def close(self) -> None:
+        self.closed.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes an accept() that no client came to
         self.sock.close()
+        self.thread.join(10)
 
 
 def test_ras_socket_json_from_a_new_nccl() -> None:
