@@ -143,17 +143,18 @@ def collect(req: Request) -> Dict[str, Any]:
     req.item({"discovered": discovered})
     req.check()
     procs = discovered.get("processes") or []
-    children = {}  # rank pid -> its python children, dumped when the rank's stack waits on them
+    children: Dict[int, List[Tuple[int, Optional[int]]]] = {}  # rank pid -> its python children, dumped when the rank's stack waits on them
     for p in procs:
         if p["role"] == "child" and p["python"] and p["of"]:
             children.setdefault(p["of"][0], []).append((p["pid"], p["start_time"]))
     extra: "queue.Queue[Tuple[int, Optional[int]]]" = queue.Queue()
 
-    def ranked(item: Dict[str, Any]) -> None:
+    def ranked(item: DumpItem) -> None:
         waits = waits_on_children(item.get("pyspy"))  # before the item goes out: replies are redacted in place
         req.item({"dump": item})
-        if waits:
-            for target in children.get(item.get("pid"), [])[:MAX_CHILD_DUMPS]:  # type: ignore[call-overload]
+        pid = item.get("pid")
+        if waits and pid is not None:
+            for target in children.get(pid, [])[:MAX_CHILD_DUMPS]:
                 extra.put(target)
 
     gpu = _gpu_evidence_start(req, found)

@@ -281,7 +281,7 @@ def _where_of(classes: Sequence[StackClass], wanted: set) -> Dict[int, str]:
         if c.collective in ("send", "recv", "send/recv"):
             continue
         for n in c.numbers:
-            if n in wanted and n not in out:
+            if n is not None and n in wanted and n not in out:
                 out[n] = f"in `{c.collective}`" if c.collective else where(c)
     return out
 

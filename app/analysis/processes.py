@@ -168,7 +168,8 @@ def skew_line(snapshot: Snapshot) -> str:
         return ""
     dumped = [r for r in snapshot.ranks if r.dump_started is not None]
     nodes = len({r.node for r in dumped})
-    longest = max((r.dump_ended - r.dump_started for r in dumped if r.dump_ended is not None), default=0.0)
+    longest = max((r.dump_ended - r.dump_started for r in dumped
+                   if r.dump_ended is not None and r.dump_started is not None), default=0.0)
     line = (f"Dump skew: the {len(dumped)} rank dumps on {nodes} node{'s' if nodes != 1 else ''} started within "
             f"{skew:.3f} s of each other (the longest took {longest:.3f} s)")
     if skew > LARGE_SKEW:

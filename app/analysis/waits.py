@@ -535,11 +535,11 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
     b.finish_job_label()
 
     if progressing is not None:
-        out = [replace(f, confidence="medium", reason=f"{f.reason}; but the job progresses between samples")
-               if f.culprit and f.confidence == "high" and f.kind not in MOVING_KINDS else f for f in findings]
+        eased = [replace(f, confidence="medium", reason=f"{f.reason}; but the job progresses between samples")
+                 if f.culprit and f.confidence == "high" and f.kind not in MOVING_KINDS else f for f in findings]
         graph = WaitGraph(tuple(b.vertices.values()), tuple(b.edges), progressing=True,
                           headline="nobody: the job is progressing between samples")
-        return graph, out, next(f for f in out if f.kind == "progressing")
+        return graph, eased, next(f for f in eased if f.kind == "progressing")
 
     adj: Dict[str, List[str]] = {}
     for e in b.edges:
@@ -579,16 +579,16 @@ def wait_graph(findings: Sequence[Finding], ranks: Sequence[RankSnapshot], keys:
     out: List[Finding] = []
     root_label = _label_of(b, root)
     for f in findings:
-        vid = b.of_finding.get(id(f))
-        if vid is None or f.confidence != "high":
+        fvid = b.of_finding.get(id(f))
+        if fvid is None or f.confidence != "high":
             out.append(f)
             continue
         if TIER.get(f.kind, DEFAULT_TIER) <= OBSERVED:
             out.append(f)  # the kernel's word on a process: another root does not make it less true
             continue
-        mine = b.vertices[vid]
-        leads_to_root = not reach[vid].isdisjoint(root) or any(_agree(mine, w) for w in on_root)
-        if not leads_to_root and any(not reach[vid].isdisjoint(c) for c in rivals):
+        mine = b.vertices[fvid]
+        leads_to_root = not reach[fvid].isdisjoint(root) or any(_agree(mine, w) for w in on_root)
+        if not leads_to_root and any(not reach[fvid].isdisjoint(c) for c in rivals):
             out.append(replace(f, confidence="medium", reason=f"{f.reason}; but evidence as strong points at "
                                f"{clean(root_label, 120)}"))
         elif not leads_to_root:

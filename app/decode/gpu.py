@@ -38,6 +38,9 @@ def _s(v: Any, n: int = MAX_TEXT) -> str:
 def _i(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
+def _d(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
 
 def _num(text: str) -> Optional[int]:
     text = text.strip()
@@ -80,14 +83,14 @@ def add_remaps(gpus: list[GpuHealth], text: str, fields: str) -> list[GpuHealth]
             rows[bus_key(row.get("gpu_bus_id", ""))] = row
     out = []
     for g in gpus:
-        row = rows.get(bus_key(g.bus_id))
-        if row is None:
+        remap = rows.get(bus_key(g.bus_id))
+        if remap is None:
             out.append(g)
             continue
-        out.append(GpuHealth(**{**g.__dict__, "remap_correctable": _num(row.get("remapped_rows.correctable", "")),
-                                "remap_uncorrectable": _num(row.get("remapped_rows.uncorrectable", "")),
-                                "remap_pending": _yes(row.get("remapped_rows.pending", "")),
-                                "remap_failure": _yes(row.get("remapped_rows.failure", ""))}))
+        out.append(GpuHealth(**{**g.__dict__, "remap_correctable": _num(remap.get("remapped_rows.correctable", "")),
+                                "remap_uncorrectable": _num(remap.get("remapped_rows.uncorrectable", "")),
+                                "remap_pending": _yes(remap.get("remapped_rows.pending", "")),
+                                "remap_failure": _yes(remap.get("remapped_rows.failure", ""))}))
     return out
 
 
@@ -220,8 +223,8 @@ def parse_ras_json(text: str) -> tuple[str, list[RasComm], int]:
         for r in (c.get("ranks") or [])[:MAX_RANKS]:
             if not isinstance(r, dict) or _i(r.get("rank")) is None:
                 continue
-            st = r.get("status") if isinstance(r.get("status"), dict) else {}
-            counts = r.get("collective_counts") if isinstance(r.get("collective_counts"), dict) else {}
+            st = _d(r.get("status"))
+            counts = _d(r.get("collective_counts"))
             errs = [f"{k} {st.get(k)}" for k in ("init_state", "async_error")
                     if _i(st.get(k)) not in (None, 0, 7 if k == "init_state" else 0)]
             ranks.append(RasRank(rank=r["rank"], host=_s(r.get("host"), 100), pid=_i(r.get("pid")),
@@ -232,7 +235,7 @@ def parse_ras_json(text: str) -> tuple[str, list[RasComm], int]:
         for r in (c.get("missing_ranks") or [])[:MAX_RANKS]:
             if not isinstance(r, dict) or _i(r.get("rank")) is None:
                 continue
-            st = r.get("status") if isinstance(r.get("status"), dict) else {}
+            st = _d(r.get("status"))
             missing.append(r["rank"])
             ranks.append(RasRank(rank=r["rank"], host=_s(r.get("host"), 100), pid=_i(r.get("pid")),
                                  gpu=_i(r.get("nvml_dev")) if _i(r.get("nvml_dev")) is not None else _i(r.get("cuda_dev")),
@@ -240,7 +243,7 @@ def parse_ras_json(text: str) -> tuple[str, list[RasComm], int]:
                                  dead=st.get("considered_dead") is True))
         comms.append(RasComm(hash=_s(c.get("hash"), 40), size=_i(c.get("size")), ranks=tuple(ranks),
                              missing=tuple(missing)))
-    ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
+    ras = _d(doc.get("ras"))
     return _s(doc.get("nccl_version"), 40), comms, _i(ras.get("timeouts_count")) or 0
 
 
@@ -373,8 +376,9 @@ def gpu_evidence(raw: Any) -> Optional[NodeGpuEvidence]:
     """The collect op's {"gpu_evidence": ...} item as the model's NodeGpuEvidence; None for anything else."""
     if not isinstance(raw, dict):
         return None
-    at = raw.get("at") if isinstance(raw.get("at"), (int, float)) and not isinstance(raw.get("at"), bool) else 0.0
-    smi = raw.get("smi") if isinstance(raw.get("smi"), dict) else {}
+    raw_at = raw.get("at")
+    at = raw_at if isinstance(raw_at, (int, float)) and not isinstance(raw_at, bool) else 0.0
+    smi = _d(raw.get("smi"))
     gpus: list[GpuHealth] = []
     if isinstance(smi.get("gpus_csv"), str) and isinstance(smi.get("gpu_fields"), str):
         gpus = parse_gpu_csv(smi["gpus_csv"], smi["gpu_fields"])
@@ -383,7 +387,8 @@ def gpu_evidence(raw: Any) -> Optional[NodeGpuEvidence]:
     elif isinstance(smi.get("query_text"), str):
         gpus = parse_query_text(smi["query_text"])
     timeout = smi.get("timeout")
-    lines = raw.get("xid_lines") if isinstance(raw.get("xid_lines"), list) else []
+    raw_lines = raw.get("xid_lines")
+    lines = raw_lines if isinstance(raw_lines, list) else []
     notes = tuple(_s(n, 500) for n in (raw.get("notes") or [])[:10] if isinstance(n, str)) \
         if isinstance(raw.get("notes"), list) else ()
     return NodeGpuEvidence(

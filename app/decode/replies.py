@@ -182,7 +182,7 @@ def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | No
 _DATA_LOADER_WORKER = "torch/utils/data/_utils/worker.py"
 
 
-def apply_process_dump(proc: JobProcess, item: Mapping[str, Any], why: str) -> JobProcess:
+def apply_process_dump(proc: JobProcess, item: DumpItem, why: str) -> JobProcess:
     """A launcher's or child's dump, read as a rank's is (apply_dump); a child whose stack runs torch's
     DataLoader worker loop is named a data-loader worker."""
     shell = apply_dump(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1), item)

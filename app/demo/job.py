@@ -85,8 +85,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-SCENARIOS = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order", "uneven", "mismatch",
-             "gil", "native", "pipe", "fsstall")
+SCENARIOS: tuple[str, ...] = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order",
+                              "uneven", "mismatch", "gil", "native", "pipe", "fsstall")
 SCENARIOS += ("gpu_xid",)  # the culprit never returns from device_synchronize (its GPU fell off the bus)
 BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16

@@ -407,7 +407,7 @@ class Session:
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
 
-    def _apply_process_dump(self, node: _Node, item: dict) -> None:
+    def _apply_process_dump(self, node: _Node, item: DumpItem) -> None:
         proc = node.processes.get(item.get("pid"))  # type: ignore[arg-type]
         if proc is None:
             return

@@ -44,22 +44,28 @@ def main(size, argv, frame_raw, grace):
             sys.exit(98)  # srun's stdin ended before the whole payload: nothing was started
         payload += chunk
     worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    to_worker = worker.stdin
+    assert to_worker is not None  # stdin=PIPE
 
     def put(data):
         try:
-            worker.stdin.write(data)
-            worker.stdin.flush()
+            to_worker.write(data)
+            to_worker.flush()
         except Exception:
             pass  # the worker is gone: its exit status says why
 
     def end(after):
         # EOF on the worker's stdin (it stops its tools and exits); with `after`, kill it if still running then
         try:
-            worker.stdin.close()
+            to_worker.close()
         except Exception:
             pass
         if after is not None:
-            timer = threading.Timer(after, lambda: worker.poll() is None and worker.kill())
+            def kill_if_running():
+                if worker.poll() is None:
+                    worker.kill()
+
+            timer = threading.Timer(after, kill_if_running)
             timer.daemon = True
             timer.start()
 
