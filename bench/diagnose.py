@@ -30,7 +30,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from app.analysis import Analysis, analyze  # noqa: E402
-from app.model import Snapshot, snapshot_from_json  # noqa: E402
+from app.model import Snapshot  # noqa: E402
+from app.model.codec import snapshot_from_json  # noqa: E402
 
 DATA = REPO / "tests" / "data" / "scenarios"
 

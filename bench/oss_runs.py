@@ -33,7 +33,7 @@ from cluster import Cluster, build_cluster, run_login  # noqa: E402
 from cpu_cap import CpuCap  # noqa: E402
 from oss_jobs import KINDS, iterations, start_oss_job  # noqa: E402
 
-from app.model import snapshot_from_json  # noqa: E402
+from app.model.codec import snapshot_from_json  # noqa: E402
 
 SLOW = "node04"
 

@@ -12,7 +12,7 @@ tests/analysis/test_golden.py asserts on, one job at a time on one 3-node cluste
     python3 tests/record_scenarios.py --nodes 4 --ranks-per-node 2 ...            # another size (bench/live_classes.py)
 
 For each scenario it takes two samples one second apart with the CLI's own default options (locals on) and
-writes <scenario>.json (the second sample with its analysis, app.model.snapshot_to_json) and
+writes <scenario>.json (the second sample with its analysis, app.model.codec.snapshot_to_json) and
 <scenario>.earlier.json (the first sample, without locals and source lines: tests/analysis/test_golden.py passes it as
 history, so progress is judged as the CLI judges it). Node names and pids come from the cluster. Check each new diagnosis by hand before
 updating the expectations in tests/analysis/test_golden.py: the goldens are the analysis's regression net.
@@ -46,7 +46,8 @@ from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import MARK, PYTHON, Job, RankLoc, _free_port, _main_thread, start_job  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
-from app.model import Snapshot, ThreadStack, snapshot_from_json, snapshot_to_json  # noqa: E402
+from app.model import Snapshot, ThreadStack  # noqa: E402
+from app.model.codec import snapshot_from_json, snapshot_to_json  # noqa: E402
 
 GOLDEN_DIR = TESTS / "data" / "scenarios"
 CLI_TIMEOUT = 180.0

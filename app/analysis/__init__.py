@@ -34,7 +34,8 @@ from app.analysis.progress import RankProgress, ddp_backward_wait, progress_find
 from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
 from app.analysis.waits import WaitGraph, wait_graph
-from app.model import Frame, RankSnapshot, Snapshot, rank_key, to_dict
+from app.model import Frame, RankSnapshot, Snapshot, rank_key
+from app.model.codec import to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Finding", "StackClass", "StackTree", "TreeNode", "IterationSplit",
            "RankProgress", "WaitGraph", "analyze"]

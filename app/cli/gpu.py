@@ -19,7 +19,7 @@ from app.gpu.bench import parse_size, parse_sizes
 from app.gpu.model import GpuTestResults, TestKind
 from app.gpu.options import GpuTestOptions
 from app.gpu.table import format_table, printable
-from app.model import to_dict
+from app.model.codec import to_dict
 
 KINDS = ("sanity", "bench", "pairs", "net")
 SCHEMA = "hangscope.gputest"

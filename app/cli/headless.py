@@ -10,8 +10,8 @@ from typing import List, Optional, Sequence, TextIO
 
 from app.cli.run import WriteError, write_private  # noqa: F401 (WriteError: re-exported, what --snapshot raises)
 from app.errors import InputError
-from app.model import (CollectOptions, Snapshot, SnapshotFormatError, rank_key, snapshot_from_json,
-                       snapshot_to_json)
+from app.model import CollectOptions, Snapshot, rank_key
+from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_to_json
 
 EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
 MAX_SNAPSHOT_BYTES = 1 << 30  # a snapshot of 100k ranks with locals is a few hundred MB

@@ -643,7 +643,3 @@ class Snapshot:
                 return r
         return None
 
-
-# The JSON codec and the snapshot file format (codec.py), here for everything that imports them from the model.
-from app.model.codec import (SnapshotFormatError, from_dict, snapshot_from_json,  # noqa: E402,F401
-                             snapshot_to_json, to_dict)

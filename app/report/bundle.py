@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app import __version__
-from app.model import Snapshot, snapshot_to_json, to_dict
+from app.model import Snapshot
+from app.model.codec import snapshot_to_json, to_dict
 from app.report.facts import gather
 from app.report.flame import collapsed, speedscope
 from app.report.html_report import render_html

@@ -10,7 +10,8 @@ from importlib import metadata
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from app import __version__
-from app.model import Snapshot, to_dict
+from app.model import Snapshot
+from app.model.codec import to_dict
 
 BUNDLE_FORMAT = "hangscope.bundle"
 BUNDLE_VERSION = 1

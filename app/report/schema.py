@@ -45,7 +45,7 @@ _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
 def build_schema() -> Dict[str, Any]:
-    """The schema of what app.model.snapshot_to_json writes (and snapshot_from_json reads)."""
+    """The schema of what app.model.codec.snapshot_to_json writes (and snapshot_from_json reads)."""
     docs = _field_comments()
     defs: Dict[str, Any] = {}
     _define(Snapshot, defs, docs)

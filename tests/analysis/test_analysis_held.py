@@ -12,7 +12,8 @@ from analysis_snapshots import LOADING, job, rank, snapshot, sock
 from app.decode import replies as parse
 from app.analysis import analyze
 from app.analysis.text import summary_text
-from app.model import ProcessHold, snapshot_from_json, snapshot_to_json
+from app.model import ProcessHold
+from app.model.codec import snapshot_from_json, snapshot_to_json
 
 SLEEP = LOADING  # the held rank's own stack: somewhere in its loop, not in the collective
 

@@ -9,7 +9,8 @@ from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, STEP_LOOP, in_step,
 from app.analysis import analyze
 from app.analysis.iterations import split_iterations
 from app.analysis.tree import group_stacks
-from app.model import Frame, Local, LoopInfo, Snapshot, snapshot_from_json
+from app.model import Frame, Local, LoopInfo, Snapshot
+from app.model.codec import snapshot_from_json
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 

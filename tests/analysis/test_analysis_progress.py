@@ -309,7 +309,7 @@ def test_recorded_job_diff_lists_only_real_differences() -> None:
     its own rank-dependent values, not in the dozen objects whose addresses differ."""
     from pathlib import Path
 
-    from app.model import snapshot_from_json
+    from app.model.codec import snapshot_from_json
 
     snap, _ = snapshot_from_json((Path(__file__).parent.parent / "data/scenarios/skip.json").read_text())
     culprit = next(r for r in snap.ranks if r.rank == 2)

@@ -8,7 +8,8 @@ import time
 from analysis_snapshots import ALL_REDUCE, LOADING, failed, in_step, job, nodes_of, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.text import node_failures, summary_text
-from app.model import ErrorInfo, Frame, RankSnapshot, snapshot_from_json, snapshot_to_json
+from app.model import ErrorInfo, Frame, RankSnapshot
+from app.model.codec import snapshot_from_json, snapshot_to_json
 
 
 def test_summary_has_verdict_findings_classes_and_node_failures() -> None:

@@ -16,7 +16,8 @@ from analysis_snapshots import ALL_REDUCE, BARRIER, LOADING, frame, job, rank, s
 from app.analysis import AnalysisOptions, analyze
 from app.analysis.fold import describe_keys, fold_ints, fold_nodes
 from app.analysis.tree import build_tree, group_stacks
-from app.model import Frame, RankSnapshot, ThreadStack, snapshot_from_json, snapshot_to_json
+from app.model import Frame, RankSnapshot, ThreadStack
+from app.model.codec import snapshot_from_json, snapshot_to_json
 
 
 def names(frames: Tuple[Frame, ...]) -> List[str]:

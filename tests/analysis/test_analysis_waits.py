@@ -16,8 +16,8 @@ from app.analysis import Analysis, analyze
 from app.analysis.findings import Finding
 from app.analysis.text import summary_text
 from app.analysis.waits import WaitGraph, rank_numbers, wait_graph
-from app.model import (FlightGroup, FlightRecord, Frame, JobProcess, Local, ProcessHold, RankSnapshot, Snapshot,
-                       snapshot_from_json)
+from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, ProcessHold, RankSnapshot, Snapshot
+from app.model.codec import snapshot_from_json
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 

@@ -18,7 +18,8 @@ import pytest
 
 from app.analysis import Analysis, analyze
 from app.analysis.text import summary_text
-from app.model import Snapshot, snapshot_from_json
+from app.model import Snapshot
+from app.model.codec import snapshot_from_json
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "stopped",

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from app.decode import replies as parse
-from app.model import Local, LoopInfo, RankSnapshot, from_dict, to_dict
+from app.model import Local, LoopInfo, RankSnapshot
+from app.model.codec import from_dict, to_dict
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 JOB = "app/demo/job.py"

@@ -23,7 +23,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from app.model import NodeStatus, RankSnapshot, Snapshot, snapshot_from_json, snapshot_to_json
+from app.model import NodeStatus, RankSnapshot, Snapshot
+from app.model.codec import snapshot_from_json, snapshot_to_json
 from app.transport.ssh import SshOptions, SshTransport, _Client
 from app.transport.hostkeys import HostKeyCheck
 

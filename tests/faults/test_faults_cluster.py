@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from waiting import wait_until
 from faults_nodes import cmdline, leftovers, stopped_or_traced
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import TransportError
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from app.transport.ssh import SshOptions, SshTransport
 import cluster as cluster_mod
 from waiting import wait_until

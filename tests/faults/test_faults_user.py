@@ -16,7 +16,7 @@ import pytest
 
 import cluster as cluster_mod
 from waiting import wait_until
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]

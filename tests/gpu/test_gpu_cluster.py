@@ -27,7 +27,7 @@ from app.cli.gpu import run_tests_headless
 from app.gpu.model import GpuTestResults
 from app.gpu.options import GpuTestOptions
 from app.hosts import HostSpec
-from app.model import from_dict
+from app.model.codec import from_dict
 from app.session import SessionOptions
 from cluster import Cluster
 from waiting import wait_until

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from cluster import Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, _kill_marked

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from cluster import Cluster, run_login
 from jobs import Job, _main_thread, start_job
 from worker_targets import proc_state, tracer_pid

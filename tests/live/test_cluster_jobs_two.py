@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from cluster import Cluster, run_login
 from jobs import Job, start_job
 

@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from app.model import Snapshot, snapshot_from_json
+from app.model import Snapshot
+from app.model.codec import snapshot_from_json
 from cluster import Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, Job, _free_port, _kill_marked, start_job

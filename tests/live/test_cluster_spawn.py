@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from cluster import Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.hosts import parse_hosts
-from app.model import CollectOptions, snapshot_from_json
+from app.model import CollectOptions
+from app.model.codec import snapshot_from_json
 from app.session import NodeUpdate, Session, SessionOptions
 from cluster import run_login
 

@@ -30,7 +30,7 @@ from cpu_cap import CpuCap
 from jobs import REPO, Job, _main_thread
 from oss_jobs import cpu_ticks, start_oss_job
 from test_cluster_held import frozen, is_frozen
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 

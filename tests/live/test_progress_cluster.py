@@ -21,7 +21,7 @@ import pytest
 from cluster import Cluster, run_login
 from cpu_cap import CpuCap
 from jobs import REPO, Job, start_job
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 

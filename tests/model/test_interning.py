@@ -21,7 +21,8 @@ from analysis_snapshots import ALL_REDUCE, LOADING, frame, in_step, rank, snapsh
 from app import model
 from app.decode import replies as parse
 from app.analysis import analyze
-from app.model import Frame, Local, Snapshot, ThreadStack, from_dict, snapshot_from_json, snapshot_to_json, to_dict
+from app.model import Frame, Local, Snapshot, ThreadStack
+from app.model.codec import from_dict, snapshot_from_json, snapshot_to_json, to_dict
 from app.report.schema import schema_text
 
 DATA = Path(__file__).resolve().parents[1] / "data"

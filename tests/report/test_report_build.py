@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from app.model import (CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeInfo, NodeStatus, RankSnapshot,
-                       Snapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo, snapshot_from_json,
-                       snapshot_to_json)
+from app.model import CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeInfo, NodeStatus, RankSnapshot, Snapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo
+from app.model.codec import snapshot_from_json, snapshot_to_json
 
 C10D = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from app.analysis import analyze
-from app.model import snapshot_from_json, snapshot_to_json
+from app.model.codec import snapshot_from_json, snapshot_to_json
 from app.report import build_bundle, export_bundle
 from app.report.schema import schema_text
 from test_report_build import HARMLESS, HOSTILE_NAME, SECRETS, make_snapshot

@@ -143,7 +143,8 @@ def test_plain_text_is_never_changed(text: str) -> None:
 
 
 def test_redacting_a_snapshot_object_equals_redacting_its_json_form() -> None:
-    from app.model import Snapshot, from_dict, to_dict
+    from app.model import Snapshot
+    from app.model.codec import from_dict, to_dict
     from test_report_build import make_snapshot
 
     for scenario in ("dataloader", "hostile", "skip"):

@@ -19,7 +19,7 @@ import pytest
 
 from app.errors import TransportError
 from app.gpu.connect import close_workers, open_workers
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from app.slurm.job import SlurmError
 from app.session import Session, SessionOptions
 from app.slurm.resolve import host_specs, resolve_job

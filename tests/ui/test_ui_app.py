@@ -8,7 +8,8 @@ import os
 import re
 
 
-from app.model import NodeStatus, snapshot_from_json
+from app.model import NodeStatus
+from app.model.codec import snapshot_from_json
 from app.session import NodeUpdate, RankUpdate, SnapshotDone
 from app.ui.app import HangscopeApp
 from app.ui.screens.dialogs import ConfirmScreen, HelpScreen, PathScreen

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.model import Frame, Local, ThreadStack, snapshot_from_json
+from app.model import Frame, Local, ThreadStack
+from app.model.codec import snapshot_from_json
 from app.ui import rank_text
 from app.ui.app import HangscopeApp
 from app.ui.grid_model import SYMBOLS, Cell

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.model import snapshot_from_json
+from app.model.codec import snapshot_from_json
 from app.ui.app import HangscopeApp
 from app.ui.source import ReplaySource
 from test_ui_support import screen_text, settle

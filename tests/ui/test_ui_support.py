@@ -13,8 +13,8 @@ import dataclasses
 
 from typing import Iterable, List, Literal, Optional, Sequence, Tuple
 
-from app.model import (CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot,
-                       StraceResult, StraceThread, ThreadStack, snapshot_from_json, snapshot_to_json)
+from app.model import CollectOptions, ErrorInfo, Frame, Local, LoopInfo, NodeStatus, RankSnapshot, Snapshot, StraceResult, StraceThread, ThreadStack
+from app.model.codec import snapshot_from_json, snapshot_to_json
 from workers.protocol import ERROR_HINTS
 from waiting import wait_until_async
 

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import pytest
 
-from app.model import snapshot_to_json
+from app.model.codec import snapshot_to_json
 from test_ui_support import build_snapshot
 from waiting import wait_until
 

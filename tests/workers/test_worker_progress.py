@@ -16,7 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from app.model import RankSnapshot, Snapshot, from_dict, snapshot_from_json, snapshot_to_json
+from app.model import RankSnapshot, Snapshot
+from app.model.codec import from_dict, snapshot_from_json, snapshot_to_json
 from app.decode.replies import counters, rank_from_discover
 from workers.collect import progress, sockets
 from waiting import wait_until
