@@ -44,7 +44,8 @@ _LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelera
 _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
                      "deepspeed.launcher.launch": "deepspeed", "deepspeed.launcher.runner": "deepspeed",
                      "accelerate.commands.launch": "accelerate", "accelerate.commands.accelerate_cli":
-                     "accelerate"}
+                     "accelerate", "lightning.fabric.cli": "lightning", "lightning_fabric.cli": "lightning",
+                     "lightning.pytorch.cli": "lightning"}
 
 
 # Launchers that make a job by themselves, before any rank exists (srun and slurmstepd only lead to ranks).
@@ -391,8 +392,9 @@ class Scan:
         hold TCP connections to the job's store (a known rank's MASTER_ADDR:MASTER_PORT, or a port another
         such process listens on: the TCPStore) or to each other (gloo's pairs). pid -> the evidence."""
         cands = {}
+        above = self._ancestors(ranks)  # what started ranks launched them (a launcher run in-process): never a rank
         for pid, p in self.procs.items():
-            if pid in ranks or not is_python(p) or is_rank_env(p.environ) or launcher_name(p):
+            if pid in ranks or pid in above or not is_python(p) or is_rank_env(p.environ) or launcher_name(p):
                 continue
             if self._has_rank_ancestor(p, ranks) or not torch_loaded(pid):
                 continue
@@ -431,6 +433,18 @@ class Scan:
                               "connections to the job's store or to each other: taken as ranks; the rank number "
                               "comes from the process's target's `rank` argument (--locals) or its command line"
                               % (len(out), "" if len(out) == 1 else "es", "its" if len(out) == 1 else "their"))
+        return out
+
+    def _ancestors(self, pids: Set[int]) -> Set[int]:
+        """Every process above these (their parents, up to init)."""
+        out: Set[int] = set()
+        for pid in pids:
+            cur = self.procs[pid].ppid if pid in self.procs else 0
+            for _ in range(64):
+                if cur in out or cur not in self.procs or cur in (0, 1):
+                    break
+                out.add(cur)
+                cur = self.procs[cur].ppid
         return out
 
     def _has_rank_ancestor(self, p: Proc, ranks: Set[int]) -> bool:

@@ -9,6 +9,7 @@ that fail to connect, plus (samples-1) x interval), with a margin for interprete
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -73,7 +74,10 @@ class Listener:
                 conn.close()
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() the serving thread sits in
         self.sock.close()
+        self.thread.join(10)
         for c in self.held:
             c.close()
 

@@ -195,6 +195,8 @@ def test_port_check_from_every_node(cluster, hung_job) -> None:
         node01.iptables("-D", "INPUT", "-p", "tcp", "--dport", "29613", "-j", "DROP")
         listener.kill()
         listener.wait()
+        if listener.stdin is not None:
+            listener.stdin.close()  # our end of its stdin pipe (it held the listener open)
     states = {(c.node, c.port): c.state for c in results.net.checks}
     for node in cluster.names:
         assert states[(node, 29611)] == "open"
