@@ -30,7 +30,7 @@ from app.analysis.peers import outside_peer_findings, outside_peers
 from app.analysis.processes import launchers_without_ranks
 from app.analysis.options import AnalysisOptions
 from app.analysis.p2p import p2p_calls, p2p_findings
-from app.analysis.progress import RankProgress, ddp_backward_wait, progress_findings, slow_nodes, track
+from app.analysis.progress import RankProgress, ddp_backward_wait, held_back, progress_findings, slow_nodes, track
 from app.analysis.progress import contradicted_stalls, while_progressing
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
 from app.analysis.waits import WaitGraph, wait_graph
@@ -239,8 +239,10 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     progress: Tuple[RankProgress, ...] = ()
     if history:
         progress = track(list(history) + [snapshot], options)
+        slow = slow_nodes(progress)
+        progress = held_back(progress, slow)  # ranks a slow node holds back are not stuck
         findings += progress_findings(progress)
-        findings += slow_nodes(progress)
+        findings += slow
         findings = slow_by_flags(findings)  # a slow node launched with other flags: the flags say why
     findings += gpu_findings(snapshot, findings, history)  # GPU-side evidence: Xid, ECC, nvidia-smi, NCCL RAS
     if same_place and (gap is None or not peers):

@@ -24,7 +24,9 @@ from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
 from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
 
-Status = Literal["stuck", "progressing", "gone", "unknown"]
+# waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
+# but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
+Status = Literal["stuck", "progressing", "gone", "unknown", "waiting", "slow"]
 Activity = Literal["spinning", "sleeping", "busy", "unknown"]
 ProgressKey = Tuple[str, int, int]  # (node, pid, start_time)
 
@@ -61,6 +63,7 @@ class RankProgress:
     inside: int = 0  # samples in which it waited in one (DDP's backward counted when it is DDP's)
     running: int = 0  # samples in which its state was R (on or waiting for a CPU)
     held: str = ""  # stopped, frozen, traced or disk_sleep in the latest sample: what holds the rank (not a stack)
+    waits_now: Optional[bool] = None  # its thread waits in a collective in the latest sample (None: no stack)
 
 
 def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
@@ -279,6 +282,7 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
         if cg is not None and cg.quota_us and cg.period_us:
             out["cgroup"] = clean(f"{cg.path} ({cg.quota_us / cg.period_us:.0%} of a CPU)", 200)
     inside = outside = running = 0
+    where: Optional[bool] = None
     for before, after in zip((None,) + tuple(ranks[:-1]), ranks):
         def active(before: Optional[RankSnapshot] = before, after: RankSnapshot = after) -> bool:
             moved = before is not None and (socket_bytes(before, after)[0] or 0) > 0
@@ -291,7 +295,7 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
             outside += 1
         state = after.counters.state if after.counters is not None else after.state
         running += state == "R"
-    out.update(inside=inside, outside=outside, running=running)
+    out.update(inside=inside, outside=outside, running=running, waits_now=where)
     return out
 
 
@@ -316,11 +320,13 @@ def _activity(cpu: Optional[float], options: AnalysisOptions) -> Activity:
 
 def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
     """Progressing job (not hung), a few ranks still moving among stuck ones, ranks gone between samples."""
-    by: Dict[str, List[RankProgress]] = {"stuck": [], "progressing": [], "gone": [], "unknown": []}
+    by: Dict[str, List[RankProgress]] = {"stuck": [], "progressing": [], "gone": [], "unknown": [], "waiting": [],
+                                         "slow": []}
     for p in progress:
         by[p.status].append(p)
     out = []
     moving, stuck, gone = by["progressing"], by["stuck"], by["gone"]
+    behind = by["waiting"] + by["slow"]  # held back by a slow node, which slow_nodes names
     if gone:
         keys, numbers = _keys(gone)
         out.append(Finding("exited", f"{short_keys(keys, numbers)} {'is' if len(gone) == 1 else 'are'} gone "
@@ -332,15 +338,18 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
     counted = any(p.moved and p.moved != ("stack",) for p in moving)
     if moving and (not stuck or len(moving) > len(stuck)):
         keys, numbers = _keys(moving)
+        total = len(moving) + len(stuck) + len(behind)
         if counted:
             what = _evidence(moving)
-            title = (f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} ranks moved between "
+            title = (f"the job is progressing: {len(moving)} of {total} ranks moved between "
                      f"samples ({what}); it is not hung")
             detail = "bytes moved on the ranks' sockets, output was written, or stacks changed between samples"
         else:
-            title = (f"the job is progressing: {len(moving)} of {len(moving) + len(stuck)} ranks changed stack or "
+            title = (f"the job is progressing: {len(moving)} of {total} ranks changed stack or "
                      "iteration between samples; it is not hung")
             detail = "stacks or loop iterations differ from one sample to the next"
+        if behind:
+            detail += "; " + _behind_phrase(behind)
         out.append(Finding("progressing", title, detail + (f"; {count_phrase(len(stuck))} did not change" if stuck else ""),
                            "high" if not stuck else "medium", "ranks were seen moving", keys,
                            describe_keys(keys, numbers), fold_nodes(k[0] for k in keys), culprit=False))
@@ -358,6 +367,38 @@ def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
                            "(a slow data loader, an extra iteration, an endless loop)", conf, reason,
                            keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
     return out
+
+
+def _behind_phrase(behind: Sequence[RankProgress]) -> str:
+    """`ranks 0-1 waited in the collective for the slow node's ranks; ranks 6-7 computed slowly there`."""
+    parts = []
+    for status, words in (("waiting", "waited in the collective for the slow node's ranks"),
+                          ("slow", "computed slowly on the slow node")):
+        ps = [p for p in behind if p.status == status]
+        if ps:
+            keys, numbers = _keys(ps)
+            parts.append(f"{short_keys(keys, numbers)} {words} (unchanged between samples)")
+    return "; ".join(parts)
+
+
+def held_back(progress: Sequence[RankProgress], slow: Sequence[Finding]) -> Tuple[RankProgress, ...]:
+    """Ranks called stuck that a slow node explains, in a job that progresses: those that wait in a collective
+    become `waiting` (the slow node's ranks are what they wait for), those on the slow node that ran outside one
+    (CPU used, or state R) become `slow`. A held rank (stopped, frozen) and a rank with no such evidence stay
+    stuck, and without a slow node or a progressing rank nothing changes."""
+    nodes = {n for f in slow if f.kind == "slow_node" for n in f.nodes.split(",") if n}
+    if not nodes or not any(p.status == "progressing" for p in progress):
+        return tuple(progress)
+    out = []
+    for p in progress:
+        if p.status == "stuck" and not p.held:
+            working = p.activity in ("busy", "spinning") or p.running > 0
+            if p.node in nodes and working and p.waits_now is False:
+                p = replace(p, status="slow")
+            elif p.waits_now:
+                p = replace(p, status="waiting")
+        out.append(p)
+    return tuple(out)
 
 
 def _evidence(moving: Sequence[RankProgress]) -> str:
@@ -521,6 +562,14 @@ def stuck_summary(progress: Sequence[RankProgress]) -> str:
         shown.append(f"{short_keys(keys, numbers)} {_HELD_WORDS.get(kind, kind)}")
     text = ", ".join(shown)
     return f"{count_phrase(len(stuck))} stuck for up to {longest:.0f} s" + (f"; {text}" if text else "")
+
+
+def behind_summary(progress: Sequence[RankProgress]) -> str:
+    """`2 waiting for a slow node, 2 slow`, or "" (the ranks held_back relabelled)."""
+    waiting = sum(1 for p in progress if p.status == "waiting")
+    slow = sum(1 for p in progress if p.status == "slow")
+    parts = ([f"{waiting} waiting for a slow node"] if waiting else []) + ([f"{slow} slow"] if slow else [])
+    return ", ".join(parts)
 
 
 _HELD_WORDS = {"stopped": "stopped", "traced": "stopped by a tracer", "frozen": "frozen (cgroup freezer)",

@@ -16,7 +16,7 @@ from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.processes import skew_line, tree_lines
-from app.analysis.progress import stuck_summary
+from app.analysis.progress import behind_summary, stuck_summary
 from app.model import Frame, RankSnapshot, Snapshot, rank_key
 
 MAX_FINDINGS = 12
@@ -66,7 +66,8 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
             out += _wrap(f"{row.label}: {row.text}", width, "      ", first="  ")
     if analysis.progress:
         moving = sum(1 for p in analysis.progress if p.status == "progressing")
-        line = stuck_summary(analysis.progress)
+        line = "; ".join(part for part in (stuck_summary(analysis.progress), behind_summary(analysis.progress))
+                         if part)
         out += ["", "Progress over samples:"]
         out += _wrap(f"{line}{'; ' if line else ''}{moving} progressing", width, "    ", first="  ")
     gpu = [(n.name, line) for n in snapshot.nodes for line in evidence_lines(n)]  # NCCL/CUDA jobs only

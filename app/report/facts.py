@@ -100,7 +100,7 @@ def _progress_rows(analysis: "Analysis") -> List[ProgressRow]:
     for (status, activity, since), ps in groups.items():
         label = describe_keys([rank_key(p) for p in ps], [p.rank for p in ps])
         rows.append(ProgressRow(status, activity, label, since, max(p.duration for p in ps), len(ps)))
-    order = {"progressing": 0, "gone": 1, "stuck": 2, "unknown": 3}
+    order = {"progressing": 0, "slow": 1, "waiting": 2, "gone": 3, "stuck": 4, "unknown": 5}
     rows.sort(key=lambda r: (order.get(r.status, 9), r.count, r.label))
     return rows
 

@@ -50,7 +50,7 @@ details{margin:.3rem 0}summary{cursor:pointer}
 .frames td.loc{white-space:nowrap}.locals{margin:.1rem 0 .3rem 1rem;color:#38424d}
 .matrix td{text-align:center;min-width:3.5rem}
 .timeline{width:100%;min-width:20rem}.track{background:#eef1f5;height:1rem;position:relative}
-.bar{height:1rem;background:#9aa5b1}.bar.stuck{background:#e4572e}.bar.progressing{background:#29bf12}
+.bar{height:1rem;background:#9aa5b1}.bar.stuck{background:#e4572e}.bar.progressing{background:#29bf12}.bar.waiting,.bar.slow{background:#f3a712}
 .bar.gone{background:#1d232b}
 """
 

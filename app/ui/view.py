@@ -147,6 +147,10 @@ def progress_text(p: Optional[RankProgress]) -> str:
         return "progressing"
     if p.status == "gone":
         return f"gone for {duration_text(p.duration)}"
+    if p.status == "waiting":
+        return "waiting for a slow node"
+    if p.status == "slow":
+        return "slow node"
     return ""
 
 

@@ -11,6 +11,7 @@ from analysis_snapshots import ALL_REDUCE, LOADING, in_step, job, rank, snapshot
 from app.analysis import analyze
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.progress import track
+from app.analysis.text import summary_text
 from app.model import CgroupCpu, Frame, Local, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 
 
@@ -192,6 +193,40 @@ def test_a_throttled_node_is_named_slow_in_a_progressing_job() -> None:
     assert "/slow (10% of a CPU) was CPU-throttled 85% of the time" in f.detail
     assert a.verdict.endswith("; node04 is slow: its ranks are CPU-throttled by their cgroup.")
     assert next(p for p in a.progress if p.rank == 6).throttled == pytest.approx(0.85)
+
+
+def test_ranks_a_slow_node_holds_back_are_not_stuck() -> None:
+    """Live, Lightning with node04 capped to 10 % of a CPU: between two samples node01's ranks sat in the
+    all_reduce waiting for node04 (no bytes yet) and node04's ranks computed on one frame; the others moved
+    gradients. Neither pair is stuck: they wait for, or are, the slow node, and the job is progressing [high]."""
+    def per_rank(at: float, step: int) -> dict:
+        ranks: dict = {r: {"sent": 10_000 + step * 20_000} for r in range(2, 6)}
+        ranks.update({r: {"sent": 5_000, "frames": ALL_REDUCE} for r in (0, 1)})
+        ranks.update({r: {"sent": 7_000, "frames": LOADING, "quota": 10000, "state": "R", "cpu": 1.0 + at / 100,
+                          "throttled_us": int(at * 850_000), "nr_throttled": int(at)} for r in (6, 7)})
+        return ranks
+
+    before, now = ddp_sample(10.0, per_rank(10.0, 0), cpu=1.0), ddp_sample(12.0, per_rank(12.0, 1), cpu=1.0)
+    a = analyze(now, history=[before])
+    status = {p.rank: p.status for p in a.progress}
+    assert status == {0: "waiting", 1: "waiting", 2: "progressing", 3: "progressing", 4: "progressing",
+                      5: "progressing", 6: "slow", 7: "slow"}
+    first = a.findings[0]
+    assert first.kind == "progressing" and first.confidence == "high", a.findings
+    assert first.title.startswith("the job is progressing: 4 of 8 ranks moved between samples")
+    assert "ranks 0-1 waited in the collective for the slow node's ranks" in first.detail
+    assert [f.nodes for f in a.findings if f.kind == "slow_node"] == ["node04"]
+    assert "2 waiting for a slow node, 2 slow; 4 progressing" in " ".join(summary_text(now, a).split())
+
+    # the same stacks without the throttling: nothing explains node01's unchanged ranks, so they stay stuck
+    plain = {r: {k: v for k, v in kw.items() if k not in ("quota", "throttled_us", "nr_throttled")}
+             for r, kw in per_rank(12.0, 1).items()}
+    plain_before = {r: {k: v for k, v in kw.items() if k not in ("quota", "throttled_us", "nr_throttled")}
+                    for r, kw in per_rank(10.0, 0).items()}
+    b = analyze(ddp_sample(12.0, plain, cpu=1.0), history=[ddp_sample(10.0, plain_before, cpu=1.0)])
+    assert not any(f.kind == "slow_node" for f in b.findings)
+    assert {p.rank for p in b.progress if p.status == "stuck"} >= {0, 1}
+    assert not any(p.status in ("waiting", "slow") for p in b.progress)
 
 
 def test_no_slow_node_when_no_node_stands_out() -> None:
