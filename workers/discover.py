@@ -21,7 +21,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from workers import procinfo
 from workers.procinfo import Gone, Proc
@@ -229,6 +229,7 @@ class Scan:
         self._spawned: Set[int] = set()  # ranks found as spawn children with torch loaded (no rank environment)
         self.processes: List[Dict[str, Any]] = []  # the jobs' other processes: launchers and ranks' children
         self._connected: Dict[int, str] = {}  # ranks found by their connections (no rank environment): why
+        self._picked_by = "--pid"  # what picked the processes given by the user: --pid or --match
 
     def _load(self) -> None:
         cache = self._cache
@@ -272,9 +273,14 @@ class Scan:
                     cache.put(self.procs[pid])
             cache.keep_only(set(pids))
 
-    def ranks(self, pids: Optional[Iterable[int]] = None) -> List[Dict[str, Any]]:
-        """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not."""
+    def ranks(self, pids: Optional[Iterable[int]] = None, match: Optional[Pattern[str]] = None) -> List[Dict[str, Any]]:
+        """Rank dicts (RankSnapshot identity fields); with pids, exactly those that exist, rank env or not; with
+        match, the python processes whose command line matches, less those that are ancestors of another
+        matching one (a launcher's command line names the script too)."""
         self._load()
+        self._picked_by = "--pid"
+        if match is not None and pids is None:
+            pids, self._picked_by = self._matching(match), "--match"
         ranks = {pid for pid, p in self.procs.items() if is_python(p) and is_rank_env(p.environ)}
         self._spawned = self._spawn_ranks(ranks)
         ranks |= self._spawned
@@ -458,6 +464,17 @@ class Scan:
             cur = a.ppid
         return False
 
+    def _matching(self, match: Pattern[str]) -> List[int]:
+        # (hangscope's own command line holds the pattern: never a match)
+        found = {pid for pid, p in self.procs.items()
+                 if is_python(p) and match.search(" ".join(p.cmdline)[:MATCH_CMDLINE]) is not None
+                 and not _asks_for(p.cmdline, match.pattern)}
+        picked = sorted(found - self._ancestors(found))
+        if not picked:
+            self.notes.append("no python process here has a command line matching --match %s"
+                              % match.pattern[:MATCH_LIMIT])
+        return picked
+
     def _candidates(self) -> List[str]:
         """No rank found: python processes with torch loaded, each with why, and how to pick one."""
         found = []
@@ -469,7 +486,8 @@ class Scan:
         if not found:
             return []
         return ["no process with a rank environment (RANK, LOCAL_RANK, ...) nor a multiprocessing spawn child "
-                "with torch loaded; python processes with torch loaded: %s: pick ranks with --pid PID"
+                "with torch loaded; python processes with torch loaded: %s: pick ranks with --match REGEX (their command line, "
+                "on every node) or --pid PID"
                 % "; ".join(found)]
 
     def _helper_of(self, pid: int, ranks: Set[int]) -> Optional[int]:
@@ -551,7 +569,8 @@ class Scan:
             # how the process was found, and where its rank number comes from ("" while unknown)
             "found_by": "rank environment" if is_rank_env(env) else (
                 "multiprocessing spawn child with torch loaded" if spawned else (
-                    "connections: " + self._connected[pid] if pid in self._connected else "--pid")),
+                    "connections: " + self._connected[pid] if pid in self._connected else
+                    self._picked_by)),
             "rank_evidence": "environment (%s)" % rank_var if rank_var else (
                 "command line (%s)" % arg_rank[0] if arg_rank else ""),
             "rank": _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") if rank_var else (
@@ -566,6 +585,16 @@ class Scan:
             "cmdline": redact_argv(p.cmdline), "exe": p.exe, "uid": p.uid, "user": procinfo.user_name(p.uid),
             "env": allowed_env(env), "nspid": procinfo.ns_id(pid), "in_container": in_container(pid, self.me),
         }
+
+
+MATCH_LIMIT = 200  # characters of a --match pattern
+MATCH_CMDLINE = 4096  # characters of a command line a --match pattern is searched in
+
+
+def _asks_for(cmdline: Sequence[str], pattern: str) -> bool:
+    """Whether this command line passes `pattern` to --match (hangscope itself, on the login node)."""
+    return ("--match=" + pattern) in cmdline or any(a == "--match" and b == pattern
+                                                     for a, b in zip(cmdline, cmdline[1:]))
 
 
 def proc_hides_pids() -> bool:

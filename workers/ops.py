@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import time
 
@@ -54,6 +55,16 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
     pids = req.arg_list("pids")
     if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
         raise OpError("bad_request", "discover: pids must be integers")
+    match = req.args.get("match")
+    pattern = None
+    if match is not None:
+        if not isinstance(match, str) or not 0 < len(match) <= discovery.MATCH_LIMIT:
+            raise OpError("bad_request", "discover: match must be a regular expression of 1 to %d characters"
+                          % discovery.MATCH_LIMIT)
+        try:
+            pattern = re.compile(match)
+        except re.error as exc:
+            raise OpError("bad_request", "discover: --match %r is not a regular expression: %s" % (match, exc))
     notes: list = []
     read_denied = (lambda denied: runas.read_environs(req, denied, notes)) if req.sudo else None
     worker = req.worker
@@ -68,7 +79,7 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
     cache = worker.proc_cache if worker.scan_lock.acquire(blocking=False) else None
     try:
         scan = discovery.Scan(worker.proc_source, read_denied=read_denied, cache=cache)
-        ranks = scan.ranks(pids)
+        ranks = scan.ranks(pids, match=pattern)
     finally:
         if cache is not None:
             worker.scan_lock.release()

@@ -27,7 +27,7 @@ goes on. EOF on stdin: the worker kills everything it started and exits.
 
 Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
-    discover  {"pids": [int] | None}              -> item per rank: RankInfo dict (see workers/discover.py),
+    discover  {"pids": [int] | None, "match": str}  -> item per rank: RankInfo dict (see workers/discover.py),
                                                      with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
                                                      and "counters": {...} (workers/collect/progress.py)
                                                   -> done {"count", "scanned", "unreadable", "notes": [str]}

@@ -314,7 +314,7 @@ def _no_data(snapshot: Snapshot) -> Finding:
                        "hangscope looks for processes with RANK/LOCAL_RANK in their environment and for "
                        "multiprocessing spawn children with torch loaded; check the hosts list, that the job runs as "
                        "a user whose processes you can read, and the nodes' notes, which list python processes with "
-                       "torch loaded: pick ranks with --pid", "high",
+                       "torch loaded: pick ranks with --match REGEX (their command line, on every node) or --pid", "high",
                        "nothing to analyse", culprit=False)
     return Finding("no_data", f"no stacks were collected from any of the {len(snapshot.ranks)} ranks",
                    "see why in the dump failures above", "high", "nothing to merge", culprit=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 from typing import Optional, Sequence
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
     col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
                      help="inspect only this process (repeatable; on every node, mostly for this machine)")
+    col.add_argument("--match", metavar="REGEX",
+                     help="inspect only the python processes whose command line matches this regular expression, "
+                     "on every node, rank environment or not (a launcher above a matching process is left out): "
+                     "picks the ranks where discovery finds none or too many, e.g. --match 'train\\.py'")
     col.add_argument("--job", metavar="JOB",
                      help="analyse only this job of the snapshot: its name as the summary prints it, or a part "
                      "of it that names one job (e.g. the master port 29500)")
@@ -139,6 +144,19 @@ def versions_text() -> str:
     return "\n".join(parts)
 
 
+MATCH_LIMIT = 200  # the worker's limit on a --match pattern (workers/discover.py MATCH_LIMIT)
+
+
+def _check_match(pattern: str) -> None:
+    """A --match pattern the nodes can use, checked here before any connection (python's re on both sides)."""
+    if not 0 < len(pattern) <= MATCH_LIMIT:
+        raise InputError(f"--match takes a regular expression of 1 to {MATCH_LIMIT} characters")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"--match {pattern!r} is not a regular expression: {exc}") from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
@@ -193,6 +211,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError("--fanout, --timeout and --connect-timeout must be positive, --strace >= 0")
     if args.samples < 1 or args.interval < 0:
         raise InputError("--samples must be at least 1 and --interval not negative")
+    if getattr(args, "match", None) is not None:
+        _check_match(args.match)
     if args.slurm is not None:  # the job's nodes from SLURM, reached over --transport
         from app.slurm.cli import slurm_hosts
 

@@ -351,7 +351,7 @@ class RankSnapshot:
     local_rank: Optional[int] = None
     world_size: Optional[int] = None
     group_rank: Optional[int] = None
-    found_by: str = ""  # how discovery found it: rank environment, multiprocessing spawn child with torch loaded, --pid
+    found_by: str = ""  # how discovery found it: rank environment, multiprocessing spawn child with torch loaded, --pid, --match
     job: str = ""  # which job it belongs to, e.g. "10.0.0.1:29500" (its store), "SLURM job 42.0"; "" when unknown
     job_evidence: str = ""  # what that rests on: MASTER_ADDR:MASTER_PORT, TORCHELASTIC_RUN_ID, SLURM ids, launcher
     rank_evidence: str = ""  # where the rank number comes from, e.g. "environment (RANK)"; "" when unknown

@@ -54,6 +54,7 @@ class SessionOptions:
     identity: tuple[str, ...] = ()
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
+    match: Optional[str] = None  # only python processes whose command line matches this regex (on every node)
     strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
     srun: Optional[SrunOptions] = field(default=None, compare=False)  # the SLURM job for hosts over srun/auto
 
@@ -191,7 +192,7 @@ class Session:
                 try:
                     if node.conn is None or node.conn.closed:
                         raise TransportError("lost", f"{node.name}: no worker connection; refresh first")
-                    args = {k: v for k, v in self._collect_args().items() if k != "pids"}
+                    args = {k: v for k, v in self._collect_args().items() if k not in ("pids", "match")}
                     args["targets"] = [{"pid": r.pid, "start_time": r.start_time} for r in known]
                     req = node.conn.request("dump", args, timeout=self.options.dump_timeout * len(known) + 15.0)
                     async for item in req:
@@ -391,7 +392,7 @@ class Session:
 
     def _collect_args(self) -> dict:
         c, o = self.options.collect, self.options
-        return {"pids": list(o.pids) if o.pids is not None else None, "native": c.native, "locals": c.locals,
+        return {"pids": list(o.pids) if o.pids is not None else None, "match": o.match, "native": c.native, "locals": c.locals,
                 "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
                 "source_context": SOURCE_CONTEXT, "sudo": c.sudo, "gpu_evidence": c.gpu_evidence}
 

@@ -114,3 +114,29 @@ def test_tui_refused_without_a_terminal_with_a_hint(tmp_path):
     assert res.returncode == 2
     err = res.stderr.decode()
     assert "not a terminal" in err and "--snapshot" in err and "--print" in err
+
+
+def test_a_bad_match_pattern_is_refused_before_connecting(tmp_path):
+    res = hangscope("--match", "train([", "--print")
+    assert res.returncode == 2
+    assert "--match 'train([' is not a regular expression" in res.stderr.decode()
+
+
+def test_match_picks_ranks_discovery_cannot_see(tmp_path):
+    """A python process with no rank environment and no torch, which discovery alone never takes for a rank:
+    --match on its command line picks it, says so (found_by), and dumps it."""
+    from worker_targets import PROG, Target, wait_blocked
+
+    tag = f"hsmatch-cli-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    with Target([sys.executable, PROG, "rank", tag], env=env) as t:
+        pid = int(t.ready[0])
+        wait_blocked(pid)
+        snap = tmp_path / "snap.json"
+        res = hangscope("--match", f"rank {tag}$", "--print", "--samples", "1", "--snapshot", str(snap))
+        out = res.stdout.decode()
+        assert res.returncode == 0, (out, res.stderr.decode())
+        import json
+        (rank,) = json.loads(snap.read_text())["snapshot"]["ranks"]
+        assert rank["pid"] == pid and rank["found_by"] == "--match"
+        assert "train" in out  # its stack was dumped: the rank waits in train()

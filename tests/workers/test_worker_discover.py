@@ -87,6 +87,34 @@ def test_pids_argument_reports_exactly_those() -> None:
         assert list(ranks) == [helper_pid] and done["count"] == 1
 
 
+def test_match_picks_processes_by_command_line_leaving_their_launcher_out(tmp_path) -> None:
+    """--match: python processes whose command line matches, rank environment or not; the launcher whose own
+    command line names the same words is left out, as is hangscope's own process passing the pattern."""
+    tag = f"hsmatch-{os.getpid()}"
+    plain_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    script = copy_as(str(tmp_path), "mylauncher")
+    with Target([sys.executable, PROG, "rank", tag], env=plain_env) as plain, \
+            Target([sys.executable, script, "launcher", "2", tag], env=plain_env) as launched, \
+            Target([sys.executable, PROG, "busy", "--match", tag], env=plain_env) as asking, WorkerProc() as w:
+        plain_pid, launcher_pid = int(plain.ready[0]), int(launched.ready[0])
+        kids = sorted(int(p) for p in launched.ready[1:])
+        wait_blocked(plain_pid)
+        unmatched, _ = discover_all(w)
+        assert plain_pid not in unmatched  # no rank environment, no torch: discovery alone skips it
+        ranks, done = discover_all(w, match=f"rank {tag}$")
+        assert sorted(ranks) == sorted([plain_pid] + kids), ranks.keys()
+        assert launcher_pid not in ranks and int(asking.ready[0]) not in ranks
+        assert sorted(ranks[k]["rank"] for k in kids) == [0, 1] and ranks[plain_pid]["rank"] is None
+        assert ranks[plain_pid]["found_by"] == "--match" and ranks[kids[0]]["found_by"] == "rank environment"
+        assert done["count"] == 3
+        wide, _ = discover_all(w, match=tag)  # the launcher's line matches too: it is above the kids, left out
+        assert launcher_pid not in wide and set(kids) <= set(wide)
+        none, done = discover_all(w, match="no-such-process-xyz")
+        assert none == {} and any("matching --match no-such-process-xyz" in n for n in done["notes"])
+        items, bad = w.call("discover", {"match": "train(["})
+        assert bad["type"] == "error" and "not a regular expression" in bad["message"], bad
+
+
 def test_psutil_and_procfs_find_the_same_ranks() -> None:
     with start_rank(0, ["--helper"]) as t0, start_rank(1) as t1:
         by_source = []
