@@ -127,6 +127,22 @@ def _node_tree(ranks: Sequence[RankSnapshot], procs: Sequence[JobProcess], depth
     return out
 
 
+def rank_family(snapshot: Snapshot, rank: RankSnapshot) -> List[str]:
+    """One rank's place in its job, for its own view: the launchers above it (outermost first), the rank, and
+    its children below it, indented two spaces a level; [] when it has neither launcher nor child."""
+    here = [p for p in snapshot.processes if p.node == rank.node and p.job == rank.job]
+    above = sorted((p for p in here if p.role == "launcher" and rank.pid in p.of), key=lambda p: (-len(p.of), p.pid))
+    below = [p for p in here if p.role == "child" and p.of and p.of[0] == rank.pid]
+    if not above and not below:
+        return []
+    out = ["  " * i + _proc_line(p) for i, p in enumerate(above)]
+    out.append("  " * len(above) + _rank_line(rank) + "  (this rank)")
+    out += ["  " * (len(above) + 1) + _proc_line(c) for c in below[:MAX_CHILDREN_SHOWN]]
+    if len(below) > MAX_CHILDREN_SHOWN:
+        out.append("  " * (len(above) + 1) + f"... {len(below) - MAX_CHILDREN_SHOWN} more children")
+    return out
+
+
 def launchers_without_ranks(snapshot: Snapshot) -> List[Finding]:
     """A job whose launchers run but none of whose ranks exist yet (torchrun in its rendezvous, waiting for a
     node that has not joined): a job, reported with what its launchers are doing."""

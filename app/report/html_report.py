@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.processes import tree_lines
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -63,6 +64,11 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
     sections.append("<h2 id=\"nodes\">Nodes</h2>" + hr.nodes_table(snap.nodes)
                     + ("<ul>" + "".join(f"<li>{h_sentence(line)}</li>" for line in facts.failures) + "</ul>"
                        if facts.failures else ""))
+    procs = tree_lines(snap)
+    if procs:
+        sections.append("<h2 id=\"processes\">Processes of the job</h2><p class=\"meta\">Launchers above their "
+                        "ranks, each rank's children below it (never counted as ranks).</p><pre class=\"mono\">"
+                        + "\n".join(h(line, 400) for line in procs) + "</pre>")
     gpu = [(n.name, line) for n in snap.nodes for line in evidence_lines(n)]
     if gpu:
         sections.append("<h2 id=\"gpu\">GPU evidence</h2><ul>" + "".join(

@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.app import App
 from textual.message import Message
 
+from app.analysis.processes import rank_family
 from app.errors import HangscopeError
 from app.gpu.model import GpuTestResults
 from app.model import NodeStatus, RankSnapshot, Snapshot
@@ -281,4 +282,5 @@ class HangscopeCore(App[int]):
             if isinstance(screen, DrillScreen) and view is not None:
                 rank = view.ranks.get(screen.key)
                 if rank is not None:
-                    screen.update(rank, self.drill_summary(rank), view.snapshot.options.locals)
+                    screen.update(rank, self.drill_summary(rank), view.snapshot.options.locals,
+                                  rank_family(view.snapshot, rank))

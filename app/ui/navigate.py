@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from app.analysis.diff import diff_ranks, diff_vs_majority
+from app.analysis.processes import rank_family
 from app.analysis.tree import build_tree
 from app.model import RankSnapshot
 from app.ui.core import HangscopeCore
@@ -44,7 +45,8 @@ class NavigateMixin(HangscopeCore):
     def open_drill(self, rank: RankSnapshot) -> None:
         view = self.current_view
         self.push_screen(DrillScreen(rank, self.drill_summary(rank),
-                                     view is not None and view.snapshot.options.locals))
+                                     view is not None and view.snapshot.options.locals,
+                                     rank_family(view.snapshot, rank) if view is not None else ()))
 
     # -- diff and tree ---------------------------------------------------------------------------------
 

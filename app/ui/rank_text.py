@@ -3,7 +3,7 @@ always through app.ui.safe so it is shown literally."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from rich.text import Text
 
@@ -144,7 +144,9 @@ def gdb_text(rank: RankSnapshot) -> Text:
     return lines(rank.gdb)
 
 
-def proc_text(rank: RankSnapshot) -> Text:
+def proc_text(rank: RankSnapshot, family: Sequence[str] = ()) -> Text:
+    """The process: /proc facts, its place in the job (`family`: analysis.processes.rank_family, launchers
+    above and children below), each thread's kernel stack, its TCP connections."""
     out = Text(end="")
     rows = [("pid", str(rank.pid)), ("ppid", str(rank.ppid or "")), ("state", rank.state),
             ("wchan", rank.wchan), ("threads", str(rank.num_threads)), ("cpu time", f"{rank.cpu_time:.2f} s"),
@@ -158,6 +160,11 @@ def proc_text(rank: RankSnapshot) -> Text:
         rows.append((f"gpu {gpu.index if gpu.index is not None else '?'}",
                      f"{gpu.name} {gpu.uuid} {gpu.used_mib or '?'} MiB"))
     _table(out, rows)
+    if family:
+        out.append("\n\nIn the job (launchers above, children below)", style=HEAD)
+        for line in family:
+            out.append("\n  ")
+            out.append_text(literal(line, 300, "bold" if line.endswith("(this rank)") else ""))
     for t in ordered_threads(rank):
         out.append("\n")
         out.append_text(thread_header(t))

@@ -4,7 +4,7 @@ snapshots; the live counterparts are in tests/live/test_cluster_processes.py."""
 from __future__ import annotations
 
 from app.analysis import analyze, job_keys, only_job
-from app.analysis.processes import LARGE_SKEW, skew_line, tree_lines
+from app.analysis.processes import LARGE_SKEW, rank_family, skew_line, tree_lines
 from app.model import JobProcess, RankSnapshot, Snapshot
 from app.decode.replies import launcher_job
 
@@ -30,6 +30,24 @@ def test_the_tree_puts_srun_above_torchrun_above_its_ranks_above_their_children(
         "rank 1 (pid 21)", "subprocess pid 31"]
     depth = [len(line) - len(line.lstrip()) for line in lines]
     assert depth == [0, 2, 4, 6, 8, 10, 8, 10]
+
+
+def test_a_ranks_own_view_shows_its_launchers_above_and_only_its_children_below() -> None:
+    r0, r1 = rank(20, 0, 10), rank(21, 1, 10)
+    other_node = rank(20, 2, 10, node="n2")
+    snap = Snapshot(taken_at=0.0, ranks=(r0, r1, other_node),
+                    processes=(proc(5, "launcher", "srun", 1, (20, 21)), proc(10, "launcher", "torchrun", 5, (20, 21)),
+                               proc(30, "child", "data-loader worker", 20, (20,)),
+                               proc(31, "child", "subprocess", 21, (21,)),
+                               proc(10, "launcher", "torchrun", 1, (20,), node="n2")))
+    lines = rank_family(snap, r0)
+    assert [line.strip().split(" [")[0] for line in lines] == [
+        "srun pid 5", "torchrun pid 10", "rank 0 (pid 20)", "data-loader worker pid 30"]
+    assert lines[2].endswith("(this rank)")
+    assert [len(line) - len(line.lstrip()) for line in lines] == [0, 2, 4, 6]
+    assert [line.strip().split(" [")[0] for line in rank_family(snap, other_node)] == [
+        "torchrun pid 10", "rank 2 (pid 20)"]  # the same pids on another node are another family
+    assert rank_family(Snapshot(taken_at=0.0, ranks=(r0,)), r0) == []  # nothing above or below: nothing to add
 
 
 def test_a_job_with_launchers_and_no_rank_is_a_job_not_nothing_found() -> None:

@@ -267,6 +267,29 @@ def test_progress_and_gpu_tests_are_shown_when_present(tmp_path: Path) -> None:
     assert any(s["item"] == "earlier samples" for s in manifest["skipped"])
 
 
+def test_the_process_tree_is_in_the_report_with_hostile_text_as_text(tmp_path: Path) -> None:
+    import dataclasses
+
+    from app.model import JobProcess
+
+    snap = make_snapshot("dataloader")
+    r = snap.ranks[0]
+    mates = tuple(x.pid for x in snap.ranks if x.node == r.node)
+    snap = dataclasses.replace(snap, processes=(
+        JobProcess(node=r.node, pid=900, start_time=1, role="launcher", kind="torchrun", ppid=1, of=mates, job=r.job,
+                   state="S", wchan="do_wait"),
+        JobProcess(node=r.node, pid=901, start_time=1, role="child", kind=HOSTILE_NAME, ppid=r.pid, of=(r.pid,),
+                   job=r.job, state="S")))
+    export_bundle(snap, analyze(snap), str(tmp_path / "b"))
+    html = (tmp_path / "b" / "report.html").read_text(encoding="utf-8")
+    page = page_text(html)
+    text = "".join(page.text)
+    assert "Processes of the job" in text and "torchrun pid 900 [S]: sleeping in do_wait" in text
+    assert f"{HOSTILE_NAME} pid 901" in text and page.tags.count("script") == 0
+    tree = html.split('id="processes"', 1)[1].split("</pre>", 1)[0]
+    assert tree.index("torchrun pid 900") < tree.index(f"pid {r.pid}") < tree.index("pid 901")
+
+
 def test_empty_failed_and_oversized_snapshots_still_give_a_bundle(tmp_path: Path) -> None:
     import dataclasses
 

@@ -8,7 +8,7 @@ import os
 import re
 
 
-from app.model import NodeStatus
+from app.model import JobProcess, NodeStatus
 from app.model.codec import snapshot_from_json
 from app.session import NodeUpdate, RankUpdate, SnapshotDone
 from app.ui.app import HangscopeApp
@@ -70,6 +70,32 @@ async def test_enter_drills_into_the_rank_with_every_tab():
             assert expected in screen_text(app), key
         await pilot.press("escape")
         assert app.screen is app.main
+
+
+async def test_the_process_tab_shows_the_ranks_launcher_above_and_its_workers_below():
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
+    r3 = next(r for r in snap.ranks if r.rank == 3)
+    mates = tuple(r.pid for r in snap.ranks if r.node == r3.node)
+    snap = dataclasses.replace(snap, processes=(
+        JobProcess(node=r3.node, pid=4000, start_time=1, role="launcher", kind="torchrun", ppid=1, of=mates,
+                   job=r3.job, state="S", wchan="do_wait"),
+        JobProcess(node=r3.node, pid=4500, start_time=1, role="child", kind="data-loader worker", ppid=r3.pid,
+                   of=(r3.pid,), job=r3.job, state="S"),
+        JobProcess(node="node01", pid=4501, start_time=1, role="child", kind="data-loader worker", ppid=r3.pid,
+                   of=(r3.pid,), job=r3.job, state="S")))  # same parent pid on another node: not this rank's
+    app = HangscopeApp(ReplaySource([snap]))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        at_rank(app, 3)
+        await pilot.press("enter", "6")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "In the job (launchers above, children below)" in text
+        lines = [line.strip() for line in text.splitlines()]
+        at = next(i for i, line in enumerate(lines) if line.startswith("torchrun pid 4000"))
+        assert lines[at + 1].startswith(f"rank 3 (pid {r3.pid})") and lines[at + 1].endswith("(this rank)")
+        assert lines[at + 2].startswith("data-loader worker pid 4500")
+        assert "pid 4501" not in text
 
 
 async def test_diff_of_two_marked_ranks_calls_out_the_iteration():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, List, Optional, Tuple
+from typing import Callable, ClassVar, List, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -52,15 +52,19 @@ class DrillScreen(WatchesSize, Screen[None]):
         Binding("end", "scroll_tab('end')", show=False),
     ]
 
-    def __init__(self, rank: RankSnapshot, summary: Text, locals_collected: bool = False) -> None:
+    def __init__(self, rank: RankSnapshot, summary: Text, locals_collected: bool = False,
+                 family: Sequence[str] = ()) -> None:
         super().__init__()
         self.rank = rank
         self.summary = summary
         self.locals_collected = locals_collected  # the Locals tab says so rather than advise collecting them
+        self.family = tuple(family)  # the Process tab's "place in the job": launchers above, children below
 
     def _tab_text(self, tab_id: str, render: Callable[[RankSnapshot], Text], rank: RankSnapshot) -> Text:
         if tab_id == "locals":
             return rank_text.locals_text(rank, self.locals_collected)
+        if tab_id == "proc":
+            return rank_text.proc_text(rank, self.family)
         return render(rank)
 
     @property
@@ -84,9 +88,12 @@ class DrillScreen(WatchesSize, Screen[None]):
             title.append_text(self.summary)
         return title
 
-    def update(self, rank: RankSnapshot, summary: Text, locals_collected: Optional[bool] = None) -> None:
+    def update(self, rank: RankSnapshot, summary: Text, locals_collected: Optional[bool] = None,
+               family: Optional[Sequence[str]] = None) -> None:
         self.rank = rank
         self.summary = summary
+        if family is not None:
+            self.family = tuple(family)
         if locals_collected is not None:
             self.locals_collected = locals_collected
         self.query_one("#drill-title", Static).update(self._title())
