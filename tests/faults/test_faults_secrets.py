@@ -233,29 +233,42 @@ def test_strace_keeps_syscall_fd_size_and_result_and_drops_the_bytes_by_default(
     assert _leaks({"strace": output}, LIVE) == []
 
 
-def _read_tab(term, key: str, check) -> List[str]:
-    """Show a drill-down tab and page through it to its end: every screenful, as the user would see them."""
-    term.keys(key)
-    term.keys("Home")  # from its top (PageDown/Home scroll the tab shown; Tab goes to the next tab)
-    first = term.wait_for(check, f"tab {key}")
-    seen = [first]
-    still = 0
-    for _ in range(80):
-        term.keys("PageDown")
-        # a page that does not change is the end of the tab, or a repaint that a loaded machine has not made
-        # yet: wait for it long enough that only the end stays still (twice in a row, below)
-        deadline = time.monotonic() + 5.0
+def _settled(term, differs_from: str, timeout: float) -> str:
+    """The screen once it differs from `differs_from` and two captures in a row agree (a repaint tmux shows half
+    done is never taken for a page); `differs_from` itself when nothing changed within `timeout`."""
+    deadline = time.monotonic() + timeout
+    screen = term.screen()
+    while screen == differs_from and time.monotonic() < deadline:
+        time.sleep(0.05)
         screen = term.screen()
-        while screen == seen[-1] and time.monotonic() < deadline:
-            time.sleep(0.05)
-            screen = term.screen()
-        if screen == seen[-1]:
-            still += 1
-            if still == 2:
-                break  # the end of the tab (twice: a loaded machine may repaint late)
-            continue
-        still = 0
-        seen.append(screen)
+    while True:
+        time.sleep(0.1)
+        again = term.screen()
+        if again == screen:
+            return screen
+        screen = again
+
+
+def _read_tab(term, key: str, check) -> List[str]:
+    """Show a drill-down tab and page through it to its end: every screenful, as the user would see them. The
+    end is known first (End shows the last screenful), so no page is ever taken for the end because a loaded
+    machine repainted it late."""
+    term.keys(key)
+    term.keys("Home")  # from its top (PageDown/Home/End scroll the tab shown; Tab goes to the next tab)
+    term.wait_for(check, f"tab {key}")
+    first = _settled(term, "", 0)
+    term.keys("End")
+    last = _settled(term, first, 10.0)  # a tab that fits one screen does not move
+    if last == first:
+        return [first]
+    term.keys("Home")
+    term.wait_for(lambda s: s == first, f"tab {key} back at its top", timeout=60)
+    seen = [first]
+    while seen[-1] != last:
+        assert len(seen) < 80, f"tab {key}: more than 80 pages, or PageDown never reached the End screen"
+        term.keys("PageDown")
+        seen.append(_settled(term, seen[-1], 60.0))
+        assert seen[-1] != seen[-2], f"tab {key}: PageDown did not move within 60 s"
     return seen
 
 
