@@ -210,7 +210,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         state_before: str
         state_after: str
         resumed: bool
-        process: Optional[Dict[str, Any]]  # workers/pstate.py
+        process: Optional[Dict[str, Any]]  # workers/pstate.py read(), with "pipe": pipe_wait() when one is
         actions: List[str]
         elapsed: float
         error: Optional[ErrorDict]

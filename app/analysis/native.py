@@ -14,7 +14,8 @@ write) shows its innermost Python frame at the line that made the call. What the
   wait, not a `with` header), and the thread sleeps in a call that waits for nothing a Python API gives
   (pause, a futex of C code, a signal wait, a child).
 - a write to a full pipe: the thread sleeps in write() with the kernel in pipe_write: the process reading
-  the pipe's other end has stopped reading (a log shipper, `| tee`, a parent that never drains stdout).
+  the pipe's other end has stopped reading (a log shipper, `| tee`, a parent that never drains stdout); the
+  node names that reader, from the processes holding the pipe's read end (ProcessHold.pipe_readers).
 
 Each finding names the rank, the Python line that made the call and the kernel evidence. Confidence is high
 only where the stacks single the rank out as well (it is not where the others are); else medium.
@@ -27,7 +28,7 @@ from typing import Collection, List, Optional, Sequence, Tuple
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, fold_nodes, short_keys
 from app.analysis.frames import clean, collective_of, is_library, named
-from app.model import Frame, RankSnapshot, ThreadStack
+from app.model import Frame, PipeReader, RankSnapshot, ThreadStack
 
 MAX_FINDINGS = 4
 # calls a thread sleeps in that no Python-level wait explains when its innermost Python frame is the job's code:
@@ -130,16 +131,59 @@ def pipe_write(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Finding]:
         f = next((g for g in t.frames if not g.native and not is_library(g)), None) or _innermost_python(t)
         at = f" in {named(f)}" if f is not None else ""
         who = short_keys(((r.node, r.pid),), (r.rank,))
-        title = (f"{who}'s {_label(t)} is blocked writing to a full pipe{at}: the process reading the other end "
-                 f"has stopped reading")
+        reader, reader_detail = _pipe_reader(r)
+        title = (f"{who}'s {_label(t)} is blocked writing to a full pipe{at}: "
+                 + (f"{reader}, which holds its read end, does not read" if reader else
+                    "the process reading the other end has stopped reading"))
         detail = (f"{who} on {clean(r.node, 60)}: its {_label(t)} sleeps in `{clean(t.syscall, 40)}` with the kernel "
                   f"in {clean(t.wchan, 60)}: the pipe's buffer is full and nothing drains it"
-                  f"{' (from ' + named(f) + _line_text(f) + ')' if f is not None else ''}. Find the reader with "
-                  f"`ls -l /proc/{r.pid}/fd` (the pipe:[inode]) and the process holding that pipe's read end; "
-                  f"a log shipper, a `| tee` or a parent that never reads the rank's stdout is the usual one")
+                  f"{' (from ' + named(f) + _line_text(f) + ')' if f is not None else ''}. " + (reader_detail or
+                  f"Find the reader with `ls -l /proc/{r.pid}/fd` (the pipe:[inode]) and the process holding that "
+                  f"pipe's read end; a log shipper, a `| tee` or a parent that never reads the rank's stdout is the "
+                  f"usual one"))
         return _finding("pipe_write", r, title, detail, odd,
                         "the thread sleeps in write() on a pipe whose buffer is full")
     return None
+
+
+_READER_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep (D)",
+                  "Z": "a zombie", "R": "running"}
+
+
+def _pipe_reader(r: RankSnapshot) -> Tuple[str, str]:
+    """(who holds the pipe's read end, in a few words; the detail on every reader) from the node's search of
+    /proc (ProcessHold.pipe_readers); ("", "") when it was not searched, ("", why) when nobody was found."""
+    hold = r.hold
+    if hold is None or not hold.pipe:
+        return "", ""
+    readers = hold.pipe_readers
+    if not readers:
+        if not hold.pipe_search_complete:
+            return "", (f"The node's /proc was searched for the other end of {clean(hold.pipe, 40)} within its "
+                        "limits and no reader was found; `ls -l /proc/*/fd | grep` the inode to look further.")
+        return "", (f"No process holds {clean(hold.pipe, 40)} open for reading: its reader has exited and the "
+                    "write should fail with EPIPE; a reader in another PID namespace is not visible from the node.")
+
+    def one(p: PipeReader) -> str:
+        what = " ".join(p.cmdline) or p.comm
+        if p.pid == r.pid:
+            return f"{short_keys(((r.node, r.pid),), (r.rank,))} itself"
+        rel = " (its child)" if p.ppid == r.pid else (" (its parent)" if p.ppid is not None and p.pid == r.ppid
+                                                     else "")
+        return f"pid {p.pid} `{clean(what, 80)}`{rel}"
+
+    def doing(p: PipeReader) -> str:
+        state = _READER_STATES.get(p.state)
+        if state:
+            return state
+        return f"asleep in {clean(p.wchan, 60)}" if p.wchan else "asleep"
+
+    first = readers[0]
+    short = one(first) + (f" (and {len(readers) - 1} more)" if len(readers) > 1 else "")
+    detail = "; ".join(f"{one(p)} holds the read end of {clean(hold.pipe, 40)} and is {doing(p)}" for p in readers)
+    detail += (": it never drains the pipe. Make it read (or end it and let the rank see EPIPE), or send the "
+               "rank's output to a file instead of a pipe.")
+    return clean(short, 200), detail
 
 
 def native_findings(ranks: Sequence[RankSnapshot], odd: Collection[RankKey]) -> List[Finding]:

@@ -15,7 +15,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from app.errors import hint_for
-from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, ProcessHold,
+from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, PipeReader,
+                       ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
@@ -429,17 +430,28 @@ def process_hold(raw: Any) -> ProcessHold | None:
     """workers/pstate.py's reading of what holds a process (remote text, bounded); None when nothing does."""
     if not isinstance(raw, dict):
         return None
-    if raw.get("kind") in ("running", "sleeping", "gone", "", None) and not _int(raw.get("tracer_pid")):
+    pipe = _dict(raw.get("pipe"))
+    if raw.get("kind") in ("running", "sleeping", "gone", "", None) and not _int(raw.get("tracer_pid")) \
+            and not pipe:
         return None  # nothing holds it: the state letter says the rest (and the analysis skips None in C)
     f = _dict(raw.get("freezer"))
     version = _int(f.get("version"))
-    return ProcessHold(
+    hold = ProcessHold(
         kind=_str(raw.get("kind"))[:20], stopped_by=_str(raw.get("stopped_by"))[:20],
         tracer_pid=_int(raw.get("tracer_pid")) or None, tracer=_str(raw.get("tracer"))[:64],
         tty=raw.get("tty") is True, freezer=f"v{version}" if version in (1, 2) else "",
         cgroup=_str(f.get("cgroup"))[:500], freezer_state=_str(f.get("state"))[:20], thaw=_str(f.get("thaw"))[:600],
         container=_str(f.get("container"))[:100], wchan=_str(raw.get("wchan"))[:100],
         syscall=_str(raw.get("syscall"))[:40], waits_on=_str(raw.get("waits_on"))[:300])
+    if not pipe:
+        return hold
+    readers = tuple(PipeReader(pid=pid, comm=_str(r.get("comm"))[:64], state=_str(r.get("state"))[:2],
+                               ppid=_int(r.get("ppid")), wchan=_str(r.get("wchan"))[:100],
+                               cmdline=tuple(_str(a)[:200] for a in _list(r.get("cmdline"))[:16]))
+                    for r in _list(pipe.get("readers"))[:8] if isinstance(r, dict)
+                    for pid in [_int(r.get("pid"))] if pid)
+    return dataclasses.replace(hold, pipe=_str(pipe.get("pipe"))[:40], pipe_tid=_int(pipe.get("tid")),
+                               pipe_readers=readers, pipe_search_complete=pipe.get("complete") is not False)
 
 
 # --- strace and gdb ---------------------------------------------------------------------------------------

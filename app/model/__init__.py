@@ -301,6 +301,18 @@ class ProgressCounters:
 
 
 @dataclass(frozen=True)
+class PipeReader:
+    """A process holding a pipe's read end (workers/pstate.py pipe_wait): the one that should drain it."""
+
+    pid: int
+    comm: str = ""
+    state: str = ""
+    ppid: Optional[int] = None
+    wchan: str = ""
+    cmdline: Tuple[str, ...] = ()  # redacted on the node
+
+
+@dataclass(frozen=True)
 class ProcessHold:
     """What holds a rank's process, read on the node before any tool touched it (workers/pstate.py)."""
 
@@ -317,6 +329,11 @@ class ProcessHold:
     wchan: str = ""  # the kernel function it sleeps in
     syscall: str = ""  # D state: the system call it is blocked in, when readable
     waits_on: str = ""  # D state: the file or device that call is on, when readable
+    # A thread asleep writing to a full pipe (kind "sleeping": nothing holds the process, the pipe blocks it):
+    pipe: str = ""  # "pipe:[inode]"
+    pipe_tid: Optional[int] = None  # the thread blocked on it
+    pipe_readers: Tuple[PipeReader, ...] = ()  # the processes holding its read end (the writer's own included)
+    pipe_search_complete: bool = True  # False: /proc was not searched to the end (too many processes, deadline)
 
     @property
     def held(self) -> bool:

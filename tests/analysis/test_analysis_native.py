@@ -74,6 +74,50 @@ def test_a_write_to_a_full_pipe_is_named() -> None:
     assert a.findings[0].kind != "pipe_write"
 
 
+def _piped(readers: list, complete: bool = True) -> tuple:
+    """The job, rank 1 blocked writing to pipe:[77], with the node's reading of the pipe decoded as it arrives."""
+    import dataclasses
+
+    from app.decode.replies import process_hold
+
+    log = Frame("log", F, 70, source=((70, "        self.pipe.write(text)"),))
+    ranks = job_with(main_thread(log, Frame("train", F, 90), syscall="write", wchan="pipe_write"))
+    hold = process_hold({"kind": "sleeping", "state": "S", "pipe": {"tid": 1, "syscall": "write", "pipe": "pipe:[77]",
+                                                                    "readers": readers, "complete": complete}})
+    assert hold is not None and not hold.held  # a pipe does not hold the process: its write blocks it
+    return tuple(dataclasses.replace(r, hold=hold) if r.rank == 1 else r for r in ranks)
+
+
+def test_the_process_holding_the_full_pipes_read_end_is_named_with_what_it_does() -> None:
+    ranks = _piped([{"pid": 4242, "comm": "sleep", "state": "S", "ppid": ranks_pid(1), "wchan": "hrtimer_nanosleep",
+                     "cmdline": ["sleep", "86400"], "fd": 0}])
+    top = analyze(snapshot(ranks)).findings[0]
+    assert top.kind == "pipe_write" and top.confidence == "high"
+    assert top.title == ("rank 1's main thread is blocked writing to a full pipe in `log` (train.py:70): pid 4242 "
+                         "`sleep 86400` (its child), which holds its read end, does not read")
+    assert ("pid 4242 `sleep 86400` (its child) holds the read end of pipe:[77] and is asleep in hrtimer_nanosleep"
+            in top.detail)
+    stopped = _piped([{"pid": 4242, "comm": "tee", "state": "T", "ppid": 1, "cmdline": ["tee", "log\x1b[2J"]}])
+    top = analyze(snapshot(stopped)).findings[0]
+    assert "pid 4242 `tee log\u241b[2J`, which holds its read end, does not read" in top.title  # ESC shown, inert
+    assert "\x1b" not in top.title + top.detail
+    assert "is stopped" in top.detail
+
+
+def test_a_pipe_with_no_reader_or_the_rank_itself_as_reader_says_so() -> None:
+    alone = analyze(snapshot(_piped([]))).findings[0]
+    assert alone.title.endswith("the process reading the other end has stopped reading")
+    assert "No process holds pipe:[77] open for reading" in alone.detail
+    partial = analyze(snapshot(_piped([], complete=False))).findings[0]
+    assert "searched for the other end of pipe:[77] within its limits" in partial.detail
+    itself = analyze(snapshot(_piped([{"pid": ranks_pid(1), "comm": "python3", "state": "S", "ppid": 1}])))
+    assert itself.findings[0].title.endswith(": rank 1 itself, which holds its read end, does not read")
+
+
+def ranks_pid(number: int) -> int:
+    return next(r.pid for r in job_with() if r.rank == number)
+
+
 def test_a_rank_the_stacks_do_not_single_out_is_not_high() -> None:
     """Every rank in the same native call: it is named, but not [high] (nothing says the others wait for it)."""
     threads = (main_thread(CALL, Frame("train", F, 90), syscall="pause"),)

@@ -156,11 +156,12 @@ EXPECTED = {
                                 "`native_wait` (job.py:250): it sleeps in `pause` with the GIL released"),
     "pipe": Expected(
         classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
-        # /proc: write() with the kernel in (anon_)pipe_write
+        # /proc: write() with the kernel in (anon_)pipe_write; the pipe's reader from /proc/*/fd
         findings=(("pipe_write", "high", (1,)), ("minority_stack", "high", (1,))),
         splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
         progress="stuck", title="rank 1's main thread is blocked writing to a full pipe in `LogShipper.log` "
-                                "(job.py:266): the process reading the other end has stopped reading"),
+                                "(job.py:277): pid 83 `sleep 86400` (its child), which holds its read end, does "
+                                "not read"),
     "fsstall": Expected(
         classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
         # the process state (D, with the file it waits on) outranks where its stack is

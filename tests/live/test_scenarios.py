@@ -298,6 +298,10 @@ def test_a_rank_blocked_on_a_full_pipe_is_named(pipe: Case) -> None:
     assert first["ranks"] == [pipe.key(1)]
     assert flat(d.stdout).startswith("hangscope: Rank 1's main thread is blocked writing to a full pipe in "
                                      "`LogShipper.log` (job.py:"), d.stdout
+    # the node found who holds the pipe's read end: the shipper child that never reads
+    assert "`sleep 86400` (its child), which holds its read end, does not read" in flat(d.stdout), d.stdout
+    hold = next(r for r in d.snapshot.ranks if r.rank == 1).hold
+    assert hold is not None and hold.pipe.startswith("pipe:[") and [p.comm for p in hold.pipe_readers] == ["sleep"]
 
 
 @pytest.fixture(scope="module")

@@ -191,3 +191,37 @@ def test_a_rank_in_d_state_is_dumped_without_ptrace_and_named_with_the_file_it_w
         assert top.kind == "uninterruptible" and top.title == (
             f"rank 0 is in uninterruptible sleep (D): waiting on I/O or a driver ({path})")
         assert "(read on %s)" % path in top.detail
+
+
+PIPE_WRITER = """
+import os, subprocess, sys
+shipper = subprocess.Popen(["sleep", "86400"], stdin=subprocess.PIPE)  # holds the read end, never reads
+print("ready %d %d" % (os.getpid(), shipper.pid), flush=True)
+def log_line():
+    shipper.stdin.write(b"x" * (1 << 20))  # more than a pipe's buffer: blocks once the buffer is full
+    shipper.stdin.flush()
+log_line()
+"""
+
+
+def test_a_rank_blocked_writing_to_a_full_pipe_names_the_process_holding_its_read_end() -> None:
+    """The worker reads which thread waits on which pipe, and finds the pipe's readers in /proc/*/fd (their
+    access mode from fdinfo): the never-reading child, not the writer's own write end. Nothing is attached."""
+    with Target([sys.executable, "-c", PIPE_WRITER], env=rank_env(0)) as t, WorkerProc() as w:
+        writer, reader = int(t.ready[0]), int(t.ready[1])
+        wait_until(lambda: "pipe" in procinfo.wchan(writer), what="the writer to block on the full pipe")
+        item, _ = dump(w, writer)
+        piped = item["process"]["pipe"]
+        assert item["process"]["kind"] == "sleeping" and piped["syscall"] == "write"
+        assert piped["pipe"] == os.readlink(f"/proc/{writer}/fd/{_fd_of(writer, piped['pipe'])}")
+        (found,) = piped["readers"]
+        assert (found["pid"], found["comm"], found["ppid"], found["cmdline"]) == (reader, "sleep", writer,
+                                                                                    ["sleep", "86400"])
+        assert found["state"] == "S" and piped["complete"] is True
+        assert "searched /proc/*/fd for the pipe's readers" in item["actions"]
+        assert tracer_pid(writer) == 0 and "pipe" in procinfo.wchan(writer)  # still blocked, never traced
+        os.kill(reader, signal.SIGKILL)
+
+
+def _fd_of(pid: int, target: str) -> int:
+    return next(int(fd) for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}") == target)

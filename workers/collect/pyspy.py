@@ -147,6 +147,11 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     item["actions"].append("read /proc")
     info = item["process"] = guard.hold(pid, [(t["tid"], t["state"]) for t in item["procfs"]["threads"]
                                               if isinstance(t, dict) and "tid" in t and "state" in t])
+    if info["kind"] == "sleeping":  # a thread asleep writing to a full pipe: who holds its read end (/proc only)
+        piped = pstate.pipe_wait(pid, item["procfs"]["threads"])
+        if piped is not None:
+            info["pipe"] = piped
+            item["actions"].append("searched /proc/*/fd for the pipe's readers")
     tool, searched = req.worker.tools.find("py-spy", pid)
     if tool is None:
         item["error"] = error_dict("tool_missing", "py-spy not found on this node; searched: %s"
