@@ -12,6 +12,7 @@ ACTIONS: Tuple[Tuple[str, str, str, str], ...] = (
     ("Drill into rank", "enter", "drill", "threads, locals, source, strace, gdb, /proc and env of the rank"),
     ("Diff ranks", "d", "diff", "the two marked ranks, or this rank against its class majority"),
     ("Merged stack tree", "t", "tree", "all ranks' stacks merged into one prefix tree (of the selected class)"),
+    ("Who waits for whom", "W", "waits", "the wait graph: the culprit at its root, each wait with its evidence"),
     ("Mark rank", "space", "toggle_mark", "mark ranks to diff them or run strace/gdb on them"),
     ("Clear marks", "", "clear_marks", "unmark every rank"),
     ("Filter ranks", "/", "filter", "by rank (3, 0-7), pid (pid 4242), node (node02, node[01-04]) or frame text"),

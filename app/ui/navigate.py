@@ -1,4 +1,4 @@
-"""Moving around the app: marks, drill-down, diff, tree, history, panels, help and quitting."""
+"""Moving around the app: marks, drill-down, diff, tree, who waits for whom, history, panels, help and quitting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Optional
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.processes import rank_family
 from app.analysis.tree import build_tree
-from app.model import RankSnapshot
+from app.model import RankKey, RankSnapshot
 from app.ui.core import HangscopeCore
 from app.ui.grid_model import rank_key
 from app.ui.screens.dialogs import HelpScreen
@@ -15,6 +15,8 @@ from app.ui.screens.diff import DiffScreen
 from app.ui.screens.drill import DrillScreen
 from app.ui.screens.gpu import GpuTests
 from app.ui.screens.tree import TreeScreen
+from app.ui.screens.waits import WaitsScreen
+
 
 class NavigateMixin(HangscopeCore):
     _gpu_tests: Optional[GpuTests] = None  # created on first use: the running GPU test and the last results
@@ -84,6 +86,20 @@ class NavigateMixin(HangscopeCore):
             n = len(view.snapshot.ranks)
             title = f"all {n} ranks" if n != 1 else "the only rank"
         self.push_screen(TreeScreen(tree, title, [c.symbol for c in view.classes]))
+
+    def action_waits(self) -> None:
+        view = self.current_view
+        if view is None:
+            self.notify("no snapshot yet", severity="warning")
+            return
+        self.push_screen(WaitsScreen(view.analysis.waits), callback=self._go_to_rank)
+
+    def _go_to_rank(self, key: Optional[RankKey]) -> None:
+        if key is not None and self.screen is self.main:
+            if self.main.grid.move_to(key):
+                self.main.grid.focus()
+            else:
+                self.notify("that rank is not in the grid (filtered out?)", timeout=3)
 
     # -- history ---------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import os
 import re
 
 
-from app.model import JobProcess, NodeStatus
+from app.model import JobProcess, NodeStatus, rank_key
 from app.model.codec import snapshot_from_json
 from app.session import NodeUpdate, RankUpdate, SnapshotDone
 from app.ui.app import HangscopeApp
@@ -18,6 +18,7 @@ from app.ui.screens.drill import DrillScreen
 from app.ui.screens.gpu import GpuUnavailableScreen
 from app.ui.screens.too_small import TooSmallScreen
 from app.ui.screens.tree import TreeScreen
+from app.ui.screens.waits import WaitsScreen
 from app.ui.source import ReplaySource, loaded_source
 from app.ui.widgets.rank_grid import RankGrid
 from test_ui_support import build_snapshot, later, screen_text, settle, until, with_hostile_names
@@ -385,6 +386,26 @@ async def test_history_is_bounded_by_the_ranks_it_holds(monkeypatch):
         assert "snapshot 3/3" in screen_text(app)
         await pilot.press("left_square_bracket", "left_square_bracket")
         assert "snapshot 1/3" in screen_text(app)
+
+
+async def test_who_waits_for_whom_shows_the_graph_and_enter_goes_to_the_culprit():
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
+    app = HangscopeApp(ReplaySource([snap]))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        at_rank(app, 0)
+        await pilot.press("W")
+        await pilot.pause()
+        assert isinstance(app.screen, WaitsScreen)
+        text = screen_text(app)
+        graph = app.current_view.analysis.waits[0]
+        assert f"culprit [{graph.confidence}]: " in text and "next: " in text
+        assert re.search(r"ranks? 0-2 .*→ rank 3 .*iteration", text), text
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is app.main
+        cell = grid_of(app).current
+        assert cell is not None and cell.key == next(rank_key(r) for r in snap.ranks if r.rank == 3)
 
 
 def test_every_palette_entry_is_an_app_action():

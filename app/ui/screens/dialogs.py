@@ -80,6 +80,7 @@ suspect of the ● class. The cursor starts on the first suspect.
   space           mark a rank (mark two, then d diffs them)
   d               diff: the two marked ranks, or this rank against its class majority
   t               merged stack tree of all ranks (or of the selected class)
+  W               who waits for whom: the culprit at the root, each wait with its evidence (Enter: go to it)
   c / f / n       focus the classes, findings or nodes panel; Enter on a class highlights it
   /               filter: rank (3, 0-7), pid 4242, node (node02, node[01-04]) or frame text; Esc clears it
   r / R           refresh this rank / all ranks        w  watch: refresh every interval

@@ -46,6 +46,7 @@ class MainScreen(WatchesSize, Screen[None]):
         Binding("space", "app.toggle_mark", "mark"),
         Binding("d", "app.diff", "diff"),
         Binding("t", "app.tree", "tree"),
+        Binding("W", "app.waits", "who waits"),
         Binding("r", "app.refresh_rank", "refresh", show=False),
         Binding("R", "app.refresh_all", "refresh all"),
         Binding("w", "app.toggle_watch", "watch", show=False),
