@@ -7,6 +7,7 @@ from typing import Optional
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.processes import rank_family
 from app.analysis.tree import build_tree
+from app.gpu.model import GpuTestResults
 from app.model import RankKey, RankSnapshot
 from app.ui.core import HangscopeCore
 from app.ui.grid_model import rank_key
@@ -132,11 +133,18 @@ class NavigateMixin(HangscopeCore):
     @property
     def gpu_tests(self) -> GpuTests:
         if self._gpu_tests is None:
-            self._gpu_tests = GpuTests(self)
+            self._gpu_tests = GpuTests(self, on_results=self._keep_gpu_results)
         return self._gpu_tests
 
+    def _keep_gpu_results(self, results: GpuTestResults) -> None:
+        self.gpu_results = results  # exported with the report
+
     def action_gpu_tests(self) -> None:
-        self.gpu_tests.open()
+        tests = self.gpu_tests
+        if tests.running:
+            tests.show_progress()
+            return
+        tests.open(self.source.gpu_access(), self.current_view, set(self.marked))
 
     def action_gpu_results(self) -> None:
         self.gpu_tests.show_results()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, ClassVar, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, List, Optional, Sequence, Set
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,11 +23,13 @@ from textual.widgets.selection_list import Selection
 from app.errors import HangscopeError
 from app.gpu.inventory import GpusBusyError
 from app.gpu.model import GpuTestResults, TestKind
+from app.model import RankKey
 from app.ui.gpu_plan import KINDS, Plan, Progress, default_nodes, plan_text
 from app.ui.safe import clean, literal
 from app.ui.screens.dialogs import ConfirmScreen
 from app.ui.screens.gpu_results import GpuResultsScreen
 from app.ui.source import NEEDS_LIVE_NODES, GpuAccess
+from app.ui.view import View
 
 if TYPE_CHECKING:
     from app.gpu.connect import GpuWorkers
@@ -181,10 +183,12 @@ class GpuProgressScreen(Screen[None]):
 
 
 class GpuTests:
-    """The app's GPU tests: at most one running, the last results kept for the palette."""
+    """The app's GPU tests: at most one running, the last results kept for the palette. Data down: open() is
+    given what it plans from (the access, the view, the marks); results up: `on_results` gets each test's."""
 
-    def __init__(self, app: "HangscopeCore") -> None:
+    def __init__(self, app: "HangscopeCore", on_results: Callable[[GpuTestResults], None]) -> None:
         self.app = app
+        self.on_results = on_results
         self.progress: Optional[Progress] = None
         self.results: Optional[GpuTestResults] = None
         self.runner: Optional["GpuTestRunner"] = None
@@ -193,18 +197,17 @@ class GpuTests:
 
     # -- opening ---------------------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """G: the running test's progress, or the setup of a new one."""
+    def open(self, access: Optional[GpuAccess], view: Optional[View], marked: Set[RankKey]) -> None:
+        """G: the setup of a new test on the nodes `access` reaches (None: GPU tests are not available here),
+        with the view's suspects and the marked ranks as the default choice; the running test's progress while
+        one runs."""
         if self.running:
             self.show_progress()
             return
-        access = self.app.source.gpu_access()
         if access is None:
             self.app.push_screen(GpuUnavailableScreen())
             return
         names = [h.name for h in access.hosts] if access.hosts is not None else [socket.gethostname()]
-        view = self.app.current_view
-        marked = set(self.app.marked)
         notes = {}
         if view is not None:
             job = {r.node for r in view.snapshot.ranks}
@@ -321,7 +324,8 @@ class GpuTests:
                 self.app.pop_screen()
             self.app.notify(f"GPU test {progress.plan.kind}: {progress.stage}", severity="warning", markup=False)
             return
-        self.results = self.app.gpu_results = results
+        self.results = results
+        self.on_results(results)
         if isinstance(self.app.screen, GpuProgressScreen):
             self.app.switch_screen(GpuResultsScreen(results))
         else:
