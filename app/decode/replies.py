@@ -19,6 +19,7 @@ from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, L
                        ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
+from app.model.memo import BoundedMemo
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.decode.flight import flight_record
 
@@ -253,14 +254,13 @@ def _with(d: dict) -> WithInfo | None:
 
 # Identical frames without locals, shared between ranks and passes: a snapshot of 100k ranks then holds its few
 # hundred distinct frames once, and building a thread's interned path (ThreadStack.path, what the analysis
-# groups by) is cheaper on shared frames. Frames are frozen: sharing is invisible but to `is`. Bounded:
-# emptied when it grows past MAX_SHARED_FRAMES.
-_SHARED_FRAMES: dict = {}
+# groups by) is cheaper on shared frames. Frames are frozen: sharing is invisible but to `is`. Bounded, like
+# the model's intern tables, by app/model/memo.py.
 MAX_SHARED_FRAMES = 1 << 16
-
+_SHARED_FRAMES: BoundedMemo[tuple, Frame] = BoundedMemo(MAX_SHARED_FRAMES)
+_NATIVE_FILES: BoundedMemo[str, bool] = BoundedMemo(MAX_SHARED_FRAMES)  # whether a file name is native code
 
 _ABSENT = object()
-_NATIVE_CACHE: dict[str, bool] = {}  # filename -> whether it names native code (the regex, once per name)
 
 
 def _locals(raw: Any) -> tuple[Local, ...]:
@@ -287,11 +287,9 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
         module = None
     if type(name) is not str:
         name = ""
-    native = _NATIVE_CACHE.get(filename)
+    native = _NATIVE_FILES.get(filename)
     if native is None:
-        if len(_NATIVE_CACHE) > MAX_SHARED_FRAMES:
-            _NATIVE_CACHE.clear()
-        native = _NATIVE_CACHE[filename] = bool(_NATIVE_FILE.search(filename))
+        native = _NATIVE_FILES.add(filename, bool(_NATIVE_FILE.search(filename)))
     native = native or module is not None
     local_vars = _locals(f.get("locals"))
     raw_loops = loops.get("%s:%d" % (filename, line)) if loops else None
@@ -319,9 +317,7 @@ def _frame(f: dict, loops: dict, source: dict, context: int) -> Frame:
                   iteration=iteration(frame_loops, local_vars, line) if frame_loops else (), source=lines,
                   withs=frame_withs)
     if key is not None:
-        if len(_SHARED_FRAMES) >= MAX_SHARED_FRAMES:
-            _SHARED_FRAMES.clear()
-        _SHARED_FRAMES[key] = frame
+        frame = _SHARED_FRAMES.add(key, frame)
     return frame
 
 

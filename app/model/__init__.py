@@ -9,7 +9,9 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Dict, Literal, Optional, Protocol, Tuple
+from typing import Literal, Optional, Protocol, Tuple
+
+from app.model.memo import BoundedMemo
 
 SCHEMA_NAME = "hangscope.snapshot"
 SCHEMA_VERSION = 1
@@ -130,12 +132,11 @@ def _enters_with(frames: Tuple[Frame, ...]) -> bool:
 # table is keyed column by column (six tuples, no tuple per frame).
 _PATH_FIELDS = ("function", "filename", "line", "module", "native", "iteration")
 _COLUMNS = tuple(map(attrgetter, _PATH_FIELDS))
-_PATHS: Dict[tuple, Tuple[Frame, ...]] = {}
-_BARE: Dict[tuple, Frame] = {}
-# Frames over all interned paths before both tables start over (~100 bytes each): bounds a TUI that runs
-# for days, and ranks whose loop counters all differ; a snapshot holds a few hundred distinct paths.
+# Frames over all interned paths before the path table starts over (~100 bytes each), and bare frames before
+# theirs does (app/model/memo.py): a snapshot holds a few hundred distinct paths.
 MAX_INTERNED_FRAMES = 1 << 18
-_interned = 0
+_PATHS: BoundedMemo[tuple, Tuple[Frame, ...]] = BoundedMemo(MAX_INTERNED_FRAMES)
+_BARE: BoundedMemo[tuple, Frame] = BoundedMemo(MAX_INTERNED_FRAMES)
 
 
 def frame_path(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
@@ -148,23 +149,17 @@ def frame_path(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
 
 
 def _intern(key: tuple) -> Tuple[Frame, ...]:
-    """A new path in the tables. Dict setdefault keeps concurrent builders (the session's threads) consistent:
-    the first to arrive wins and the others take its objects; a clear() in between costs sharing, not
-    correctness."""
-    global _interned
-    if _interned + len(key[0]) > MAX_INTERNED_FRAMES:
-        _PATHS.clear()
-        _BARE.clear()
-        _interned = 0
-    _interned += len(key[0])
+    """A new path in the tables. The memo's setdefault keeps concurrent builders (the session's threads)
+    consistent: the first to arrive wins and the others take its objects; a table starting over in between
+    costs sharing, not correctness."""
     bare = []
-    for function, filename, line, module, native, iteration in zip(*key):
-        ident = (function, filename, line, module, native, iteration)
+    for ident in zip(*key):  # (function, filename, line, module, native, iteration)
         frame = _BARE.get(ident)
         if frame is None:
-            frame = _BARE.setdefault(ident, Frame(function, filename, line, module, native, iteration=iteration))
+            function, filename, line, module, native, iteration = ident
+            frame = _BARE.add(ident, Frame(function, filename, line, module, native, iteration=iteration))
         bare.append(frame)
-    return _PATHS.setdefault(key, tuple(bare))
+    return _PATHS.add(key, tuple(bare), weight=len(bare))
 
 
 @dataclass(frozen=True)

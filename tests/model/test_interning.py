@@ -137,8 +137,10 @@ def test_the_intern_tables_are_bounded_and_starting_over_changes_no_conclusion(m
         return [rank(r, f"n{r // 4}", own(in_step(LOADING if r % 2 else ALL_REDUCE, 1204 if r == 5 else 1203),
                                            r), world=9) for r in range(8)]
     usual = analyze(snapshot(ranks(), locals=True)).to_dict()
-    for name, value in (("MAX_INTERNED_FRAMES", 6), ("_PATHS", {}), ("_BARE", {}), ("_interned", 0)):
-        monkeypatch.setattr(model, name, value)
+    from app.model.memo import BoundedMemo
+
+    for name in ("_PATHS", "_BARE"):
+        monkeypatch.setattr(model, name, BoundedMemo(6))
     tight = snapshot(ranks(), locals=True)
     assert len(model._PATHS) <= 2 and len(model._BARE) <= 6
     on_all_reduce = [r.threads[0].path for r in tight.ranks if r.rank in (0, 2, 4, 6)]
@@ -146,3 +148,16 @@ def test_the_intern_tables_are_bounded_and_starting_over_changes_no_conclusion(m
     again = analyze(tight).to_dict()
     usual.pop("elapsed"), again.pop("elapsed")
     assert again == usual
+
+
+def test_a_bounded_memo_keeps_the_first_value_and_starts_over_at_its_limit() -> None:
+    from app.model.memo import BoundedMemo
+
+    memo: BoundedMemo[str, object] = BoundedMemo(3)
+    get = memo.get
+    first = memo.add("a", object())
+    assert memo.add("a", object()) is first and get("a") is first  # concurrent builders agree on the first
+    memo.add("path", object(), weight=2)
+    assert len(memo) == 2 and memo.weight == 3
+    memo.add("b", 1)  # over the limit: the table starts over, then holds the new entry
+    assert len(memo) == 1 and get("a") is None and get("b") == 1  # the bound `get` still reads the table
