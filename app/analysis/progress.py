@@ -385,9 +385,14 @@ def held_back(progress: Sequence[RankProgress], slow: Sequence[Finding]) -> Tupl
     """Ranks called stuck that a slow node explains, in a job that progresses: those that wait in a collective
     become `waiting` (the slow node's ranks are what they wait for), those on the slow node that ran outside one
     (CPU used, or state R) become `slow`. A held rank (stopped, frozen) and a rank with no such evidence stay
-    stuck, and without a slow node or a progressing rank nothing changes."""
+    stuck; without a slow node, or unless ranks off it progress (at least as many as would wait), nothing
+    changes."""
     nodes = {n for f in slow if f.kind == "slow_node" for n in f.nodes.split(",") if n}
-    if not nodes or not any(p.status == "progressing" for p in progress):
+    moving = [p for p in progress if p.status == "progressing"]
+    waiting = [p for p in progress if p.status == "stuck" and not p.held and p.waits_now and p.node not in nodes]
+    # The job must move on its own evidence: ranks off the slow node progress, at least as many as would be
+    # called waiting. One rank moving on the slow node while the rest wait is a lead (still_running), not this.
+    if not nodes or not any(p.node not in nodes for p in moving) or len(moving) < len(waiting):
         return tuple(progress)
     out = []
     for p in progress:

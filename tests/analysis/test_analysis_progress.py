@@ -229,6 +229,21 @@ def test_ranks_a_slow_node_holds_back_are_not_stuck() -> None:
     assert not any(p.status in ("waiting", "slow") for p in b.progress)
 
 
+def test_a_culprit_still_running_on_a_slow_node_does_not_make_the_others_waiting() -> None:
+    """One rank keeps changing on a throttled node while the 7 others sit in the all_reduce: a hang with a lead
+    (or a slow rank), never "progressing" because a slow node explains the wait."""
+    def per_rank(at: float, step: int) -> dict:
+        ranks: dict = {r: {"sent": 5_000, "frames": ALL_REDUCE} for r in range(7)}
+        ranks[7] = {"sent": 7_000 + step, "frames": LOADING if step else ALL_REDUCE, "quota": 10000, "state": "R",
+                    "cpu": 1.0 + at / 100, "throttled_us": int(at * 850_000), "nr_throttled": int(at), "log": step}
+        ranks[6].update(quota=10000, throttled_us=int(at * 850_000), nr_throttled=int(at))
+        return ranks
+
+    a = analyze(ddp_sample(12.0, per_rank(12.0, 1), cpu=1.0), history=[ddp_sample(10.0, per_rank(10.0, 0), cpu=1.0)])
+    assert not any(p.status in ("waiting", "slow") for p in a.progress), [(p.rank, p.status) for p in a.progress]
+    assert not any(f.kind == "progressing" for f in a.findings)
+
+
 def test_no_slow_node_when_no_node_stands_out() -> None:
     everyone = {r: {"throttled_us": 0, "nr_throttled": 0, "wait_s": 0.5} for r in range(8)}
     before = ddp_sample(10.0, everyone, cpu=1.0, sent=10_000)
