@@ -47,6 +47,8 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
                 f"<div class=\"verdict\" id=\"verdict\"><strong>Verdict:</strong> {h_sentence(facts.verdict)}</div>"]
     if facts.culprit is not None:
         sections.append(_culprit(facts, ids, shown))
+    if analysis is not None:
+        sections.append(_waits(analysis))
     sections.append(_findings(facts))
     sections.append(_grid(facts, analysis, red, ids, shown))
     if analysis is not None and analysis.classes:
@@ -128,6 +130,20 @@ def _culprit(facts: Facts, ids: Dict[RankKey, str], shown: Set[RankKey]) -> str:
         out.append("<h3>Against the majority</h3>" + diff_table(facts.diff))
     out.append("</section>")
     return "\n".join(out)
+
+
+def _waits(analysis: "Analysis") -> str:
+    """Who waits for whom (app/analysis/waits.py): per job, one item per wait, the culprit and what to run next
+    (the page is redacted as a whole afterwards; every piece is escaped here)."""
+    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    if not graphs:
+        return ""
+    out = ["<h2 id=\"waits\">Who waits for whom</h2>"]
+    for g in graphs:
+        if len(graphs) > 1:
+            out.append(f"<h3>job {h(g.job, 200)}</h3>")
+        out.append("<ul>" + "".join(f"<li>{h_sentence(line)}</li>" for line in g.lines()) + "</ul>")
+    return "".join(out)
 
 
 def _findings(facts: Facts) -> str:

@@ -267,6 +267,18 @@ def test_progress_and_gpu_tests_are_shown_when_present(tmp_path: Path) -> None:
     assert any(s["item"] == "earlier samples" for s in manifest["skipped"])
 
 
+def test_who_waits_for_whom_is_in_the_report_under_the_culprit(tmp_path: Path) -> None:
+    snap = make_snapshot("dataloader")
+    analysis = analyze(snap)
+    export_bundle(snap, analysis, str(tmp_path / "b"))
+    html = (tmp_path / "b" / "report.html").read_text(encoding="utf-8")
+    text = "".join(page_text(html).text)
+    graph = analysis.waits[0]
+    assert "Who waits for whom" in text and graph.edges
+    assert f"culprit ({graph.confidence}):" in text and "next:" in text
+    assert html.index('id="culprit"') < html.index('id="waits"') < html.index('id="findings"')
+
+
 def test_the_process_tree_is_in_the_report_with_hostile_text_as_text(tmp_path: Path) -> None:
     import dataclasses
 
