@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import procinfo
 from workers.procinfo import Gone, Proc
+from workers.protocol import MATCH_LIMIT
 from workers.redact import redact_argv, redact_env_value
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -587,7 +588,6 @@ class Scan:
         }
 
 
-MATCH_LIMIT = 200  # characters of a --match pattern
 MATCH_CMDLINE = 4096  # characters of a command line a --match pattern is searched in
 
 

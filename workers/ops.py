@@ -18,7 +18,7 @@ from workers import discover as discovery
 from workers import procinfo, pstate
 from workers.collect import flight, gpu_evidence, gpus, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
-from workers.protocol import error_dict
+from workers.protocol import MATCH_LIMIT, error_dict
 from workers.request import Cancelled, OpError, Request
 
 
@@ -58,9 +58,9 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
     match = req.args.get("match")
     pattern = None
     if match is not None:
-        if not isinstance(match, str) or not 0 < len(match) <= discovery.MATCH_LIMIT:
+        if not isinstance(match, str) or not 0 < len(match) <= MATCH_LIMIT:
             raise OpError("bad_request", "discover: match must be a regular expression of 1 to %d characters"
-                          % discovery.MATCH_LIMIT)
+                          % MATCH_LIMIT)
         try:
             pattern = re.compile(match)
         except re.error as exc:

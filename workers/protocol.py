@@ -246,6 +246,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         elapsed: float
 
 PROTOCOL_VERSION = 1
+MATCH_LIMIT = 200  # characters of a discover "match" pattern (--match), checked by the CLI and the worker
 
 # The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
 # this table so that every layer speaks one vocabulary. ErrorCode names the same set for type checkers

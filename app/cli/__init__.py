@@ -144,11 +144,10 @@ def versions_text() -> str:
     return "\n".join(parts)
 
 
-MATCH_LIMIT = 200  # the worker's limit on a --match pattern (workers/discover.py MATCH_LIMIT)
-
-
 def _check_match(pattern: str) -> None:
     """A --match pattern the nodes can use, checked here before any connection (python's re on both sides)."""
+    from workers.protocol import MATCH_LIMIT
+
     if not 0 < len(pattern) <= MATCH_LIMIT:
         raise InputError(f"--match takes a regular expression of 1 to {MATCH_LIMIT} characters")
     try:
