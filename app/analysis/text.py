@@ -17,6 +17,7 @@ from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import behind_summary, stuck_summary
+from app.analysis.waits import shown as shown_graphs
 from app.model import Frame, RankSnapshot, Snapshot, rank_key
 
 MAX_FINDINGS = 12
@@ -91,7 +92,7 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
 def waits_text(analysis: Analysis, width: int = 100) -> List[str]:
     """Who waits for whom, under the headline: `ranks 0-6 -> rank 7 (iteration: step=41 vs 40; high)`, the
     culprit and what to do next; one block per job when the snapshot holds several."""
-    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    graphs = shown_graphs(analysis.waits)
     if not graphs:
         return []
     out = ["", "Who waits for whom:"]

@@ -611,6 +611,11 @@ def _label_of(b: _Builder, component: Sequence[str]) -> str:
     return " and ".join(b.vertices[v].label for v in component)
 
 
+def shown(graphs: Sequence[WaitGraph]) -> List[WaitGraph]:
+    """The graphs a report shows a block for: those with a wait in them, or a job seen progressing."""
+    return [g for g in graphs if g.edges or g.progressing]
+
+
 def display_names(vertices: Sequence[Vertex]) -> Dict[str, str]:
     """Vertex id -> its short name; in a wait among a rank's threads, the rank's own vertex is its main thread."""
     threads = {v.ranks for v in vertices if v.kind == "thread"}

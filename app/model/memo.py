@@ -10,7 +10,7 @@ table starts over, equal values may be distinct objects, and no conclusion chang
 
 from __future__ import annotations
 
-from typing import Dict, Generic, Optional, TypeVar
+from typing import Dict, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -44,6 +44,3 @@ class BoundedMemo(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._table)
-
-    def lookup(self, key: K) -> Optional[V]:
-        return self._table.get(key)

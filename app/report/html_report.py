@@ -12,6 +12,7 @@ from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
 from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.processes import tree_lines
+from app.analysis.waits import shown as shown_graphs
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -135,7 +136,7 @@ def _culprit(facts: Facts, ids: Dict[RankKey, str], shown: Set[RankKey]) -> str:
 def _waits(analysis: "Analysis") -> str:
     """Who waits for whom (app/analysis/waits.py): per job, one item per wait, the culprit and what to run next
     (the page is redacted as a whole afterwards; every piece is escaped here)."""
-    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    graphs = shown_graphs(analysis.waits)
     if not graphs:
         return ""
     out = ["<h2 id=\"waits\">Who waits for whom</h2>"]

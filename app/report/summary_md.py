@@ -12,6 +12,7 @@ from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.gpu_evidence import evidence_lines
 from app.analysis.processes import skew_line, tree_lines
+from app.analysis.waits import shown as shown_graphs
 from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
@@ -102,7 +103,7 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
 
 def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
     """Who waits for whom (app/analysis/waits.py), under the verdict: one line per edge, the culprit, next."""
-    graphs = [g for g in analysis.waits if g.edges or g.progressing]
+    graphs = shown_graphs(analysis.waits)
     if not graphs:
         return []
     out = ["## Who waits for whom", ""]
