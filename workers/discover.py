@@ -389,7 +389,7 @@ class Scan:
         if out:
             self.notes.append("%d process%s started by multiprocessing spawn with torch loaded and no RANK in the "
                               "environment (torch.multiprocessing.spawn): taken as ranks; the rank number comes "
-                              "from the spawn target's `rank` argument, read with --locals"
+                              "from the job's store (read-only) or the spawn target's `rank` argument (--locals)"
                               % (len(out), "" if len(out) == 1 else "es"))
         return out
 
@@ -438,7 +438,8 @@ class Scan:
         if out:
             self.notes.append("%d process%s with torch loaded and no RANK in the environment found by %s "
                               "connections to the job's store or to each other: taken as ranks; the rank number "
-                              "comes from the process's target's `rank` argument (--locals) or its command line"
+                              "comes from the job's store (read-only), the process's target's `rank` argument "
+                              "(--locals) or its command line"
                               % (len(out), "" if len(out) == 1 else "es", "its" if len(out) == 1 else "their"))
         return out
 

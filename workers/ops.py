@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import socket
 import threading
 import time
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import discover as discovery
 from workers import procinfo, pstate
-from workers.collect import flight, gpu_evidence, gpus, progress, pyspy, runas, sockets, traced
+from workers.collect import flight, gpu_evidence, gpus, pgstore, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import MATCH_LIMIT, error_dict
 from workers.request import Cancelled, OpError, Request
@@ -261,6 +262,36 @@ def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],
     return {"count": len(targets), "elapsed": round(time.monotonic() - started, 4)}
 
 
+def store_ranks(req: Request) -> Dict[str, Any]:
+    """Which of the given listening addresses the job's store names as which rank (workers/collect/pgstore.py),
+    asked from the network namespace of `pid`, a rank that holds a connection to that store."""
+    store = req.arg_str("store")
+    listeners = req.arg_list("listeners") or []
+    pid = req.arg_int("pid", required=True)
+    if len(store) > 300 or not all(isinstance(x, str) and len(x) <= 300 for x in listeners) \
+            or len(listeners) > pgstore.MAX_LISTENERS:
+        raise OpError("bad_request", "store_ranks: store and listeners are addresses (at most %d)"
+                      % pgstore.MAX_LISTENERS)
+    theirs = procinfo.namespace(pid, "net") if pid else None
+    if theirs is None:
+        raise OpError("target_exited", "store_ranks: process %s is gone" % pid)
+    if theirs != procinfo.namespace(os.getpid(), "net"):
+        raise OpError("store_unreadable", "store_ranks: the rank runs in another network namespace (a container): "
+                                     "its store is not reachable from here")
+    timeout = min(req.arg_float("timeout", 2.0), 10.0)
+    started = time.monotonic()
+    try:
+        out = pgstore.read_ranks(store, listeners, timeout, list_keys=req.arg_bool("list_keys", True))
+    except pgstore.StoreError as exc:
+        raise OpError("store_unreadable", "store_ranks: %s: %s" % (store, exc))
+    except socket.timeout:
+        raise OpError("store_unreadable", "store_ranks: %s: no answer within %.1f s" % (store, timeout))
+    except OSError as exc:
+        raise OpError("store_unreadable", "store_ranks: %s: %s" % (store, exc.strerror or exc))
+    out["elapsed"] = round(time.monotonic() - started, 4)
+    return out
+
+
 def strace(req: Request) -> Dict[str, Any]:
     return traced.strace(req)
 
@@ -275,6 +306,7 @@ HANDLERS: Dict[str, Callable[[Request], Dict[str, Any]]] = {
     "strace": strace,
     "gdb": gdb,
     "discover": discover,
+    "store_ranks": store_ranks,
     "ping": ping,
     "push_tool": push_tool,
     **__import__("workers.ops_gpu", fromlist=["HANDLERS"]).HANDLERS,  # GPU tests: workers/ops_gpu.py

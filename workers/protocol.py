@@ -65,6 +65,11 @@ Ops (args -> items / done):
     gdb       {"pid", "start_time", "timeout": float, "sudo": bool}
               -> done {"pid", "output": str, "stderr": str, "resumed": bool, "elapsed": float}
               strace and gdb end with error target_held (never attaching) on a stopped, frozen or D-state target
+    store_ranks {"store": "addr:port", "listeners": ["addr:port"], "pid": int, "timeout": float, "list_keys": bool}
+              -> done {"ranks": {listener: rank}, "how": "LIST_KEYS" | "CHECK", "keys": int, "read": int,
+                       "elapsed": float}   the rank numbers the job's TCPStore gives the listening addresses of
+                       gloo's pairs, read-only (workers/collect/pgstore.py), from pid's network namespace;
+                       error store_unreadable when it cannot be read
     push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
               -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
     cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends
@@ -104,7 +109,8 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
     ErrorCode = Literal[
         "bad_request", "unknown_op", "tool_missing", "ptrace_denied", "target_exited", "target_changed",
-        "already_traced", "timeout", "target_held", "sudo_password", "cancelled", "tool_failed", "internal",
+        "already_traced", "timeout", "target_held", "store_unreadable", "sudo_password", "cancelled", "tool_failed",
+        "internal",
         "unreachable", "dns", "refused", "connect_timeout", "host_key_unknown", "host_key_changed", "auth_failed",
         "throttled", "lost", "no_python", "protocol", "worker_crashed", "ssh_error"]
 
@@ -267,6 +273,8 @@ ERROR_HINTS: Dict[str, str] = {
                 "afterwards and whether hangscope had to resume it"),
     "target_held": ("the process is stopped, frozen or in uninterruptible sleep: a ptrace tool would wait on it "
                     "or change it, so it was not run; the message says what holds the process and what resumes it"),
+    "store_unreadable": ("the job's store did not answer hangscope's read-only queries; rank numbers come from the "
+                         "other evidence (environment, --locals, the command line); --no-store skips the store"),
     "sudo_password": "sudo on the node needs a password; hangscope only uses `sudo -n`: add a NOPASSWD rule",
     "cancelled": "cancelled by the user",
     "tool_failed": "the tool ran but failed; its message is shown",

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inspect only the python processes whose command line matches this regular expression, "
                      "on every node, rank environment or not (a launcher above a matching process is left out): "
                      "picks the ranks where discovery finds none or too many, e.g. --match 'train\\.py'")
+    col.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
+                     help="for ranks whose process carries no rank number (mp.spawn, multiprocessing), read it "
+                     "from the job's TCPStore (read-only queries, one connection; on by default); --no-store to "
+                     "leave the store alone")
     col.add_argument("--job", metavar="JOB",
                      help="analyse only this job of the snapshot: its name as the summary prints it, or a part "
                      "of it that names one job (e.g. the master port 29500)")

@@ -30,7 +30,7 @@ def session_options(args: argparse.Namespace):
         python=args.python, accept_new_host_keys=args.accept_new_host_keys,
         ssh_config=tuple(args.ssh_config) if args.ssh_config else None, identity=tuple(args.identity),
         pids=tuple(args.pids) if args.pids else None, match=getattr(args, "match", None) or None,
-        strace_data=getattr(args, "strace_data", False),
+        strace_data=getattr(args, "strace_data", False), store=getattr(args, "store", True),
         srun=getattr(args, "srun", None),  # set by --slurm (app.slurm.cli): the job for hosts over srun or auto
     )
 

@@ -22,6 +22,7 @@ from app.decode import replies
 from app.errors import HangscopeError, TransportError, hint_for
 from app.model import CollectOptions, ErrorInfo, JobProcess, NodeStatus, RankKey, RankSnapshot, Snapshot
 from app.hosts import HostSpec
+from app.session import store as pgstore
 from app.session.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection
@@ -37,6 +38,7 @@ SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
 STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
+STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/collect/pgstore.py)
 GATE_WAIT = 3.0  # seconds a connected node waits for the others before its collect request goes out
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
@@ -55,6 +57,7 @@ class SessionOptions:
     loops: bool = True
     pids: Optional[tuple[int, ...]] = None  # only these processes (rank environment or not); None = discover
     match: Optional[str] = None  # only python processes whose command line matches this regex (on every node)
+    store: bool = True  # ask the job's store for the numbers of ranks whose process says none (app/session/store.py)
     strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
     srun: Optional[SrunOptions] = field(default=None, compare=False)  # the SLURM job for hosts over srun/auto
 
@@ -160,6 +163,11 @@ class Session:
         self._lock: Optional[asyncio.Lock] = None
         self._last: Optional[Snapshot] = None
         self._namer = PeerNamer(options.ssh_config)
+        # rank numbers the jobs' stores gave, (node, pid, start time) -> (rank, evidence, job), and the stores that
+        # could not be read ((node or "", endpoint)): asked once a session, not on every pass
+        self._store_known: dict[tuple[str, int, int], tuple[int, str, str]] = {}
+        self._store_failed: set[tuple[str, str]] = set()
+        self._store_actions: dict[tuple[str, int, int], str] = {}  # a store's host rank -> what was read from it
         self._closing: set[asyncio.Task[None]] = set()
         raise_nofile_limit()
 
@@ -287,12 +295,58 @@ class Session:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             finally:
                 self._tasks = []
+            if self.options.store and not self._cancelled:
+                await self._store_numbers(nodes)
             snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
             # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
             snap = await self._namer.name(snap)
             self._last = snap
             self._emit(SnapshotDone(snap))
             return snap
+
+    async def _store_numbers(self, nodes: Sequence[_Node]) -> None:
+        """Ranks whose process says no number get the one their job's store gives (app/session/store.py); each
+        store is asked once a session, from a node that holds a connection to it."""
+        ranks = [r for n in nodes for r in n.ranks.values()]
+        asks = pgstore.plan([r for r in ranks if (r.node, r.pid, r.start_time) not in self._store_known],
+                            skip=self._store_failed)
+        by_name = {n.name: n for n in nodes}
+
+        async def one(ask: pgstore.StoreAsk) -> None:
+            node = by_name[ask.node]
+            if node.conn is None or node.conn.closed:
+                return
+            args = {"store": ask.store, "listeners": list(ask.listeners), "pid": ask.pid, "timeout": STORE_TIMEOUT}
+            try:
+                done = await node.conn.call("store_ranks", args, timeout=STORE_TIMEOUT + 10.0)
+            except TransportError as exc:
+                self._store_failed.add(pgstore.store_key(ask.node, ask.store))
+                note = f"the job's store at {ask.store} could not be read for rank numbers: {exc}"
+                self._update(node, warnings=node.status.warnings + (note[:1000],))
+                return
+            raw = done.get("ranks")
+            named: dict = raw if isinstance(raw, dict) else {}
+            how = "LIST_KEYS" if done.get("how") == "LIST_KEYS" else "CHECK"
+            self._store_known.update(pgstore.numbers(ask, named, how))
+            read = done.get("read") if isinstance(done.get("read"), int) else 0
+            if ask.host is not None:  # said on every later snapshot too, with when it was done
+                at = time.strftime("%H:%M:%S")
+                self._store_actions[(ask.host.node, ask.host.pid, ask.host.start_time)] = (
+                    f"at {at} hangscope read the rank numbers from the store it serves ({ask.store[:100]}): "
+                    f"{how} and {read} GET, read-only, one connection")
+
+        if asks:
+            await asyncio.gather(*(one(a) for a in asks))
+        if not self._store_known:
+            return
+        for n in nodes:
+            for r in pgstore.apply(list(n.ranks.values()), self._store_known):
+                done = self._store_actions.get((r.node, r.pid, r.start_time))
+                if done is not None:
+                    r = dataclasses.replace(r, actions=r.actions + (done,))
+                if r is not n.ranks.get(r.pid):
+                    n.ranks[r.pid] = r
+                    self._emit(RankUpdate(r))
 
     def _exclusive(self) -> asyncio.Lock:
         """One pass or strace/gdb round at a time: they share the workers and the cancel flag."""

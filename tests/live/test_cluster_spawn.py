@@ -1,8 +1,9 @@
 """Live: ranks started by torch.multiprocessing.spawn (PyTorch's DDP tutorial; tests/spawn_job.py) on a test
 cluster node, `hangscope HOSTS --print` over real SSH. No rank has RANK/LOCAL_RANK/WORLD_SIZE in its
 environment: discovery finds them as spawn children with torch loaded (not the launcher, not its resource
-tracker), and with --locals each rank's number comes from the spawn target's `rank` argument, the evidence
-named; with --no-locals the ranks are still found, by pid, and the number is left unknown, never invented."""
+tracker), and each rank's number comes from the job's store (read-only), or with --no-store from the spawn
+target's `rank` argument (--locals), the evidence named; with neither the ranks are still found, by pid, and the
+number is left unknown, never invented."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object]:
     return res.stdout, snapshot_from_json(out.read_text())[0]
 
 
-def test_spawned_ranks_are_found_and_numbered_from_the_spawn_targets_rank_argument(spawn_job, tmp_path) -> None:
+def test_spawned_ranks_are_found_and_numbered_from_the_jobs_store(spawn_job, tmp_path) -> None:
     cluster, pids, launcher = spawn_job
     stdout, snap = hangscope(cluster, tmp_path, "--locals")
     found = {r.pid: r for r in snap.ranks}  # type: ignore[attr-defined]
@@ -76,16 +77,28 @@ def test_spawned_ranks_are_found_and_numbered_from_the_spawn_targets_rank_argume
         assert r.env_value("RANK") is None  # really no rank environment
         assert r.found_by == "multiprocessing spawn child with torch loaded"
         assert (r.rank, r.world_size, r.local_rank) == (number, WORLD, number), r
-        assert r.rank_evidence == "the spawn target's `rank` argument (demo_basic, py-spy --locals)"
+        # the store outranks the spawn argument, which agrees here (it would say so otherwise)
+        assert r.rank_evidence.startswith("the process group's store (127.0.0.1:"), r
+        assert "said" not in r.rank_evidence, r
         assert r.launcher_pid == launcher
     # the analysis speaks of rank numbers, and names the one the others wait for
     assert stdout.startswith(f"hangscope: Rank {WORLD - 1} is in `demo_basic`"), stdout
 
 
-def test_with_no_locals_the_ranks_are_found_and_the_number_left_unknown(spawn_job, tmp_path) -> None:
+def test_without_the_store_the_number_comes_from_the_spawn_targets_rank_argument(spawn_job, tmp_path) -> None:
     cluster, pids, _ = spawn_job
-    _, snap = hangscope(cluster, tmp_path, "--no-locals")
+    _, snap = hangscope(cluster, tmp_path, "--locals", "--no-store")
+    found = {r.pid: r for r in snap.ranks}  # type: ignore[attr-defined]
+    for number, pid in pids.items():
+        r = found[pid]
+        assert (r.rank, r.world_size, r.local_rank) == (number, WORLD, number), r
+        assert r.rank_evidence == "the spawn target's `rank` argument (demo_basic, py-spy --locals)"
+
+
+def test_with_neither_locals_nor_store_the_ranks_are_found_and_the_number_left_unknown(spawn_job, tmp_path) -> None:
+    cluster, pids, _ = spawn_job
+    _, snap = hangscope(cluster, tmp_path, "--no-locals", "--no-store")
     assert sorted(r.pid for r in snap.ranks) == sorted(pids.values())  # type: ignore[attr-defined]
     assert all(r.rank is None and r.rank_evidence == "" for r in snap.ranks)  # type: ignore[attr-defined]
     (node,) = snap.nodes  # type: ignore[attr-defined]
-    assert any("spawn" in n and "--locals" in n for n in node.warnings), node.warnings
+    assert any("spawn" in n and "store" in n and "--locals" in n for n in node.warnings), node.warnings
