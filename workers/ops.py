@@ -153,6 +153,11 @@ def collect(req: Request) -> Dict[str, Any]:
 
     discovered = _discover(req, rank)
     req.item({"discovered": discovered})
+    # Held (a cold pass of several nodes): the dumps wait for the login side's `go`, sent once every node has
+    # discovered, so that they start together while discovery still overlaps the other nodes' connections.
+    hold = min(req.arg_float("hold", 0.0), MAX_HOLD)
+    if hold > 0 and found:
+        req.released.wait(hold)
     req.check()
     procs = discovered.get("processes") or []
     children: Dict[int, List[Tuple[int, Optional[int]]]] = {}  # rank pid -> its python children, dumped when the rank's stack waits on them
@@ -187,6 +192,7 @@ def collect(req: Request) -> Dict[str, Any]:
     return {"discover": discovered, "dump": dumped}
 
 
+MAX_HOLD = 10.0  # seconds a collect's dumps may wait for `go`
 MAX_CHILD_DUMPS = 8  # per rank
 MAX_PROCESS_DUMPS = 32  # per node and pass
 # Where a rank waits for its own children: a DataLoader's result queue, a subprocess, a process pool.

@@ -50,7 +50,9 @@ Ops (args -> items / done):
                                               "written_at": float | None, "notes": [str]}
                                               (PyTorch Flight Recorder: workers/collect/flight.py)}
               -> done {"count": int, "elapsed": float}
-    collect   discover's args + dump's args without "targets": a snapshot pass in one request (the session's)
+    collect   discover's args + dump's args without "targets", and "hold": float: a snapshot pass in one request
+              (the session's); with hold > 0 the dumps wait, at most that many seconds (10 at most), for a `go`
+              naming this request, after the {"discovered"} item
               -> item {"rank": <discover item>} per rank, then one {"discovered": <discover's done data>},
                  then {"dump": <dump item>} per rank as each finishes
               -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
@@ -72,6 +74,7 @@ Ops (args -> items / done):
                        error store_unreadable when it cannot be read
     push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
               -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
+    go        {"target": int}                     -> done {"released": bool}; a held collect starts its dumps
     cancel    {"target": int}                     -> done {"cancelled": bool}; the target request ends
                                                      with error code "cancelled"
     shutdown  {}                                  -> done {}, then the worker exits

@@ -48,6 +48,8 @@ class Request:
         self.op = op
         self.args = args
         self.cancelled = threading.Event()
+        # set by a `go` request (or a cancel): a collect asked to hold its dumps until every node discovered
+        self.released = threading.Event()
         self._lock = threading.Lock()
         self._finished = False
 
@@ -82,6 +84,7 @@ class Request:
         if not self._finish(error_msg(self.id, "cancelled", "request %d was cancelled" % self.id)):
             return False
         self.cancelled.set()
+        self.released.set()
         self.worker.children.kill_owner(self)
         return True
 

@@ -154,9 +154,9 @@ class Server:
 
     def _start(self, req: Request) -> None:
         handler = self._handlers.get(req.op)
-        if handler is None and req.op != "cancel":
+        if handler is None and req.op not in ("cancel", "go"):
             req.error("unknown_op", "unknown op %r; this worker knows %s"
-                      % (req.op, ", ".join(sorted(list(self._handlers) + ["cancel", "shutdown"]))))
+                      % (req.op, ", ".join(sorted(list(self._handlers) + ["cancel", "go", "shutdown"]))))
             return
         with self._active_lock:
             self._active[req.id] = req
@@ -168,7 +168,7 @@ class Server:
         started = time.monotonic()
         try:
             if handler is None:
-                req.done(self._cancel(req))
+                req.done(self._cancel(req) if req.op == "cancel" else self._go(req))
             else:
                 req.done(handler(req))
         except OpError as exc:
@@ -191,6 +191,16 @@ class Server:
         with self._active_lock:
             victim = self._active.get(target) if target != req.id else None
         return {"cancelled": bool(victim is not None and victim.cancel())}
+
+    def _go(self, req: Request) -> Dict[str, Any]:
+        """Release a collect that holds its dumps (its "hold" argument) until every node has discovered."""
+        target = req.arg_int("target", required=True)
+        assert target is not None
+        with self._active_lock:
+            held = self._active.get(target) if target != req.id else None
+        if held is not None:
+            held.released.set()
+        return {"released": held is not None}
 
     def _exit(self) -> None:
         with self._active_lock:

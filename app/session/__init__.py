@@ -283,12 +283,14 @@ class Session:
                      if reconnect or n.conn is not None or n.status.state != "failed"]
             for node in nodes:
                 node.ranks, node.processes = {}, {}
-            # Every node's collect request goes out together, once every node that needs a connection has one
-            # (or failed to get one): the dumps of a pass then start as close together as the transport allows
-            # (issue 16.8), not each as soon as its own node connected. A node waits at most GATE_WAIT for the
-            # others, so one that cannot be reached does not hold the rest back for its whole connect deadline.
-            # Warm passes have nothing to wait for.
-            gate = _Gate(len(nodes))
+            # A cold pass: each node's collect request goes out as soon as it is connected, and discovers at
+            # once, but holds its dumps until every node has discovered (or failed): the dumps of a pass then
+            # start as close together as the transport allows (issue 16.8), not each as soon as its own node
+            # connected, while discovery still overlaps the other nodes' connections. A node waits at most
+            # GATE_WAIT for the others, so one that cannot be reached does not hold the rest back for its whole
+            # connect deadline. A warm pass sends every request at once: nothing to wait for.
+            cold = len(nodes) > 1 and any(n.conn is None or n.conn.closed for n in nodes)
+            gate = _Gate(len(nodes)) if cold else None
             self._tasks = [asyncio.create_task(self._run_node(n, gate), name=f"hangscope-node-{n.name}")
                            for n in nodes]
             try:
@@ -359,14 +361,17 @@ class Session:
     async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None) -> None:
         phase = "connect"
         timings: dict[str, float] = {}
+        arrived = gate is None
+
+        def arrive() -> None:
+            nonlocal arrived
+            if not arrived:
+                arrived = True
+                assert gate is not None
+                gate.arrive()
+
         try:
-            try:
-                await self._connect(node, timings)
-            finally:
-                if gate is not None:
-                    gate.arrive()
-            if gate is not None:
-                await gate.wait(GATE_WAIT)
+            await self._connect(node, timings)
             conn = node.conn
             assert conn is not None
             phase = "discover"
@@ -374,7 +379,8 @@ class Session:
             t = time.monotonic()
             # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
             # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
-            args = dict(self._collect_args(), ras=any(node is n for n in self._nodes[:2]))
+            args = dict(self._collect_args(), ras=any(node is n for n in self._nodes[:2]),
+                        hold=0.0 if gate is None else GATE_WAIT + 1.0)
             req = conn.request("collect", args, timeout=DISCOVER_TIMEOUT)
             async for item in req:
                 if "gpu_evidence" in item:  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here
@@ -407,7 +413,12 @@ class Session:
                     # A backstop only (the worker enforces each rank's deadline): as if every rank ran into
                     # it, one by one (and the launchers or children it dumps after them).
                     req.set_deadline(self.options.dump_timeout * (len(node.ranks) + min(len(node.processes), 32))
-                                     + 15.0)
+                                     + 15.0 + (0.0 if gate is None else GATE_WAIT))
+                    if gate is not None and not arrived:
+                        arrive()
+                        await gate.wait(GATE_WAIT)
+                        conn.send_go(req.id)
+                        t = time.monotonic()  # the dumps start now: the wait for the others is not theirs
             if node.ranks:
                 timings["dump"] = time.monotonic() - t
             self._update(node, state="done", timings=tuple(timings.items()))
@@ -421,6 +432,8 @@ class Session:
         except Exception as exc:  # a bug must not take the other nodes down: report it on this node
             self._node_failed(node, TransportError("internal", f"{node.name}: {type(exc).__name__}: {exc}",
                                                    phase=phase), timings)
+        finally:
+            arrive()  # a node that failed, or ended before discovering, holds nobody back
 
     async def _connect(self, node: _Node, timings: dict[str, float]) -> None:
         if node.conn is None or node.conn.closed:

@@ -233,6 +233,10 @@ class WorkerConnection:
     def forget(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
 
+    def send_go(self, req_id: int) -> None:
+        """Release a collect request that holds its dumps (its "hold" argument) until this go."""
+        self.send_nowait({"id": next(self._ids), "op": "go", "args": {"target": req_id}})
+
     def send_cancel(self, req_id: int) -> None:
         self.send_nowait({"id": next(self._ids), "op": "cancel", "args": {"target": req_id}})
 

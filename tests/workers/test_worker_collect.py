@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -219,3 +220,28 @@ def test_secrets_in_locals_never_leave_the_node() -> None:
         assert item["ok"] and secret not in json.dumps(item)
         frame = next(f for f in thread_named(item, "MainThread")["frames"] if f["name"] == "rank")
         assert {lc["name"]: lc["repr"] for lc in frame["locals"]}["hf_token"] == "***"
+
+
+def test_a_held_collect_discovers_at_once_and_dumps_only_after_go_or_its_hold() -> None:
+    """A cold pass: the session sends each node's collect as soon as it is connected, with `hold`; the worker
+    discovers and reports at once, then waits for `go` (sent once every node has discovered) before it dumps."""
+    with start_rank(0) as t, WorkerProc() as w:
+        req = w.send("collect", {"pids": [t.pid], "hold": 60.0})
+        seen: list = []
+        while not any("discovered" in m["data"] for m in seen):
+            msg = w.read()
+            assert msg["id"] == req and msg["type"] == "item", msg
+            seen.append(msg)
+        with pytest.raises(TimeoutError):  # held: no dump while nobody said go (its hold is a minute)
+            w.read(timeout=1.0)
+        _, released = w.call("go", {"target": req})
+        assert released["data"] == {"released": True}, released
+        items, done = w.wait(req)
+        assert done["type"] == "done" and [i["dump"]["pid"] for i in items if "dump" in i] == [t.pid], done
+        assert untouched(t.pid)
+        _, late = w.call("go", {"target": req})  # the collect is over: nothing to release
+        assert late["data"] == {"released": False}, late
+        started = time.monotonic()
+        items, done = w.call("collect", {"pids": [t.pid], "hold": 0.5})  # no go: the hold runs out, then it dumps
+        assert done["type"] == "done" and any("dump" in i for i in items), done
+        assert time.monotonic() - started >= 0.5
