@@ -1,0 +1,204 @@
+"""Module globals read from a rank's memory (workers/collect/pyglobals.py) on real processes whose loop runs at
+module level (tests/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
+text never; a held process never; the layout probe run once per interpreter binary, and as the rank's user
+under a root worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+import testenv
+from waiting import wait_until
+from worker_targets import Target, proc_state, untouched, wait_blocked
+from workers import procinfo
+from workers.collect import pyglobals
+from workers.request import Request, Worker
+
+PROG = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+SECRET = "S3cr3t" * 6  # the text of the target's hf_token global
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache() -> Iterator[None]:
+    """Each test sees whether it ran the probe itself: nothing learnt by an earlier test is reused."""
+    pyglobals._cache.clear()
+    yield
+    pyglobals._cache.clear()
+
+
+def request() -> Request:
+    return Request(Worker(lambda msg: None, {}), 1, "dump", {})
+
+
+def python_of(version: str) -> str:
+    python = testenv.other_python(version) if version else sys.executable
+    if not python:
+        pytest.skip(f"no python{version} here")
+    return python
+
+
+def counting(python: str, counter: Path) -> Target:
+    return Target([python, PROG, "count", str(counter)])
+
+
+def written(counter: Path) -> int:
+    return int(counter.read_bytes().strip() or b"0")
+
+
+@pytest.mark.parametrize("version", ["", "3.9", "3.10", "3.12", "3.13"])
+def test_a_top_level_counter_is_read_from_memory_as_it_moves(version: str, tmp_path: Path) -> None:
+    counter = tmp_path / "iter_num"
+    with counting(python_of(version), counter) as t:
+        req = request()
+        before = written(counter)
+        got = pyglobals.collect(req, t.pid, ["iter_num", "lr", "hf_token", "mode", "not_there"])
+        after = written(counter)
+        assert got["error"] == "", got
+        value = int(got["values"]["iter_num"])
+        # the child writes each value right after counting it: memory holds what the file says, or one more
+        assert before <= value <= after + 1, (before, value, after)
+        # other types by their type's name only: a str's text never leaves the process
+        assert got["values"]["lr"] == "<float>"
+        assert got["values"]["hf_token"] == got["values"]["mode"] == "<str>"
+        assert SECRET not in json.dumps(got)
+        assert got["absent"] == ["not_there"] and "not_there" not in got["values"]
+        ran, read = got["actions"]
+        assert ran.startswith("ran its python (") and "-I -S" in ran and "reads only its own memory" in ran
+        assert read.startswith(f"read 5 globals of __main__ from memory (/proc/{t.pid}/mem, ")
+        assert read.endswith("; not stopped)")
+        assert untouched(t.pid)
+
+        wait_until(lambda: written(counter) > value + 20, 30, "the counter to move on")
+        again = pyglobals.collect(req, t.pid, ["iter_num"])
+        assert int(again["values"]["iter_num"]) > value + 20
+        assert [a.split(" (")[0] for a in again["actions"]] == ["read 1 global of __main__ from memory"]
+        assert untouched(t.pid)
+
+
+def test_a_dict_rewritten_while_it_is_read_gives_true_values_or_none_never_garbage(tmp_path: Path) -> None:
+    """The rank adds, rebinds and deletes hundreds of globals per iteration (its dict is resized and its
+    entries rewritten under the reader): each read gives iter_num as it was at some moment of the read, or
+    says the dict changed; never another number."""
+    counter = tmp_path / "iter_num"
+    with Target([sys.executable, PROG, "churn", str(counter)]) as t:
+        req = request()
+        seen: List[int] = []
+        changed = 0
+        deadline = time.monotonic() + 30
+        while (len(seen) < 50 or changed < 5) and time.monotonic() < deadline:
+            before = written(counter)
+            got = pyglobals.collect(req, t.pid, ["iter_num", "lr"])
+            after = written(counter)
+            if got["error"]:
+                assert got["error"].endswith("changed on each of 3 reads"), got
+                changed += 1
+                continue
+            assert got["absent"] == [] and "iter_num" in got["values"], got
+            value = int(got["values"]["iter_num"])
+            assert before <= value <= after + 1, (before, value, after)
+            assert got["values"]["lr"] == "<float>"
+            seen.append(value)
+        assert len(seen) >= 10 and seen == sorted(seen), (len(seen), changed)  # a loaded machine reads slowly
+        assert untouched(t.pid)
+
+
+def test_a_stopped_rank_is_not_read_and_is_left_as_it_was(tmp_path: Path) -> None:
+    counter = tmp_path / "iter_num"
+    with counting(sys.executable, counter) as t:
+        os.kill(t.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: proc_state(t.pid) == "T", 20, "the rank to stop")
+            got = pyglobals.collect(request(), t.pid, ["iter_num"])
+            assert got["values"] == {} and got["actions"] == [], got
+            assert got["error"].startswith("the process is stopped by a signal (SIGSTOP"), got
+            assert proc_state(t.pid) == "T"  # still stopped: hangscope neither read nor resumed it
+        finally:
+            os.kill(t.pid, signal.SIGCONT)
+        wait_until(lambda: proc_state(t.pid) != "T", 20, "the rank to run again")
+        got = pyglobals.collect(request(), t.pid, ["iter_num"])
+        assert got["error"] == "" and int(got["values"]["iter_num"]) >= 1
+        assert untouched(t.pid)
+
+
+def test_ranks_sharing_a_binary_share_one_probe_run(tmp_path: Path) -> None:
+    targets = [counting(sys.executable, tmp_path / f"c{i}") for i in range(3)]
+    try:
+        req = request()
+        results: Dict[int, Dict[str, Any]] = {}
+
+        def read(pid: int) -> None:
+            results[pid] = pyglobals.collect(req, pid, ["iter_num"])
+
+        threads = [threading.Thread(target=read, args=(t.pid,)) for t in targets]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert sorted(results) == sorted(t.pid for t in targets)
+        assert all(r["error"] == "" and int(r["values"]["iter_num"]) >= 1 for r in results.values()), results
+        runs = [a for r in results.values() for a in r["actions"] if a.startswith("ran its python")]
+        assert len(runs) == 1, results
+        assert all(untouched(t.pid) for t in targets)
+    finally:
+        for t in targets:
+            t.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker and a rank of another user need root")
+def test_a_root_worker_runs_the_probe_as_the_rank_user_never_as_root() -> None:
+    system_python = "/usr/bin/python3"  # one that user nobody may run (this environment's may sit under /root)
+    if not os.access(system_python, os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    nobody = 65534
+    with Target(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", system_python, PROG,
+                 "block"]) as t:
+        pid = int(t.ready[0])
+        wait_blocked(pid)
+        assert procinfo.status_field(pid, "Uid").split()[0] == str(nobody)
+        got = pyglobals.collect(request(), pid, ["step", "batch", "iter_num"])
+        assert got["error"] == "", got
+        assert got["values"] == {"step": "3", "batch": "<str>", "iter_num": "4"}
+        assert f", as uid {nobody}," in got["actions"][0], got["actions"]
+        assert untouched(pid)
+
+
+def test_a_program_that_is_not_a_python_binary_is_never_started() -> None:
+    with Target(["sh", "-c", "echo ready $$; exec sleep 60"]) as t:
+        got = pyglobals.collect(request(), t.pid, ["iter_num"])
+        assert got["values"] == {} and got["actions"] == []
+        assert "is not a python interpreter binary" in got["error"], got
+
+
+# The worker's side under the nodes' oldest python3: stdlib only, isolated, the repo put on sys.path by code.
+READ_UNDER = ("import json, sys; sys.path.insert(0, %r)\n"
+              "from workers.collect import pyglobals\n"
+              "from workers.request import Request, Worker\n"
+              "req = Request(Worker(lambda msg: None, {}), 1, 'dump', {})\n"
+              "print(json.dumps(pyglobals.collect(req, int(sys.argv[1]), ['iter_num', 'hf_token'])))\n")
+
+
+def test_the_worker_side_reads_under_the_oldest_supported_python(tmp_path: Path) -> None:
+    """A python 3.9 worker reads a rank of this environment's python (another CPython: the probe, not the
+    worker, knows the rank's layout)."""
+    python = python_of("3.9")
+    counter = tmp_path / "iter_num"
+    with counting(sys.executable, counter) as t:
+        before = written(counter)
+        out = subprocess.run([python, "-I", "-S", "-c", READ_UNDER % str(Path(__file__).resolve().parents[2]),
+                              str(t.pid)], capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["error"] == "", got
+        assert int(got["values"]["iter_num"]) >= before and got["values"]["hf_token"] == "<str>"
+        assert got["actions"][0].startswith("ran its python (")
+        assert untouched(t.pid)
