@@ -1,7 +1,7 @@
 """Module globals read from a rank's memory (workers/collect/pyglobals.py) on real processes whose loop runs at
 module level (tests/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
 text never; a held process never; the layout probe run once per interpreter binary, and as the rank's user
-under a root worker."""
+under a root worker; and through the worker's dump op, as `global` locals of the `<module>` frame."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 import testenv
 from waiting import wait_until
+from worker_client import WorkerProc
 from worker_targets import Target, proc_state, untouched, wait_blocked
 from workers import procinfo
 from workers.collect import pyglobals
@@ -177,6 +178,64 @@ def test_a_program_that_is_not_a_python_binary_is_never_started() -> None:
         got = pyglobals.collect(request(), t.pid, ["iter_num"])
         assert got["values"] == {} and got["actions"] == []
         assert "is not a python interpreter binary" in got["error"], got
+
+
+def module_frame(item: Dict[str, Any]) -> Dict[str, Any]:
+    (main,) = [th for th in item["pyspy"] if th["os_thread_id"] == item["pid"]]  # unnamed: no threading module
+    return next(f for f in main["frames"] if f["name"] == "<module>")
+
+
+def dump(w: WorkerProc, pid: int, **opts: object) -> Dict[str, Any]:
+    items, done = w.call("dump", dict({"targets": [{"pid": pid, "start_time": procinfo.start_time(pid)}]}, **opts))
+    assert done["type"] == "done" and len(items) == 1, done
+    return items[0]
+
+
+def test_the_dump_adds_the_module_loop_globals_to_the_module_frame() -> None:
+    with Target([sys.executable, PROG, "block"]) as t, WorkerProc() as w:
+        pid = int(t.ready[0])
+        wait_blocked(pid)
+        item = dump(w, pid, locals=True, loops=True)
+        assert item["ok"] and item["error"] is None, item
+        frame = module_frame(item)
+        (loop,) = [lp for lp in item["loops"][f"{PROG}:{frame['line']}"] if lp["kind"] == "for"]
+        assert loop["variables"] == ["step", "batch"] and loop["counters"] == ["iter_num"]
+        globals_ = [lc for lc in frame["locals"] if lc.get("global")]
+        assert globals_ == [{"name": "step", "repr": "3", "arg": False, "global": True},
+                            {"name": "batch", "repr": "<str>", "arg": False, "global": True},
+                            {"name": "iter_num", "repr": "4", "arg": False, "global": True}]
+        reads = [a for a in item["actions"] if "globals of __main__" in a]
+        assert len(reads) == 1 and reads[0].startswith(f"read 3 globals of __main__ from memory (/proc/{pid}/mem, ")
+        assert item["actions"].index(reads[0]) > next(i for i, a in enumerate(item["actions"])
+                                                      if a.startswith("py-spy dump"))  # after the stacks
+        assert SECRET not in json.dumps(item)
+        assert untouched(pid)
+
+        # without --locals nothing is read, and the actions say so by saying nothing
+        bare = dump(w, pid, locals=False, loops=True)
+        assert not any(lc.get("global") for lc in module_frame(bare).get("locals") or [])
+        assert not any("globals" in a or "ran its python" in a for a in bare["actions"]), bare["actions"]
+        assert untouched(pid)
+
+
+def test_the_dump_of_a_stopped_rank_notes_why_its_globals_were_not_read() -> None:
+    with Target([sys.executable, PROG, "block"]) as t, WorkerProc() as w:
+        pid = int(t.ready[0])
+        wait_blocked(pid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: proc_state(pid) == "T", 20, "the rank to stop")
+            item = dump(w, pid, locals=True, loops=True)
+            assert item["ok"], item  # py-spy --nonblocking still gave the stack: not a failed dump
+            assert not any(lc.get("global") for lc in module_frame(item).get("locals") or [])
+            notes: List[str] = item["notes"]
+            assert any(n.startswith("globals of __main__ (step, batch, iter_num) not read: the process is stopped")
+                       for n in notes), notes
+            assert not any("globals" in a or "ran its python" in a for a in item["actions"]), item["actions"]
+            assert proc_state(pid) == "T"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: untouched(pid), 20, "the rank to run again")
 
 
 # The worker's side under the nodes' oldest python3: stdlib only, isolated, the repo put on sys.path by code.
