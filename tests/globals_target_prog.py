@@ -7,8 +7,8 @@ after each increment, ~1000 times a second; says `ready PID` once the first valu
 `churn FILE`: `count` adding, rebinding and deleting hundreds of other globals on each iteration, in bursts of
 ~50 iterations without a pause, so that __main__'s dict is resized and rewritten while it is read (and, between
 bursts, may be read whole).
-`block`: a top-level `for step, batch in enumerate(...)` that blocks in read(2) at step 3; says `ready PID`
-then.
+`block [STEP]`: a top-level `for step, batch in enumerate(...)` that blocks in read(2) at step STEP (3); says
+`ready PID` then.
 """
 
 import os
@@ -40,8 +40,9 @@ if mode in ("count", "churn"):
                 del space[name]
 else:
     block_r, block_w = os.pipe()  # nobody writes block_w: the read blocks forever
+    stop = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     for step, batch in enumerate(["a", "b", "c", "d", "e"]):  # noqa: B007 (the tests read `batch` back)
         iter_num += 1
-        if step == 3:
+        if step == stop:
             print("ready %d" % os.getpid(), flush=True)
             os.read(block_r, 1)

@@ -261,3 +261,23 @@ def test_the_worker_side_reads_under_the_oldest_supported_python(tmp_path: Path)
         assert int(got["values"]["iter_num"]) >= before and got["values"]["hf_token"] == "<str>"
         assert got["actions"][0].startswith("ran its python (")
         assert untouched(t.pid)
+
+
+def test_the_cli_tells_which_rank_is_an_iteration_ahead_from_module_globals(tmp_path: Path) -> None:
+    """End to end: two ranks of a script whose loop runs at module level, blocked on the same line one step
+    apart; only their globals tell them apart, and `hangscope --print` says which one is ahead."""
+    from worker_targets import rank_env
+
+    repo = Path(__file__).resolve().parents[2]
+    with Target([sys.executable, PROG, "block", "3"], env=rank_env(0)) as r0, \
+            Target([sys.executable, PROG, "block", "4"], env=rank_env(1)) as r1:
+        pids = [int(r0.ready[0]), int(r1.ready[0])]
+        for pid in pids:
+            wait_blocked(pid)
+        out = subprocess.run([sys.executable, "-m", "app", "--pid", str(pids[0]), "--pid", str(pids[1]), "--print"],
+                             capture_output=True, text=True, timeout=120, cwd=repo,
+                             env=dict(os.environ, PYTHONPATH=str(repo), NO_COLOR="1"))
+        assert all(untouched(pid) for pid in pids)
+    text = " ".join(out.stdout.split())
+    assert "rank 1 is 1 iteration ahead (step=4 vs 3)" in text, out.stdout + out.stderr
+    assert "step=3, iter_num=4: rank 0; step=4, iter_num=5: rank 1" in text, out.stdout
