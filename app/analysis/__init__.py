@@ -101,7 +101,9 @@ def _split_dict(s: IterationSplit) -> Dict[str, Any]:
     return {"class_index": s.class_index, "text": s.text(), "varying": list(s.varying),
             "locals_missing": s.locals_missing, "loops": [_frame_dict(f) for f in s.loops],
             "groups": [{"coordinate": [list(p) for p in g.coordinate], "label": g.label,
-                        "ranks": [list(k) for k in g.ranks]} for g in s.groups]}
+                        "ranks": [list(k) for k in g.ranks]} for g in s.groups],
+            **({"unknown": {"label": s.unknown.label, "ranks": [list(k) for k in s.unknown.ranks]}}
+               if s.unknown is not None else {})}
 
 
 _job = attrgetter("job")

@@ -17,7 +17,7 @@ from app.analysis.coordinates import meaningful
 from app.analysis.findings import Confidence, Finding
 from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, label_parts
 from app.analysis.frames import clean
-from app.analysis.tree import Grouping
+from app.analysis.tree import Grouping, StackClass
 from app.model import Frame, LoopInfo, RankSnapshot
 
 Coordinate = Tuple[Tuple[str, str], ...]  # (name, value repr), outermost loop first
@@ -49,6 +49,9 @@ class IterationSplit:
     varying: Tuple[str, ...] = ()  # names whose value differs between groups
     locals_missing: bool = False  # loops on the path, but no loop variable values were collected
     locals_collected: bool = False  # the dump asked for locals (then missing values were not readable)
+    # ranks of the class with no value at all where the others have some (a held rank whose module globals were
+    # not read, a failed read): their iteration is unknown, which is no evidence of another one
+    unknown: Optional[IterationGroup] = None
 
     @property
     def split(self) -> bool:
@@ -59,7 +62,8 @@ class IterationSplit:
         if self.locals_missing:
             return ("no loop variable had a readable value" if locals_collected or self.locals_collected
                     else "no loop variable values (run with --locals)")
-        return "; ".join(f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups)
+        return "; ".join([f"{_show(g.coordinate, self.varying)}: {g.who}" for g in self.groups]
+                         + ([f"no values: {self.unknown.who}"] if self.unknown is not None else []))
 
 
 def _show(coord: Coordinate, names: Sequence[str]) -> str:
@@ -96,16 +100,20 @@ def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:
             by_coord[tuple(p for pairs in raw for p in _meaningful(pairs))].extend(places)
         loops = tuple(c.frames[j] for j in positions)
         missing = list(by_coord) == [()]
+        unknown = by_coord.pop((), None) if len(by_coord) > 1 else None
         ordered = sorted(by_coord.items(), key=lambda kv: (-len(kv[1]), _numeric_key(kv[0])))
-        made = []
-        for coord, places in ordered:
-            # the class's order restricted to these ranks is sort_ranks' order of them (fold.sort_positions)
-            places.sort()
-            keys = tuple(map(c.ranks.__getitem__, places))
-            numbers = tuple(map(c.numbers.__getitem__, places))
-            made.append(IterationGroup(coord, keys, numbers, *label_parts(keys, numbers)))
-        out.append(IterationSplit(c.index, loops, tuple(made), _varying([g.coordinate for g in made]), missing))
+        made = [_group(c, coord, places) for coord, places in ordered]
+        out.append(IterationSplit(c.index, loops, tuple(made), _varying([g.coordinate for g in made]), missing,
+                                  unknown=_group(c, (), unknown) if unknown else None))
     return tuple(out)
+
+
+def _group(c: StackClass, coord: Coordinate, places: List[int]) -> IterationGroup:
+    # the class's order restricted to these ranks is sort_ranks' order of them (fold.sort_positions)
+    places.sort()
+    keys = tuple(map(c.ranks.__getitem__, places))
+    numbers = tuple(map(c.numbers.__getitem__, places))
+    return IterationGroup(coord, keys, numbers, *label_parts(keys, numbers))
 
 
 def _numeric_key(coord: Coordinate) -> Tuple[Tuple[int, object], ...]:
@@ -278,8 +286,15 @@ def locals_missing_finding(split: IterationSplit, locals_collected: bool, label:
     if locals_collected:
         detail = f"the path of {label} runs in loops{where}, but no loop variable had a readable value"
         if loop_frame is not None and loop_frame.function == "<module>":
-            detail += ("; the loop runs at module level, where its counters are globals, which py-spy's --locals "
-                       "does not read; the counters between samples (CPU, socket bytes) tell whether ranks move")
+            if any(lc.is_global for lc in loop_frame.locals):
+                detail += ("; the loop runs at module level: its globals were read from the rank's memory, but none "
+                           "holds a value that compares across ranks (a number, a short string)")
+            else:
+                detail += ("; the loop runs at module level, where its counters are globals of __main__, which "
+                           "py-spy's --locals does not show: the worker reads them from the rank's memory, and could "
+                           "not here (a rank in a container; a stopped, frozen or D-state process; an interpreter "
+                           "build it cannot read; an older worker); the counters between samples (CPU, socket "
+                           "bytes) tell whether ranks move")
         return Finding("no_locals", "loop iterations unknown: the loop variables were not readable", detail + ".",
                        "low", "locals were collected; an iteration difference between ranks cannot show",
                        culprit=False, class_index=split.class_index)

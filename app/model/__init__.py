@@ -27,6 +27,9 @@ class Local:
     name: str
     repr: str
     arg: bool = False
+    # a global of the script's __main__ module, read by the worker from the rank's memory for its `<module>`
+    # frame (py-spy shows no locals there): a module-level loop's variable or counter
+    is_global: bool = False
 
 
 @dataclass(frozen=True)

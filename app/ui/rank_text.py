@@ -89,6 +89,8 @@ def locals_text(rank: RankSnapshot, collected: bool = False) -> Text:
                 out.append_text(literal(clean(v.name, 30).ljust(width), None, "#5fafff" if v.arg else ""))
                 out.append(" = ")
                 out.append_text(literal(v.repr, VALUE_LIMIT))
+                if v.is_global:
+                    out.append("  (global)", style=DIM)
     if not out:
         if collected:
             return Text("No local variables were readable in this rank's frames (collected with locals).",

@@ -146,8 +146,9 @@ def test_per_rank_locals_change_no_class_finding_or_split() -> None:
 
 
 def test_loops_at_module_level_with_locals_on_never_say_run_with_locals() -> None:
-    """nanoGPT's loop runs at module level: its counters are globals, which py-spy's --locals does not read.
-    With --locals on, nothing may tell the user to turn it on, and the note is not [high]."""
+    """nanoGPT's loop runs at module level: its counters are globals, which py-spy's --locals does not show and
+    which were not read here (no `global` locals on the frame). With --locals on, nothing may tell the user to
+    turn it on, and the note is not [high]."""
     from app.analysis.text import summary_text
 
     loop = LoopInfo("while", 250, 330, "while True:")
@@ -159,8 +160,38 @@ def test_loops_at_module_level_with_locals_on_never_say_run_with_locals() -> Non
     assert split.locals_missing and split.text() == "no loop variable had a readable value"
     f = next(f for f in a.findings if f.kind == "no_locals")
     assert f.confidence == "low" and f.title == "loop iterations unknown: the loop variables were not readable"
-    assert "module level, where its counters are globals" in f.detail
+    assert "module level, where its counters are globals" in f.detail and "could not here" in f.detail
     assert "run with --locals" not in summary_text(snap, a)
+
+
+def test_module_level_globals_read_but_not_comparable_say_so_not_that_they_cannot_be_read() -> None:
+    """The worker read the loop's globals (`global` locals on the `<module>` frame), but their values tell no
+    iteration (an object, not a number): the note must not claim they are unreadable; read ints split the ranks."""
+    loop = LoopInfo("while", 250, 330, "while True:", (), ("iter_num",))
+
+    def module(value: str, iteration: tuple) -> tuple:  # type: ignore[type-arg]
+        return (Frame("all_reduce", ALL_REDUCE[-1].filename, 2950),
+                Frame("<module>", "/home/alice/train.py", 305, locals=(Local("iter_num", value, is_global=True),),
+                      loops=(loop,), iteration=iteration))
+
+    a = analyze(snapshot([rank(r, "n1", module("<Tensor>", ())) for r in range(4)], locals=True))
+    f = next(f for f in a.findings if f.kind == "no_locals")
+    assert "its globals were read from the rank's memory, but none holds a value" in f.detail
+    assert "could not" not in f.detail
+
+    ahead = analyze(snapshot([rank(r, "n1", module(str(41 + (r == 3)), (("iter_num", str(41 + (r == 3))),)))
+                              for r in range(4)], locals=True))
+    assert not any(f.kind == "no_locals" for f in ahead.findings)
+    split = next(f for f in ahead.findings if f.kind == "iteration_split")
+    assert split.title.startswith("rank 3 is 1 iteration ahead (iter_num=42 vs 41)"), split.title
+
+    # a rank whose globals were not read (held: stopped, frozen, D) has no value: unknown, not another iteration
+    held = analyze(snapshot([rank(r, "n1", module("41", (("iter_num", "41"),)) if r != 3 else module("", ()))
+                             for r in range(4)], locals=True))
+    (s,) = held.iteration_splits
+    assert not s.split and s.text() == "iter_num=41: ranks 0-2; no values: rank 3", s.text()
+    assert s.unknown is not None and s.unknown.numbers == (3,)
+    assert not any(f.kind in ("iteration_split", "no_locals") for f in held.findings), held.findings
 
 
 def test_the_same_elements_in_another_order_is_an_order_difference_not_an_iteration_offset() -> None:

@@ -298,3 +298,28 @@ async def test_worker_error_reply_is_typed() -> None:
         assert (await conn.call("ping", timeout=10))["pong"] is True  # the connection survives
     finally:
         await conn.close()
+
+
+async def test_the_shipped_worker_reads_module_globals_with_the_probe_it_carries() -> None:
+    """The layout probe is started from its source, which a worker shipped by the bootstrap (no files on the
+    node) gets from the payload's importer: a dump with --locals still adds a top-level loop's globals."""
+    from worker_targets import Target, wait_blocked
+    from workers import procinfo
+
+    prog = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+    with Target([sys.executable, prog, "block"]) as t:
+        pid = int(t.ready[0])
+        wait_blocked(pid)
+        conn = await start_local(sys.executable, name="here", timeout=20)  # py-spy sits beside it
+        try:
+            items, _ = await conn.request("dump", {"targets": [{"pid": pid, "start_time": procinfo.start_time(pid)}],
+                                                   "locals": True, "loops": True}, timeout=30).collect()
+        finally:
+            await conn.close()
+    (item,) = items
+    assert item["ok"], item
+    (main,) = [th for th in item["pyspy"] if th["os_thread_id"] == pid]
+    module = next(f for f in main["frames"] if f["name"] == "<module>")
+    assert {lc["name"]: lc["repr"] for lc in module["locals"] if lc.get("global")} == \
+        {"step": "3", "batch": "<str>", "iter_num": "4"}, (module, item["notes"])
+    assert any(a.startswith("ran its python (") for a in item["actions"]), item["actions"]

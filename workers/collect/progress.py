@@ -8,11 +8,11 @@ cpu.max, v1 cpu.stat and cpu.cfs_quota_us/cfs_period_us). Bytes sent and receive
 the sockets (workers/collect/sockets.py: tcp_info's bytes_acked/bytes_received).
 
 Each read is a small file, bounded, and a missing or unreadable one leaves its key out: ~20 us per rank.
-Module-level loop counters (a script's `iter_num` at the top level, as nanoGPT's train.py keeps it) are NOT
-read here: py-spy's --locals shows nothing for a `<module>` frame (its variables are globals, not fast
-locals), and reading another interpreter's globals dict needs its memory (process_vm_readv / /proc/PID/mem,
-the same ptrace access py-spy uses) and a walker for every CPython layout; the counters above tell a rank
-that progresses without it.
+Module-level loop counters (a script's `iter_num` at the top level, as nanoGPT's train.py keeps it) are not
+read here but with the stacks: py-spy's --locals shows nothing for a `<module>` frame (its variables are
+globals, not fast locals), so the dump reads them from the rank's memory (workers/collect/pyglobals.py, with
+--locals only: /proc/PID/mem, the same access py-spy needs); the counters above tell a rank that progresses
+without them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import loops as loopinfo
 from workers import pstate
-from workers.collect import guard, procfs, runas
+from workers.collect import guard, procfs, pyglobals, runas
 from workers.collect.guard import CollectError
 from workers.procinfo import ns_id
 from workers.protocol import error_dict, pyspy_flags
@@ -97,10 +97,14 @@ def _redact_locals(traces: Any) -> None:
     for thread in traces:
         for frame in (thread.get("frames") or []) if isinstance(thread, dict) else []:
             for local in frame.get("locals") or []:
-                if isinstance(local, dict) and isinstance(local.get("repr"), str):
-                    name = str(local.get("name", ""))
-                    value = local["repr"]
-                    local["repr"] = "***" if secret_value(name, value.strip("'\"")) else redact_text(value)
+                _redact_local(local)
+
+
+def _redact_local(local: Any) -> None:
+    if isinstance(local, dict) and isinstance(local.get("repr"), str):
+        name = str(local.get("name", ""))
+        value = local["repr"]
+        local["repr"] = "***" if secret_value(name, value.strip("'\"")) else redact_text(value)
 
 
 def _frames(traces: Any) -> List[Tuple[str, int]]:
@@ -218,6 +222,9 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     if opts.loops or opts.source_context >= 0:
         item["loops"], item["source"] = loopinfo.annotate(pid, _frames(traces), opts.source_context,
                                                           in_container=other_ns, want_loops=opts.loops)
+    if opts.locals:  # the module-level loop counters py-spy cannot show: globals of __main__ (after the dump)
+        for local in pyglobals.add(req, pid, traces, item, other_ns):
+            _redact_local(local)
 
 
 def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],
