@@ -286,7 +286,7 @@ def locals_missing_finding(split: IterationSplit, locals_collected: bool, label:
     if locals_collected:
         detail = f"the path of {label} runs in loops{where}, but no loop variable had a readable value"
         if loop_frame is not None and loop_frame.function == "<module>":
-            if any(lc.is_global for lc in loop_frame.locals):
+            if loop_frame.locals:  # a <module> frame's locals: its globals, read from the rank's memory
                 detail += ("; the loop runs at module level: its globals were read from the rank's memory, but none "
                            "holds a value that compares across ranks (a number, a short string)")
             else:

@@ -271,7 +271,7 @@ def _locals(raw: Any) -> tuple[Local, ...]:
         if type(lc) is dict:
             name, value = lc.get("name"), lc.get("repr")
             out.append(Local(name if type(name) is str else "", value if type(value) is str else "",
-                             lc.get("arg") is True, lc.get("global") is True))
+                             lc.get("arg") is True))
     return tuple(out)
 
 

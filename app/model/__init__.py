@@ -27,9 +27,8 @@ class Local:
     name: str
     repr: str
     arg: bool = False
-    # a global of the script's __main__ module, read by the worker from the rank's memory for its `<module>`
-    # frame (py-spy shows no locals there): a module-level loop's variable or counter
-    is_global: bool = False
+    # A `<module>` frame's locals are its module's globals: py-spy shows none there, and the worker reads the
+    # module-level loop's variables and counters of __main__ from the rank's memory (workers/collect/pyglobals.py).
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def frames_table(frames: Sequence[Frame], *, mark: Optional[int] = None) -> str:
             extra += f"<div>iteration: {pairs}</div>"
         if f.locals:
             extra += "<div class=\"locals\">" + "<br>".join(
-                f"<code>{h(loc.name)}{' (arg)' if loc.arg else ''}{' (global)' if loc.is_global else ''} = "
+                f"<code>{h(loc.name)}{' (arg)' if loc.arg else ''}{' (global)' if f.function == '<module>' else ''} = "
                 f"{h(loc.repr, VALUE)}</code>" for loc in f.locals) + "</div>"
         native = " <span class=\"meta\">[native]</span>" if f.native else ""
         rows.append(f"<tr{css}><td class=\"mono\">{h(f.function)}{native}</td>"

@@ -89,7 +89,7 @@ def locals_text(rank: RankSnapshot, collected: bool = False) -> Text:
                 out.append_text(literal(clean(v.name, 30).ljust(width), None, "#5fafff" if v.arg else ""))
                 out.append(" = ")
                 out.append_text(literal(v.repr, VALUE_LIMIT))
-                if v.is_global:
+                if f.function == "<module>":  # a module's locals are its globals (read from memory)
                     out.append("  (global)", style=DIM)
     if not out:
         if collected:

@@ -171,7 +171,7 @@ def test_module_level_globals_read_but_not_comparable_say_so_not_that_they_canno
 
     def module(value: str, iteration: tuple) -> tuple:  # type: ignore[type-arg]
         return (Frame("all_reduce", ALL_REDUCE[-1].filename, 2950),
-                Frame("<module>", "/home/alice/train.py", 305, locals=(Local("iter_num", value, is_global=True),),
+                Frame("<module>", "/home/alice/train.py", 305, locals=(Local("iter_num", value),),
                       loops=(loop,), iteration=iteration))
 
     a = analyze(snapshot([rank(r, "n1", module("<Tensor>", ())) for r in range(4)], locals=True))

@@ -80,11 +80,12 @@ def test_locals_tab_and_report_mark_module_globals_read_from_memory():
     from app.model import Frame, Local, RankSnapshot, ThreadStack
     from app.report.html_ranks import frames_table
 
-    module = Frame("<module>", "/w/train.py", 7, locals=(Local("iter_num", "41", is_global=True), Local("x", "1")))
+    module = Frame("<module>", "/w/train.py", 7, locals=(Local("iter_num", "41"),))
+    step = Frame("step", "/w/train.py", 3, locals=(Local("x", "1"),))
     rank = replace(RankSnapshot(node="n", pid=10, start_time=1),
-                   threads=(ThreadStack(tid=10, name="", frames=(module,), is_main=True),))
+                   threads=(ThreadStack(tid=10, name="", frames=(step, module), is_main=True),))
     shown = rank_text.locals_text(rank).plain.splitlines()
     assert any(line.strip().startswith("iter_num") and line.endswith("41  (global)") for line in shown), shown
     assert any(line.strip().startswith("x") and line.endswith("= 1") for line in shown), shown
-    html = frames_table((module,))
+    html = frames_table((step, module))
     assert "iter_num (global) = 41" in html and "x = 1" in html
