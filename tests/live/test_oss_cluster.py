@@ -109,6 +109,18 @@ def assert_progressing(stdout: str, snap: Any, analysis: dict) -> None:
     assert stuck == [], f"no rank of a training job is stuck:\n{stdout}"
 
 
+def module_counters(snap: Any) -> dict[int, dict[str, int]]:
+    """rank -> the integer globals of its main thread's `<module>` frame (read from its memory: issue 16.5), for
+    the ranks whose dump has that frame (a non-blocking sample of a running rank can miss the stack's bottom)."""
+    out: dict[int, dict[str, int]] = {}
+    for r in snap.ranks:
+        main = next((t for t in r.threads if t.is_main), None)
+        module = [f for f in (main.frames if main else ()) if f.function == "<module>"]
+        if module:
+            out[r.rank] = {lc.name: int(lc.repr) for lc in module[-1].locals if lc.repr.isdigit()}
+    return out
+
+
 def wait_trained(job: Job, ranks: list[int] | None = None, timeout: float = 120) -> None:
     """Every rank (or those given) used more CPU: the job trains (before a test, and after a release)."""
     first = cpu_ticks(job)
@@ -119,6 +131,7 @@ def wait_trained(job: Job, ranks: list[int] | None = None, timeout: float = 120)
 @SCRIPTS
 def test_a_healthy_training_job_is_progressing_in_every_run(oss_cluster: Cluster, job: Job, tmp_path: Path) -> None:
     runs = RUNS[job.scenario]
+    counted: list[dict[int, dict[str, int]]] = []
     for run in range(runs):
         before = cpu_ticks(job)
         # the last run with 5 samples: more chances to catch ranks at the same place (issue 17: "6 ranks stuck
@@ -132,6 +145,12 @@ def test_a_healthy_training_job_is_progressing_in_every_run(oss_cluster: Cluster
         assert len(moved) == 8, f"every rank's sockets moved gradients between the samples:\n{stdout}"
         after = cpu_ticks(job)
         assert all(after[r] > before[r] for r in before), "the job really trained while it was diagnosed"
+        if job.scenario == "nanogpt":  # its loop runs at module level: iter_num is a global, read from memory
+            counted.append(module_counters(snap))
+            assert len(counted[-1]) >= 6 and all("iter_num" in c for c in counted[-1].values()), counted[-1]
+    if counted:  # the module-level counter moved on every rank from the first run to the last
+        both = set(counted[0]) & set(counted[-1])
+        assert len(both) >= 4 and all(counted[-1][r]["iter_num"] > counted[0][r]["iter_num"] for r in both), counted
 
 
 @SCRIPTS
@@ -188,6 +207,12 @@ def test_a_held_rank_is_the_headline(oss_cluster: Cluster, job: Job, tmp_path: P
             stdout
         assert sorted(r.rank for r in snap.ranks) == list(range(8)), stdout
         assert still_held(), "hangscope left the held rank as it was"
+        if job.scenario == "nanogpt":  # module globals read from the waiting ranks' memory, never the held one's
+            counters = module_counters(snap)
+            assert counters.get(HELD, {}) == {}, counters
+            assert all("iter_num" in counters[r] for r in others if r in counters) and len(counters) >= 6, counters
+            held_rank = next(r for r in snap.ranks if r.rank == HELD)
+            assert not any("globals" in a for a in held_rank.actions), held_rank.actions
     wait_trained(job)
 
 
