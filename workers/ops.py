@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import discover as discovery
 from workers import procinfo, pstate
-from workers.collect import flight, gpu_evidence, gpus, pgstore, progress, pyspy, runas, sockets, traced
+from workers.collect import flight, gpu_evidence, gpus, output, pgstore, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
 from workers.protocol import MATCH_LIMIT, error_dict
 from workers.request import Cancelled, OpError, Request
@@ -103,6 +103,9 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str,
                 tcp_by_ns[netns] = sockets.tcp_table(rank["pid"]) if netns else None  # unknown: read per rank
         rank["sockets"] = sockets.for_pid(rank["pid"], ss_by_ns[netns], tcp_by_ns[netns])
         rank["counters"] = progress.collect(rank["pid"])  # what moves between samples (slow vs stuck)
+        written = output.collect(rank["pid"], rank.get("env") or [])  # its recent error output, if readable
+        if written:
+            rank["output"] = written
         emit(rank)
     return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes,
             "processes": scan.processes, "time": time.time()}

@@ -29,7 +29,10 @@ Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
     discover  {"pids": [int] | None, "match": str}  -> item per rank: RankInfo dict (see workers/discover.py),
                                                      with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
-                                                     and "counters": {...} (workers/collect/progress.py)
+                                                     and "counters": {...} (workers/collect/progress.py),
+                                                     and "output": [{"source": "stderr" | "error_file", "path",
+                                                     "size", "age", "text"}] when it wrote an error where it can
+                                                     be read (workers/collect/output.py; redacted)
                                                   -> done {"count", "scanned", "unreadable", "notes": [str]}
     dump      {"targets": [{"pid", "start_time"}], "native": bool, "locals": bool,
                "nonblocking": bool, "timeout": float, "concurrency": int | None,
@@ -194,6 +197,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         children: List[int]
         sockets: List[Dict[str, Any]]  # workers/collect/sockets.py
         counters: Dict[str, Any]  # workers/collect/progress.py
+        output: List[Dict[str, Any]]  # its recent error output: workers/collect/output.py (only when there is some)
 
     class PyspyThread(TypedDict, total=False):
         """One thread of py-spy's `dump --json` output."""

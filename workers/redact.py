@@ -255,7 +255,8 @@ def _named(pattern: "re.Pattern[str]", text: str, rule: str, hits: Optional[Dict
             break
         name, val = m.group(group).strip(), m.group("val")
         pre, inner, post = _unquote(val)
-        location = group == "name" and "." in name and "=" not in m.group("sep")  # file.py:12, module.attr:
+        # file.py:12, module.attr: (the quoted-key rule has no separator group: `"train.py", line 9`)
+        location = group == "name" and "." in name and "=" not in (m.groupdict().get("sep") or "")
         if location or _hidden(inner) or not secret_name(name) or not secret_value(name, inner):
             pos = m.start("val") if m.start("val") > m.start() else m.start() + 1
             continue

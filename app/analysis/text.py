@@ -15,6 +15,8 @@ from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.output import age_text, blamed_ranks
+from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import behind_summary, stuck_summary
 from app.analysis.waits import shown as shown_graphs
@@ -57,6 +59,14 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
     if procs:  # the jobs' launchers and ranks' children, where they are in the job (never counted as ranks)
         out += ["", "Processes of the job (launchers, ranks, their children):"]
         out += ["  " + line for line in procs]
+    written = output_blocks(snapshot, blamed_ranks(analysis.findings))
+    if written:  # what ranks wrote of an error where their node could read it back (redacted there)
+        out += ["", "Recent error output (read on the nodes, redacted):"]
+        for b in written:
+            age = age_text(b.age)
+            out += _wrap(f"{b.label}, {b.source}{', ' + age if age else ''}{' (blamed)' if b.blamed else ''}:",
+                         width, "    ", first="  ")
+            out += ["      " + line for line in b.text.splitlines()[:40]]
     skew = skew_line(snapshot)
     if skew:
         out += [""] + _wrap(skew, width, "    ")

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from app.errors import hint_for
-from app.model import (CgroupCpu, ErrorInfo, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, PipeReader,
+from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, PipeReader,
                        ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
@@ -134,6 +134,7 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
         nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
         children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
         sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
+        output=error_output(item.get("output")),
         counters=counters(item.get("counters")), collected=False))
 
 
@@ -160,6 +161,16 @@ def job_identity(r: RankSnapshot) -> tuple[str, str]:
     if r.launcher_pid:
         return (f"{r.launcher or 'launcher'} pid {r.launcher_pid} on {r.node}", "launcher process")
     return "", ""
+
+
+def error_output(raw: Any) -> tuple[ErrorOutput, ...]:
+    """workers/collect/output.py's findings (remote text: bounded, typed)."""
+    out = []
+    for o in _list(raw)[:4]:
+        if isinstance(o, dict) and o.get("source") in ("stderr", "error_file") and isinstance(o.get("text"), str):
+            out.append(ErrorOutput(source=o["source"], path=_str(o.get("path"))[:500], text=o["text"][:4000],
+                                   size=_count(o.get("size")) or 0, age=_float(o.get("age"))))
+    return tuple(out)
 
 
 def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | None:

@@ -355,6 +355,18 @@ def rank_key(r: _OnNode) -> RankKey:
 
 
 @dataclass(frozen=True)
+class ErrorOutput:
+    """The end of an error a rank wrote where its node can read it back (workers/collect/output.py): its stderr
+    when that is a file, or torchrun's elastic error file. Redacted on the node; remote text."""
+
+    source: Literal["stderr", "error_file"]
+    path: str  # on the node (the rank's own view of it for an error file)
+    text: str  # from where the last error starts: its traceback, or a few lines above the error line
+    size: int = 0  # the file's size when read
+    age: Optional[float] = None  # seconds since the file was last written, when it was read
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
 
@@ -391,6 +403,7 @@ class RankSnapshot:
     children: Tuple[int, ...] = ()  # helper processes (data-loader workers) of this rank
     threads: Tuple[ThreadStack, ...] = ()
     sockets: Tuple[TcpSocket, ...] = ()
+    output: Tuple[ErrorOutput, ...] = ()  # its recent error output, where its node could read it
     collected: bool = False  # stacks were dumped
     partial: bool = False  # only part of the data arrived (connection lost, cancelled)
     error: Optional[ErrorInfo] = None

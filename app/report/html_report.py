@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.output import age_text, blamed_ranks
+from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import tree_lines
 from app.analysis.waits import shown as shown_graphs
 from app.model import Snapshot
@@ -72,6 +74,14 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
         sections.append("<h2 id=\"processes\">Processes of the job</h2><p class=\"meta\">Launchers above their "
                         "ranks, each rank's children below it (never counted as ranks).</p><pre class=\"mono\">"
                         + "\n".join(h(line, 400) for line in procs) + "</pre>")
+    written = output_blocks(snap, blamed_ranks(analysis.findings) if analysis is not None else ())
+    if written:
+        sections.append("<h2 id=\"output\">Recent error output</h2><p class=\"meta\">What ranks wrote of an error "
+                        "where their node could read it back (stderr when it is a file, torchrun's elastic error "
+                        "file), redacted on the node.</p>" + "".join(
+                            f"<h3>{h(b.label, 200)}, {h(b.source, 600)}"
+                            f"{' &middot; ' + h(age_text(b.age)) if b.age is not None else ''}</h3>"
+                            f"<pre class=\"mono\">{h(b.text, 4000)}</pre>" for b in written))
     gpu = [(n.name, line) for n in snap.nodes for line in evidence_lines(n)]
     if gpu:
         sections.append("<h2 id=\"gpu\">GPU evidence</h2><ul>" + "".join(

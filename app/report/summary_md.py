@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.output import age_text, blamed_ranks
+from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.waits import shown as shown_graphs
 from app.model import CollectOptions, Snapshot
@@ -57,6 +59,13 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     if procs:
         out += ["## Processes of the job", "", "Launchers above their ranks, each rank's children below it "
                 "(never counted as ranks).", ""] + _details("Process tree", md_block("\n".join(procs))) + [""]
+    written = output_blocks(snap, blamed_ranks(analysis.findings) if analysis is not None else ())
+    if written:
+        out += ["## Recent error output", "", "What ranks wrote of an error where their node could read it back "
+                "(stderr when it is a file, torchrun's elastic error file), redacted on the node.", ""]
+        for b in written:
+            age = f", {age_text(b.age)}" if b.age is not None else ""
+            out += [md_sentence(f"{b.label}, {b.source}{age}:"), "", md_block(b.text), ""]
     skew = skew_line(snap)
     if skew:
         out += ["## Dump timing", "", md_sentence(skew), ""]

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence
 
 from rich.text import Text
 
+from app.analysis.output import age_text
 from app.model import Frame, RankSnapshot, ThreadStack
 from app.ui.safe import NAME_LIMIT, VALUE_LIMIT, clean, lines, literal
 
@@ -167,6 +168,13 @@ def proc_text(rank: RankSnapshot, family: Sequence[str] = ()) -> Text:
         for line in family:
             out.append("\n  ")
             out.append_text(literal(line, 300, "bold" if line.endswith("(this rank)") else ""))
+    for o in rank.output:  # what it wrote of an error where its node could read it (redacted there)
+        what = "elastic error file" if o.source == "error_file" else "stderr"
+        out.append(f"\n\nRecent error output: its {what}", style=HEAD)
+        out.append_text(literal(f" ({o.path}{', ' + age_text(o.age) if o.age is not None else ''})", 600, DIM))
+        for line in o.text.splitlines()[:40]:
+            out.append("\n  ")
+            out.append_text(literal(line, 400, "#ff8787"))
     for t in ordered_threads(rank):
         out.append("\n")
         out.append_text(thread_header(t))

@@ -4,7 +4,8 @@ has no `rank` argument (it computes node_rank * per_node + index), so the proces
 `hangscope HOSTS --print` over real SSH numbers every rank from the store that rank 0 serves on node01, names
 that evidence, says on rank 0 what was read from its store, and leaves every key and value of the store as it was.
 With --no-store the numbers stay unknown and the spawn index is given as the local rank only: the store was the
-only source of the global numbers."""
+only source of the global numbers. The culprit logged a caught traceback to its own stderr file before it stopped:
+the summary shows it first, read on its node and redacted there (issue 16.5)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "spawn_nodes_job.py"
 PER_NODE = 2
+SECRET = "hf_" + "SpawnNodesJobToken" * 2  # what the culprit's traceback holds (tests/spawn_nodes_job.py)
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 _STORE_CONTENT = """
 import datetime, hashlib, json, sys
@@ -65,7 +67,7 @@ def job(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, str,
                                   for n in cluster.nodes}) from None
         ranks = {int(d["rank"]): d for d in map(json.loads, ready.read_text().splitlines())}
         for number, d in ranks.items():
-            d["node"] = cluster.nodes[number // PER_NODE].name
+            d["node"], d["ready"] = cluster.nodes[number // PER_NODE].name, str(ready)
         yield cluster, f"{master.ip}:{port}", ranks
     finally:
         wait_until(lambda: not _kill_marked(cluster.nodes, f"{MARK}={mark}"), 20, "the spawn jobs to die")
@@ -109,6 +111,14 @@ def test_every_rank_is_numbered_from_the_store_and_the_store_is_left_as_it_was(j
     assert not any("store" in a for r in found.values() if r is not host for a in r.actions)
     last = len(truth) - 1
     assert stdout.startswith(f"hangscope: Rank {last} is in `main_worker`"), stdout
+    # the culprit's recent error output (its own stderr file), read on its node, redacted there (issue 16.5)
+    err = f"{truth[last]['ready']}.rank{last}.err"
+    section = stdout.split("Recent error output (read on the nodes, redacted):\n", 1)[1]
+    assert section.startswith(f"  rank {last} on {truth[last]['node']}, its stderr ({err}), written "), section
+    assert "RuntimeError: shard 7 of the dataset is missing (HF_TOKEN=***)" in section, section
+    assert SECRET not in stdout and SECRET not in json.dumps([r.output for r in found.values()], default=str)
+    culprit = found[(truth[last]["node"], truth[last]["pid"])]
+    assert [o.source for o in culprit.output] == ["stderr"] and culprit.output[0].path == err
 
 
 def test_with_no_store_the_numbers_stay_unknown_and_the_index_is_the_local_rank(job, tmp_path) -> None:

@@ -1,0 +1,78 @@
+"""The ranks' recent error output (RankSnapshot.output, read on the nodes) where users read: grouped by the file
+ranks write to, the culprit's first; in --print's summary, summary.md, report.html and the rank view's /proc tab;
+remote text shown literally (no escape sequence reaches the terminal, no markup the page), secrets redacted again
+in the bundle; never a finding by itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.analysis import analyze
+from app.analysis.output import blocks
+from app.analysis.text import summary_text
+from app.model import ErrorOutput, rank_key
+from app.report import build_bundle
+from app.ui import rank_text
+from test_report_build import make_snapshot
+
+TRACE = ("Traceback (most recent call last):\n  File \"train.py\", line 88, in step\n"
+         "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB \x1b]0;pwned\x07<script>alert(1)</script>")
+SHARED = "NCCL WARN Call to recv from 10.0.0.2<43021> failed : Connection reset by peer"
+TOKEN = "hf_" + "Q" * 34
+
+
+def _with_output():  # type: ignore[no-untyped-def]
+    snap = make_snapshot("barrier", culprit_rank=5)
+    ranks = []
+    for r in snap.ranks:
+        out = ()
+        if r.rank == 5:  # the culprit's own log, with a token a node's redaction missed
+            out = (ErrorOutput("stderr", "/scratch/run/rank5.err", f"{TRACE}\nHF_TOKEN={TOKEN}", 9000, 4.0),)
+        elif r.node == "node01":  # node01's ranks share one log file, which holds one error
+            out = (ErrorOutput("stderr", "/scratch/run/node01.log", SHARED, 120000, 30.0),)
+        ranks.append(dataclasses.replace(r, output=out))
+    return dataclasses.replace(snap, ranks=tuple(ranks))
+
+
+def test_blocks_group_a_shared_file_and_put_the_culprits_first() -> None:
+    snap = _with_output()
+    culprit = next(rank_key(r) for r in snap.ranks if r.rank == 5)
+    got = blocks(snap, [culprit])
+    assert [(b.label, b.blamed) for b in got] == [("rank 5 on node02", True), ("ranks 0-3 on node01", False)]
+    assert got[0].source == "its stderr (/scratch/run/rank5.err)" and got[0].age == 4.0
+    assert got[1].source == "their stderr (/scratch/run/node01.log)"
+    assert [b.label for b in blocks(snap)] == ["rank 5 on node02", "ranks 0-3 on node01"]  # by label without blame
+
+
+def test_the_summary_shows_them_literally_and_no_finding_comes_of_them() -> None:
+    snap = _with_output()
+    analysis = analyze(snap)
+    assert analysis.to_dict()["findings"] == analyze(make_snapshot("barrier", culprit_rank=5)).to_dict()["findings"]
+    text = summary_text(snap, analysis)
+    section = text.split("Recent error output (read on the nodes, redacted):\n", 1)[1]
+    assert section.startswith("  rank 5 on node02, its stderr (/scratch/run/rank5.err), written 4 s before it was "
+                              "read (blamed):\n      Traceback (most recent call last):"), section
+    assert "RuntimeError: CUDA out of memory" in section and "ranks 0-3 on node01, their stderr" in section
+    assert "\x1b" not in text and "\x07" not in text
+
+
+def test_the_bundle_escapes_them_and_redacts_what_the_node_missed() -> None:
+    snap = _with_output()
+    bundle = build_bundle(snap, analyze(snap))
+    html = bundle.files["report.html"].decode()
+    md = bundle.files["summary.md"].decode()
+    assert "<h2 id=\"output\">Recent error output</h2>" in html and "## Recent error output" in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert" not in html
+    assert "RuntimeError: CUDA out of memory" in md
+    for name, data in bundle.files.items():
+        assert TOKEN.encode() not in data, name
+
+
+def test_the_rank_view_shows_its_own() -> None:
+    snap = _with_output()
+    r5 = next(r for r in snap.ranks if r.rank == 5)
+    plain = rank_text.proc_text(r5).plain
+    assert "Recent error output: its stderr (/scratch/run/rank5.err, written 4 s before it was read)" in plain
+    assert "RuntimeError: CUDA out of memory" in plain and "\x1b" not in plain
+    r6 = next(r for r in snap.ranks if r.rank == 6)
+    assert "Recent error output" not in rank_text.proc_text(r6).plain
