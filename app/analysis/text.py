@@ -15,6 +15,7 @@ from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
@@ -70,6 +71,11 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
     skew = skew_line(snapshot)
     if skew:
         out += [""] + _wrap(skew, width, "    ")
+    done = done_lines(snapshot)
+    if done:  # what hangscope did to each process (tools run, paused, resumed, read), and what it left undone
+        out += ["", "What hangscope did to the processes:"]
+        for line in done:
+            out += _wrap(line, width, "    ", first="  ")
     if analysis.flight is not None:  # PyTorch's Flight Recorder: one line when the job does not use it
         flight = analysis.flight
         out += [""] + _wrap(flight.line + (":" if flight.rows else ""), width, "  ")

@@ -382,7 +382,8 @@ def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
         resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
         state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")),
         hold=process_hold(item.get("process")) or rank.hold,
-        actions=rank.actions + tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]))
+        actions=rank.actions + tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
+        notes=rank.notes + tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)))
 
 
 _SPAWN_WRAP = "torch/multiprocessing/spawn.py"

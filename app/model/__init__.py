@@ -415,6 +415,7 @@ class RankSnapshot:
     counters: Optional[ProgressCounters] = None  # what moves between samples, read at discovery
     hold: Optional[ProcessHold] = None  # what holds the process (stopped, traced, frozen, D, exiting), read before any tool ran; None when nothing does, and in old files
     actions: Tuple[str, ...] = ()  # what hangscope did to the process, in order (tools run, signals sent)
+    notes: Tuple[str, ...] = ()  # what the worker left undone or did otherwise than asked, and why (the dump's notes)
     dump_started: Optional[float] = None  # when its dump began and ended (epoch seconds, login clock; issue 16.8)
     dump_ended: Optional[float] = None
 

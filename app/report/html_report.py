@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import tree_lines
@@ -82,6 +83,10 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
                             f"<h3>{h(b.label, 200)}, {h(b.source, 600)}"
                             f"{' &middot; ' + h(age_text(b.age)) if b.age is not None else ''}</h3>"
                             f"<pre class=\"mono\">{h(b.text, 4000)}</pre>" for b in written))
+    done = done_lines(snap)
+    if done:
+        sections.append("<h2 id=\"done\">What hangscope did to the processes</h2><ul>" + "".join(
+            f"<li>{h_sentence(line)}</li>" for line in done) + "</ul>")
     gpu = [(n.name, line) for n in snap.nodes for line in evidence_lines(n)]
     if gpu:
         sections.append("<h2 id=\"gpu\">GPU evidence</h2><ul>" + "".join(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
@@ -69,6 +70,9 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     skew = skew_line(snap)
     if skew:
         out += ["## Dump timing", "", md_sentence(skew), ""]
+    done = done_lines(snap)
+    if done:
+        out += ["## What hangscope did to the processes", ""] + [f"- {md_sentence(line)}" for line in done] + [""]
     if facts.failures:
         out += ["## Node and rank failures", ""] + [f"- {md_sentence(line)}" for line in facts.failures] + [""]
     if tests is not None:

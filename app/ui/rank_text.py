@@ -168,6 +168,14 @@ def proc_text(rank: RankSnapshot, family: Sequence[str] = ()) -> Text:
         for line in family:
             out.append("\n  ")
             out.append_text(literal(line, 300, "bold" if line.endswith("(this rank)") else ""))
+    if rank.actions or rank.notes:  # what hangscope did to it, and what it left undone and why
+        out.append("\n\nWhat hangscope did to it", style=HEAD)
+        for line in rank.actions:
+            out.append("\n  ")
+            out.append_text(literal(line, 300))
+        for line in rank.notes:
+            out.append("\n  ")
+            out.append_text(literal(line, 500, DIM))
     for o in rank.output:  # what it wrote of an error where its node could read it (redacted there)
         what = "elastic error file" if o.source == "error_file" else "stderr"
         out.append(f"\n\nRecent error output: its {what}", style=HEAD)
