@@ -39,7 +39,7 @@ STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/collect/pgstore.py)
-GATE_WAIT = 3.0  # seconds a connected node waits for the others before its collect request goes out
+GATE_WAIT = 3.0  # seconds a node that has discovered waits for the others before its dumps are released (go)
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
 
@@ -113,7 +113,7 @@ def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
 
 
 class _Gate:
-    """Opens when every node task of a pass has arrived (connected, already connected, or failed)."""
+    """Opens when every node task of a cold pass has arrived (discovered, or failed or ended before it)."""
 
     def __init__(self, count: int) -> None:
         self._left = count
