@@ -14,13 +14,13 @@ from app.analysis import Analysis
 from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import behind_summary, stuck_summary
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import Frame, RankSnapshot, Snapshot, rank_key
 
 MAX_FINDINGS = 12

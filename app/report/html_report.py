@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import tree_lines
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -149,7 +149,7 @@ def _culprit(facts: Facts, ids: Dict[RankKey, str], shown: Set[RankKey]) -> str:
 
 
 def _waits(analysis: "Analysis") -> str:
-    """Who waits for whom (app/analysis/waits.py): per job, one item per wait, the culprit and what to run next
+    """Who waits for whom (app/analysis/graph.py): per job, one item per wait, the culprit and what to run next
     (the page is redacted as a whole afterwards; every piece is escaped here)."""
     graphs = shown_graphs(analysis.waits)
     if not graphs:

@@ -37,7 +37,7 @@ _ANALYSIS: Dict[str, Any] = {
                "description": "PyTorch's Flight Recorder: state (unused, no_record, recorded), the summary line, "
                               "and rows of ranks with their last collective per process group"},
     "waits": {"type": "array", "items": {"type": "object"},
-              "description": "who waits for whom, one graph per job (app/analysis/waits.py): vertices (ranks, "
+              "description": "who waits for whom, one graph per job (app/analysis/graph.py): vertices (ranks, "
                              "threads, processes, hosts), edges waiter -> waited with their evidence and strength, "
                              "the root (the culprit; several vertices: a deadlock), the headline and what to do next"},
 }

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
@@ -115,7 +115,7 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
 
 
 def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
-    """Who waits for whom (app/analysis/waits.py), under the verdict: one line per edge, the culprit, next."""
+    """Who waits for whom (app/analysis/graph.py), under the verdict: one line per edge, the culprit, next."""
     graphs = shown_graphs(analysis.waits)
     if not graphs:
         return []

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from app.analysis import Analysis, Finding, RankProgress, analyze
-from app.analysis.findings import where
+from app.analysis.prose.words import where
 from app.analysis.fold import fold_nodes
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.model import Frame, NodeStatus, RankSnapshot, Snapshot, rank_key
 from app.ui.grid_model import RankKey, class_color, class_symbol
 

@@ -1,4 +1,4 @@
-"""Who waits for whom (app/analysis/waits.py): per job, the culprit at the root of the wait graph, what to run
+"""Who waits for whom (app/analysis/graph.py): per job, the culprit at the root of the wait graph, what to run
 next, every "A waits for B" with its evidence and strength, and what each process in the graph is doing.
 
 Data down: the screen gets the analysis's graphs. Result up: Enter dismisses it with the culprit's first rank,
@@ -16,7 +16,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.analysis.waits import WaitGraph, display_names
+from app.analysis.graph import WaitGraph
+from app.analysis.prose.graph import display_names
 from app.model import RankKey
 from app.ui.safe import literal
 from app.ui.screens.too_small import WatchesSize
