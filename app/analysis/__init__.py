@@ -276,8 +276,9 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
         "progressing", "launch_differs", "slow_node", "gpu_fault", "nccl_ras", "thread_count")),
         key=lambda f: f.strength != "high") for k in f.who.keys[:8]]
     motion = _motion(history, options)
+    said = [k for f in facts if f.kind in ("lock_wait", "gil_held", "native_call", "pipe_write") for k in f.who.keys]
     blocked, chains = suspect_facts(ranks, suspects, tuple(odd)[:4096], snapshot.processes, classes, motion, keys_by,
-                                    _rank_addresses(ranks), address_map(snapshot))
+                                    _rank_addresses(ranks), address_map(snapshot), said)
     facts += blocked
 
     if same_place and (gap is None or not peers):

@@ -55,6 +55,7 @@ class Vertex:
     name: str = ""  # a thread's name, a process's command (remote text)
     class_index: Optional[int] = None
     address: str = ""  # a host
+    owner: Optional[int] = None  # a child process: the rank number of the rank it belongs to
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Edge:
     link: Optional[Link] = None
     p2p: Optional[P2PCall] = None
     lock: Any = None  # locks.LockEdge
+    collective: str = ""  # a collective the waiter is in (a p2p peer waiting back)
 
 
 @dataclass(frozen=True)
@@ -252,8 +254,7 @@ class Builder:
                 target = self._party_vertex(r, p)
                 if target is None:
                     continue
-                strength: Confidence = "high" if sure and n == 0 else ("medium" if sure else "low")
-                self.edge(at, target, "blocked", strength, "blocked", i, link=link)
+                self.edge(at, target, "blocked", _strength(sure, n, p), "blocked", i, link=link)
             prev = at
 
     def _party_vertex(self, r: RankSnapshot, p: Party) -> Optional[str]:
@@ -265,8 +266,10 @@ class Builder:
                 return self.rank_vertex([(other.node, other.pid)])
             return None
         if p.kind == "process":
+            mine = p.node == r.node and p.role in ("child", "worker", "producer")
             return self.other_vertex("process", (p.node, p.pid), Who(nodes=(p.node,) if p.node else (), pid=p.pid),
-                                     pid=p.pid, name=p.name, state=p.state)
+                                     pid=p.pid, name=p.what or p.name, state=p.state,
+                                     owner=r.rank if mine and r.rank is not None else None)
         if p.kind == "host":
             return self.other_vertex("host", ("address", p.address), Who(nodes=(p.node,) if p.node else (),
                                                                           addresses=(p.address,)), address=p.address)
@@ -299,7 +302,7 @@ class Builder:
                 peer_class = next((x for x in self.classes if peer_key in x.ranks[:SMALL_JOB] or
                                    (x.size > SMALL_JOB and peer_key in x.ranks)), None)
                 if peer_class is not None and peer_class.collective and peer_class.collective not in P2P:
-                    self.edge(b, a, "collective", "medium", "p2p_wait", i, p2p=c)
+                    self.edge(b, a, "collective", "medium", "p2p_wait", i, p2p=c, collective=peer_class.collective)
 
     def processes(self, processes: Sequence[JobProcess]) -> None:
         """A suspect rank that waits on its children (a DataLoader queue, a subprocess, a pool) waits for them;
@@ -315,7 +318,8 @@ class Builder:
                         continue
                     state = process_state(p)
                     vid = self.other_vertex("process", (p.node, p.pid), Who(nodes=(p.node,), pid=p.pid), pid=p.pid,
-                                            name=" ".join(p.cmdline) or p.kind, state=state)
+                                            name=p.kind or "child", state=state,
+                                            owner=r.rank if r.rank is not None else None)
                     self.edge(owner, vid, "child", "high" if state else "low")
             elif p.role == "launcher" and not p.of:
                 vid = self.other_vertex("process", (p.node, p.pid), Who(nodes=(p.node,), pid=p.pid), pid=p.pid,
@@ -338,6 +342,17 @@ class Builder:
             who = Who(numbers=(), nodes=())
         self.vertices["job"] = replace(self.vertices["job"], who=who, ranks=who.keys,
                                        numbers=tuple(n for n in who.numbers if n is not None))
+
+
+def _strength(sure: bool, n: int, p: Party) -> Confidence:
+    """How strongly a wait leads to a party: only a releaser known for sure moves the blame, and a process only
+    when something holds it (stopped, a zombie) or its own stack says what it waits for; a process that may just
+    be working is shown, weakly."""
+    if not sure or n > 0:
+        return "low"
+    if p.kind == "process" and not p.state and not (p.wait is not None and p.wait.known):
+        return "low"
+    return "high"
 
 
 # Where a rank's main thread waits on processes of its own: multiprocessing pipes and queues (DataLoader

@@ -58,6 +58,7 @@ class Party:
     main: bool = False  # the main thread of its process
     wait: Optional[ThreadWait] = None  # what it waits for itself, when its stack is known
     same: bool = False  # the waiter itself (a self-deadlock)
+    what: str = ""  # a process's kind beside the ranks: "data-loader worker", "subprocess"
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:
         state = "disk"
     wait = thread_wait(main, p.hold) if main is not None and main.frames else None
     return Party("process", p.node, p.pid, None, None, " ".join(p.cmdline) or p.kind, role=role, state=state,
-                 wait=wait)
+                 wait=wait, what=p.kind)
 
 
 def _children(ctx: Context, wait: ThreadWait, role: str) -> Release:

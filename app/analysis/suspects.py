@@ -66,9 +66,11 @@ def suspect_facts(ranks: Sequence[RankSnapshot], suspects: Sequence[RankKey], od
                   processes: Sequence[JobProcess], classes: Sequence[StackClass],
                   motion: Callable[[RankSnapshot, ThreadStack], Optional[Motion]],
                   by_key: Dict[RankKey, RankSnapshot], rank_at: Dict[str, RankSnapshot],
-                  node_of: Dict[str, str]) -> Tuple[List[Fact], Dict[RankKey, Tuple[Link, ...]]]:
+                  node_of: Dict[str, str], said: Sequence[RankKey] = ()) -> Tuple[List[Fact],
+                                                                               Dict[RankKey, Tuple[Link, ...]]]:
     """"blocked" facts for the suspects (and, with none, the dominant class), and every suspect's chain of
-    waits (for the headline), by rank."""
+    waits (for the headline), by rank. `said`: ranks whose thread a more specific fact already explains (a lock
+    wait, the GIL held, a native call, a full pipe): their chain is kept for the headline, no fact repeats it."""
     chains: Dict[RankKey, Tuple[Link, ...]] = {}
     out: List[Fact] = []
     seen = set()
@@ -87,7 +89,7 @@ def suspect_facts(ranks: Sequence[RankSnapshot], suspects: Sequence[RankKey], od
         if not links:
             continue
         chains[key] = links
-        if not informative(links[0].wait):
+        if not informative(links[0].wait) or key in said:
             continue
         size = classes[0].size if whole else 1
         conf: Confidence = "high" if (key in odd_set and (_ends_nowhere(links) or links[0].release.parties)) \

@@ -66,17 +66,18 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
             "launch_incomplete": "node ranks without a launcher"}.get(k, k.replace("_", " "))
 
 
-def _edge_text(e: Edge, facts: Sequence[Fact], classes: Sequence[StackClass], names: Mapping[str, str]) -> str:
+def _edge_text(e: Edge, facts: Sequence[Fact], classes: Sequence[StackClass], names: Mapping[str, str],
+               states: Mapping[str, str]) -> str:
     if e.lock is not None:
         return f"`{clean(e.lock.waiter.key[1], 60)}` at {e.lock.waiter.frame.location}"
     if e.p2p is not None:
         if e.kind == "collective":
-            return f"in a collective which {names.get(e.waited, e.waited)} has not joined"
+            return f"in `{clean(e.collective, 40)}`, which {names.get(e.waited, e.waited)} has not joined"
         return e.p2p.text()
     if e.link is not None:
         return clean(operation(e.link.wait), 100)
     if e.kind == "child":
-        return f"held: {e.waited}" if e.strength == "high" else "waits on its child"
+        return f"held: {states.get(e.waited, '')}" if e.strength == "high" else "waits on its child"
     if e.kind == "rendezvous":
         return "no rank started below it"
     if 0 <= e.fact < len(facts):
@@ -107,7 +108,12 @@ def name_vertices(vertices: Sequence[Vertex], classes: Sequence[StackClass], by_
             label = f"{who}'s {thread_label(t)}" if t is not None else f"{who}'s thread {v.tid}"
             doing = f"in {thread_where(t)}" if t is not None else ""
         elif v.kind == "process":
-            label = clean(f"pid {v.pid} `{v.name}`" + (f" on {v.nodes[0]}" if v.nodes else ""), 160)
+            if v.owner is not None:
+                label = clean(f"rank {v.owner}'s {v.name or 'child'} pid {v.pid}", 160)
+            elif v.name in ("torchrun", "deepspeed", "accelerate", "srun", "mpirun", "python", "launcher"):
+                label = clean(f"{v.name} pid {v.pid}" + (f" on {v.nodes[0]}" if v.nodes else ""), 160)
+            else:
+                label = clean(f"pid {v.pid} `{v.name}`" + (f" on {v.nodes[0]}" if v.nodes else ""), 160)
         elif v.kind == "host":
             label = (clean(", ".join(v.who.nodes), 160) + " (outside the hosts list)" if v.who.nodes and v.who.addresses
                      else clean(", ".join(v.who.nodes), 160) if v.who.nodes
@@ -141,7 +147,8 @@ def name_graph(g: WaitGraph, facts: Sequence[Fact], classes: Sequence[StackClass
                by_key: Mapping[RankKey, RankSnapshot], total: int) -> WaitGraph:
     vertices = name_vertices(g.vertices, classes, by_key, total)
     names = display_names(vertices)
-    edges = tuple(replace(e, evidence=_edge_text(e, facts, classes, names)) for e in g.edges)
+    states = {v.id: v.state for v in vertices}
+    edges = tuple(replace(e, evidence=_edge_text(e, facts, classes, names, states)) for e in g.edges)
     return replace(g, vertices=tuple(vertices), edges=edges)
 
 

@@ -10,6 +10,7 @@ with the facts in hand (its system call and kernel wait) and what to check. Neve
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Optional, Sequence
 
@@ -18,11 +19,14 @@ from app.analysis.culprit import Culprit
 from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.fold import count_phrase, fold_nodes
-from app.analysis.frames import clean
+from app.analysis.frames import clean, named
 from app.analysis.graph import WaitGraph
 from app.analysis.health import StateEvidence
+from app.analysis.locks import LockEvidence
+from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
+from app.analysis.prose.threads import thread_label, thread_where
 from app.analysis.prose.waits import chain_text, operation, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -65,10 +69,22 @@ def culprit_sentence(c: Culprit, title: str, total: int) -> str:
         return f"{title}; its main thread is {chain_text(c.links, c.rank)}"
     if c.links and c.rank is not None and c.fact.kind in ("minority_stack", "different_collective") and \
             not c.links[0].wait.known and c.links[0].wait.state not in ("running", "spinning"):
-        w = c.links[0].wait
-        return (f"{title}; its main thread is {operation(w)}{where(w)}: no wait site of the table names this call, "
-                "so the mechanism is not known")
+        return f"{title}; {unknown_wait(c.links[0].wait)}"
     return title
+
+
+def unknown_wait(w: ThreadWait) -> str:
+    """The facts in hand about a wait no site names, and that the mechanism is not known."""
+    inner = w.frame
+    at = f" in {named(inner)}" if inner is not None and inner is not w.caller else ""
+    if not w.syscall and not w.wchan:
+        return (f"what its main thread waits in{at} is not known: no wait site names the call and the kernel's "
+                "state of the thread was not read")
+    kernel = f"`{clean(w.syscall, 30)}`" if w.syscall else "a kernel wait"
+    chan = f" (kernel wait `{clean(w.wchan, 40)}`)" if w.wchan else ""
+    cpu = f", using {w.cpu:.0%} of a CPU" if w.cpu is not None else ""
+    return (f"its main thread sleeps{at} in {kernel}{chan}{cpu}; no wait site names that call, so the mechanism "
+            "is not known")
 
 
 def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
@@ -78,6 +94,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         step = _wait_next(c.links, c)
         if step:
             return step
+    root = graph.vertex(graph.root[0]) if graph.root and not graph.deadlock else None
+    if root is not None and root.kind == "process" and root.pid is not None:  # a child the culprit waits on
+        node = clean(root.nodes[0], 60) if root.nodes else "its node"
+        if root.state == "stopped":
+            return f"`kill -CONT {root.pid}` on {node} resumes it; hangscope left it as it was"
+        return f"see what it does: `py-spy dump --pid {root.pid}` on {node}"
     k = best.kind
     e = best.data
     who = who_short(c.who) if c is not None else who_short(best.who)
@@ -89,6 +111,8 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if graph.deadlock or k == "p2p_wait":
         return ("make each send meet its recv: order the pairs by rank (the lower rank sends first) or post them "
                 "together with batch_isend_irecv")
+    if k == "stopped" and isinstance(e, StateEvidence) and e.traced and len(e.traced) == len(e.ranks):
+        return "detach the tracer (quit the debugger) to resume it; hangscope left it as it was"
     if k in ("stopped", "frozen") and isinstance(e, StateEvidence):
         todo = resume_command(e)
         if k == "frozen" and not any(r.hold is not None and r.hold.thaw for r in e.ranks):
@@ -101,8 +125,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if k == "uninterruptible":
         return (f"look at what it waits on: `cat /proc/{pid}/stack`{at}; the file system or driver named there "
                 "is what to fix")
+    if k == "lock_wait" and isinstance(e, LockEvidence) and e.edge is not None:
+        holder = (f"its {thread_label(e.edge.holder)} ({thread_where(e.edge.holder)})" if e.edge.holder is not None
+                  else "the thread that took it")
+        return clean(f"see why {holder} does not finish; do not hold `{e.edge.waiter.key[1]}` while waiting", 300)
     if k == "lock_wait":
-        return f"see why the thread holding the lock does not finish; do not hold a lock while waiting"
+        return "see why the thread holding the lock does not finish; do not hold a lock while waiting"
     if k == "collective_lag":
         return f"see what {who} does instead of that collective: `py-spy dump --locals --pid {pid}`{at}"
     if k == "iteration_split":
@@ -153,6 +181,11 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     rel = last.release
     first = rel.parties[0] if rel.parties else None
     if first is not None and first.kind == "process" and first.pid is not None:
+        if first.state == "stopped":
+            return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"
+        if first.state == "zombie":
+            return (f"pid {first.pid} has exited{' (' + clean(first.exit, 60) + ')' if first.exit else ''}: find why "
+                    "(its log, `dmesg` for the OOM killer) and let the waiting code notice a dead child")
         return (f"see what pid {first.pid} does: `py-spy dump --pid {first.pid}` or `cat /proc/{first.pid}/stack` "
                 f"on {node}; end it or give the wait a timeout")
     if first is not None and first.kind == "host":
@@ -211,10 +244,13 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
             return f"No culprit found, and the picture is incomplete: {top_finding.title}."
         return f"{title}."
     sentence = culprit_sentence(c, top_finding.title, total)
-    sentence = sentence[:1].upper() + sentence[1:]
-    tail = f" Next: {next_text}." if next_text else ""
+    command = re.search(r"`[^`]* [^`]*`", next_text)  # a command line (it has arguments), not a name
+    # the sentence already says what to run (a held rank's sentence always names what resumes it)
+    said = (command is not None and command.group() in sentence) or (top.kind in ("stopped", "frozen") and
+                                                                      sentence == top_finding.title)
+    tail = f" Next: {next_text}." if next_text and not said else ""
     if top.strength == "high":
-        return f"{sentence}.{tail}"
+        return f"{sentence[:1].upper() + sentence[1:]}.{tail}"
     if top.strength == "medium":
         return f"Likely lead: {sentence}.{tail}"
     return f"No clear culprit; the best lead: {sentence}.{tail}"
@@ -222,17 +258,33 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
 
 def graph_headline(c: Optional[Culprit], graph: WaitGraph, facts: Sequence[Fact], classes: Sequence[StackClass],
                    title: str, total: int) -> str:
-    """The graph's own headline (the waits screen): who, what it is doing, why the others wait."""
+    """The graph's own headline (the waits screen): who is at the root and what it is doing, who waits for it,
+    and each step of the chain to it."""
     if graph.progressing:
         return "nobody: the job is progressing between samples"
-    if c is None:
+    if c is None or not graph.root:
         return ""
-    names = {v.id: v for v in graph.vertices}
+    vs = {v.id: v for v in graph.vertices}
+    names = display_names(graph.vertices)
     if graph.deadlock:
         ring = [e for e in graph.edges if e.waiter in graph.root and e.waited in graph.root and e.strength != "low"]
-        return clean("a deadlock: " + "; ".join(
-            f"{names[e.waiter].label} waits for {names[e.waited].label} ({e.evidence})" for e in ring), 600)
-    return clean(culprit_sentence(c, title, total), 600)
+        return clean("a deadlock: " + "; ".join(f"{names[e.waiter]} waits for {names[e.waited]} ({e.evidence})"
+                                               for e in ring), 600)
+    v = vs[graph.root[0]]
+    what = v.state or v.doing
+    who = f"{v.label}{' is ' + what if v.state else (', ' + what if what else '')}"
+    chain = graph.chain
+    first = chain[0] if chain else graph.root[0]
+    evidence: dict = {}
+    for e in graph.edges:
+        if e.waited == first and e.waiter not in chain and e.waiter not in graph.root:
+            evidence.setdefault(e.waiter, []).append(e.evidence)
+    it = "it" if len(chain) <= 1 else short(vs[first])
+    why = "; ".join(f"{short(vs[w])} wait{'s' if len(vs[w].ranks) == 1 else ''} for {it} ({'; '.join(ev[:3])})"
+                    for w, ev in list(evidence.items())[:3])
+    steps = "; ".join(f"{names[e.waiter]} waits for {names[e.waited]} ({e.evidence})"
+                      for a, z in zip(chain, chain[1:]) for e in graph.edges if e.waiter == a and e.waited == z)
+    return clean("; ".join(p for p in (who, why, steps) if p), 600)
 
 
 def with_texts(graph: WaitGraph, headline: str, next_text: str) -> WaitGraph:

@@ -9,7 +9,7 @@ from typing import Tuple
 from app.analysis.facts import Fact
 from app.analysis.frames import clean
 from app.analysis.launch import LaunchEvidence
-from app.analysis.prose.words import who_label
+from app.analysis.prose.words import who_label, who_short
 
 Text = Tuple[str, str, str]
 MAX_KEYS = 4  # differing flags named in one sentence

@@ -7,6 +7,7 @@ from typing import Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
+from app.analysis.fold import brief
 from app.analysis.frames import clean, focus_frame, in_backward, named
 from app.analysis.prose.words import where
 from app.analysis.tree import StackClass
@@ -30,7 +31,7 @@ def _parting(c: StackClass, d: StackClass, k: int) -> str:
 
 def _why(e: StackEvidence) -> str:
     c, d = e.mine, e.theirs
-    who = c.who
+    who = brief(c.who, c.size)
     if e.case == "left_loop":
         return f"{who} {'is' if c.size == 1 else 'are'} past the end of a loop the others are still inside"
     if e.case == "other_collective":
@@ -73,7 +74,7 @@ def stack_text(f: Fact) -> Text:
                 "; ".join(f"{c.label} {where(c)}" for c in rest[:20]) + ("; ..." if len(rest) > 20 else ""),
                 "many different stacks: the ranks may still be running, not hung")
     c, d = e.mine, e.theirs
-    who = c.who
+    who = brief(c.who, c.size)
     verb = "is" if c.size == 1 else "are"
     others = f"{d.size} other{'s' if d.size != 1 else ''}"
     if d.collective is not None:
