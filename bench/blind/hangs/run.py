@@ -9,7 +9,8 @@ each job is stopped (everything it started killed) before the next starts.
     sudo python3 bench/blind/hangs/run.py NAME --check      # set-up only: py-spy dumps of the culprits, no hangscope
 
 For each scenario: `hangscope HOSTS --print --snapshot FILE` (one run: the printed summary and the snapshot it
-writes; the CLI's defaults, 2 samples 1 s apart); the headline is the first line it prints. With --record, also
+writes; the CLI's defaults, 2 samples 1 s apart); the headline is the verdict it prints first (its first
+paragraph: --print wraps it over lines). With --record, also
 DIR/<name>.json and DIR/<name>.earlier.json as tests/record_scenarios.py records them (two samples taken the way
 the CLI takes them; the second with its analysis), which score.py re-analyses offline, and DIR/live/<name>.txt
 (the CLI's output) and DIR/live/<name>.snapshot.json (the CLI's snapshot).
@@ -63,6 +64,20 @@ def check(ctx: Ctx) -> None:
         print(f"--- rank {rank} (host pid {pid}, {node_of(rank)}) ---\n{out.stdout}{out.stderr}")
 
 
+def printed_headline(stdout: str) -> str:
+    """The verdict as --print prints it: its first paragraph (wrapped to the terminal's width, continuation lines
+    indented), joined into one line, without the `hangscope: ` it starts with."""
+    lines: List[str] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            if lines:
+                break
+            continue
+        lines.append(line.strip())
+    text = " ".join(lines)
+    return text[len("hangscope: "):] if text.startswith("hangscope: ") else text
+
+
 def diagnose(ctx: Ctx, work: Path, record_dir: Optional[Path]) -> tuple:
     running = running_of(ctx)
     name = ctx.spec.name
@@ -73,7 +88,7 @@ def diagnose(ctx: Ctx, work: Path, record_dir: Optional[Path]) -> tuple:
     res = run_login([*hangscope(), str(hosts), "--print", "--snapshot", str(snap)], ctx.cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     seconds = time.monotonic() - started
-    headline = next((line.strip() for line in res.stdout.splitlines() if line.strip()), "")
+    headline = printed_headline(res.stdout)
     if record_dir is not None:
         live_dir = record_dir / "live"
         live_dir.mkdir(parents=True, exist_ok=True)
@@ -85,13 +100,13 @@ def diagnose(ctx: Ctx, work: Path, record_dir: Optional[Path]) -> tuple:
         record(running, record_dir)
     if not res.stdout.strip():
         raise RuntimeError(f"hangscope printed nothing (exit {res.returncode}): {res.stderr[-2000:]}")
-    if snap.exists():  # the first printed line is scored; say so when the snapshot's verdict reads otherwise
+    if snap.exists():  # the printed verdict is scored; say so when the snapshot's reads otherwise
         from app.model.codec import snapshot_from_json
 
         _, analysis = snapshot_from_json(snap.read_text(encoding="utf-8"))
         verdict = str((analysis or {}).get("verdict") or "").strip()
         if verdict and verdict.splitlines()[0].strip() != headline:
-            print(f"   note: the snapshot's verdict differs from the first printed line: {verdict!r}", flush=True)
+            print(f"   note: the snapshot's verdict differs from the printed one: {verdict!r}", flush=True)
     return headline, seconds, res
 
 
