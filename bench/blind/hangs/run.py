@@ -13,13 +13,14 @@ writes; the CLI's defaults, 2 samples 1 s apart); the headline is the verdict it
 paragraph: --print wraps it over lines). With --record, also
 DIR/<name>.json and DIR/<name>.earlier.json as tests/record_scenarios.py records them (two samples taken the way
 the CLI takes them; the second with its analysis), which score.py re-analyses offline, and DIR/live/<name>.txt
-(the CLI's output) and DIR/live/<name>.snapshot.json (the CLI's snapshot).
+(the CLI's output) and DIR/live/<name>.snapshot.json.gz (the CLI's snapshot, gzipped).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import resource
 import shutil
@@ -95,8 +96,9 @@ def diagnose(ctx: Ctx, work: Path, record_dir: Optional[Path]) -> tuple:
         (live_dir / f"{name}.txt").write_text(
             f"$ hangscope HOSTS --print --snapshot FILE   (exit {res.returncode}, {seconds:.1f} s)\n"
             f"{res.stdout}\n--- stderr ---\n{res.stderr}", encoding="utf-8")
-        if snap.exists():
-            shutil.copyfile(snap, live_dir / f"{name}.snapshot.json")
+        if snap.exists():  # gzipped: the CLI's snapshots are the bulk of a recording (gunzip for --load)
+            with open(snap, "rb") as src, gzip.GzipFile(live_dir / f"{name}.snapshot.json.gz", "wb", mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
         record(running, record_dir)
     if not res.stdout.strip():
         raise RuntimeError(f"hangscope printed nothing (exit {res.returncode}): {res.stderr[-2000:]}")
