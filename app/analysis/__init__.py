@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import Motion
 from app.analysis.calibrate import before_graph, calibrate
@@ -26,7 +26,7 @@ from app.analysis.frames import clean
 from app.analysis.gpu_evidence import gpu_facts
 from app.analysis.graph import Builder, WaitGraph
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
-from app.analysis.health import held_ranks, several_jobs, thread_counts
+from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_facts, locals_missing_fact, split_iterations
 from app.analysis.launch import launch_facts
 from app.analysis.locks import lock_facts
@@ -42,7 +42,7 @@ from app.analysis.prose.graph import name_graph
 from app.analysis.prose.headline import graph_headline, next_step, verdict
 from app.analysis.suspects import suspect_facts
 from app.analysis.tree import StackClass, StackTree, TreeNode, build_tree, group_stacks
-from app.model import Frame, RankSnapshot, Snapshot, ThreadStack, rank_key
+from app.model import Frame, RankKey, RankSnapshot, Snapshot, ThreadStack, rank_key
 from app.model.codec import to_dict
 
 __all__ = ["Analysis", "AnalysisOptions", "Culprit", "Fact", "Finding", "StackClass", "StackTree", "TreeNode",
@@ -67,6 +67,20 @@ class Analysis:
     culprits: Tuple[Culprit, ...] = ()  # one per hung job, when the snapshot holds several (the first is `culprit`)
     facts: Tuple[Fact, ...] = ()  # the typed facts the findings say, in the same order
 
+    @property
+    def culprit_finding(self) -> Optional[Finding]:
+        """The finding that says the culprit's evidence (the fact at the wait graph's root), when there is one."""
+        if self.culprit is None:
+            return None
+        i = next((i for i, f in enumerate(self.facts) if f is self.culprit.fact), None)
+        return self.findings[i] if i is not None and i < len(self.findings) else None
+
+    def marked(self) -> Set[RankKey]:
+        """The ranks to mark as culprits on every screen and report: each hung job's culprit, unless it is most of
+        the job (marking then tells nothing)."""
+        keys = {k for c in self.culprits for k in c.ranks}
+        return keys if len(keys) * 2 <= max(self.ranks_total, 1) else set()
+
     def to_dict(self) -> Dict[str, Any]:
         """JSON-able: stored as the snapshot file's "analysis". Frames are shortened to their identity (the
         snapshot holds them in full)."""
@@ -85,7 +99,24 @@ class Analysis:
             "progress": [to_dict(p) for p in self.progress],
             "flight": to_dict(self.flight) if self.flight is not None else None,
             "waits": [g.to_dict() for g in self.waits],
+            "culprit": _culprit_dict(self.culprit),
         }
+
+
+def _culprit_dict(c: Optional[Culprit]) -> Optional[Dict[str, Any]]:
+    """The culprit as the snapshot file stores it: who, how sure, the kind of its evidence, and its chain of
+    waits (each step's blocking operation, resource and who can release it)."""
+    if c is None:
+        return None
+    return {"ranks": [list(k) for k in c.who.keys[:64]], "numbers": [n for n in c.who.numbers[:64] if n is not None],
+            "nodes": list(c.who.nodes[:64]), "confidence": c.strength, "kind": c.fact.kind,
+            "deadlock": c.deadlock, "root": list(c.root),
+            "waits": [{"state": link.wait.state, "operation": link.wait.operation, "resource": link.wait.resource,
+                       "release": link.wait.release, "syscall": link.wait.syscall, "wchan": link.wait.wchan,
+                       "where": link.wait.caller.location if link.wait.caller is not None else "",
+                       "releasers": [{"kind": p.kind, "role": p.role, "pid": p.pid, "tid": p.tid, "rank": p.rank,
+                                      "state": p.state} for p in link.release.parties[:6]],
+                       "nobody": link.release.nobody} for link in c.links]}
 
 
 def _frame_dict(f: Frame) -> Dict[str, Any]:

@@ -297,8 +297,27 @@ def _state_wait(t: ThreadStack, hold: Optional[ProcessHold], caller: Optional[Fr
                       wchan=t.wchan, reason=entry[5] if entry is not None and kernel_state else "", by="state")
 
 
+# A call interrupted by a signal or a ptrace attach (py-spy's own, a sample earlier) resumes as restart_syscall, which
+# names no call: the kernel function the thread sleeps in says which one it was.
+_RESTARTED = (("poll_schedule_timeout", "poll"), ("do_select", "select"), ("core_sys_select", "select"),
+              ("do_sys_poll", "poll"), ("hrtimer_nanosleep", "clock_nanosleep"), ("do_nanosleep", "clock_nanosleep"),
+              ("futex", "futex"), ("do_epoll_wait", "epoll_wait"), ("ep_poll", "epoll_wait"),
+              ("do_wait", "wait4"), ("sk_wait_data", "recvfrom"), ("unix_stream_read", "recvfrom"))
+
+
+def real_syscall(syscall: str, wchan: str) -> str:
+    """The system call a thread sleeps in, with restart_syscall named after the call it restarts."""
+    if syscall != "restart_syscall":
+        return syscall
+    return next((name for prefix, name in _RESTARTED if wchan.startswith(prefix)), syscall)
+
+
 def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Optional[Motion] = None) -> ThreadWait:
     """The typed wait of one thread (see the module doc)."""
+    if t.syscall == "restart_syscall":
+        from dataclasses import replace as _re
+
+        t = _re(t, syscall=real_syscall(t.syscall, t.wchan))
     py = _python(t.frames)
     caller = innermost_own(t.frames)
     cpu = motion.cpu if motion is not None else None

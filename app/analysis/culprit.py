@@ -57,7 +57,11 @@ def find(graph: WaitGraph, best: Optional[Fact], chains: Dict[RankKey, Tuple[Lin
         who = vertices[graph.root[0]].who
     else:
         who = best.who
-    rank = by_key.get(who.keys[0]) if len(who.keys) == 1 else None
-    links = chains.get(who.keys[0], ()) if len(who.keys) == 1 else ()
+    # one rank, or several that share one stack (a class): its first rank's wait speaks for them
+    alike = len(who.keys) == 1 or any(set(who.keys) <= set(c.ranks) for c in classes[1:]) or (
+        bool(classes) and len(who.keys) < classes[0].size and set(who.keys) <= set(classes[0].ranks[:4096]))
+    first = who.keys[0] if who.keys and alike else None
+    rank = by_key.get(first) if first is not None else None
+    links = chains.get(first, ()) if first is not None else ()
     others = classes[0] if classes and not (set(who.keys) & set(classes[0].ranks[:4096])) else None
     return Culprit(who, best, best.strength, graph.root, graph.chain, graph.deadlock, links, rank, others)

@@ -15,7 +15,7 @@ most-specific-first order. The text layer has a renderer for each kind (a test c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, Literal, Optional, Sequence, Tuple, get_args
 
 from app.analysis.fold import RankKey
@@ -153,6 +153,9 @@ class Who:
         return hostish and bool(self.nodes) and bool(other.nodes) and not set(self.nodes).isdisjoint(other.nodes)
 
 
+NOBODY = Who()  # the empty subject (a note about the data as a whole)
+
+
 def ranks_who(keys: Sequence[RankKey], numbers: Sequence[Optional[int]]) -> Who:
     """The subject for rank processes: keys, their numbers (in parallel), their nodes in first-seen order."""
     nodes: Dict[str, None] = {}
@@ -190,7 +193,7 @@ class Caveat:
     """One reason a fact's strength moved (or was confirmed): `about` names who the caveat speaks of."""
 
     code: CaveatCode
-    about: Who = Who()
+    about: Who = field(default_factory=Who)
     kind: str = ""  # the kind of fact it rests on, when it rests on one
 
 

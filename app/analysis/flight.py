@@ -16,7 +16,7 @@ from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.columns import Facts, facts_of
 from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
-from app.analysis.fold import RankKey, count_phrase, describe, fold_nodes, keys_of, short, sort_ranks
+from app.analysis.fold import RankKey, count_phrase, describe, keys_of, sort_ranks
 from app.analysis.frames import clean
 from app.model import FlightGroup, FlightRecord, RankSnapshot
 
@@ -84,7 +84,7 @@ def _enabled(r: RankSnapshot) -> bool:
 
 
 def flight_analysis(ranks: Sequence[RankSnapshot], known: Optional[Facts] = None
-                    ) -> Tuple[Optional[FlightSummary], List[Finding]]:
+                    ) -> Tuple[Optional[FlightSummary], List[Fact]]:
     """The summary line (None without ranks) and a finding per group of ranks that lag. `known`: the ranks'
     columns when the caller has read them already."""
     if not ranks:

@@ -14,7 +14,6 @@ from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
 from app.analysis.fold import RankKey
-from app.analysis.frames import clean
 from app.model import GpuHealth, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, Snapshot
 from app.model import bus_key
 

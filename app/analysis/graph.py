@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import ThreadWait
-from app.analysis.facts import KINDS, Confidence, Fact, Who
+from app.analysis.facts import KINDS, NOBODY, Confidence, Fact, Who
 from app.analysis.fold import RankKey
 from app.analysis.locks import LockEvidence, lock_edges
 from app.analysis.p2p import P2P, P2PCall, matched
@@ -49,7 +49,7 @@ class Vertex:
     nodes: Tuple[str, ...] = ()
     state: str = ""  # stopped, frozen, exited, in D state: what holds it, whatever its stack shows
     doing: str = ""  # where it is, written by the text layer: "in `next_batch` (loader.py:31)"
-    who: Who = Who()
+    who: Who = field(default_factory=Who)
     tid: Optional[int] = None  # a thread
     pid: Optional[int] = None  # a process that is not a rank
     name: str = ""  # a thread's name, a process's command (remote text)
@@ -91,13 +91,6 @@ class WaitGraph:
 
     def vertex(self, vid: str) -> Optional[Vertex]:
         return next((v for v in self.vertices if v.id == vid), None)
-
-    def lines(self, limit: int = 12) -> List[str]:
-        """`ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41; high)`, the root's chain first, then
-        `culprit (high): ...` and `next: ...` (texts the text layer wrote)."""
-        from app.analysis.prose.graph import graph_lines
-
-        return graph_lines(self, limit)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"job": self.job, "root": list(self.root), "chain": list(self.chain), "deadlock": self.deadlock,
@@ -186,7 +179,7 @@ class Builder:
                                         name=t.name)
         return vid
 
-    def other_vertex(self, kind: str, ident: Tuple[Any, ...], who: Who = Who(), **kw: Any) -> str:
+    def other_vertex(self, kind: str, ident: Tuple[Any, ...], who: Who = NOBODY, **kw: Any) -> str:
         vid = self._id((kind,) + ident)
         if vid not in self.vertices:
             self.vertices[vid] = Vertex(vid, kind, numbers=tuple(n for n in who.numbers if n is not None),
@@ -274,7 +267,7 @@ class Builder:
             return self.other_vertex("host", ("address", p.address), Who(nodes=(p.node,) if p.node else (),
                                                                           addresses=(p.address,)), address=p.address)
         if p.kind == "person":
-            return self.other_vertex("person", ("person",), Who())
+            return self.other_vertex("person", ("person",), NOBODY)
         return None
 
     def p2p(self, calls: Sequence[P2PCall], fact_of: Dict[RankKey, int]) -> None:
@@ -324,7 +317,7 @@ class Builder:
             elif p.role == "launcher" and not p.of:
                 vid = self.other_vertex("process", (p.node, p.pid), Who(nodes=(p.node,), pid=p.pid), pid=p.pid,
                                         name=p.kind or "launcher", state=process_state(p))
-                gone = self.other_vertex("missing", ("rendezvous",), Who())
+                gone = self.other_vertex("missing", ("rendezvous",), NOBODY)
                 self.edge(vid, gone, "rendezvous", "medium")
 
     def finish(self) -> None:

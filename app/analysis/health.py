@@ -20,6 +20,7 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 _job = attrgetter("master_addr", "master_port", "world_size")
 _state = attrgetter("state")
+_wchan = attrgetter("wchan")
 _hold = attrgetter("hold")  # set by parse only when something holds the rank
 _ODD_STATES = frozenset("TtZXD")
 # More ranks than any job runs (the largest have ~10^5): a WORLD_SIZE above it comes from a wrong environment,
@@ -226,11 +227,32 @@ def _states(r: RankSnapshot) -> set:
     return {r.state} | {t.state for t in r.threads}
 
 
+# The kernel functions a task frozen by the cgroup freezer sleeps in: v1's refrigerator (the task shows D), v2's
+# trap (inlined into signal delivery: asleep in get_signal with state S). They say "frozen" whatever the node's view
+# of the cgroup file system shows (a container with its own cgroup namespace does not see the freezer's cgroup).
+FREEZER_WCHANS = ("__refrigerator", "do_freezer_trap")
+
+
+def frozen_by_wchan(r: RankSnapshot) -> bool:
+    """Every thread with a stack... or the process itself asleep in the freezer's kernel function."""
+    threads = [t for t in r.threads if t.wchan]
+    chans = [t.wchan for t in threads] or ([r.wchan] if r.wchan else [])
+    if not chans:
+        return False
+    v2 = [t for t in threads if t.wchan == "get_signal" and t.state == "S"]
+    return all(c.startswith(FREEZER_WCHANS) for c in chans) or (bool(threads) and len(v2) == len(threads))
+
+
 def _hold_kind(r: RankSnapshot) -> str:
     """frozen, stopped, traced, exited, disk_sleep or "": what the node read before any tool (r.hold), else the
-    state letters of the process and its threads (old snapshots, ranks not dumped)."""
+    kernel's freezer wait, else the state letters of the process and its threads (old snapshots, ranks not
+    dumped)."""
     hold = r.hold
-    if hold is not None and hold.kind in ("frozen", "stopped", "traced", "disk_sleep"):
+    if hold is not None and hold.kind in ("frozen", "stopped", "traced"):
+        return hold.kind
+    if frozen_by_wchan(r):
+        return "frozen"
+    if hold is not None and hold.kind == "disk_sleep":
         return hold.kind
     states = _states(r)
     if states & {"T", "t"}:
@@ -263,7 +285,9 @@ def process_states(f: Facts) -> List[Fact]:
     ranks = f.ranks
     # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
     seen = set(f.state) | set(map(_state, chain.from_iterable(f.threads)))
-    if _ODD_STATES.isdisjoint(seen) and not any(map(_hold, ranks)):
+    chans = set(map(_wchan, chain.from_iterable(f.threads)))
+    if _ODD_STATES.isdisjoint(seen) and not any(map(_hold, ranks)) and \
+            not any(c == "get_signal" or c.startswith(FREEZER_WCHANS) for c in chans):
         return []  # the usual case, checked in C
     by: Dict[str, List[RankSnapshot]] = defaultdict(list)
     for r in ranks:
@@ -292,11 +316,6 @@ def process_states(f: Facts) -> List[Fact]:
         out.append(Fact("uninterruptible", who(dstate), "high" if few else "medium",
                         StateEvidence("uninterruptible", dstate, total, few=few)))
     return out
-
-
-def held_ranks(facts: Sequence[Fact]) -> List[Fact]:
-    """The facts that say a rank is stopped or frozen: the state explains the hang by itself."""
-    return [f for f in facts if f.kind in ("stopped", "frozen") and f.culprit]
 
 
 @dataclass(frozen=True)

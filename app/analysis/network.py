@@ -13,7 +13,6 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 from operator import attrgetter
-from statistics import median
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.facts import Confidence, Evidence, Fact, nodes_who

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import Motion, ThreadWait, innermost_own, thread_wait
 from app.analysis.frames import is_library
@@ -194,15 +194,22 @@ def _joined(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     return _other_threads(thread, ctx, role="joined")
 
 
-def _executor_worker(t: ThreadStack) -> bool:
-    return any(f.filename.endswith("concurrent/futures/thread.py") and f.function.rsplit(".", 1)[-1] == "_worker"
-               for f in t.frames)
+# The threads that run a pool's or a loader's work inside the process: (file suffix, function) of a frame on them
+_WORKER_THREADS = (("concurrent/futures/thread.py", "_worker"),  # ThreadPoolExecutor's workers
+                   ("torch/utils/data/_utils/pin_memory.py", "_pin_memory_loop"),  # DataLoader's pin-memory thread
+                   ("multiprocessing/pool.py", "worker"))  # multiprocessing.pool.ThreadPool's workers
+
+
+def _worker_thread(t: ThreadStack) -> bool:
+    return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
+               for f in t.frames for suffix, name in _WORKER_THREADS)
 
 
 def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
-    """Executor or pool workers: threads in concurrent.futures' `_worker` (busy: running a job's call), else
-    the process's children (a process pool)."""
-    workers = [t for t in ctx.rank.threads if t.tid != thread.tid and _executor_worker(t)]
+    """Executor, pool or loader workers: the threads that run their work (busy ones first: running a call), else
+    the process's children (a process pool, DataLoader workers). A thread that is neither is never taken for one:
+    with no worker alive, nobody runs the call."""
+    workers = [t for t in ctx.rank.threads if t.tid != thread.tid and _worker_thread(t)]
     if workers:
         parties = [_thread_party(ctx, t, "worker") for t in workers]
         busy = [p for p in parties if _busy(p)]
@@ -210,11 +217,8 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             return Release(tuple(parties[:MAX_PARTIES]), "workers_idle")
         return Release(tuple(busy[:MAX_PARTIES]))
     kids = _children(ctx, wait, role="worker")
-    if kids.parties:
+    if kids.parties or kids.none != "no_child":
         return kids
-    others = _other_threads(thread, ctx, role="thread")
-    if others.parties:
-        return others
     return Release(none="no_worker")
 
 
@@ -243,7 +247,8 @@ def _children(ctx: Context, wait: ThreadWait, role: str) -> Release:
     parties = [_process_party(p, role, ctx) for p in kids[:MAX_PARTIES * 4]]
     parties.sort(key=lambda p: (not p.state, p.wait is None))
     if not parties:
-        return _other_end(wait, None, ctx, "children")
+        other = _other_end(wait, None, ctx, "children")
+        return other if other.parties else Release(none="no_child" if ctx.processes else "not_read")
     return Release(tuple(parties[:MAX_PARTIES]))
 
 
@@ -313,7 +318,7 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
     wait = first or ctx.wait_of(thread)
     who = Party("thread", r.node, r.pid, thread.tid, r.rank, thread.name, role="self", main=thread.is_main, wait=wait)
     links: List[Link] = []
-    seen = {(r.node, r.pid, thread.tid)}
+    seen: Set[Tuple[str, Optional[int], Optional[int]]] = {(r.node, r.pid, thread.tid)}
     at: Optional[ThreadStack] = thread
     while at is not None and len(links) < MAX_CHAIN:
         rel = release(wait, at, ctx)

@@ -17,6 +17,7 @@ from app.analysis import Analysis, analyze
 from app.analysis.facts import KINDS, ORDER
 from app.analysis.graph import WaitGraph
 from app.analysis.prose import RENDERERS
+from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
 from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
 from app.model import ProgressCounters, Snapshot, TcpSocket
@@ -129,7 +130,7 @@ def test_the_flight_recorder_sequence_numbers_name_the_rank_behind() -> None:
     assert root_numbers(a) == {7}
     flight = next(e for e in g.edges if e.kind == "flight")
     assert flight.evidence == "pg 0: seq #40 vs #41" and flight.finding == "collective_lag"
-    assert "ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41" in "\n".join(g.lines())
+    assert "ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41" in "\n".join(graph_lines(g))
 
 
 def test_an_iteration_ahead_and_a_missing_rank_are_edges_with_their_evidence() -> None:
@@ -202,7 +203,7 @@ def sample(at: float, step: int, loading: int, **kw: object) -> object:
 def test_a_progressing_job_has_no_culprit_and_no_high_suspect() -> None:
     a = analyze(sample(20.0, 12, 1), history=[sample(19.0, 11, 3)])  # type: ignore[arg-type]
     g = graph(a)
-    assert g.progressing and not g.root and g.lines() == ["nobody: the job is progressing between samples"]
+    assert g.progressing and not g.root and graph_lines(g) == ["nobody: the job is progressing between samples"]
     assert a.verdict.startswith("The job is progressing")
     assert not [f for f in a.findings if f.culprit and f.confidence == "high"]
 

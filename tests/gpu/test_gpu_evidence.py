@@ -24,12 +24,28 @@ from worker_targets import start_rank
 
 from app.decode import gpu as parse_gpu
 from app.analysis import analyze
-from app.analysis.gpu_evidence import evidence_lines, gpu_findings
+from app.analysis.calibrate import before_graph
+from app.analysis.facts import Evidence, Fact, ranks_who
+from app.analysis.findings import Finding
+from app.analysis.gpu_evidence import gpu_facts
+from app.analysis.prose import render
+from app.analysis.prose.gpu import evidence_lines
 from app.model import (bus_key, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
                        RasView, Snapshot)
 from workers.collect import gpu_evidence as collector
 
 NOW = 1_760_000_000.0
+
+
+def gpu_findings(snap: Snapshot, others: list, history: list) -> list:
+    """The GPU facts of a snapshot, as the analysis makes and calibrates them beside `others` (other findings of
+    the same job, as facts: a progressing job, a stack that singles out some rank), rendered."""
+    number = {(r.node, r.pid): r.rank for r in snap.ranks}
+    given = [Fact(f.kind, ranks_who(f.ranks, tuple(number.get(k) for k in f.ranks)), f.confidence, Evidence(),
+                  culprit=f.culprit) for f in others]
+    stuck = (not any(f.kind == "progressing" for f in given)) if history else None
+    facts = before_graph(given + gpu_facts(snap, stuck, history), ())
+    return [render(f) for f in facts[len(given):]]
 
 
 def _iso_lines(now: float = NOW) -> list:
@@ -158,7 +174,6 @@ def test_nvidia_smi_process_list_ties_the_gpu_to_its_rank() -> None:
 
 
 def test_gpu_evidence_on_a_progressing_job_is_a_low_note() -> None:
-    from app.analysis.findings import Finding
     snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
     moving = Finding("progressing", "the job progresses", "", "high", "samples", culprit=True)
     (f,) = gpu_findings(snap, [moving], history=[snap])
@@ -499,7 +514,6 @@ def test_a_collector_past_its_deadline_sends_what_answered(monkeypatch) -> None:
 
 
 def test_a_gpu_finding_that_other_evidence_contradicts_is_not_high() -> None:
-    from app.analysis.findings import Finding
     snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
     elsewhere = Finding("minority_stack", "rank 0 is in `load`", "", "high", "1 against 3", ranks=(("gpu01", 100),),
                         ranks_label="rank 0 on gpu01")

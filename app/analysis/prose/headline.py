@@ -27,7 +27,7 @@ from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import thread_label, thread_where
-from app.analysis.prose.waits import chain_text, operation, where
+from app.analysis.prose.waits import chain_text, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
 from app.analysis.release import Link
@@ -67,10 +67,21 @@ def culprit_sentence(c: Culprit, title: str, total: int) -> str:
         return _wait_sentence(c, total)
     if c.links and c.rank is not None and informative(c.links[0].wait) and c.fact.kind in _POSITIONAL:
         return f"{title}; its main thread is {chain_text(c.links, c.rank)}"
-    if c.links and c.rank is not None and c.fact.kind in ("minority_stack", "different_collective") and \
-            not c.links[0].wait.known and c.links[0].wait.state not in ("running", "spinning"):
-        return f"{title}; {unknown_wait(c.links[0].wait)}"
+    if c.links and c.rank is not None and c.fact.kind in ("minority_stack", "different_collective"):
+        w = c.links[0].wait
+        if w.state in ("running", "spinning"):
+            return f"{title}; {running_text(w)}"
+        if not w.known:
+            return f"{title}; {unknown_wait(w)}"
     return title
+
+
+def running_text(w: ThreadWait) -> str:
+    """A thread on a CPU: where, how much CPU, and the loop it is in (what it would wait for is its condition)."""
+    cpu = f", {w.cpu:.0%} of a CPU between samples" if w.cpu is not None else ""
+    loop = (f", in the loop `{clean(w.poll.header.strip().rstrip(':'), 80)}`" if w.poll is not None else "")
+    spin = " and does not wait: it spins" if w.state == "spinning" else ""
+    return f"its main thread is running (state R){cpu}{where(w)}{loop}{spin}"
 
 
 def unknown_wait(w: ThreadWait) -> str:

@@ -149,7 +149,8 @@ def launchers_text(f: Fact) -> Text:
         if e.absent:
             missing = f"node rank{'s' if len(e.absent) != 1 else ''} {fold_ints(e.absent)}"
         else:
-            missing = f"{e.nnodes - len(nodes)} more node{'s' if e.nnodes and e.nnodes - len(nodes) != 1 else ''}"
+            extra = (e.nnodes or 0) - len(nodes)
+            missing = f"{extra} more node{'s' if extra != 1 else ''}"
         where = f" ({fold_nodes(e.idle_nodes)}, in the hosts list, runs no launcher of the job)" if e.idle_nodes else ""
         title = (f"job {job} never started: its launchers were told --nnodes {e.nnodes} and run as node rank"
                  f"{'s' if len(e.node_ranks) != 1 else ''} {fold_ints(e.node_ranks)}, so the rendezvous waits for "

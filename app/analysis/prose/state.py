@@ -58,16 +58,28 @@ def state_text(f: Fact) -> Text:
     verb = "is" if n == 1 else "are"
     if e.kind == "frozen":
         first = held[0].hold
-        assert first is not None
+        detail = ("a frozen process does not run at all until its cgroup is thawed (a scheduler's suspend, `docker "
+                  "pause`, or someone writing the freezer); SIGCONT does not thaw it. hangscope dumped it without "
+                  "ptrace and left it frozen")
+        if first is None or first.kind != "frozen" or not first.freezer:
+            # the kernel's freezer wait says it; the node's view of the cgroup file system does not show which
+            chans = sorted({t.wchan for r in held for t in r.threads if t.wchan})
+            pids = ", ".join(f"`cat /proc/{r.pid}/cgroup`" for r in held[:2])
+            return (f"{short(held)} {verb} frozen by the cgroup freezer (asleep in the kernel's freezer wait "
+                    f"`{clean(chans[0] if chans else '__refrigerator', 40)}`; the node's view of the cgroup file "
+                    f"system does not show which cgroup){_others(held, e.total)}; thaw its cgroup from the host, "
+                    f"where {pids} names it",
+                    detail + ". The node runs in its own cgroup namespace (a container), so the freezer's cgroup is "
+                    "not visible from it: thaw it where the whole hierarchy is (the host, the container runtime: "
+                    "`docker unpause`, or the scheduler's resume)",
+                    "every thread sleeps in the kernel's freezer wait (" + ", ".join(clean(c, 40) for c in chans[:3])
+                    + "), which only the cgroup freezer puts a task in")
         where = (f"{first.freezer} cgroup {clean(first.cgroup, 200)}" if n == 1 or
                  len({(r.node, r.hold.cgroup) for r in held if r.hold}) == 1 else "their cgroups")
         container = first.container if n == 1 and first.container else ""
         return (f"{short(held)} {verb} frozen by the cgroup freezer ({where}){_others(held, e.total)}; thaw with "
                 f"{resume_command(e)}" + (f" (or `{clean(container, 100)}`)" if container else ""),
-                "a frozen process does not run at all until its cgroup is thawed (a scheduler's suspend, `docker "
-                "pause`, or someone writing the freezer); SIGCONT does not thaw it. hangscope dumped it without ptrace "
-                "and left it frozen", f"the node's {first.freezer} freezer reports the cgroup "
-                f"{first.freezer_state or 'FROZEN'}")
+                detail, f"the node's {first.freezer} freezer reports the cgroup {first.freezer_state or 'FROZEN'}")
     if e.kind == "stopped":
         traced = e.traced
         signalled = [r for r in held if r not in traced]

@@ -212,7 +212,7 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     who = party(first, rank)
     if w.release == "holder":
         if first.same:
-            return (f", which it already holds itself lower on its own stack: a non-reentrant lock taken twice by "
+            return (", which it already holds itself lower on its own stack: a non-reentrant lock taken twice by "
                     "the same thread can never be released")
         return f", which {who} holds"
     if w.release == "joined":
