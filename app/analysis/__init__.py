@@ -255,8 +255,9 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     facts += lock_facts(ranks, odd, rank_facts.enters_with)
     facts += native_facts(ranks, odd)
     facts += launch_facts(ranks)
+    collective_of = {c.index: c.collective for c in classes}
     for split in splits:
-        facts.extend(iteration_facts(split, by_key))
+        facts.extend(iteration_facts(split, by_key, collective_of.get(split.class_index)))
     dominant_split = next((s for s in splits if classes and s.class_index == classes[0].index), None)
     locals_missing = dominant_split is not None and dominant_split.locals_missing
     if locals_missing and dominant_split is not None:

@@ -150,6 +150,7 @@ class IterationEvidence(Evidence):
     frame: Optional[Frame] = None  # the frame of that variable's loop
     order: Optional[Tuple[str, str, str]] = None  # (sequence, its repr here, there): the same elements reordered
     many: bool = False
+    collective: Optional[str] = None  # the collective the class waits in (every one of its ranks: one path)
 
     @property
     def delta(self) -> Optional[int]:
@@ -168,7 +169,8 @@ class NoLocalsEvidence(Evidence):
     label: str  # the class's label, for display
 
 
-def iteration_facts(split: IterationSplit, ranks: Optional[Dict[RankKey, RankSnapshot]] = None) -> List[Fact]:
+def iteration_facts(split: IterationSplit, ranks: Optional[Dict[RankKey, RankSnapshot]] = None,
+                    collective: Optional[str] = None) -> List[Fact]:
     """Which ranks are ahead or behind the majority, and by how much; with `ranks` (by key), whether they
     iterate the same sequence in another order (a set or dict whose order differs between processes)."""
     if not split.split:
@@ -180,7 +182,8 @@ def iteration_facts(split: IterationSplit, ranks: Optional[Dict[RankKey, RankSna
         keys = tuple(k for g in minors for k in g.ranks)
         numbers = tuple(n for g in minors for n in g.numbers)
         return [Fact("iteration_split", ranks_who(keys, numbers), "low",
-                     IterationEvidence(split, None, major, many=True), class_index=split.class_index)]
+                     IterationEvidence(split, None, major, many=True, collective=collective),
+                     class_index=split.class_index)]
     out = []
     for g in minors:
         name, mine, theirs, frame = _first_difference(split, g.coordinate, major.coordinate)
@@ -195,7 +198,7 @@ def iteration_facts(split: IterationSplit, ranks: Optional[Dict[RankKey, RankSna
         else:
             conf = "medium"
         out.append(Fact("iteration_split", ranks_who(g.ranks, g.numbers), conf,
-                        IterationEvidence(split, g, major, name, mine, theirs, frame, order),
+                        IterationEvidence(split, g, major, name, mine, theirs, frame, order, collective=collective),
                         class_index=split.class_index))
     return out
 

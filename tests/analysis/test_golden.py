@@ -43,7 +43,7 @@ EXPECTED = {
         classes=((4, (0, 1, 2, 3), "all_reduce"),),
         findings=(("iteration_split", "high", (2,)),),
         splits=((0, "step=3: ranks 0-1,3; step=4: rank 2"),),
-        progress="stuck", title="rank 2 is 1 iteration ahead (step=4 vs 3) at job.py:"),
+        progress="stuck", title="rank 2 is 1 iteration ahead (step=4 vs 3) in `all_reduce`, at job.py:"),
     "dataloader": Expected(
         classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
         # the stacks single rank 1 out; its main thread is blocked in a socket recv (its loader's peer was not
@@ -88,7 +88,7 @@ EXPECTED = {
         findings=(("iteration_split", "high", (1,)),),
         splits=((0, 'name="embed": ranks 0,2-3; name="attn": rank 1'),),
         progress="stuck", title='rank 1 iterates `names` in another order than 3 others: name="attn" where they '
-                                'have name="embed" at job.py:'),
+                                'have name="embed" in `all_reduce`, at job.py:'),
     "uneven": Expected(
         classes=((3, (0, 1, 3), None), (1, (2,), "all_reduce")),
         # rank 2's data ran out: it left the training loop for evaluate()'s all_reduce, while the others wait in

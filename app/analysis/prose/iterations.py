@@ -39,6 +39,8 @@ def iteration_text(f: Fact) -> Text:
     verb = "is" if len(g.ranks) == 1 else "are"
     name, mine, theirs, frame = e.name, e.mine, e.theirs, e.frame
     at = loop_place(frame, name) if frame is not None else ""
+    if e.collective:
+        at = f" in `{e.collective}`," + at if at else f" in `{e.collective}`"
     delta = e.delta
     if name is None:
         title = f"{who} {verb} in another iteration than {others} others ({_show(g.coordinate, ())})"
