@@ -1,4 +1,5 @@
-"""Per-thread facts from /proc that need no ptrace: state, wchan, current syscall, kernel stack.
+"""Per-thread facts from /proc that need no ptrace: state, wchan, current syscall, kernel stack, CPU time (and,
+added by workers/collect/kwait.py, what a thread blocked in a call waits on).
 
 These still show where a rank waits when py-spy is denied (ptrace_scope, other users) or fails.
 """
@@ -21,14 +22,21 @@ _X86_64 = {0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 16: "ioctl",
            202: "futex", 208: "io_getevents", 219: "restart_syscall", 220: "semtimedop", 230: "clock_nanosleep",
            232: "epoll_wait", 247: "waitid", 257: "openat", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
            288: "accept4", 299: "recvmmsg", 307: "sendmmsg", 318: "getrandom", 426: "io_uring_enter",
-           441: "epoll_pwait2", 449: "futex_waitv"}
+           441: "epoll_pwait2", 449: "futex_waitv",
+           # the rest of the calls workers/collect/kwait.py reads an fd, a path or a pid of
+           2: "open", 18: "pwrite64", 20: "writev", 72: "fcntl", 75: "fdatasync", 77: "ftruncate", 217: "getdents64",
+           275: "splice", 276: "tee", 277: "sync_file_range", 285: "fallocate", 295: "preadv", 296: "pwritev",
+           326: "copy_file_range", 327: "preadv2", 328: "pwritev2", 437: "openat2"}
 _AARCH64 = {4: "io_getevents", 22: "epoll_pwait", 29: "ioctl", 32: "flock", 56: "openat", 57: "close",
             63: "read", 64: "write", 65: "readv", 67: "pread64", 72: "pselect6", 73: "ppoll", 82: "fsync",
             95: "waitid", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield",
             128: "restart_syscall", 133: "rt_sigsuspend", 137: "rt_sigtimedwait", 188: "msgrcv",
             192: "semtimedop", 193: "semop", 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom",
             211: "sendmsg", 212: "recvmsg", 222: "mmap", 242: "accept4", 243: "recvmmsg", 260: "wait4",
-            269: "sendmmsg", 278: "getrandom", 426: "io_uring_enter", 441: "epoll_pwait2", 449: "futex_waitv"}
+            269: "sendmmsg", 278: "getrandom", 426: "io_uring_enter", 441: "epoll_pwait2", 449: "futex_waitv",
+            25: "fcntl", 46: "ftruncate", 47: "fallocate", 61: "getdents64", 66: "writev", 68: "pwrite64",
+            69: "preadv", 70: "pwritev", 71: "sendfile", 76: "splice", 77: "tee", 83: "fdatasync",
+            84: "sync_file_range", 285: "copy_file_range", 286: "preadv2", 287: "pwritev2", 437: "openat2"}
 SYSCALLS = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
 
 
@@ -67,8 +75,12 @@ def thread(pid: int, tid: int, ns_tid: bool = True) -> Optional[Dict[str, Any]]:
     stack = _read(base + "stack", 16384)
     # py-spy run inside a container reports thread ids of the container's pid namespace
     nstid = procinfo.ns_id(pid, tid) if ns_tid else None
+    try:  # user + system time (fields 14 and 15): a thread spinning on a core gains ~1 s per second
+        cpu_time: Optional[float] = round((int(fields[13]) + int(fields[14])) / procinfo.CLK_TCK, 2)
+    except (IndexError, ValueError):
+        cpu_time = None
     return {"nstid": nstid,
-        "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid),
+        "tid": tid, "comm": fields[1], "state": fields[2], "wchan": procinfo.wchan(pid, tid), "cpu_time": cpu_time,
         "syscall": syscall_name(syscall) if syscall else "",
         "syscall_raw": (syscall or "").strip()[:200],
         # "[<0>] futex_wait_queue+0x6c/0xb0": keep the symbol, drop the address part
