@@ -80,7 +80,8 @@ class KernelWait:
     # wait4/waitid: -1 any child, 0 any of its process group, < -1 any of group -N, > 0 that pid (in the
     # process's own pid namespace)
     child_pid: Optional[int] = None
-    children: Tuple[OtherEnd, ...] = ()  # the children it may reap (role child; a zombie's exit code or signal)
+    # its children (role child, at most 8), those the call waits for first; a zombie's exit code or signal
+    children: Tuple[OtherEnd, ...] = ()
     children_complete: bool = True
     lock_type: str = ""  # the lock asked for: FLOCK, POSIX or OFDLCK
     lock_mode: str = ""  # READ or WRITE

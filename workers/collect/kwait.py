@@ -166,8 +166,8 @@ class _Proc:
 
 def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
              process: Optional[Dict[str, Any]] = None, machine: Optional[str] = None) -> Optional[str]:
-    """Add "waits" (see the module doc; workers/protocol.py's KernelWaitDict) to each thread of procfs.collect's
-    list that sleeps (S or D) in a call it can say something about. cache: the request's shared cache (the /proc/*/fd
+    """Add "waits" (see the module doc; app/model/kwait.py's KernelWait is what the login side makes of it) to each
+    thread of procfs.collect's list that sleeps (S or D) in a call it can say something about. cache: the request's shared cache (the /proc/*/fd
     index, the network tables); process: pstate.read()'s answer, which decides whether memory may be read.
     Returns the action to record (what was read), or None when no thread waits on anything named here."""
     ctx: Optional[_Proc] = None
@@ -418,8 +418,8 @@ def _epoll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
 
 def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
     """wait4(pid) / waitid(idtype, id): the pid waited for, as the call gives it (-1: any child, 0: any of its
-    own process group, < -1: any of group -N, > 0: that one, in the process's own pid namespace), and the
-    children it can reap."""
+    own process group, < -1: any of group -N, > 0: that one, in the process's own pid namespace), and its
+    children, those it waits for first."""
     if name == "wait4":
         want = _s32(args[0])
     else:
@@ -431,20 +431,14 @@ def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> No
     out["child_pid"] = want
     kids, complete = _child_pids(ctx.pid)
     own_pgrp = ctx.stat()[4] if len(ctx.stat()) > 4 else ""
-    chosen = []
+    waited, rest = [], []  # type: List[Dict[str, Any]], List[Dict[str, Any]]
     for kid in kids:
-        if ctx.over():
+        if ctx.over() or len(waited) + len(rest) >= 4 * MAX_CHILDREN:
             complete = False
             break
         try:
             fields = procinfo.stat_fields(kid)
         except (procinfo.Gone, OSError):
-            continue
-        if want > 0 and kid != want and (not ctx.other_pidns or procinfo.ns_id(kid) != want):
-            continue
-        if want == 0 and fields[4] != own_pgrp:
-            continue
-        if want < -1 and not ctx.other_pidns and fields[4] != str(-want):
             continue
         facts = fdindex.process(kid)
         if facts is None:
@@ -452,15 +446,22 @@ def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> No
         facts["role"] = "child"
         if fields[2] == "Z" and len(fields) > 51 and fields[51].lstrip("-").isdigit():
             facts.update(exit_status(int(fields[51])))
-        chosen.append(facts)
-        if len(chosen) >= MAX_CHILDREN:
-            complete = complete and len(kids) <= MAX_CHILDREN
-            break
+        if want > 0:
+            match = kid == want or (ctx.other_pidns and procinfo.ns_id(kid) == want)
+        elif want == 0:
+            match = fields[4] == own_pgrp
+        elif want < -1:
+            match = ctx.other_pidns or fields[4] == str(-want)
+        else:
+            match = True
+        (waited if match else rest).append(facts)
+    # every child, the ones the call waits for first: a zombie it does not wait for (killed by a signal) shows
+    chosen = (waited + rest)[:MAX_CHILDREN]
     out["children"] = chosen
-    out["children_complete"] = complete
-    if want > 0 and not chosen and complete:
+    out["children_complete"] = complete and len(waited) + len(rest) <= MAX_CHILDREN
+    if want > 0 and not waited and complete:
         out["notes"].append("pid %d is not among its children as /proc lists them" % want)
-    if ctx.other_pidns and want != -1:
+    if ctx.other_pidns and want not in (-1, 0):
         out["notes"].append("the pid waited for is in the process's own pid namespace; its children are named by "
                             "the worker's pids")
 

@@ -4,8 +4,10 @@
 TCP: the namespace's table (one sock_diag dump here, /proc/PID/net/tcp{,6} in another namespace: read once per
 namespace and request); the other end is the process holding the reverse connection (local and peer swapped)
 when it is in the same table, or the listener of the peer's port when the connection still waits in its accept
-queue or is being set up (SYN_SENT). UDP: endpoints only (/proc/PID/net/udp{,6}). Unix: sock_diag gives the
-socket's path and its peer's inode (in the worker's namespace), /proc/PID/net/unix the path only (elsewhere).
+queue (its other end has no file, and no inode, until accept) or is being set up (SYN_SENT). A peer on this node
+but in another network namespace (a container) is not found. UDP: endpoints only (/proc/PID/net/udp{,6}).
+Unix: sock_diag gives the socket's path and its peer's inode (in the worker's namespace), /proc/PID/net/unix the
+path only (elsewhere).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def _tcp_other(out: Dict[str, Any], tables: _Tables, index: fdindex.FdIndex, pid
         return
     others, complete = fdindex.ends(index, "socket:[%d]" % listener, (0, 1, 2), "listener", pid)
     out["others"], out["complete"] = others, complete
-    if reverse is not None:
+    if state == "ESTABLISHED":  # its other end has no inode yet, or none of ours holds it: not accepted
         out["notes"] = ["the connection waits in the listener's accept queue: the listener has not accepted it"]
 
 
