@@ -39,6 +39,7 @@ class FdIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by: Optional[Dict[str, List[Tuple[int, int]]]] = None
+        self._facts: Dict[int, Optional[Dict[str, Any]]] = {}  # process() per pid, for this request
         self.scanned = 0  # processes whose fd table was listed
         self.complete = False  # every process was read to its last fd, within every bound
         self.elapsed = 0.0
@@ -50,6 +51,14 @@ class FdIndex:
                 self._build()
         assert self._by is not None
         return list(self._by.get(target, ()))
+
+    def process(self, pid: int) -> Optional[Dict[str, Any]]:
+        """process(pid), read once per request (a rank's own process is the other end of many of its threads): a
+        copy, to be added to."""
+        if pid not in self._facts:
+            self._facts[pid] = process(pid)
+        facts = self._facts[pid]
+        return dict(facts, cmdline=list(facts["cmdline"])) if facts is not None else None
 
     @property
     def built(self) -> bool:
@@ -153,7 +162,7 @@ def ends(index: FdIndex, target: str, modes: Tuple[int, ...], role: str, own_pid
         if len(out) >= MAX_HOLDERS:
             complete = False
             break
-        facts = process(pid)
+        facts = index.process(pid)
         if facts is None:
             continue
         seen.add(pid)

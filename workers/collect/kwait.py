@@ -440,7 +440,7 @@ def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> No
             fields = procinfo.stat_fields(kid)
         except (procinfo.Gone, OSError):
             continue
-        facts = fdindex.process(kid)
+        facts = ctx.index.process(kid)
         if facts is None:
             continue
         facts["role"] = "child"
@@ -559,7 +559,7 @@ def _lock_holders(ctx: _Proc, st: os.stat_result, path: str, out: Dict[str, Any]
             if pid == ctx.pid and not out.get("lock_mode"):
                 out["lock_mode"] = f[3]
             continue
-        facts = fdindex.process(pid) if pid > 0 else None
+        facts = ctx.index.process(pid) if pid > 0 else None
         if facts is None:
             by_fd = True  # an OFD lock (pid -1), or its taker has exited: the holders hold the file open
             continue
