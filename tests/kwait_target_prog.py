@@ -127,25 +127,32 @@ def wait_any(args):
     os.wait()
 
 
-def lock_holder(args):
-    """Holds a lock on args[1] (flock or posix) and sleeps."""
-    fd = os.open(args[1], os.O_RDWR | os.O_CREAT)
-    if args[0] == "flock":
+def lock(fd, how):
+    """An exclusive lock on the whole file: flock, POSIX (lockf: fcntl F_SETLKW) or an open file description's
+    (fcntl F_OFD_SETLKW)."""
+    if how == "flock":
         fcntl.flock(fd, fcntl.LOCK_EX)
-    else:
+    elif how == "posix":
         fcntl.lockf(fd, fcntl.LOCK_EX)
+    else:
+        import struct
+
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+
+
+def lock_holder(args):
+    """Holds a lock on args[1] and sleeps."""
+    fd = os.open(args[1], os.O_RDWR | os.O_CREAT)
+    lock(fd, args[0])
     ready()
     time.sleep(86400)
 
 
 def lock_waiter(args):
-    """Asks for the lock lock_holder holds: blocks in flock or fcntl(F_SETLKW)."""
+    """Asks for the lock lock_holder holds: blocks in flock or fcntl."""
     fd = os.open(args[1], os.O_RDWR)
     ready()
-    if args[0] == "flock":
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
+    lock(fd, args[0])
 
 
 def spin(args):

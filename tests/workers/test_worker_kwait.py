@@ -199,7 +199,8 @@ def test_wait4_on_any_child_lists_them() -> None:
         assert all(c.role == "child" and c.comm == "sleep" for c in w.children)
 
 
-@pytest.mark.parametrize("how, call, lock_type", [("flock", "flock", "FLOCK"), ("posix", "fcntl", "POSIX")])
+@pytest.mark.parametrize("how, call, lock_type", [("flock", "flock", "FLOCK"), ("posix", "fcntl", "POSIX"),
+                                                   ("ofd", "fcntl", "OFDLCK")])
 def test_a_lock_held_by_another_process_names_the_holder(tmp_path: Path, how: str, call: str, lock_type: str) -> None:
     path = str(tmp_path / "ckpt.lock")
     with target("holder", how, path) as holder, target("waiter", how, path) as t:
@@ -207,9 +208,9 @@ def test_a_lock_held_by_another_process_names_the_holder(tmp_path: Path, how: st
         assert (w.family, w.lock_type, w.lock_mode, w.path) == ("lock", lock_type, "WRITE", path), raw
         (fd,) = w.fds
         assert fd.access == "lock" and fd.kind == "file" and fd.complete
-        (end,) = fd.others
+        (end,) = fd.others  # an OFD lock has no owning pid: the one other process holding the file open
         assert (end.role, end.pid, end.own) == ("holder", holder.pid, False)
-        assert end.lock.startswith(f"{lock_type} WRITE")
+        assert end.lock.startswith(f"{lock_type} WRITE") if how != "ofd" else "holding the file open" in end.lock
 
 
 def test_a_spinning_thread_gains_cpu_time_and_the_blocked_one_does_not() -> None:
@@ -298,3 +299,26 @@ def test_socket_helpers_bound_what_they_return() -> None:
         assert "proto" not in got and "in none of its namespace's" in got["notes"][0]
     finally:
         nl.close()
+
+
+def test_in_a_container_the_waited_pid_is_its_own_namespaces_and_the_children_are_named(tmp_path: Path) -> None:
+    """A rank in its own pid and mount namespaces waits for a child by the pid it knows (its namespace's); the
+    worker, outside, names the children by its own pids and puts the waited one first; its pipe's writer is found
+    by the same /proc/*/fd scan."""
+    if os.getuid() != 0 or not os.path.exists("/usr/bin/unshare"):
+        pytest.skip("needs root and unshare for new pid and mount namespaces")
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    with Target([*prefix, sys.executable, PROG, "wait"]) as t:
+        assert t.ready[0] == "1"
+        inner = int(Path(f"/proc/{t.pid}/task/{t.pid}/children").read_text().split()[0])
+        raw, w = waits(inner, ["wait4", "waitid"])
+        assert w.child_pid == int(t.ready[1]) and w.child_pid < 10, raw  # the pid as the rank knows it
+        sleeper, zombie = w.children
+        assert procinfo.ns_id(sleeper.pid) == w.child_pid and sleeper.comm == "sleep"
+        assert procinfo.ns_id(zombie.pid) == int(t.ready[2]) and zombie.exit_signal == "SIGKILL"
+        assert any("own pid namespace" in n for n in w.notes)
+    with Target([*prefix, sys.executable, PROG, "pipe"]) as t:
+        inner = int(Path(f"/proc/{t.pid}/task/{t.pid}/children").read_text().split()[0])
+        _, w = waits(inner, ["read"])
+        (end,) = w.fds[0].others
+        assert end.role == "writer" and procinfo.ns_id(end.pid) == int(t.ready[1]) and end.comm == "sleep"

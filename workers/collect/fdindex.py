@@ -146,15 +146,16 @@ def process(pid: int) -> Optional[Dict[str, Any]]:
             "wchan": procinfo.wchan(pid)[:100], "cmdline": [a[:200] for a in redact_argv([a for a in raw if a])[:16]]}
 
 
-def ends(index: FdIndex, target: str, modes: Tuple[int, ...], role: str, own_pid: int
-         ) -> Tuple[List[Dict[str, Any]], bool]:
+def ends(index: FdIndex, target: str, modes: Tuple[int, ...], role: str, own_pid: int,
+         skip: Optional[Tuple[int, int]] = None) -> Tuple[List[Dict[str, Any]], bool]:
     """The processes holding target open with an access mode in modes, as {"role", "fd", "own", + process()}: at
-    most MAX_HOLDERS, one entry per process. (the ends, whether the search was complete)."""
+    most MAX_HOLDERS, one entry per process; skip: a (pid, fd) not to count (the waiting call's own).
+    (the ends, whether the search was complete)."""
     out: List[Dict[str, Any]] = []
     seen = set()
     complete = True
     for pid, fd in index.holders(target):
-        if pid in seen:
+        if pid in seen or (pid, fd) == skip:
             continue
         mode = access(pid, fd)
         if mode is None or mode not in modes:

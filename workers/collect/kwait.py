@@ -97,10 +97,11 @@ class _Proc:
     def over(self) -> bool:
         return time.monotonic() > self.deadline
 
-    def ends(self, target: str, modes: Tuple[int, ...], role: str) -> Tuple[List[Dict[str, Any]], bool]:
+    def ends(self, target: str, modes: Tuple[int, ...], role: str, skip: Optional[Tuple[int, int]] = None
+             ) -> Tuple[List[Dict[str, Any]], bool]:
         """fdindex.ends, the shared scan's time (when this call made it) not counted against the deadline."""
         built = self.index.built
-        out = fdindex.ends(self.index, target, modes, role, self.pid)
+        out = fdindex.ends(self.index, target, modes, role, self.pid, skip)
         if not built and self.index.built:
             self.deadline += self.index.elapsed
         return out
@@ -531,11 +532,11 @@ def _lock(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
         st = os.stat("/proc/%d/fd/%d" % (ctx.pid, fd))
     except OSError:
         return
-    holders, complete = _lock_holders(ctx, st, end.get("target", ""), out)
+    holders, complete = _lock_holders(ctx, st, fd, end.get("target", ""), out)
     end["others"], end["complete"] = holders, complete
 
 
-def _lock_holders(ctx: _Proc, st: os.stat_result, path: str, out: Dict[str, Any]
+def _lock_holders(ctx: _Proc, st: os.stat_result, fd: int, path: str, out: Dict[str, Any]
                   ) -> Tuple[List[Dict[str, Any]], bool]:
     try:
         text = procinfo.read_file("/proc/locks", MAX_LOCKS_BYTES).decode("ascii", "replace")
@@ -568,14 +569,14 @@ def _lock_holders(ctx: _Proc, st: os.stat_result, path: str, out: Dict[str, Any]
         facts.update(role="holder", lock=what, own=pid == ctx.pid)
         holders.append(facts)
     if by_fd and path.startswith("/"):
-        found, done = ctx.ends(path, (0, 1, 2), "holder")
+        found, done = ctx.ends(path, (0, 1, 2), "holder", skip=(ctx.pid, fd))  # not the fd asking for the lock
         for facts in found:
             if all(h["pid"] != facts["pid"] for h in holders) and len(holders) < MAX_CHILDREN:
                 facts["lock"] = "one of the processes holding the file open holds the lock through it"
                 holders.append(facts)
         complete = complete and done
         out["notes"].append("a lock with no owning process (OFD, or its taker exited): the processes holding "
-                            "the file open are named")
+                            "the file open are named%s" % _by_path_note(ctx))
     return holders, complete
 
 
@@ -618,10 +619,20 @@ def _open(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
     if end["kind"] != "fifo" or access not in ("read", "write"):
         return
     # holders are indexed by the path their own fds show: this process's view of it, when it shares our mounts
-    real = os.path.realpath(seen) if procinfo.namespace(ctx.pid, "mnt") == procinfo.namespace(os.getpid(), "mnt") \
-        else path
+    note = _by_path_note(ctx)
+    real = path if note else os.path.realpath(seen)
     end["target"] = real[:300]
     end["others"], end["complete"] = _pipe_ends(ctx, real, access)
+    if note and not end["others"]:
+        end["notes"] = ["nobody found" + note]
+
+
+def _by_path_note(ctx: _Proc) -> str:
+    """"" when the process shares the worker's mount namespace; else why a search by path may miss."""
+    if procinfo.namespace(ctx.pid, "mnt") == procinfo.namespace(os.getpid(), "mnt"):
+        return ""
+    return (": the process runs in another mount namespace (a container), and the processes holding the file are "
+            "searched by its path as they show it")
 
 
 def _sleep(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
