@@ -40,6 +40,7 @@ MAX_RESOLVED = 32  # fds per process whose other ends are searched
 MAX_CHILDREN = 8
 MAX_PATH = 4096
 MAX_LOCKS_BYTES = 1 << 20
+MAX_FDINFO = 1 << 16  # bytes of an epoll fd's fdinfo (~70 bytes per watched fd)
 MAX_NOTES = 8
 MEMORY_BUDGET = 64 << 10  # bytes read from one process's memory
 SECONDS = 0.5  # per process, beyond the shared scan of /proc/*/fd
@@ -166,11 +167,12 @@ class _Proc:
 
 
 def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
-             process: Optional[Dict[str, Any]] = None, machine: Optional[str] = None) -> Optional[str]:
-    """Add "waits" (see the module doc; app/model/kwait.py's KernelWait is what the login side makes of it) to each
-    thread of procfs.collect's list that sleeps (S or D) in a call it can say something about. cache: the request's shared cache (the /proc/*/fd
-    index, the network tables); process: pstate.read()'s answer, which decides whether memory may be read.
-    Returns the action to record (what was read), or None when no thread waits on anything named here."""
+             process: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """Add "waits" (see the module doc; app/model/kwait.py's KernelWait is what the login side makes of it) to
+    each thread of procfs.collect's list that sleeps (S or D) in a call it can say something about. cache: the
+    request's shared cache (the /proc/*/fd index, the network tables); process: pstate.read()'s answer, which
+    decides whether memory may be read. Returns the action to record (what was read), or None when no thread
+    waits on anything named here."""
     ctx: Optional[_Proc] = None
     waiting = 0
     try:
@@ -192,6 +194,9 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
                 ctx = _Proc(cache, pid, process)
             try:
                 t["waits"] = _wait(ctx, t["syscall"], family, args, t.get("state") == "D")
+                if _left_call(pid, t, raw):
+                    t["waits"].setdefault("notes", []).append(
+                        "the thread left this call while it was read: what it waits on may have changed")
             except Exception as exc:  # never lose the dump over one thread's call: say what failed instead
                 t["waits"] = {"syscall": t["syscall"], "family": family,
                               "notes": ["not read: %s: %s" % (type(exc).__name__, str(exc)[:200])]}
@@ -207,6 +212,15 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
     if ctx.index.built:
         what += "; /proc/*/fd of %d processes searched once for this request" % ctx.index.scanned
     return what + ")"
+
+
+def _left_call(pid: int, t: Dict[str, Any], raw: List[str]) -> bool:
+    """The thread is no longer in the call whose arguments were read (one more read of its syscall line)."""
+    try:
+        now = procinfo.read_file("/proc/%d/task/%s/syscall" % (pid, t.get("tid")), 512).decode("ascii", "replace")
+    except OSError:
+        return True  # the thread exited
+    return now.split()[:7] != raw[:7]
 
 
 def _futex(name: str, args: List[int]) -> Dict[str, Any]:
@@ -281,8 +295,7 @@ def _fd(ctx: _Proc, fd: int, access: str, search: bool = True) -> Dict[str, Any]
             return out
         got = kwait_net.endpoint(ctx.cache, ctx.index, ctx.pid, inode)
         notes = got.pop("notes", [])
-        if not ctx.over() or "others" not in got:
-            out.update(got)
+        out.update(got)
         if notes:
             out.setdefault("notes", []).extend(notes)
     return out
@@ -398,10 +411,12 @@ def _epoll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
         ms = _s32(args[3])
         out["timeout"] = ms / 1000.0 if ms >= 0 else -1.0
     try:
-        info = procinfo.read_file("/proc/%d/fdinfo/%d" % (ctx.pid, epfd), 1 << 16).decode("ascii", "replace")
+        info = procinfo.read_file("/proc/%d/fdinfo/%d" % (ctx.pid, epfd), MAX_FDINFO).decode("ascii", "replace")
     except OSError as exc:
         out["notes"].append("the epoll fd %d is not readable: %s" % (epfd, exc.strerror or exc))
         return
+    if len(info) >= MAX_FDINFO:
+        out["notes"].append("it watches more fds than the first %d KiB of its fdinfo list" % (MAX_FDINFO >> 10))
     watched: List[Tuple[int, str]] = []
     for line in info.splitlines():
         f = line.split()
@@ -430,7 +445,7 @@ def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> No
             want = _pidfd_pid(ctx.pid, ident) or -1
             out["notes"].append("waits on a pidfd (fd %d)" % ident)
     out["child_pid"] = want
-    kids, complete = _child_pids(ctx.pid)
+    kids, complete = _child_pids(ctx)
     own_pgrp = ctx.stat()[4] if len(ctx.stat()) > 4 else ""
     waited, rest = [], []  # type: List[Dict[str, Any]], List[Dict[str, Any]]
     for kid in kids:
@@ -488,15 +503,19 @@ def _pidfd_pid(pid: int, fd: int) -> Optional[int]:
     return None
 
 
-def _child_pids(pid: int) -> Tuple[List[int], bool]:
+def _child_pids(ctx: _Proc) -> Tuple[List[int], bool]:
     """The process's children (every thread's /proc/PID/task/TID/children); (pids, complete)."""
     kids: List[int] = []
+    pid = ctx.pid
     try:
-        tids = os.listdir("/proc/%d/task" % pid)[:4096]
+        tids = os.listdir("/proc/%d/task" % pid)
     except OSError:
         return kids, False
-    complete = True
-    for tid in tids:
+    complete = len(tids) <= 4096
+    for tid in tids[:4096]:
+        if ctx.over():
+            complete = False
+            break
         try:
             text = procinfo.read_file("/proc/%d/task/%s/children" % (pid, tid), 1 << 16).decode("ascii", "replace")
         except FileNotFoundError:
