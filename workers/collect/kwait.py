@@ -11,8 +11,8 @@ From the call's arguments (/proc/PID/task/TID/syscall, already read by workers/c
 - open, openat, openat2 (a FIFO's open waits for its other end): the path, read from memory;
 - futex: the address (and "no timeout" when it has none); nanosleep, clock_nanosleep: the time asked for.
 The other end of a pipe or FIFO (its writers for a reader, its readers for a writer), of a local TCP or unix
-connection (workers/collect/kwait_net.py) and of a lock comes from one shared scan of /proc/*/fd per request
-(workers/collect/fdindex.py).
+connection (workers/collect/kwait_net.py) and of a lock (workers/collect/kwait_procs.py, with the children) comes
+from one shared scan of /proc/*/fd per request (workers/collect/fdindex.py).
 
 Bounded everywhere (MAX_* below; SECONDS per process beyond the shared scan), and it never raises: a thread that
 exits meanwhile, an unreadable fd or a process that disappears give less. Memory (/proc/PID/mem: the access of a
@@ -32,14 +32,12 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple
 
 from workers import procinfo
-from workers.collect import fdindex, kwait_net, pyglobals
+from workers.collect import fdindex, kwait_net, kwait_procs, pyglobals
 from workers.collect import pyglobals_probe as probe
 
 MAX_WATCHED = 64  # fds of one poll, select or epoll
 MAX_RESOLVED = 32  # fds per process whose other ends are searched
-MAX_CHILDREN = 8
 MAX_PATH = 4096
-MAX_LOCKS_BYTES = 1 << 20
 MAX_FDINFO = 1 << 16  # bytes of an epoll fd's fdinfo (~70 bytes per watched fd)
 MAX_NOTES = 8
 MEMORY_BUDGET = 64 << 10  # bytes read from one process's memory
@@ -65,21 +63,15 @@ _AT_FDCWD = -100
 _POLL_READ, _POLL_WRITE = 0x1 | 0x2 | 0x40 | 0x80, 0x4 | 0x100 | 0x200
 _EPOLL_READ, _EPOLL_WRITE = 0x1 | 0x2 | 0x40 | 0x80, 0x4 | 0x100 | 0x200
 _TTY_MAJORS = frozenset([3, 4, 5] + list(range(136, 144)))  # BSD ptys, ttys and ttyS, /dev/tty and ptmx, pts
-_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS",
-            8: "SIGFPE", 9: "SIGKILL", 10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2", 13: "SIGPIPE", 14: "SIGALRM",
-            15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ"}  # x86_64 and aarch64 agree on these
 _TIMESPEC = struct.Struct("<qq")
 _POLLFD = struct.Struct("<ihh")
 
 
-def _s32(value: int) -> int:
-    """A register holding a C int (an fd, a pid, a timeout in ms): its low 32 bits, signed."""
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
+_s32 = kwait_procs.s32
 
 
-class _Proc:
-    """One process being read: its memory (opened on first use, or why not), the deadline, the shared caches."""
+class Reader:
+    """One process being read (kwait_procs.py reads its children and lock holders through it): its memory (opened on first use, or why not), the deadline, the shared caches."""
 
     def __init__(self, cache: Dict[str, Any], pid: int, process: Optional[Dict[str, Any]]) -> None:
         self.cache, self.pid = cache, pid
@@ -173,7 +165,7 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
     request's shared cache (the /proc/*/fd index, the network tables); process: pstate.read()'s answer, which
     decides whether memory may be read. Returns the action to record (what was read), or None when no thread
     waits on anything named here."""
-    ctx: Optional[_Proc] = None
+    ctx: Optional[Reader] = None
     waiting = 0
     try:
         for t in threads:
@@ -191,7 +183,7 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
                 t["waits"] = _futex(t["syscall"], args)
                 continue
             if ctx is None:
-                ctx = _Proc(cache, pid, process)
+                ctx = Reader(cache, pid, process)
             try:
                 t["waits"] = _wait(ctx, t["syscall"], family, args, t.get("state") == "D")
                 if _left_call(pid, t, raw):
@@ -231,7 +223,7 @@ def _futex(name: str, args: List[int]) -> Dict[str, Any]:
     return out
 
 
-def _wait(ctx: _Proc, name: str, family: str, args: List[int], d_state: bool) -> Dict[str, Any]:
+def _wait(ctx: Reader, name: str, family: str, args: List[int], d_state: bool) -> Dict[str, Any]:
     out = {"syscall": name, "family": family, "notes": []}  # type: Dict[str, Any]
     ctx.d_state, ctx.refused = d_state, False
     if family == "fd":
@@ -241,7 +233,7 @@ def _wait(ctx: _Proc, name: str, family: str, args: List[int], d_state: bool) ->
     elif family == "epoll":
         _epoll(ctx, name, args, out)
     elif family == "wait":
-        _children(ctx, name, args, out)
+        kwait_procs.children(ctx, name, args, out)
     elif family == "lock":
         _lock(ctx, name, args, out)
     elif family == "open":
@@ -259,7 +251,7 @@ def _wait(ctx: _Proc, name: str, family: str, args: List[int], d_state: bool) ->
     return out
 
 
-def _fd_call(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _fd_call(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     fd = out["fd"] = _s32(args[0])
     if name in _TWO_FDS:
         out["fds"] = [_fd(ctx, fd, "read"), _fd(ctx, _s32(args[_TWO_FDS[name]]), "write")]
@@ -268,7 +260,7 @@ def _fd_call(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> Non
     out["fds"] = [_fd(ctx, fd, access)]
 
 
-def _fd(ctx: _Proc, fd: int, access: str, search: bool = True) -> Dict[str, Any]:
+def _fd(ctx: Reader, fd: int, access: str, search: bool = True) -> Dict[str, Any]:
     """One fd: its target, kind and, for a pipe, FIFO, socket or terminal, what is at the other end."""
     out = {"fd": fd, "access": access}  # type: Dict[str, Any]
     link = "/proc/%d/fd/%d" % (ctx.pid, fd)
@@ -301,7 +293,7 @@ def _fd(ctx: _Proc, fd: int, access: str, search: bool = True) -> Dict[str, Any]
     return out
 
 
-def _pipe_ends(ctx: _Proc, target: str, access: str) -> Tuple[List[Dict[str, Any]], bool]:
+def _pipe_ends(ctx: Reader, target: str, access: str) -> Tuple[List[Dict[str, Any]], bool]:
     """A reader's writers, a writer's readers (the thread's own process included, marked own)."""
     if access == "read":
         return ctx.ends(target, (1, 2), "writer")
@@ -337,7 +329,7 @@ def _kind_of(st: os.stat_result) -> str:
     return "file"
 
 
-def _tty(ctx: _Proc, st: os.stat_result, out: Dict[str, Any]) -> None:
+def _tty(ctx: Reader, st: os.stat_result, out: Dict[str, Any]) -> None:
     """Whether the terminal is the process's controlling one, and whether its foreground group is the process's
     own (a background process reading its terminal gets SIGTTIN): /proc/PID/stat's tty_nr, pgrp and tpgid."""
     fields = ctx.stat()
@@ -360,7 +352,7 @@ def _watch_access(events: int, read_bits: int, write_bits: int) -> str:
     return "both" if r and w else "read" if r else "write" if w else ""
 
 
-def _poll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _poll(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     watched: List[Tuple[int, str]] = []
     if name in ("poll", "ppoll"):
         n = args[1] & 0xFFFFFFFF
@@ -393,7 +385,7 @@ def _poll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
     out["fds"] = [_fd(ctx, fd, acc) for fd, acc in watched[:MAX_WATCHED]]
 
 
-def _timeval(ctx: _Proc, addr: int) -> Optional[float]:
+def _timeval(ctx: Reader, addr: int) -> Optional[float]:
     if not addr:
         return -1.0
     data = ctx.read(addr, _TIMESPEC.size)
@@ -403,7 +395,7 @@ def _timeval(ctx: _Proc, addr: int) -> Optional[float]:
     return round(sec + usec / 1e6, 6) if sec >= 0 else None
 
 
-def _epoll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _epoll(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     epfd = out["fd"] = _s32(args[0])
     if name == "epoll_pwait2":
         out["timeout"] = ctx.timespec(args[3])
@@ -432,102 +424,7 @@ def _epoll(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
     out["fds"] = [_fd(ctx, fd, acc) for fd, acc in watched[:MAX_WATCHED]]
 
 
-def _children(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
-    """wait4(pid) / waitid(idtype, id): the pid waited for, as the call gives it (-1: any child, 0: any of its
-    own process group, < -1: any of group -N, > 0: that one, in the process's own pid namespace), and its
-    children, those it waits for first."""
-    if name == "wait4":
-        want = _s32(args[0])
-    else:
-        idtype, ident = args[0] & 0xFFFFFFFF, _s32(args[1])
-        want = {0: -1, 1: ident, 2: -ident if ident > 0 else 0}.get(idtype, -1)
-        if idtype == 3:  # P_PIDFD: the pid behind the pidfd
-            want = _pidfd_pid(ctx.pid, ident) or -1
-            out["notes"].append("waits on a pidfd (fd %d)" % ident)
-    out["child_pid"] = want
-    kids, complete = _child_pids(ctx)
-    own_pgrp = ctx.stat()[4] if len(ctx.stat()) > 4 else ""
-    waited, rest = [], []  # type: List[Dict[str, Any]], List[Dict[str, Any]]
-    for kid in kids:
-        if ctx.over() or len(waited) + len(rest) >= 4 * MAX_CHILDREN:
-            complete = False
-            break
-        try:
-            fields = procinfo.stat_fields(kid)
-        except (procinfo.Gone, OSError):
-            continue
-        facts = ctx.index.process(kid)
-        if facts is None:
-            continue
-        facts["role"] = "child"
-        if fields[2] == "Z" and len(fields) > 51 and fields[51].lstrip("-").isdigit():
-            facts.update(exit_status(int(fields[51])))
-        if want > 0:
-            match = kid == want or (ctx.other_pidns and procinfo.ns_id(kid) == want)
-        elif want == 0:
-            match = fields[4] == own_pgrp
-        elif want < -1:
-            match = ctx.other_pidns or fields[4] == str(-want)
-        else:
-            match = True
-        (waited if match else rest).append(facts)
-    # every child, the ones the call waits for first: a zombie it does not wait for (killed by a signal) shows
-    chosen = (waited + rest)[:MAX_CHILDREN]
-    out["children"] = chosen
-    out["children_complete"] = complete and len(waited) + len(rest) <= MAX_CHILDREN
-    if want > 0 and not waited and complete:
-        out["notes"].append("pid %d is not among its children as /proc lists them" % want)
-    if ctx.other_pidns and want not in (-1, 0):
-        out["notes"].append("the pid waited for is in the process's own pid namespace; its children are named by "
-                            "the worker's pids")
-
-
-def exit_status(status: int) -> Dict[str, Any]:
-    """A zombie's wait status (/proc/PID/stat field 52, readable with ptrace-read access; 0 otherwise) decoded:
-    {"exit_code": N} for an exit, {"exit_signal": "SIGKILL", "core_dumped": bool} for a death by a signal."""
-    sig = status & 0x7F
-    if sig == 0:
-        return {"exit_code": (status >> 8) & 0xFF}
-    return {"exit_signal": _SIGNALS.get(sig, "signal %d" % sig), "core_dumped": bool(status & 0x80)}
-
-
-def _pidfd_pid(pid: int, fd: int) -> Optional[int]:
-    try:
-        info = procinfo.read_file("/proc/%d/fdinfo/%d" % (pid, fd), 4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    for line in info.splitlines():
-        if line.startswith("Pid:"):
-            value = line.split(":", 1)[1].strip()
-            return int(value) if value.isdigit() else None
-    return None
-
-
-def _child_pids(ctx: _Proc) -> Tuple[List[int], bool]:
-    """The process's children (every thread's /proc/PID/task/TID/children); (pids, complete)."""
-    kids: List[int] = []
-    pid = ctx.pid
-    try:
-        tids = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return kids, False
-    complete = len(tids) <= 4096
-    for tid in tids[:4096]:
-        if ctx.over():
-            complete = False
-            break
-        try:
-            text = procinfo.read_file("/proc/%d/task/%s/children" % (pid, tid), 1 << 16).decode("ascii", "replace")
-        except FileNotFoundError:
-            continue  # the thread exited
-        except OSError:
-            complete = False  # a kernel without CONFIG_PROC_CHILDREN, or not readable
-            continue
-        kids.extend(int(k) for k in text.split() if k.isdigit())
-    return sorted(set(kids)), complete
-
-
-def _lock(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _lock(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     """flock(fd, op) and fcntl(fd, F_SETLKW | F_OFD_SETLKW, &flock): the file, the lock asked for and who holds
     a lock on it (/proc/locks by the file's device and inode); any other fcntl is a plain call on an fd."""
     fd = out["fd"] = _s32(args[0])
@@ -551,64 +448,11 @@ def _lock(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
         st = os.stat("/proc/%d/fd/%d" % (ctx.pid, fd))
     except OSError:
         return
-    holders, complete = _lock_holders(ctx, st, fd, end.get("target", ""), out)
+    holders, complete = kwait_procs.lock_holders(ctx, st, fd, end.get("target", ""), out)
     end["others"], end["complete"] = holders, complete
 
 
-def _lock_holders(ctx: _Proc, st: os.stat_result, fd: int, path: str, out: Dict[str, Any]
-                  ) -> Tuple[List[Dict[str, Any]], bool]:
-    try:
-        text = procinfo.read_file("/proc/locks", MAX_LOCKS_BYTES).decode("ascii", "replace")
-    except OSError as exc:
-        out["notes"].append("/proc/locks not readable: %s" % (exc.strerror or exc))
-        return [], False
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    holders: List[Dict[str, Any]] = []
-    by_fd = False
-    complete = len(text) < MAX_LOCKS_BYTES
-    for line in text.splitlines():
-        f = line.split()
-        waiter = len(f) > 1 and f[1] == "->"
-        if waiter:
-            del f[1]
-        if len(f) < 8 or _lock_file(f[5]) != want:
-            continue
-        pid = int(f[4]) if f[4].lstrip("-").isdigit() else -1
-        what = "%s %s %s-%s" % (f[1], f[3], f[6], f[7])
-        if waiter:
-            if pid == ctx.pid and not out.get("lock_mode"):
-                out["lock_mode"] = f[3]
-            continue
-        facts = ctx.index.process(pid) if pid > 0 else None
-        if facts is None:
-            by_fd = True  # an OFD lock (pid -1), or its taker has exited: the holders hold the file open
-            continue
-        if len(holders) >= MAX_CHILDREN:
-            return holders, False
-        facts.update(role="holder", lock=what, own=pid == ctx.pid)
-        holders.append(facts)
-    if by_fd and path.startswith("/"):
-        found, done = ctx.ends(path, (0, 1, 2), "holder", skip=(ctx.pid, fd))  # not the fd asking for the lock
-        for facts in found:
-            if all(h["pid"] != facts["pid"] for h in holders) and len(holders) < MAX_CHILDREN:
-                facts["lock"] = "one of the processes holding the file open holds the lock through it"
-                holders.append(facts)
-        complete = complete and done
-        out["notes"].append("a lock with no owning process (OFD, or its taker exited): the processes holding "
-                            "the file open are named%s" % _by_path_note(ctx))
-    return holders, complete
-
-
-def _lock_file(text: str) -> Optional[Tuple[int, int, int]]:
-    """/proc/locks' "fe:00:1515554" (major and minor in hex, inode in decimal)."""
-    parts = text.split(":")
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(parts[2])
-    except (IndexError, ValueError):
-        return None
-
-
-def _open(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _open(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     """An open blocked on a FIFO waits for its other end (the file is in the call's path argument, in memory)."""
     dirfd, at, flags_at = (_AT_FDCWD, 0, 1) if name == "open" else (_s32(args[0]), 1, 2)
     path = ctx.string(args[at])
@@ -638,7 +482,7 @@ def _open(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
     if end["kind"] != "fifo" or access not in ("read", "write"):
         return
     # holders are indexed by the path their own fds show: this process's view of it, when it shares our mounts
-    note = _by_path_note(ctx)
+    note = kwait_procs.by_path_note(ctx)
     real = path if note else os.path.realpath(seen)
     end["target"] = real[:300]
     end["others"], end["complete"] = _pipe_ends(ctx, real, access)
@@ -646,15 +490,7 @@ def _open(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
         end["notes"] = ["nobody found" + note]
 
 
-def _by_path_note(ctx: _Proc) -> str:
-    """"" when the process shares the worker's mount namespace; else why a search by path may miss."""
-    if procinfo.namespace(ctx.pid, "mnt") == procinfo.namespace(os.getpid(), "mnt"):
-        return ""
-    return (": the process runs in another mount namespace (a container), and the processes holding the file are "
-            "searched by its path as they show it")
-
-
-def _sleep(ctx: _Proc, name: str, args: List[int], out: Dict[str, Any]) -> None:
+def _sleep(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None:
     """The time asked for (clock_nanosleep with TIMER_ABSTIME: the time left until its deadline)."""
     if name == "nanosleep":
         out["timeout"] = ctx.timespec(args[0])
