@@ -52,6 +52,9 @@ class Request:
         self.released = threading.Event()
         self._lock = threading.Lock()
         self._finished = False
+        # what the dumps of every target of this request share, built once when first needed: the scan of
+        # /proc/*/fd and the network tables (workers/collect/fdindex.py, kwait_net.py)
+        self.shared: Dict[str, Any] = {}
 
     # -- replies ------------------------------------------------------------------------------------------
 

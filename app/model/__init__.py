@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Literal, Optional, Protocol, Tuple
 
+from app.model.kwait import EndRole as EndRole
+from app.model.kwait import FdKind as FdKind
+from app.model.kwait import KernelWait as KernelWait
+from app.model.kwait import OtherEnd as OtherEnd
+from app.model.kwait import WaitFamily as WaitFamily
+from app.model.kwait import WaitFd as WaitFd
 from app.model.memo import BoundedMemo
 
 SCHEMA_NAME = "hangscope.snapshot"
@@ -92,6 +98,12 @@ class ThreadStack:
     syscall: str = ""  # first field of /proc/PID/task/TID/syscall, as a syscall name when known
     kernel_stack: Tuple[str, ...] = ()  # /proc/PID/task/TID/stack (root only)
     is_main: bool = False
+    # what it waits on when asleep in a system call, and who is at the other end (None: not in such a call, or
+    # an older worker); read from /proc on the node, the process never stopped
+    waits: Optional[KernelWait] = None
+    # user + system seconds it has run (/proc/PID/task/TID/stat): rising by about one per second between samples
+    # while it spins on a core; None: not read (an older worker, or no /proc)
+    cpu_time: Optional[float] = None
 
     # `path` is derived, not data: where the thread is, frame by frame (innermost first), without what differs
     # between ranks on the same spot. Each frame appears as a Frame with its function, filename, line, module,
