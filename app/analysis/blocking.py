@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from app.analysis.frames import bare_name, collective_of, is_library, is_machinery
 from app.analysis.sites import CALL_SITES, Release, Resource, Site, frame_site, kernel_site, norm
-from app.model import Frame, LoopInfo, ProcessHold, ThreadStack
+from app.model import Frame, KernelWait, LoopInfo, ProcessHold, ThreadStack, WaitFd
 
 ThreadState = str  # one of STATES
 STATES = ("blocked", "running", "spinning", "stopped", "traced", "frozen", "disk", "exited", "unknown")
@@ -71,14 +71,14 @@ class ThreadWait:
     interrupted: Optional[Frame] = None
     signal: str = ""  # the signal the handler runs for, from its argument
     details: Tuple[Detail, ...] = ()  # identities: the lock's expression, the key, the fd, the peer, the timeout
-    by: str = ""  # what named it: "frame", "call", "kernel", "state", "cpu"
+    by: str = ""  # what named it: "frame", "call", "kernel_wait" (the node's read of the call), "kernel", "state", "cpu"
     cpu: Optional[float] = None  # CPU share of one core between samples, when known
     collective: str = ""  # a torch.distributed collective or p2p call, by name
 
     @property
     def known(self) -> bool:
         """A mechanism is named (a site, a collective, a state), not only the kernel's facts."""
-        return self.by in ("frame", "call", "state", "cpu") and self.resource != "unknown"
+        return self.by in ("frame", "call", "state", "cpu", "kernel_wait") and self.resource != "unknown"
 
     def detail(self, name: str) -> str:
         return next((d.value for d in self.details if d.name == name), "")
@@ -358,6 +358,12 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
             site, c = hit
             return _from_site(site, py[0], caller, t, call=c, by="call", cpu=cpu)
 
+    kernel_wait = kernel_wait_site(t.waits)
+    if kernel_wait is not None:
+        resource, release, op, reason = kernel_wait
+        return ThreadWait("blocked", op, resource, release, frame=py[0] if py else None, caller=caller,
+                          syscall=t.syscall, wchan=t.wchan, kernel=op, reason=reason, by="kernel_wait", cpu=cpu,
+                          details=_kernel_details(t))
     entry = kernel_site(t.syscall, t.wchan)
     if py and caller is py[0] and t.syscall in NATIVE_WAITS:
         # the job's own line called into C (a ctypes function, an extension) that sleeps in a call no Python API
@@ -469,16 +475,69 @@ def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack
 
 
 def _kernel_details(t: ThreadStack) -> Tuple[Detail, ...]:
-    """What the node found at the call's file descriptor (ThreadStack.waits, when the worker read it)."""
-    kw = getattr(t, "waits", None)
+    """What the node found at the call's file descriptor (ThreadStack.waits): its target, kind and endpoints, the
+    path a lock or an open is on, the child waited for, the timeout."""
+    kw = t.waits
     if kw is None:
         return ()
     out: List[Detail] = []
-    for name in ("fd", "target", "kind", "local", "peer", "path"):
-        value = getattr(kw, name, None)
-        if value not in (None, ""):
-            out.append(Detail(name, str(value)[:MAX_DETAIL]))
+    f = _first_fd(kw)
+    if f is not None:
+        if f.fd is not None:
+            out.append(Detail("fd", str(f.fd)))
+        for name in ("target", "kind", "access", "proto", "local", "peer", "state"):
+            value = getattr(f, name)
+            if value:
+                out.append(Detail(name, str(value)[:MAX_DETAIL]))
+    if kw.path:
+        out.append(Detail("path", kw.path[:MAX_DETAIL]))
+    if kw.child_pid is not None and kw.child_pid > 0:
+        out.append(Detail("child", str(kw.child_pid)))
+    if kw.lock_type:
+        out.append(Detail("lock", f"{kw.lock_type} {kw.lock_mode}".strip()))
+    if kw.timeout is not None:
+        out.append(Detail("kernel_timeout", "none" if kw.timeout < 0 else f"{kw.timeout:g}"))
+    if kw.fds_total is not None and kw.fds_total > 1:
+        out.append(Detail("watched", str(kw.fds_total)))
     return tuple(out)
+
+
+def _first_fd(kw: KernelWait) -> Optional[WaitFd]:
+    """The fd that says most about a wait: a socket, pipe, FIFO or terminal before a file or an eventfd."""
+    rank = {"socket": 0, "fifo": 1, "pipe": 2, "tty": 3, "file": 4, "device": 5}
+    fds = [f for f in kw.fds if f.kind not in ("eventfd", "epoll")] or list(kw.fds)
+    return min(fds, key=lambda f: rank.get(f.kind, 9), default=None)
+
+
+# What the node read of a blocked call (KernelWait) names when no Python call on the stack does: (family, fd kind,
+# access) -> (resource, release, operation, reason). "" matches anything.
+_KERNEL_WAITS: Tuple[Tuple[str, str, str, Resource, Release, str, str], ...] = (
+    ("open", "fifo", "", "pipe", "writer", "open() of a FIFO",
+     "opening a FIFO blocks until a process opens its other end"),
+    ("lock", "", "", "file_lock", "lock_holder", "file lock", "waits for a lock on a file that another process holds"),
+    ("wait", "", "", "child", "children", "wait for a child", "waits until a child process exits"),
+    ("", "tty", "read", "terminal", "writer", "terminal read", "waits for input on a terminal"),
+    ("", "fifo", "read", "pipe", "writer", "FIFO read", "waits for data that a process writes into the FIFO"),
+    ("", "pipe", "read", "pipe", "writer", "pipe read", "waits for data that a process writes into the pipe"),
+    ("", "fifo", "write", "pipe", "reader", "FIFO write", "the FIFO is full: waits until its reader reads"),
+    ("", "pipe", "write", "pipe", "reader", "pipe write", "the pipe is full: waits until its reader reads"),
+    ("", "socket", "accept", "socket", "peer", "socket accept", "waits for a client to connect"),
+    ("", "socket", "connect", "socket", "peer", "socket connect", "waits for the server to accept the connection"),
+    ("", "socket", "", "socket", "peer", "socket wait", "waits for its socket's peer"),
+)
+
+
+def kernel_wait_site(kw: Optional[KernelWait]) -> Optional[Tuple[Resource, Release, str, str]]:
+    """(resource, release, operation, reason) from what the node read of the blocked call."""
+    if kw is None:
+        return None
+    f = _first_fd(kw)
+    kind, access = (f.kind, f.access) if f is not None else ("", "")
+    for family, fd_kind, fd_access, resource, release, operation, reason in _KERNEL_WAITS:
+        if (not family or family == kw.family) and (not fd_kind or fd_kind == kind) and \
+                (not fd_access or fd_access == access or (fd_access == "read" and access == "both")):
+            return resource, release, operation, reason
+    return None
 
 
 def job_frames(frames: Sequence[Frame]) -> List[Frame]:

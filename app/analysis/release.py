@@ -22,13 +22,13 @@ Everything is bounded: at most MAX_PARTIES parties a wait, chains at most MAX_CH
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import Motion, ThreadWait, innermost_own, thread_wait
 from app.analysis.frames import is_library
 from app.analysis.locks import LockKey, held
-from app.model import JobProcess, RankSnapshot, ThreadStack
+from app.model import JobProcess, OtherEnd, RankSnapshot, ThreadStack
 
 PartyKind = Literal["thread", "process", "rank", "host", "person", "time", "itself", "kernel", "device", "ranks"]
 # Why a wait has no party: the answer itself ("nobody can"), or what was not known
@@ -127,7 +127,15 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if rule == "worker":
         return _workers(wait, thread, ctx)
     if rule == "children":
-        return _children(ctx, wait, role="child")
+        # the node's own read of the wait (the pid it waits for, zombies with their signal) first, then the
+        # children discovery found beside the ranks (with their stacks)
+        found = _children(ctx, wait, role="child")
+        kernel = _other_end(wait, thread, ctx, "children") if thread.waits is not None else Release(none="not_read")
+        if kernel.parties and (not found.parties or any(p.state for p in kernel.parties)):
+            stacks = {p.pid: p for p in found.parties}
+            return Release(tuple(replace(p, wait=stacks[p.pid].wait, what=stacks[p.pid].what) if p.pid in stacks
+                                 else p for p in kernel.parties), complete=kernel.complete)
+        return found if found.parties else kernel
     if rule in ("peer", "writer", "reader", "lock_holder"):
         return _other_end(wait, thread, ctx, rule)
     if rule == "person":
@@ -247,38 +255,57 @@ def _children(ctx: Context, wait: ThreadWait, role: str) -> Release:
     parties = [_process_party(p, role, ctx) for p in kids[:MAX_PARTIES * 4]]
     parties.sort(key=lambda p: (not p.state, p.wait is None))
     if not parties:
-        other = _other_end(wait, None, ctx, "children")
-        return other if other.parties else Release(none="no_child" if ctx.processes else "not_read")
+        return Release(none="no_child" if ctx.processes else "not_read")
     return Release(tuple(parties[:MAX_PARTIES]))
 
 
 def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, rule: str) -> Release:
     """The other end of the call's file descriptor, as the node found it (ThreadStack.waits): the processes
-    holding a pipe's or FIFO's other end, a file lock's holder, a socket's peer (a rank, a local process, a
-    host), a waited-for child."""
-    kw = getattr(thread, "waits", None) if thread is not None else None
+    holding a pipe's or FIFO's other end, a file lock's holder, a socket's peer (a process on the node, a rank of
+    the job, a host), a waited-for child."""
+    kw = thread.waits if thread is not None else None
     if kw is None:
         return Release(none="not_read")
     parties: List[Party] = []
-    for o in getattr(kw, "others", ())[:MAX_PARTIES]:
-        parties.append(Party("process", ctx.rank.node, getattr(o, "pid", None), None, None,
-                             " ".join(getattr(o, "cmdline", ())) or getattr(o, "comm", ""),
-                             role=getattr(o, "role", rule), state=_state_word(getattr(o, "state", "")),
-                             exit=getattr(o, "exit", "") or ""))
-    peer = getattr(kw, "peer", "") or ""
-    if peer and not parties:
-        r = ctx.rank_at.get(peer)
-        host = peer.rsplit(":", 1)[0].strip("[]")
+    for o in kw.others[:MAX_PARTIES * 2]:
+        if o.own and o.role in ("writer", "reader", "peer") and rule != "children":
+            # the thread's own process holds the other end (a socketpair, a pipe to itself): its other threads
+            parties.append(Party("process", ctx.rank.node, o.pid, None, ctx.rank.rank, _name(o), role=o.role,
+                                 state=_state_word(o.state)))
+            continue
+        parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
+                             state=_state_word(o.state), exit=_exit(o)))
+    complete = all(f.complete for f in kw.fds) and kw.children_complete
+    sockets = [f for f in kw.fds if f.kind == "socket" and f.peer]
+    if not parties and sockets:
+        f = sockets[0]
+        r = ctx.rank_at.get(f.peer)
+        host = f.peer.rsplit(":", 1)[0].strip("[]")
         if r is not None:
-            parties.append(Party("rank", r.node, r.pid, None, r.rank, address=peer, role="peer"))
+            parties.append(Party("rank", r.node, r.pid, None, r.rank, address=f.peer, role="peer"))
         else:
-            parties.append(Party("host", ctx.node_of.get(host, ""), address=peer, role="peer"))
-    complete = bool(getattr(kw, "complete", True))
+            parties.append(Party("host", ctx.node_of.get(host, ""), address=f.peer, role="peer"))
+    parties.sort(key=lambda p: (not p.state, p.role == "peer" and p.kind == "process" and p.pid == ctx.rank.pid))
     if not parties:
+        nobody = any(f.nobody for f in kw.fds)
         none: NoneReason = {"writer": "no_writer", "reader": "no_reader", "lock_holder": "no_holder_process",
                             "children": "no_child"}.get(rule, "no_holder_process")  # type: ignore[assignment]
-        return Release(none=none if complete else "search_incomplete", complete=complete)
-    return Release(tuple(parties), complete=complete)
+        if nobody or (complete and rule in ("writer", "reader", "lock_holder")):
+            return Release(none=none)
+        return Release(none="search_incomplete" if not complete else "not_read", complete=complete)
+    return Release(tuple(parties[:MAX_PARTIES]), complete=complete)
+
+
+def _name(o: OtherEnd) -> str:
+    return " ".join(o.cmdline) or o.comm
+
+
+def _exit(o: OtherEnd) -> str:
+    if o.exit_signal:
+        return f"killed by {o.exit_signal}" + (" (core dumped)" if o.core_dumped else "")
+    if o.exit_code is not None:
+        return f"exited with {o.exit_code}"
+    return ""
 
 
 def _state_word(letter: str) -> str:
