@@ -82,25 +82,18 @@ def waits_text(graphs: Sequence[WaitGraph]) -> Text:
     return out
 
 
-def culprit_rank(graphs: Sequence[WaitGraph]) -> Optional[RankKey]:
-    """The first rank of the first job's root (what Enter goes to), None when the root holds no rank."""
-    for g in graphs:
-        for vid in g.root:
-            v = g.vertex(vid)
-            if v is not None and v.ranks:
-                return v.ranks[0]
-    return None
-
-
 class WaitsScreen(WatchesSize, Screen[Optional[RankKey]]):
     BINDINGS: ClassVar[List[BindingType]] = [
         Binding("escape,q", "dismiss_none", "back"),
         Binding("enter", "go_to_culprit", "go to the culprit"),
     ]
 
-    def __init__(self, graphs: Sequence[WaitGraph]) -> None:
+    def __init__(self, graphs: Sequence[WaitGraph], culprit: Optional[RankKey] = None) -> None:
+        """`culprit`: the analysis's culprit rank (Analysis.culprit), where Enter goes; the screen never picks one
+        of its own."""
         super().__init__()
         self.graphs = tuple(graphs)
+        self.culprit = culprit
 
     def compose(self) -> ComposeResult:
         yield Static(Text.assemble(("who waits for whom", "bold"),
@@ -117,7 +110,7 @@ class WaitsScreen(WatchesSize, Screen[Optional[RankKey]]):
         self.dismiss(None)
 
     def action_go_to_culprit(self) -> None:
-        key = culprit_rank(self.graphs)
+        key = self.culprit
         if key is None:
             self.notify("the culprit is not a rank in the grid (a host, a missing rank or a launcher)", timeout=3)
             return
