@@ -51,8 +51,9 @@ def net_probe(req: Request) -> Dict[str, Any]:
 
 
 def gpu_inventory(req: Request) -> Dict[str, Any]:
-    from workers.gputest import inventory
-    return inventory.inventory(req)
+    """The node's GPUs, the processes holding them and its Xid lines: the investigation's own reader."""
+    from workers.collect import nvidia
+    return nvidia.read(req, apps=True)
 
 
 def gpu_python(req: Request) -> Dict[str, Any]:

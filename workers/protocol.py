@@ -60,8 +60,8 @@ Ops (args -> items / done):
                  then {"dump": <dump item>} per rank as each finishes
               -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
                  a rank maps libnccl/libcuda ("ras": true: this node also asks NCCL's RAS service): raw nvidia-smi
-                 CSV or -q text, kernel Xid lines, RAS's answer (workers/collect/gpu_evidence.py; decoded by
-                 app/decode/gpu.py)
+                 CSV or -q text, kernel Xid lines (workers/collect/nvidia.py), RAS's answer
+                 (workers/collect/gpu_evidence.py); decoded by app/decode/gpu.py
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
@@ -100,9 +100,10 @@ GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
                                                      "tried": [{"python", "why", "ok", "detail"}]}
               the tests' interpreter: "python" as given, else the ranks' own (argv[0] as their command line
               names it), else the first candidate that imports torch (gputest/interpreters.py)
-    gpu_inventory {}                              -> done {"source": "nvidia-smi" | "nvidia-ml-py" | None,
-                                                           "gpus_csv", "apps_csv" | "gpus", "apps",
-                                                           "xid_lines": [str], "xid_source", "notes": [str]}
+    gpu_inventory {}                              -> done {"at": float, "smi": {...}, "xid_source", "xid_lines": [str],
+                                                           "xid_timed", "notes": [str]}
+              the collect op's gpu_evidence item without "why" and "ras", and with the processes holding GPUs in
+              "smi" (workers/collect/nvidia.py read(); decoded by app/decode/gpu.py like the evidence)
 """
 
 from __future__ import annotations

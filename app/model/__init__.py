@@ -8,7 +8,8 @@ root only names them; each lives in its own module:
 - process.py: what the node read about one process (state, hold, counters, sockets, strace, error output)
 - flight.py: PyTorch's Flight Recorder record of a rank
 - rank.py: RankSnapshot, JobProcess, rank_key
-- gpu.py: a node's GPU-side evidence (error counters, Xid lines, NCCL RAS)
+- gpu.py: the one GPU model: a node's GPUs, their holders, Xid lines, NCCL RAS (the investigation's and the GPU
+  tests')
 - snapshot.py: Snapshot, NodeStatus, NodeInfo, CollectOptions, the file's schema name and version
 - codec.py: the JSON form
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from app.model.flight import FlightEntry, FlightGroup, FlightRecord
 from app.model.frames import MAX_INTERNED_FRAMES, Frame, Local, LoopInfo, ThreadStack, WithInfo, frame_path
-from app.model.gpu import GpuHealth, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView, bus_key
+from app.model.gpu import GpuHealth, GpuProcess, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView, bus_key
 from app.model.process import (
     CgroupCpu,
     ErrorInfo,
@@ -45,7 +46,7 @@ from app.model.snapshot import (
 
 __all__ = [
     "MAX_INTERNED_FRAMES", "SCHEMA_NAME", "SCHEMA_VERSION", "CgroupCpu", "CollectOptions", "ErrorInfo",
-    "ErrorOutput", "FlightEntry", "FlightGroup", "FlightRecord", "Frame", "GpuHealth", "GpuUse", "GpuXid",
+    "ErrorOutput", "FlightEntry", "FlightGroup", "FlightRecord", "Frame", "GpuHealth", "GpuProcess", "GpuUse", "GpuXid",
     "JobProcess", "Local", "LoopInfo", "NodeGpuEvidence", "NodeInfo", "NodeState", "NodeStatus", "PipeReader",
     "ProcState", "ProcessHold", "ProgressCounters", "RankKey", "RankSnapshot", "RasComm", "RasRank", "RasView",
     "Snapshot", "StraceResult", "StraceThread", "TcpSocket", "ThreadStack", "ToolInfo", "WithInfo", "bus_key",
