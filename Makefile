@@ -10,12 +10,13 @@ test: deps
 	$(PY) -m pytest -q -ra --durations=25
 
 # Static checks (configured in pyproject.toml): lint, types (app/ with this python, workers/ as the nodes'
-# oldest python3, 3.9), and the import contracts and import cycles (one test, from the layout).
+# oldest python3, 3.9), the import contracts and import cycles, and the worker protocol's typed requests (both
+# sides keep to the arguments workers/protocol.py declares): tests/layout.
 check: deps
 	$(PY) -m ruff check app workers tests bench
 	$(PY) -m mypy app
 	$(PY) -m mypy --python-version 3.9 workers
-	$(PY) -m pytest -q -p no:cacheprovider tests/layout/test_architecture.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/layout
 
 demo:
 	$(PY) -m pip install -q torch==2.13.0 -e . && hangscope demo

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 from app import __version__
 from app.decode import gpu as parse_gpu
@@ -29,9 +29,10 @@ from app.session.options import SessionOptions
 from app.session.peer_names import PeerNamer
 from app.transport.base import WorkerConnection
 from app.transport.connect import Connector
+from workers import protocol
 
 if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
-    from workers.protocol import DumpItem
+    from workers.protocol import CollectArgs, DumpItem, DumpOptions, GdbArgs, GdbDone, StraceArgs, StraceDone
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -40,6 +41,8 @@ KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to 
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/collect/pgstore.py)
 GATE_WAIT = 3.0  # seconds a node that has discovered waits for the others before its dumps are released (go)
+ArgsT = TypeVar("ArgsT")  # a per-rank op's arguments (strace, gdb)
+DoneT = TypeVar("DoneT")  # its done data
 _CONNECTION_GONE = frozenset({"lost", "worker_crashed"})  # codes after which a node's worker is no more
 
 
@@ -155,11 +158,11 @@ class Session:
                 try:
                     if node.conn is None or node.conn.closed:
                         raise TransportError("lost", f"{node.name}: no worker connection; refresh first")
-                    args = {k: v for k, v in self._collect_args().items() if k not in ("pids", "match")}
-                    args["targets"] = [{"pid": r.pid, "start_time": r.start_time} for r in known]
-                    req = node.conn.request("dump", args, timeout=self.options.dump_timeout * len(known) + 15.0)
+                    call = protocol.DUMP({**self._dump_options(),
+                                          "targets": [{"pid": r.pid, "start_time": r.start_time} for r in known]})
+                    req = node.conn.request(call, timeout=self.options.dump_timeout * len(known) + 15.0)
                     async for item in req:
-                        self._apply_dump(node, cast("DumpItem", item))
+                        self._apply_dump(node, item)
                 except TransportError as exc:
                     error = exc.info("dump")
                     for r in known:
@@ -186,32 +189,33 @@ class Session:
         """strace each rank for `seconds` (all at once); failures are recorded on the rank, never raised."""
         sudo = self.options.collect.sudo
 
-        def args(r: RankSnapshot) -> dict:
+        def args(r: RankSnapshot) -> StraceArgs:
             return {"pid": r.pid, "start_time": r.start_time, "seconds": seconds, "max_lines": STRACE_MAX_LINES,
                     "sudo": sudo, "data": self.options.strace_data}
 
-        def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
+        def apply(r: RankSnapshot, done: StraceDone) -> RankSnapshot:
             return dataclasses.replace(r, strace=replies.strace_result(done), resumed=r.resumed or
                                        bool(done.get("resumed")),
                                        actions=r.actions + (f"strace for {seconds:g} s: attached with ptrace, then "
                                                             "detached" + ("; SIGCONT: it was left stopped, and runs "
                                                                           "again" if done.get("resumed") else ""),))
 
-        return await self._per_rank(ranks, "strace", args, apply, seconds + self.options.dump_timeout, serial=False)
+        return await self._per_rank(ranks, protocol.STRACE, args, apply, seconds + self.options.dump_timeout,
+                                    serial=False)
 
     async def gdb(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
         """A gdb backtrace of each rank; one rank at a time per node (gdb stops the rank and costs seconds of CPU)."""
-        def args(r: RankSnapshot) -> dict:
+        def args(r: RankSnapshot) -> GdbArgs:
             return {"pid": r.pid, "start_time": r.start_time, "timeout": self.options.dump_timeout,
                     "sudo": self.options.collect.sudo}
 
-        def apply(r: RankSnapshot, done: dict) -> RankSnapshot:
+        def apply(r: RankSnapshot, done: GdbDone) -> RankSnapshot:
             return dataclasses.replace(r, gdb=replies.gdb_text(done), resumed=r.resumed or bool(done.get("resumed")),
                                        actions=r.actions + ("gdb backtrace: attached with ptrace, then detached"
                                                             + ("; SIGCONT: it was left stopped, and runs again"
                                                                if done.get("resumed") else ""),))
 
-        return await self._per_rank(ranks, "gdb", args, apply, self.options.dump_timeout + 10.0, serial=True)
+        return await self._per_rank(ranks, protocol.GDB, args, apply, self.options.dump_timeout + 10.0, serial=True)
 
     def cancel(self) -> None:
         """Stop what is in flight; the running snapshot() returns what arrived, marked partial/interrupted."""
@@ -273,9 +277,10 @@ class Session:
             node = by_name[ask.node]
             if node.conn is None or node.conn.closed:
                 return
-            args = {"store": ask.store, "listeners": list(ask.listeners), "pid": ask.pid, "timeout": STORE_TIMEOUT}
+            call = protocol.STORE_RANKS({"store": ask.store, "listeners": list(ask.listeners), "pid": ask.pid,
+                                         "timeout": STORE_TIMEOUT})
             try:
-                done = await node.conn.call("store_ranks", args, timeout=STORE_TIMEOUT + 10.0)
+                done = await node.conn.call(call, timeout=STORE_TIMEOUT + 10.0)
             except TransportError as exc:
                 self._store_failed.add(pgstore.store_key(ask.node, ask.store))
                 note = f"the job's store at {ask.store} could not be read for rank numbers: {exc}"
@@ -334,21 +339,23 @@ class Session:
             t = time.monotonic()
             # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
             # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
-            args = dict(self._collect_args(), ras=any(node is n for n in self._nodes[:2]),
-                        hold=0.0 if gate is None else GATE_WAIT + 1.0)
-            req = conn.request("collect", args, timeout=DISCOVER_TIMEOUT)
+            args: CollectArgs = {**self._collect_args(), "ras": any(node is n for n in self._nodes[:2]),
+                                 "hold": 0.0 if gate is None else GATE_WAIT + 1.0}
+            req = conn.request(protocol.COLLECT(args), timeout=DISCOVER_TIMEOUT)
             async for item in req:
-                if "gpu_evidence" in item:  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here
+                # each item carries one key (protocol.CollectItem); app.decode checks each value it takes
+                key = protocol.collect_item_key(item)
+                if key == "gpu_evidence":  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here
                     self._update(node, gpu=parse_gpu.gpu_evidence(item["gpu_evidence"]))
-                elif isinstance(item.get("dump"), dict):
+                elif key == "dump" and isinstance(item["dump"], dict):
                     self._apply_dump(node, item["dump"])
-                elif isinstance(item.get("process_dump"), dict):
+                elif key == "process_dump" and isinstance(item["process_dump"], dict):
                     self._apply_process_dump(node, item["process_dump"])
-                elif isinstance(item.get("rank"), dict):
+                elif key == "rank" and isinstance(item["rank"], dict):
                     rank = replies.rank_from_discover(node.name, item["rank"])
                     node.ranks[rank.pid] = rank
                     self._emit(RankUpdate(rank))
-                elif "discovered" in item:
+                elif key == "discovered":
                     timings["discover"] = time.monotonic() - t
                     phase, t = "collect", time.monotonic()
                     # what discovery says about the node (spawn ranks taken, candidates when none): remote text
@@ -412,11 +419,15 @@ class Session:
             opts["keep_dir"] = os.environ[KEEP_WORKER_ENV]
         return opts
 
-    def _collect_args(self) -> dict:
+    def _dump_options(self) -> DumpOptions:
         c, o = self.options.collect, self.options
-        return {"pids": list(o.pids) if o.pids is not None else None, "match": o.match, "native": c.native, "locals": c.locals,
-                "nonblocking": c.nonblocking, "timeout": o.dump_timeout, "concurrency": None, "loops": o.loops,
-                "source_context": SOURCE_CONTEXT, "sudo": c.sudo, "gpu_evidence": c.gpu_evidence}
+        return {"native": c.native, "locals": c.locals, "nonblocking": c.nonblocking, "timeout": o.dump_timeout,
+                "concurrency": None, "loops": o.loops, "source_context": SOURCE_CONTEXT, "sudo": c.sudo}
+
+    def _collect_args(self) -> CollectArgs:
+        c, o = self.options.collect, self.options
+        return {**self._dump_options(), "pids": list(o.pids) if o.pids is not None else None, "match": o.match,
+                "gpu_evidence": c.gpu_evidence}
 
     def _apply_dump(self, node: _Node, item: DumpItem) -> None:
         rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
@@ -460,8 +471,8 @@ class Session:
 
     # -- strace / gdb --------------------------------------------------------------------------------------
 
-    async def _per_rank(self, keys: Sequence[RankKey], op: str, args: Callable[[RankSnapshot], dict],
-                        apply: Callable[[RankSnapshot, dict], RankSnapshot], timeout: float,
+    async def _per_rank(self, keys: Sequence[RankKey], op: protocol.Op[ArgsT, Any, DoneT], args: Callable[[RankSnapshot], ArgsT],
+                        apply: Callable[[RankSnapshot, DoneT], RankSnapshot], timeout: float,
                         serial: bool) -> list[RankSnapshot]:
         by_node: dict[str, list[RankKey]] = {}
         for key in keys:
@@ -478,13 +489,13 @@ class Session:
             try:
                 if node.conn is None or node.conn.closed:
                     raise TransportError("lost", f"{node.name}: no worker connection; refresh first")
-                done = await node.conn.call(op, args(rank), timeout=timeout)
+                done = await node.conn.call(op(args(rank)), timeout=timeout)
                 rank = apply(node.ranks.get(rank.pid, rank), done)
             except asyncio.CancelledError:
                 if not self._cancelled:
                     raise
-                rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op} cancelled",
-                                                                 hint_for("cancelled"), op))
+                rank = dataclasses.replace(rank, error=ErrorInfo("cancelled", f"{op.name} cancelled",
+                                                                 hint_for("cancelled"), op.name))
             except TransportError as exc:
                 if exc.code == "target_held":  # stopped, frozen or D: the tool was not run, nothing is wrong
                     current = node.ranks.get(rank.pid, rank)
@@ -493,7 +504,7 @@ class Session:
                     results[key] = rank
                     self._emit(RankUpdate(rank))
                     return
-                error = exc.info(op)
+                error = exc.info(op.name)
                 # The worker is gone (connection lost, worker died): the stacks already taken stay, but the
                 # rank and its node say the picture is partial, as a loss during the dump pass does.
                 gone = exc.code in _CONNECTION_GONE
