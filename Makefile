@@ -1,7 +1,7 @@
 # One command per job: `make test` installs what the tests need and runs every test (what CI runs).
 PY ?= python3
 
-.PHONY: deps test check demo bench bench-snapshot
+.PHONY: deps test check demo bench bench-snapshot gpu-check
 
 deps:
 	bash tests/install-deps.sh
@@ -26,3 +26,9 @@ bench:
 
 bench-snapshot:  # needs root: hangscope vs the ssh recipes and the floor, 4-32 fake nodes (docs/performance.md)
 	$(PY) bench/snapshot.py
+
+# On a GPU machine (one GPU or several), at most 8 minutes: installs what is missing, runs the GPU tests on this
+# node, hangs a small NCCL job on purpose and investigates it; every output under $OUT (./gpu-check-out).
+# Without a GPU it says so and runs hangscope's GPU code against the recorded fakes. bench/gpu_check.py says how.
+gpu-check:
+	$(PY) bench/gpu_check.py
