@@ -115,7 +115,7 @@ import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, Generic, List, Literal, Mapping, Optional, TypedDict, TypeVar
+    from typing import Any, Dict, Generic, List, Literal, Mapping, Optional, Tuple, TypedDict, TypeVar
 
     ErrorCode = Literal[
         "bad_request", "unknown_op", "tool_missing", "ptrace_denied", "target_exited", "target_changed",
@@ -525,7 +525,7 @@ GPU_INVENTORY: Op[NoArgs, NoItem, GpuReading] = Op("gpu_inventory")
 OPS: Dict[str, Op[Any, Any, Any]] = {op.name: op for op in (
     PING, DISCOVER, DUMP, COLLECT, STRACE, GDB, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH, GPU_STOP,
     GPU_PORTS, NET_PROBE, GPU_PYTHON, GPU_INVENTORY)}
-COLLECT_ITEM_KEYS: tuple = ("rank", "discovered", "dump", "process_dump", "gpu_evidence")
+COLLECT_ITEM_KEYS: Tuple[CollectItemKey, ...] = ("rank", "discovered", "dump", "process_dump", "gpu_evidence")
 
 
 def collect_item_key(item: Mapping[str, Any]) -> Optional[CollectItemKey]:
@@ -534,6 +534,7 @@ def collect_item_key(item: Mapping[str, Any]) -> Optional[CollectItemKey]:
         if key in item:
             return key
     return None
+
 
 # The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
 # this table so that every layer speaks one vocabulary. ErrorCode names the same set for type checkers
