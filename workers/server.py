@@ -198,6 +198,9 @@ class Server:
         assert target is not None
         with self._active_lock:
             held = self._active.get(target) if target != req.id else None
+        # a request that has answered is over, though its thread may not have left _active yet: nothing to release
+        if held is not None and held.finished:
+            held = None
         if held is not None:
             held.released.set()
         return {"released": held is not None}
