@@ -39,7 +39,7 @@ _ANALYSIS: Dict[str, Any] = {
                "description": "PyTorch's Flight Recorder: state (unused, no_record, recorded), the summary line, "
                               "and rows of ranks with their last collective per process group"},
     "waits": {"type": "array", "items": {"type": "object"},
-              "description": "who waits for whom, one graph per job (app/analysis/graph.py): vertices (ranks, "
+              "description": "who waits for whom, one graph per job (app/analysis/waits.py): vertices (ranks, "
                              "threads, processes, hosts), edges waiter -> waited with their evidence and strength, "
                              "the root (the culprit; several vertices: a deadlock), the headline and what to do next"},
 }
@@ -128,9 +128,8 @@ def _type_schema(tp: Any, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]
 
 
 def _field_comments() -> Dict[Tuple[str, str], str]:
-    """(class, field) -> the comment on the field's line, or the comment block just above it, in app/model (the
-    package's root and each of its modules)."""
-    out = _module_comments(inspect.getsource(model))
+    """(class, field) -> the comment on the field's line, or the comment block just above it, in app/model."""
+    out: Dict[Tuple[str, str], str] = {}
     for info in sorted(pkgutil.iter_modules(model.__path__), key=lambda m: m.name):
         out.update(_module_comments(inspect.getsource(importlib.import_module(f"{model.__name__}.{info.name}"))))
     return out
