@@ -16,7 +16,7 @@ from app.analysis.fold import RankKey
 from app.model import FlightRecord, RankSnapshot, TcpSocket, ThreadStack
 
 _FIELDS = ("threads", "rank", "node", "pid", "world_size", "local_world_size", "master_addr", "master_port",
-           "num_threads", "state", "env", "flight", "sockets", "enters_with")
+           "num_threads", "state", "env", "flight", "sockets", "enters_with", "wchan")
 _ROW = attrgetter(*_FIELDS)
 
 
@@ -38,6 +38,7 @@ class Facts:
     env: Sequence[Tuple[Tuple[str, str], ...]]
     flight: Sequence[Optional[FlightRecord]]
     sockets: Sequence[Tuple[TcpSocket, ...]]
+    wchan: Sequence[str]  # the process's (its main thread's) kernel wait: health.py tells the freezer's by it
     enters_with: Sequence[bool]  # a thread stands at a `with` header (RankSnapshot.enters_with; locks.py)
     key: Sequence[RankKey]  # (node, pid), made once: classes and groups take these tuples, not new ones
 
@@ -56,13 +57,13 @@ def facts(ranks: Sequence[RankSnapshot]) -> Facts:
         for column, get in zip(columns, _COLUMN):
             column.extend(map(get, rows))
     threads, rank, node, pid, world, local_world, addr, port, num_threads, state, env, flight, sockets, \
-        enters_with = columns
+        enters_with, wchan = columns
     # One string object per node name (a snapshot read from JSON has one per rank): every later set, count
     # and fold of node names then reads a few hundred strings instead of 100k scattered ones.
     same: Dict[str, str] = {}
     node = list(map(same.setdefault, node, node))
     return Facts(ranks, threads, rank, node, pid, world, local_world, addr, port, num_threads, state, env, flight,
-                 sockets, enters_with, list(zip(node, pid)))
+                 sockets, wchan, enters_with, list(zip(node, pid)))
 
 
 def facts_of(ranks: Sequence[RankSnapshot], known: Optional[Facts]) -> Facts:

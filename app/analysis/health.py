@@ -20,7 +20,6 @@ JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, W
 
 _job = attrgetter("master_addr", "master_port", "world_size")
 _state = attrgetter("state")
-_wchan = attrgetter("wchan")
 _hold = attrgetter("hold")  # set by parse only when something holds the rank
 _ODD_STATES = frozenset("TtZXD")
 # More ranks than any job runs (the largest have ~10^5): a WORLD_SIZE above it comes from a wrong environment,
@@ -285,7 +284,7 @@ def process_states(f: Facts) -> List[Fact]:
     ranks = f.ranks
     # A helper thread in D can hold the main thread up, so every thread's state counts: one C-level sweep.
     seen = set(f.state) | set(map(_state, chain.from_iterable(f.threads)))
-    chans = set(map(_wchan, chain.from_iterable(f.threads)))
+    chans = set(f.wchan)  # the processes' own wait channels: a frozen rank's is the freezer's (one column, in C)
     if _ODD_STATES.isdisjoint(seen) and not any(map(_hold, ranks)) and \
             not any(c == "get_signal" or c.startswith(FREEZER_WCHANS) for c in chans):
         return []  # the usual case, checked in C
