@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
 from app.analysis.frames import bare_name, collective_of, is_library, is_machinery
-from app.analysis.sites import CALL_SITES, Release, Resource, Site, frame_site, kernel_site, norm
+from app.analysis.sites import CALL_SITES, Release, Resource, Site, frame_site, kernel_site, native_site, norm
 from app.model import Frame, KernelWait, LoopInfo, ProcessHold, ThreadStack, WaitFd
 
 ThreadState = str  # one of STATES
@@ -350,6 +350,17 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
     entering = _entering_with(py, t)
     if entering is not None:
         return _replace(entering, cpu=cpu)
+
+    # a native frame (--native) that names the wait
+    for f in t.frames:
+        if not f.native:
+            break  # only the native frames innermost of the Python ones are the call in progress
+        entry = native_site(f.function)
+        if entry is not None:
+            _, resource, rel, op, reason = entry
+            return ThreadWait("blocked", op, resource, rel, frame=f, caller=caller, syscall=t.syscall, wchan=t.wchan,
+                              reason=reason, by="frame", cpu=cpu, details=_kernel_details(t),
+                              collective=op if resource == "collective" else "")
 
     # a C call from the innermost Python frame
     if py:

@@ -344,6 +344,39 @@ CALL_SITES: Tuple[Site, ...] = (
           syscalls=("futex", "ioctl", "poll")),
 )
 
+# C/C++ functions seen with --native (py-spy's native frames, gdb): a symbol fragment -> what the call waits on.
+# Tried innermost first, before the line's text, so a native frame that names the wait outranks a guess.
+NativeSite = Tuple[str, Resource, Release, str, str]
+NATIVE_SITES: Tuple[NativeSite, ...] = (
+    ("TCPStore::doWait", "store_key", "key_setter", "store.wait", "waits in the job's store until another rank sets "
+     "the key"),
+    ("TCPStore::doGet", "store_key", "key_setter", "store.get", "waits in the job's store until the key is set"),
+    ("TCPStore::wait", "store_key", "key_setter", "store.wait", "waits in the job's store until another rank sets "
+     "the key"),
+    ("cudaStreamSynchronize", "device", "device", "cudaStreamSynchronize", "waits until the GPU work queued on the "
+     "stream is done"),
+    ("cudaDeviceSynchronize", "device", "device", "cudaDeviceSynchronize", "waits until every kernel queued on the "
+     "GPU is done"),
+    ("cudaEventSynchronize", "device", "device", "cudaEventSynchronize", "waits until the GPU reaches the event"),
+    ("cuStreamSynchronize", "device", "device", "cuStreamSynchronize", "waits until the GPU work queued on the "
+     "stream is done"),
+    ("ncclCommInitRank", "collective", "ranks", "ncclCommInitRank", "waits until every rank of the communicator "
+     "has joined its initialisation"),
+    ("ncclGroupEnd", "collective", "ranks", "ncclGroupEnd", "waits for the grouped NCCL operations to be launched on "
+     "every rank"),
+    ("c10d::Work::wait", "collective", "ranks", "Work.wait", "waits until an asynchronous collective completes on every "
+     "rank it involves"),
+    ("ProcessGroupGloo::", "collective", "ranks", "gloo collective", "waits in a gloo collective for the other ranks"),
+    ("std::thread::join", "thread", "joined", "std::thread::join", "waits until a C++ thread ends"),
+    ("pthread_join", "thread", "joined", "pthread_join", "waits until a thread ends"),
+)
+
+
+def native_site(function: str) -> Optional[NativeSite]:
+    """The NATIVE_SITES entry a native frame's symbol contains."""
+    return next((entry for entry in NATIVE_SITES if entry[0] in function), None)
+
+
 # What the kernel alone says (the system call, the kernel function asleep in): used when no site above names the
 # call. (syscalls, wchan fragments, resource, release, operation, reason); the first match wins.
 KernelSite = Tuple[Tuple[str, ...], Tuple[str, ...], Resource, Release, str, str]

@@ -270,3 +270,11 @@ def test_a_process_state_outranks_any_stack() -> None:
     assert wait_of(frozen).state == "frozen"  # the cgroup v2 freezer's trap, with no hold read
     d = thread(job("read_shard", 4, "data = f.read()"), syscall="read", wchan="fuse_wait_answer", state="D")
     assert (wait_of(d).state, wait_of(d).resource) == ("disk", "file")
+
+
+def test_a_native_frame_that_names_the_wait_outranks_the_lines_text() -> None:
+    """With --native, py-spy's C++ frames below the Python line say what the call is."""
+    native = (Frame("c10d::TCPStore::doWait(...)", "libtorch_cpu.so", 0, native=True),
+              Frame("c10d::TCPStore::wait(...)", "libtorch_cpu.so", 0, native=True))
+    w = wait_of(thread(*native, job("eval", 7, "ok = fetch()"), syscall="poll", wchan="do_sys_poll"))
+    assert (w.operation, w.resource, w.release) == ("store.wait", "store_key", "key_setter")
