@@ -355,9 +355,9 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
     for f in t.frames:
         if not f.native:
             break  # only the native frames innermost of the Python ones are the call in progress
-        entry = native_site(f.function)
-        if entry is not None:
-            _, resource, rel, op, reason = entry
+        named_site = native_site(f.function)
+        if named_site is not None:
+            _, resource, rel, op, reason = named_site
             return ThreadWait("blocked", op, resource, rel, frame=f, caller=caller, syscall=t.syscall, wchan=t.wchan,
                               reason=reason, by="frame", cpu=cpu, details=_kernel_details(t),
                               collective=op if resource == "collective" else "")
