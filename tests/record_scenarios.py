@@ -413,13 +413,21 @@ class PipedStdin:
 
     def __init__(self, node: Node) -> None:
         self._node = node
+        self.spawned: list[subprocess.Popen[Any]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._node, name)
 
     def spawn(self, argv: Any, env: Any = None, cwd: str = "/", **popen_kw: Any) -> subprocess.Popen[Any]:
         popen_kw["stdin"] = subprocess.PIPE
-        return self._node.spawn(argv, env=env, cwd=cwd, **popen_kw)
+        self.spawned.append(self._node.spawn(argv, env=env, cwd=cwd, **popen_kw))
+        return self.spawned[-1]
+
+    def close(self) -> None:
+        """Close the write ends (the readers see end of file)."""
+        for proc in self.spawned:
+            if proc.stdin is not None:
+                proc.stdin.close()
 
 
 # the node's metrics agent when it has stopped answering: it accepts connections and never replies (the same
@@ -439,11 +447,14 @@ def start_helper(running: Running, node: Node, kind: str) -> list[str]:
     else:
         path = Path(tempfile.mkdtemp(prefix="hangscope-cache-")) / "dataset.lock"
         path.parent.chmod(0o755)
-        proc = node.spawn(["flock", str(path), "sh", "-c", "echo held; exec sleep 86400"], stdout=subprocess.PIPE)
+        proc = node.spawn(["flock", "--no-fork", str(path), "sh", "-c", "echo held; exec sleep 86400"],
+                          stdout=subprocess.PIPE)  # one process: killed with its nsenter (pdeathsig)
 
     def stop() -> None:
         proc.kill()
         proc.wait(timeout=15)
+        if proc.stdout is not None:
+            proc.stdout.close()
         if kind == "flock":
             shutil.rmtree(path.parent, ignore_errors=True)
 
@@ -520,9 +531,10 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
     wait = script is None and not scenario.settle
     try:
         if scenario.stdin_pipe:
-            job = _finish(_launch([PipedStdin(n) for n in cluster.nodes[:scenario.nodes]], scenario.name,
-                                  scenario.ranks_per_node, scenario.culprit, scenario.step, extra, standalone=False),
-                          timeout, wait)
+            piped = [PipedStdin(n) for n in cluster.nodes[:scenario.nodes]]
+            pre.insert(0, lambda: [p.close() for p in piped])  # the last undo, before the job stops
+            job = _finish(_launch(piped, scenario.name, scenario.ranks_per_node, scenario.culprit, scenario.step,
+                                  extra, standalone=False), timeout, wait)
         else:
             job = start_job(cluster, scenario.job or scenario.name, nodes=scenario.nodes,
                             ranks_per_node=scenario.ranks_per_node, culprit=None if script else scenario.culprit,

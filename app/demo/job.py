@@ -769,7 +769,7 @@ def service_address(args: argparse.Namespace) -> Tuple[str, int]:
 def held_lock_file() -> str:
     """(the demo on its own) a lock file another process holds: util-linux flock, holding it for a day."""
     path = os.path.join(scratch("cache"), "dataset.lock")
-    holder = helper(["flock", path, "sh", "-c", "echo held; exec sleep 86400"])
+    holder = helper(["flock", "--no-fork", path, "sh", "-c", "echo held; exec sleep 86400"])
     assert holder.stdout is not None
     holder.stdout.readline()
     return path
