@@ -5,10 +5,11 @@ Every scenario in tests/data/scenarios/ is a real job hung (or not) in one way o
 by tests/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
 history, as the CLI analyses it). TRUTH below says what happened in each, from the scenario's own set-up, not
 from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
-must contain. A headline is right when the first finding names the culprit (its ranks, or its node), every word of the cause,
-and the mechanism: the blocking operation (or the state that holds the rank) and what it waits for (one word of
-each of the truth's alternatives); a [high] culprit finding that names another rank or node contradicts the truth, as does a
-[high] culprit finding on a job that is not hung (but for the slow node a slow job's truth names).
+must contain. A headline is right when the first finding names the culprit (its ranks, or its node), every word of the
+cause, none of the words the truth rules out (a thread that cannot release the wait), and the mechanism: the
+blocking operation (or the state that holds the rank) and what it waits for (one word of each of the truth's
+alternatives); a [high] culprit finding that names another rank or node contradicts the truth, as does a [high]
+culprit finding on a job that is not hung (but for the slow node a slow job's truth names).
 
     python3 bench/diagnose.py [--data DIR] [--json OUT]
 
@@ -51,6 +52,7 @@ class Truth:
     # alternatives (the headline must contain one of each); a location alone ("rank 4 is in `f`") names neither
     operation: Tuple[str, ...] = ()
     resource: Tuple[str, ...] = ()
+    not_said: Tuple[str, ...] = ()  # words a right headline must not contain (a thread that cannot release the wait)
 
 
 TRUTH: Dict[str, Truth] = {
@@ -96,6 +98,51 @@ TRUTH["lightning-healthy"] = Truth("Lightning Fabric's language-model example, t
                                    cause=("progressing",))
 TRUTH["lightning-frozen"] = Truth("Lightning Fabric's example, rank 5 frozen by a cgroup v2 freezer", (5,),
                                   cause=("rank 5", "frozen", "cgroup freezer"))
+# Development scenarios of the wait model (issue 24; tests/record_scenarios.py DEVELOPMENT, app/demo/job.py), 2 nodes x
+# 2 ranks (startup: 4 nodes): the words are the culprit, its blocking operation and what it waits for (or who holds it)
+TRUTH.update({
+    "frozen_private": Truth("one rank frozen by a v1 cgroup freezer; its node cannot see the freezer's cgroup (its "
+                            "threads D, in __refrigerator)", (1,), cause=("rank 1", "frozen", "cgroup freezer"),
+                            not_said=("uninterruptible",)),
+    "frozen_private_v2": Truth("one rank frozen by a v2 cgroup.freeze; its node cannot see the cgroup (get_signal)",
+                               (2,), cause=("rank 2", "frozen", "cgroup freezer")),
+    "startup": Truth("torchrun --nnodes 4 started on node01-node03 only (node ranks 0-2): the rendezvous waits for node "
+                     "rank 3, node04, which runs no launcher", node="node04",
+                     cause=("node04", "node rank 3", "rendezvous")),
+    "shutdown": Truth("a rank's step raised (RuntimeError, in its stderr file); its interpreter waits at exit for its "
+                      "non-daemon thread metrics-uploader, blocked in queue.get", (2,),
+                      cause=("rank 2", "main program", "RuntimeError", "metrics-uploader"), not_said=("shard-reader",)),
+    "loaderlock": Truth("a rank waits for its DataLoader worker, which polls for a stale shard .lock file", (1,),
+                        cause=("rank 1", "DataLoader", "time.sleep", ".lock")),
+    "throttled_hidden": Truth("node01's ranks capped to 10 % of a CPU, node01 blind to its cgroups: slow, not hung",
+                              node="node01", hung=False, cause=("progressing", "node01 is slow")),
+    "executor": Truth("Future.result on a ThreadPoolExecutor whose worker waits for a storage ack that never comes",
+                      (0,), cause=("rank 0", "Future.result", "ckpt-upload", "recv")),
+    "event": Truth("Event.wait for an event whose setter thread (shard-lister) died of a KeyError", (3,),
+                   cause=("rank 3", "Event.wait", "lister.ready"), not_said=("shard-reader",)),
+    "queue": Truth("queue.Queue.get on a queue whose producer thread (batch-producer) has ended", (1,),
+                   cause=("rank 1", "queue.Queue.get", "shards"), not_said=("shard-reader",)),
+    "service": Truth("socket recv from a local metrics agent (a process on its node) that never answers", (2,),
+                     cause=("rank 2", "socket.recv", "127.0.0.1:")),
+    "subprocess": Truth("subprocess.run of a hook, `tail -f`, that never exits", (0,),
+                        cause=("rank 0", "subprocess.run", "tail -f")),
+    "flock": Truth("fcntl.flock on the dataset cache's lock file, held by another process on its node", (3,),
+                   cause=("rank 3", "fcntl.flock", "dataset.lock")),
+    "storekey": Truth("TCPStore.wait for keys eval/3/rank* that nobody sets (the ranks set eval/4/rank*)", (2,),
+                      cause=("rank 2", "store", "eval/3/rank")),
+    "poll": Truth("a sleep-and-retry loop polling for a COMMITTED marker that is never written", (1,),
+                  cause=("rank 1", "time.sleep", "COMMITTED")),
+    "spin": Truth("a busy-wait loop on a flag that its dead writer thread never sets", (3,),
+                  cause=("rank 3", "spin", "self.flushed")),
+    "pdb": Truth("a breakpoint() left in the code; stdin a pipe nobody writes", (2,),
+                 cause=("rank 2", "pdb", "breakpoint()")),
+    "sighandler": Truth("a SIGUSR1 handler waiting for the step it interrupted, on the same thread", (0,),
+                        cause=("rank 0", "signal handler", "SIGUSR1", "step_done"), not_said=("shard-reader",)),
+    "asyncio": Truth("asyncio.run awaiting a future that nothing completes: the loop waits in select", (3,),
+                     cause=("rank 3", "asyncio", "event loop")),
+    "selflock": Truth("a non-reentrant Lock taken again by the thread that holds it", (1,),
+                      cause=("rank 1", "_stats_lock", "itself")),
+})
 
 
 # What each recorded class blocks in and waits for, from its set-up (app/demo/job.py, tests/record_scenarios.py)
@@ -177,6 +224,7 @@ def judge_parts(name: str, truth: Truth, snap: Snapshot, headline: str, findings
     numbers = {(r.node, r.pid): r.rank for r in snap.ranks}
     low = headline.lower()
     problems = [f"does not say `{w}`" for w in truth.cause if w.lower() not in low]
+    problems += [f"says `{w}`" for w in truth.not_said if w.lower() in low]
     top = findings[0] if findings else None
     if top is None:
         problems.append("no finding")

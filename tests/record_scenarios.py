@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ for _p in (str(REPO), str(TESTS)):  # as a script: the repo (app) and tests/ hel
         sys.path.insert(0, _p)
 
 from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
-from jobs import MARK, PYTHON, Job, RankLoc, _free_port, _main_thread, start_job  # noqa: E402
+from jobs import JOB_SCRIPT, MARK, PYTHON, Job, RankLoc, _finish, _free_port, _launch, _main_thread, start_job  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from app.model import Snapshot, ThreadStack  # noqa: E402
@@ -72,6 +73,14 @@ class Scenario:
     spawn: bool = False  # tests/spawn_job.py on the first node: mp.spawn, nodes x ranks_per_node ranks there
     script: str = ""  # another training script in tests/ than the demo job (ddp_train.py)
     stall: bool = False  # a stalled FUSE file system on the culprit's node (tests/fuse_stall.py): --stall-file
+    freezer: int = 0  # hold "freeze": the cgroup freezer's version (1: freezer.state, 2: cgroup.freeze; 0: v2 if any)
+    hide: bool = False  # the held or throttled node (the culprit's, or `cut`) sees no cgroup file system: an empty
+    #                     tmpfs over its /sys/fs/cgroup, as in a container whose cgroup view is not the host's
+    settle: str = ""  # "others": the culprit never sleeps in one call (a spin, a poll loop): wait for the others only
+    stdin_pipe: bool = False  # the launchers' (so the ranks') stdin is a pipe nobody writes, as from a terminal
+    helper: str = ""  # a process of the culprit's node the job uses: "agent" (a metrics agent that never answers,
+    #                   --service) or "flock" (another process holding the dataset-cache lock, --lock-file)
+    launchers: int = 0  # start-up: torchrun on only the first `launchers` nodes of `nodes` (--nnodes nodes): no rank
 
     @property
     def world_size(self) -> int:
@@ -104,6 +113,36 @@ SCENARIOS = {
     "fsstall": Scenario("fsstall", 2, 2, culprit=2, stall=True),
 }
 SCENARIOS["gpu_xid"] = Scenario("gpu_xid", 2, 2, culprit=3)  # GPU evidence: a FAKE GPU fault (tests/gpu_fakes.py)
+# Development scenarios for the wait model (issue 24): the five classes it names first, then one per kind of resource
+# of app/analysis/sites.py that the classes above leave out. Each is one blocking operation of a real library
+# (app/demo/job.py's train_patterns), its culprit spread over the ranks.
+DEVELOPMENT = {
+    # held by the freezer on a node whose /sys/fs/cgroup is not the host's (v1: D in __refrigerator; v2: get_signal)
+    "frozen_private": Scenario("frozen_private", 2, 2, culprit=1, job="healthy", hold="freeze", freezer=1, hide=True),
+    "frozen_private_v2": Scenario("frozen_private_v2", 2, 2, culprit=2, job="healthy", hold="freeze", freezer=2,
+                                  hide=True),
+    # torchrun --nnodes 4 started on node01-node03 only (node ranks 0-2): the rendezvous waits for node rank 3
+    "startup": Scenario("startup", 4, 2, launchers=3),
+    "shutdown": Scenario("shutdown", 2, 2, culprit=2),
+    "loaderlock": Scenario("loaderlock", 2, 2, culprit=1),
+    # node01's ranks capped to 10 % of a CPU, node01 blind to its cgroups: slow, from CPU time per wall second
+    "throttled_hidden": Scenario("throttled_hidden", 2, 2, cut="node01", hold="throttle", script="ddp_train.py",
+                                 hide=True),
+    "executor": Scenario("executor", 2, 2, culprit=0),
+    "event": Scenario("event", 2, 2, culprit=3),
+    "queue": Scenario("queue", 2, 2, culprit=1),
+    "service": Scenario("service", 2, 2, culprit=2, helper="agent"),
+    "subprocess": Scenario("subprocess", 2, 2, culprit=0),
+    "flock": Scenario("flock", 2, 2, culprit=3, helper="flock"),
+    "storekey": Scenario("storekey", 2, 2, culprit=2),
+    "poll": Scenario("poll", 2, 2, culprit=1, settle="others"),
+    "spin": Scenario("spin", 2, 2, culprit=3, settle="others"),
+    "pdb": Scenario("pdb", 2, 2, culprit=2, stdin_pipe=True),
+    "sighandler": Scenario("sighandler", 2, 2, culprit=0),
+    "asyncio": Scenario("asyncio", 2, 2, culprit=3),
+    "selflock": Scenario("selflock", 2, 2, culprit=1),
+}
+SCENARIOS.update(DEVELOPMENT)
 # CLI options a scenario needs beyond the defaults: the gloo demo maps no libnccl, so GPU evidence is forced
 CLI_EXTRA: dict[str, tuple[str, ...]] = {"gpu_xid": ("--gpu-evidence",)}
 
@@ -212,12 +251,17 @@ def others_still(job: Job, held: int, timeout: float = 60) -> None:
     wait_until(still, timeout, "the other ranks to block waiting for the held one", interval=0.5)
 
 
-def freeze(pid: int) -> Any:
-    """Freeze a process with the cgroup freezer (v2 cgroup.freeze, else a v1 freezer cgroup); returns the thaw."""
+def freeze(pid: int, version: int = 0) -> Any:
+    """Freeze a process with the cgroup freezer (`version` 2: cgroup.freeze, 1: a v1 freezer cgroup; 0: v2 where
+    this machine has it); returns the thaw."""
     from workers import pstate
 
     v2, v1 = pstate.cgroup_mounts()[0], pstate.cgroup_mounts()[1].get("freezer", "")
-    version = 2 if v2 else 1
+    version = version or (2 if v2 else 1)
+    if not (v2 if version == 2 else v1):
+        raise RuntimeError(f"no cgroup v{version} freezer on this machine")
+    v1 = v1 if version == 1 else ""
+    v2 = v2 if version == 2 else ""
     mount = v2 or v1
     if not mount:
         raise RuntimeError("no cgroup freezer on this machine")
@@ -356,12 +400,125 @@ def start_stall(running: Running, node: Node) -> str:
     return str(mnt / "stalled")
 
 
+def hide_cgroups(node: Node) -> Any:
+    """Cover the node's cgroup file systems with an empty tmpfs (its own mount namespace only): the node can no
+    longer read any cgroup's files, as in a container with a private cgroup view. Returns the undo."""
+    node.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "nocgroups", "/sys/fs/cgroup"])
+    return lambda: node.run(["umount", "/sys/fs/cgroup"], check=False)
+
+
+class PipedStdin:
+    """A node whose processes started by spawn() read their stdin from a pipe that nobody writes (as from a
+    terminal nobody types in): the Popen keeps the write end open."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self.spawned: list[subprocess.Popen[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+    def spawn(self, argv: Any, env: Any = None, cwd: str = "/", **popen_kw: Any) -> subprocess.Popen[Any]:
+        popen_kw["stdin"] = subprocess.PIPE
+        self.spawned.append(self._node.spawn(argv, env=env, cwd=cwd, **popen_kw))
+        return self.spawned[-1]
+
+    def close(self) -> None:
+        """Close the write ends (the readers see end of file)."""
+        for proc in self.spawned:
+            if proc.stdin is not None:
+                proc.stdin.close()
+
+
+# the node's metrics agent when it has stopped answering: it accepts connections and never replies (the same
+# program as app/demo/job.py's STALLED_AGENT, which the demo starts when no --service is given)
+STALLED_AGENT = ("import socket, sys\n"
+                 "s = socket.create_server(('127.0.0.1', int(sys.argv[1])))\n"
+                 "print(s.getsockname()[1], flush=True)\n"
+                 "held = []\n"
+                 "while True:\n"
+                 "    held.append(s.accept())\n")
+
+
+def start_helper(running: Running, node: Node, kind: str) -> list[str]:
+    """A process of `node` that the culprit will use, not started by the job: the job's extra arguments."""
+    if kind == "agent":
+        proc = node.spawn([PYTHON, "-c", STALLED_AGENT, "0"], stdout=subprocess.PIPE)
+    else:
+        path = Path(tempfile.mkdtemp(prefix="hangscope-cache-")) / "dataset.lock"
+        path.parent.chmod(0o755)
+        proc = node.spawn(["flock", "--no-fork", str(path), "sh", "-c", "echo held; exec sleep 86400"],
+                          stdout=subprocess.PIPE)  # one process: killed with its nsenter (pdeathsig)
+
+    def stop() -> None:
+        proc.kill()
+        proc.wait(timeout=15)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if kind == "flock":
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+    running.undo.insert(0, stop)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode(errors="replace").strip()
+    if kind == "agent":
+        if not line.isdigit():
+            raise RuntimeError(f"the agent did not start on {node.name}: {line!r}")
+        return ["--service", f"127.0.0.1:{line}"]
+    if line != "held":
+        raise RuntimeError(f"the lock holder did not start on {node.name}: {line!r}")
+    return ["--lock-file", str(path)]
+
+
+def start_launchers_only(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
+    """torchrun with --nnodes `nodes` on the first `launchers` nodes only (static rendezvous at node01): they wait
+    in their rendezvous for the node ranks that never start; the job has no rank."""
+    places = cluster.nodes[:scenario.launchers]
+    workdir = Path(tempfile.mkdtemp(prefix="hangscope-startup-"))
+    workdir.chmod(0o755)
+    mark = os.urandom(4).hex()
+    job = Job(scenario.name, None, 0, scenario.world_size, list(places), workdir, f"{MARK}={mark}")
+    master = places[0]
+    port = _free_port(master)
+    try:
+        for index, node in enumerate(places):
+            argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(scenario.nodes), "--node-rank", str(index),
+                    "--master-addr", master.ip, "--master-port", str(port),
+                    "--nproc-per-node", str(scenario.ranks_per_node), str(JOB_SCRIPT), "--scenario", "healthy"]
+            with open(workdir / f"{node.name}.log", "wb") as log:
+                job.launchers.append(node.spawn(argv, env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log,
+                                                stderr=subprocess.STDOUT))
+
+        def joined() -> bool:
+            for proc in job.launchers:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a launcher exited with {proc.returncode}:\n{job.log_tail()}")
+            out = master.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"]).stdout
+            return len({line.split()[-1].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}) >= len(places)
+
+        wait_until(joined, timeout, f"{len(places)} launchers connected to the rendezvous store", interval=0.5)
+        time.sleep(2)  # each agent on to its wait for the missing node
+    except BaseException:
+        job.stop()
+        raise
+    return job
+
+
 def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running:
     """The scenario's job, hung (healthy, slow: training); stop() it when done."""
     if scenario.spawn:
         return Running(scenario, start_spawn(cluster, scenario, timeout), cluster)
+    if scenario.launchers:
+        return Running(scenario, start_launchers_only(cluster, scenario, timeout), cluster)
     extra: list[str] = []
     pre: list[Any] = []
+    if scenario.helper:
+        assert scenario.culprit is not None
+        holder = Running(scenario, None, cluster)  # type: ignore[arg-type]
+        try:
+            extra += start_helper(holder, cluster.nodes[scenario.culprit // scenario.ranks_per_node], scenario.helper)
+        finally:
+            pre += holder.undo
     if scenario.stall:
         assert scenario.culprit is not None
         node = cluster.nodes[scenario.culprit // scenario.ranks_per_node]
@@ -371,11 +528,18 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
     if scenario.hold:
         extra += ["--step-delay", "0.2"]
     script = TESTS / scenario.script if scenario.script else None
+    wait = script is None and not scenario.settle
     try:
-        job = start_job(cluster, scenario.job or scenario.name, nodes=scenario.nodes,
-                        ranks_per_node=scenario.ranks_per_node, culprit=None if script else scenario.culprit,
-                        step=scenario.step, timeout=timeout, extra_args=[] if script else extra, script=script,
-                        wait=script is None)
+        if scenario.stdin_pipe:
+            piped = [PipedStdin(n) for n in cluster.nodes[:scenario.nodes]]
+            pre.insert(0, lambda: [p.close() for p in piped])  # the last undo, before the job stops
+            job = _finish(_launch(piped, scenario.name, scenario.ranks_per_node, scenario.culprit, scenario.step,
+                                  extra, standalone=False), timeout, wait)
+        else:
+            job = start_job(cluster, scenario.job or scenario.name, nodes=scenario.nodes,
+                            ranks_per_node=scenario.ranks_per_node, culprit=None if script else scenario.culprit,
+                            step=scenario.step, timeout=timeout, extra_args=[] if script else extra, script=script,
+                            wait=wait)
     except BaseException:
         for undo in reversed(pre):
             undo()
@@ -399,7 +563,9 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
                 os.kill(pid, signal.SIGSTOP)
                 running.undo.append(lambda: os.kill(pid, signal.SIGCONT))
             else:
-                running.undo.append(freeze(pid))
+                running.undo.append(freeze(pid, scenario.freezer))
+            if scenario.hide:
+                running.undo.append(hide_cgroups(cluster[job.ranks[scenario.culprit].node]))
             others_still(job, scenario.culprit)
         if scenario.hold == "throttle":
             cap = CpuCap(0.10).__enter__()
@@ -407,7 +573,13 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
             for loc in job.ranks.values():
                 if loc.node == scenario.cut:
                     cap.add(loc.host_pid)
+            if scenario.hide:
+                assert scenario.cut is not None
+                running.undo.append(hide_cgroups(cluster[scenario.cut]))
             time.sleep(2)  # the cap is felt at once; a few periods make it visible in the counters
+        if scenario.settle == "others":
+            assert scenario.culprit is not None
+            others_still(job, scenario.culprit)
     except BaseException:
         running.stop()
         raise

@@ -37,6 +37,34 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               at step K the culprit's report fills the pipe: it blocks in write()
   fsstall     at step K the culprit reads a data shard from --stall-file, on a file system that never answers
               (tests/fuse_stall.py): it sits in uninterruptible sleep (D)
+One blocking operation of a library each (train_patterns(): at step K the culprit makes the call, the others
+wait for it in that step's all_reduce):
+  shutdown    the culprit's step raises (a corrupt batch: a shape error) and its interpreter waits at exit for its
+              non-daemon `metrics-uploader` thread, which waits for the next item of its queue
+  loaderlock  a DataLoader (1 worker, fork) over a node-local shard cache; a shard's `.lock` file that a killed job
+              left behind makes the culprit's worker poll for ever, and the culprit waits for its batch
+  executor    checkpoints uploaded on a ThreadPoolExecutor; the storage stops acknowledging, the upload never
+              ends, and the next save waits in Future.result
+  event       the culprit's shard-lister thread raised (its manifest lacks a shard) before it set its Event; the
+              loop waits for it at the epoch's end
+  queue       the culprit's batch-producer thread ran out of shards and ended without a sentinel; the loop waits in
+              queue.Queue.get
+  service     the culprit reports its metrics to a local agent (--service HOST:PORT, a process on its node) that
+              accepts the connection and never answers: it waits in recv
+  subprocess  the culprit runs a post-step hook, `tail -f` on its metrics file, which never exits
+  flock       the culprit takes the node's dataset-cache lock (fcntl.flock on --lock-file), which another
+              process on its node holds
+  storekey    the culprit collects the others' eval results from the job's store (TCPStore.wait); they wrote
+              them under the next step's keys, so the keys it waits for are never set
+  poll        the culprit polls for a checkpoint's COMMITTED marker that is never written (sleep and retry)
+  spin        the culprit's log flush busy-waits for a flag its writer thread (dead: its file was closed) never sets
+  pdb         a breakpoint() left in the culprit's code; its stdin is a pipe nobody writes (run it so)
+  sighandler  a preemption notice (SIGUSR1, as SLURM's --signal sends) arrives mid-step; the handler waits for the
+              step to end, but it runs on the main thread, inside that step
+  asyncio     the culprit scores its checkpoint with an asyncio client; the eval service drops the request and
+              the future it awaits never completes (the loop waits in select)
+  selflock    the culprit's step-time buffer fills: it flushes while holding its `_stats_lock`, and the flush takes
+              that Lock again (not reentrant): the thread waits for itself
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -46,16 +74,23 @@ step, where} just before the call it will hang in (healthy/netcut: after a few s
 from __future__ import annotations
 
 import argparse
+import asyncio
+import fcntl
+import itertools
 import json
 import os
+import queue
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 WORKER_SERVER_FLAG = "--worker-server"
 IN_PYTHON_FLAG = "--worker-server-set-in-python"  # set the socket in os.environ, as many jobs do: not in environ
@@ -88,6 +123,10 @@ from torch import nn  # noqa: E402
 SCENARIOS: tuple[str, ...] = ("dataloader", "skip", "die", "healthy", "netcut", "lock", "deadlock", "order",
                               "uneven", "mismatch", "gil", "native", "pipe", "fsstall")
 SCENARIOS += ("gpu_xid",)  # the culprit never returns from device_synchronize (its GPU fell off the bus)
+# one blocking operation each, in train_patterns()
+PATTERNS: tuple[str, ...] = ("shutdown", "loaderlock", "executor", "event", "queue", "service", "subprocess", "flock",
+                             "storekey", "poll", "spin", "pdb", "sighandler", "asyncio", "selflock")
+SCENARIOS += PATTERNS
 BUCKETS = ("embed", "attn", "mlp", "norm", "head")
 FEATURES = 16
 BATCH = 8
@@ -396,6 +435,346 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
         evaluate(model, groups[0])
 
 
+# --- the wait patterns: train_patterns() ----------------------------------------------------------------------
+
+def scratch(name: str) -> str:
+    """A folder for this rank's files: beside the ready file (the test's work folder, removed with it), else in
+    the temp folder."""
+    ready = os.environ.get("HANGSCOPE_READY_FILE")
+    base = os.path.dirname(ready) if ready else tempfile.gettempdir()
+    path = os.path.join(base, f"{name}-rank{os.environ.get('RANK', '0')}-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def helper(argv: List[str]) -> subprocess.Popen:
+    """A process of the node's own that the demo stands in for (a metrics agent, another job's lock holder): not a
+    rank (no RANK in its environment), in a session of its own."""
+    env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("HANGSCOPE_")}
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+# the node's metrics agent when it has stopped answering: it accepts connections and never replies
+STALLED_AGENT = ("import socket, sys, time\n"
+                 "s = socket.create_server(('127.0.0.1', int(sys.argv[1])))\n"
+                 "print(s.getsockname()[1], flush=True)\n"
+                 "held = []\n"
+                 "while True:\n"
+                 "    held.append(s.accept())\n")
+
+
+class MetricsUploader(threading.Thread):
+    """Uploads each step's metrics in the background; a non-daemon thread, told to stop by a None in its queue
+    at the end of training (which an exception skips)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="metrics-uploader")
+        self.queue: "queue.Queue[Optional[Tuple[int, float]]]" = queue.Queue()
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            METRICS.append(item)
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """Samples from shard files in a node-local cache (one shard per batch). A shard that another process is still
+    writing has a `.lock` file beside it; a reader waits for the lock to go away."""
+
+    def __init__(self, root: str, seed: int) -> None:
+        self.root, self.seed = root, seed
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        shard = os.path.join(self.root, f"shard-{index // BATCH:05d}.bin")
+        while os.path.exists(shard + ".lock"):  # being written: wait for the writer to finish
+            time.sleep(0.5)
+        x = torch.randn(FEATURES, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + index))
+        return x, x.sum(dim=0, keepdim=True) * 0.1
+
+
+def shard_loader(rank: int, stale_shard: Optional[int]) -> torch.utils.data.DataLoader:
+    root = scratch("shards")
+    if stale_shard is not None:  # a job killed while it wrote this shard left its lock behind
+        open(os.path.join(root, f"shard-{stale_shard:05d}.bin.lock"), "w").close()
+    return torch.utils.data.DataLoader(ShardDataset(root, rank), batch_size=BATCH, num_workers=1,
+                                       multiprocessing_context="fork")
+
+
+class AsyncCheckpointer:
+    """Checkpoints uploaded in the background on a ThreadPoolExecutor (as async checkpoint savers do): the next
+    save first waits for the previous upload, and an upload waits for the storage's acknowledgement. `acks`: how
+    many uploads the storage acknowledges before it stops answering (None: all)."""
+
+    def __init__(self, acks: Optional[int]) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
+        self.pending: Optional[Future] = None
+        self.conn, storage = socket.socketpair()
+        threading.Thread(target=self._storage, args=(storage, acks), name="storage", daemon=True).start()
+
+    def save(self, model: nn.Module) -> None:
+        if self.pending is not None:
+            self.pending.result()  # one upload at a time: the previous one must have finished
+        blob = b"".join(bytes(p.detach().clone().untyped_storage()) for p in model.parameters())
+        self.pending = self.pool.submit(self._upload, blob)
+
+    def _upload(self, blob: bytes) -> None:
+        self.conn.sendall(struct.pack("!I", len(blob)) + blob)
+        self.conn.recv(1)  # the storage's acknowledgement
+
+    @staticmethod
+    def _storage(sock: socket.socket, acks: Optional[int]) -> None:
+        """Stands in for the remote storage: reads each upload and acknowledges it, until it stops answering."""
+        while sock.recv(1 << 16) and acks != 0:
+            sock.sendall(b"k")
+            acks = None if acks is None else acks - 1
+        time.sleep(1e9)  # stalled: keeps the connection open and never answers
+
+
+class ShardLister:
+    """Lists the next epoch's shards from the manifest in a background thread while this epoch trains; the loop
+    waits for the list (`ready`) at the epoch's end."""
+
+    def __init__(self, manifest: Dict[str, str]) -> None:
+        self.ready = threading.Event()
+        self.shards: List[str] = []
+        threading.Thread(target=self._list, args=(manifest,), name="shard-lister", daemon=True).start()
+
+    def _list(self, manifest: Dict[str, str]) -> None:
+        self.shards = [manifest[name] for name in manifest["index"].split(",")]  # KeyError: a shard missing
+        self.ready.set()
+
+
+def produce_shards(shards: "queue.Queue[int]", count: int) -> None:
+    """The batch producer: puts this rank's shards into the queue, one per step, and ends with its list."""
+    for shard in range(count):
+        shards.put(shard)
+
+
+def report_metrics(agent: Tuple[str, int], step: int, loss: float) -> bytes:
+    """Reports the step's metrics to the node's metrics agent, a local service, and reads its reply."""
+    with socket.create_connection(agent) as conn:
+        conn.sendall(f"step={step} loss={loss:.4f}\n".encode())
+        return conn.recv(64)
+
+
+def run_hook(metrics_file: str) -> None:
+    """The post-step hook a user configured to show the metrics: `tail -f` (not `tail`) follows the file for ever."""
+    subprocess.run(["tail", "-f", metrics_file], stdout=subprocess.DEVNULL, check=True)
+
+
+def build_dataset_cache(lock_file: str) -> None:
+    """The node's dataset cache is built by one process at a time: take its lock file first (as the datasets
+    library and torch.hub do), and wait while another process holds it."""
+    with open(lock_file, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()}\n")
+
+
+def publish_eval(store: dist.Store, step: int, rank: int, loss: float) -> None:
+    """Each rank's eval result, for the aggregating rank; this code path counts steps from 1."""
+    store.set(f"eval/{step + 1}/rank{rank}", f"{loss:.6f}")
+
+
+def collect_eval(store: dist.Store, step: int, world: int) -> List[float]:
+    """The aggregating rank waits for every rank's eval result in the job's store."""
+    keys = [f"eval/{step}/rank{r}" for r in range(world)]
+    store.wait(keys, timedelta(hours=2))
+    return [float(store.get(k)) for k in keys]
+
+
+def wait_for_commit(checkpoint: str) -> int:
+    """Waits until the checkpoint is committed (rank 0 writes its COMMITTED marker), retrying."""
+    for attempt in itertools.count():
+        if os.path.exists(os.path.join(checkpoint, "COMMITTED")):
+            return attempt
+        time.sleep(0.5)
+    return -1
+
+
+class BufferedLog:
+    """Log lines written by a background thread; flush() hands the buffer over and busy-waits until it is on disk."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a")  # noqa: SIM115 (open for the thread's life; closed under it in the demo)
+        self.lines: List[str] = []
+        self.flushed = True
+        self.wake = threading.Event()
+        threading.Thread(target=self._write, name="log-writer", daemon=True).start()
+
+    def _write(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            self.file.write("".join(self.lines))  # ValueError once the file is closed: the thread dies
+            self.lines.clear()
+            self.flushed = True
+
+    def flush(self) -> None:
+        self.flushed = False
+        self.wake.set()
+        while not self.flushed:  # the writer sets it when the lines are written
+            pass
+
+
+def inspect_step(step: int, loss: float) -> None:
+    """A debugging aid left in the code: stop in pdb on an alarming step."""
+    print(f"step {step}: loss {loss:.4f} looks wrong", flush=True)
+    breakpoint()
+
+
+class PreemptionSaver:
+    """Saves a checkpoint when the scheduler's preemption notice (SIGUSR1, SLURM's --signal=USR1@60) arrives; it
+    waits for the step in flight to finish first. But a Python signal handler runs on the main thread, inside
+    that very step."""
+
+    def __init__(self) -> None:
+        self.step_done = threading.Event()
+        self.step_done.set()
+        signal.signal(signal.SIGUSR1, self.on_notice)
+
+    def on_notice(self, signum: int, frame: Any) -> None:
+        self.step_done.wait()
+        METRICS.append((-1, 0.0))  # the checkpoint
+
+
+class EvalClient:
+    """Scores a checkpoint on the eval service with asyncio: each request is a future that the service's
+    callback completes. A request the service drops is never completed."""
+
+    def __init__(self) -> None:
+        self.requests: Dict[int, "asyncio.Future[float]"] = {}
+
+    def score(self, step: int) -> float:
+        return asyncio.run(self._score(step))
+
+    async def _score(self, step: int) -> float:
+        answer: "asyncio.Future[float]" = asyncio.get_running_loop().create_future()
+        self.requests[step] = answer  # the service's callback sets its result (this one it dropped)
+        return await answer
+
+
+_stats_lock = threading.Lock()
+STEP_TIMES: List[Tuple[int, float]] = []
+
+
+def record_step_time(step: int, seconds: float, flush_at: int) -> None:
+    with _stats_lock:
+        STEP_TIMES.append((step, seconds))
+        if len(STEP_TIMES) >= flush_at:
+            flush_step_times()
+
+
+def flush_step_times() -> None:
+    with _stats_lock:  # already held by record_step_time, on this same thread: a Lock is not reentrant
+        METRICS.extend(STEP_TIMES)
+        STEP_TIMES.clear()
+
+
+def train_patterns(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]) -> None:
+    """The loop of the wait patterns: at step K the culprit makes its scenario's blocking call; the others go on
+    into that step's all_reduce and wait there."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    culprit, k, s = rank == args.culprit, args.hang_step, args.scenario
+    torch.manual_seed(0)
+    model = TinyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = iter(shard_loader(rank, k if culprit else None) if s == "loaderlock" else StreamingLoader(seed=rank))
+    uploader = MetricsUploader() if s == "shutdown" else None
+    if uploader is not None:
+        uploader.start()
+    checkpointer = AsyncCheckpointer(acks=k - 1 if culprit else None) if s == "executor" else None
+    manifest = {"index": "a,b", "a": "shard-a", "b": "shard-b"}
+    if culprit:
+        del manifest["b"]
+    lister = ShardLister(manifest) if s == "event" else None
+    shards: "queue.Queue[int]" = queue.Queue(maxsize=2)
+    if s == "queue":
+        threading.Thread(target=produce_shards, args=(shards, k if culprit else 1 << 30), name="batch-producer",
+                         daemon=True).start()
+    saver = PreemptionSaver() if s == "sighandler" else None
+    log = BufferedLog(os.path.join(scratch("log"), "train.log")) if s == "spin" else None
+    for step in itertools.count():
+        hang = culprit and step == k
+        if saver is not None:
+            saver.step_done.clear()
+        if hang:
+            report_ready(s, step)
+        if s == "queue":
+            shards.get()
+        inputs, targets = next(batches)
+        if s == "shutdown" and hang:
+            inputs = inputs[:, 1:]  # a corrupt sample: one feature short, and the forward raises
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(inputs), targets)
+        loss.backward()
+        if uploader is not None:
+            uploader.queue.put((step, loss.item()))
+        if checkpointer is not None:
+            checkpointer.save(model)
+        if lister is not None and step == k:
+            lister.ready.wait()  # the epoch ends here: the next epoch's shards
+        if hang and s == "service":
+            report_metrics(service_address(args), step, loss.item())
+        if hang and s == "subprocess":
+            path = os.path.join(scratch("metrics"), "metrics.txt")
+            with open(path, "w") as f:
+                f.write(f"{step} {loss.item():.6f}\n")
+            run_hook(path)
+        if hang and s == "flock":
+            build_dataset_cache(args.lock_file or held_lock_file())
+        if s == "storekey" and step == k:
+            store = dist.distributed_c10d._get_default_store()
+            publish_eval(store, step, rank, loss.item())
+            if culprit:  # the aggregating rank
+                collect_eval(store, step, world)
+        if hang and s == "poll":
+            wait_for_commit(scratch(f"checkpoint-step{step}"))
+        if log is not None:
+            log.lines.append(f"step {step} loss {loss.item():.4f}\n")
+            if hang:
+                log.file.close()  # closed under the writer (a rotation gone wrong): its next write raises
+                log.flush()
+        if hang and s == "pdb":
+            inspect_step(step, loss.item())
+        if hang and s == "sighandler":
+            os.kill(os.getpid(), signal.SIGUSR1)  # the preemption notice arrives mid-step
+        if hang and s == "asyncio":
+            EvalClient().score(step)
+        if s == "selflock":
+            record_step_time(step, 0.01, flush_at=k + 1 if culprit else 1 << 30)
+        if step == k and not culprit:
+            report_ready("all_reduce", step)
+        sync_gradients(model, groups[step % len(groups)])
+        optimizer.step()
+        if saver is not None:
+            saver.step_done.set()
+
+
+def service_address(args: argparse.Namespace) -> Tuple[str, int]:
+    """--service HOST:PORT, or (the demo on its own) a stalled agent started here."""
+    if args.service:
+        host, _, port = args.service.rpartition(":")
+        return host, int(port)
+    agent = helper([sys.executable, "-c", STALLED_AGENT, "0"])
+    assert agent.stdout is not None
+    return "127.0.0.1", int(agent.stdout.readline())
+
+
+def held_lock_file() -> str:
+    """(the demo on its own) a lock file another process holds: util-linux flock, holding it for a day."""
+    path = os.path.join(scratch("cache"), "dataset.lock")
+    holder = helper(["flock", "--no-fork", path, "sh", "-c", "echo held; exec sleep 86400"])
+    assert holder.stdout is not None
+    holder.stdout.readline()
+    return path
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--scenario", choices=SCENARIOS, default="skip")
@@ -403,6 +782,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--hang-step", type=int, default=3, help="step at which the job hangs (default 3)")
     parser.add_argument("--stall-file", default="", help="fsstall: the file the culprit reads at the hang step")
     parser.add_argument("--step-delay", type=float, default=0.05, help="healthy/netcut: seconds per step")
+    parser.add_argument("--service", default="", help="service: HOST:PORT of the culprit's local metrics agent "
+                        "(default: a stalled one started by the culprit)")
+    parser.add_argument("--lock-file", default="", help="flock: the dataset-cache lock file (default: one that a "
+                        "process started by the culprit holds)")
     parser.add_argument("--timeout-hours", type=float, default=2.0,
                         help="process-group timeout: long, so a hang stays hung while it is investigated")
     parser.add_argument(WORKER_SERVER_FLAG, metavar="DIR",
@@ -436,6 +819,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     # uneven: DDP on a group of its own (on the default group gloo would abort on the evaluate() all_reduce's
     # size mismatch instead of hanging)
     ddp_group = dist.new_group(list(range(world)), timeout=timeout) if args.scenario == "uneven" else None
+    if args.scenario in PATTERNS:
+        train_patterns(args, groups)
+        return 0
     if args.worker_server:
         from torch.distributed.elastic.control_plane import worker_main
 

@@ -26,7 +26,13 @@ SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock
              "frozen", "spawn", "twojobs", "slow", "missing", "mismatch", "gil", "native", "pipe", "fsstall")
 SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
 SCENARIOS += ("nanogpt-healthy", "nanogpt-stopped", "lightning-healthy", "lightning-frozen")  # real scripts (tests/oss)
-HUNG = tuple(n for n in SCENARIOS if not n.endswith("healthy") and n != "slow")  # the jobs that are hung
+# development scenarios of the wait model (issue 24; tests/record_scenarios.py DEVELOPMENT): the five classes it names
+# first, then one per kind of resource of app/analysis/sites.py
+DEVELOPMENT = ("frozen_private", "frozen_private_v2", "startup", "shutdown", "loaderlock", "throttled_hidden",
+               "executor", "event", "queue", "service", "subprocess", "flock", "storekey", "poll", "spin", "pdb",
+               "sighandler", "asyncio", "selflock")
+SCENARIOS += DEVELOPMENT
+HUNG = tuple(n for n in SCENARIOS if not n.endswith("healthy") and n not in ("slow", "throttled_hidden"))
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,8 @@ class Expected:
     splits: tuple  # (class index, iteration split text)
     progress: str  # every rank's status between the two samples ("progressing/stuck": two jobs, one of each)
     title: str  # the first finding's title starts with this
+    says: tuple = ()  # words the verdict must contain: the culprit, its blocking operation, what it waits for
+    not_said: tuple = ()  # words it must not contain (a thread that cannot release the wait)
 
 
 EXPECTED = {
@@ -209,6 +217,165 @@ EXPECTED["lightning-frozen"] = Expected(
     splits=((0, "epoch=0, batch_idx=3: ranks 0-7"),),
     progress="stuck", title="rank 5 is frozen by the cgroup freezer (v2 cgroup /hangscope-test-")
 
+# The development scenarios, each checked by hand against its set-up (app/demo/job.py, tests/record_scenarios.py).
+# Where today's analysis is wrong, the expectation below is the right one and the scenario is in WRONG_NOW: its
+# tests are expected to fail (strict: they turn red once the analysis gets it right, to be moved out of WRONG_NOW).
+EXPECTED["frozen_private"] = Expected(
+    classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+    # a v1 freezer on a node that cannot see its cgroup: the main thread, frozen in its sleep between steps, shows
+    # D with wchan hrtimer_nanosleep (the freezer's TASK_FROZEN), its other threads D in `__refrigerator`: frozen
+    findings=(("frozen", "high", (1,)), ("minority_stack", "high", (1,))),
+    splits=((0, "step=5: ranks 0,2-3"), (1, "step=4: rank 1")),
+    progress="stuck", title="rank 1 is frozen by the cgroup freezer", says=("rank 1", "frozen", "cgroup freezer"),
+    not_said=("uninterruptible",))
+EXPECTED["frozen_private_v2"] = Expected(
+    classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+    findings=(("frozen", "high", (2,)), ("minority_stack", "high", (2,))),
+    splits=((0, "step=4: ranks 0-1,3"), (1, "step=3: rank 2")),
+    progress="stuck", title="rank 2 is frozen by the cgroup freezer (asleep in the kernel's freezer wait `get_signal`; "
+                            "the node's view of the cgroup file system does not show which cgroup)",
+    says=("rank 2", "frozen", "cgroup freezer"))
+EXPECTED["startup"] = Expected(
+    classes=(),
+    # torchrun --nnodes 4 on node01-node03 (node ranks 0-2); node04, in the hosts list, runs none
+    findings=(("launch_incomplete", "high", ()), ("launchers_only", "high", ()), ("missing_ranks", "medium", ())),
+    splits=(),
+    progress="", title="job 198.18.11.11:55253 never started: its launchers were told --nnodes 4 and run as node ranks "
+                       "0-2, so the rendezvous waits for node rank 3 (node04",
+    says=("node04", "node rank 3", "rendezvous"))
+EXPECTED["shutdown"] = Expected(
+    classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+    findings=(("blocked", "high", (2,)), ("minority_stack", "high", (2,))),
+    splits=((0, "step=3: ranks 0-1,3"), (1, "no loop variable had a readable value")),
+    progress="stuck", title="rank 2's main thread is blocked in `interpreter shutdown`, its main program has ended",
+    # the error that ended it (its stderr file's RuntimeError) and the one non-daemon thread (`_shutdown`'s `locks`
+    # holds one lock); `shard-reader` is a daemon thread, which the interpreter does not wait for
+    says=("rank 2", "main program", "RuntimeError", "metrics-uploader"), not_said=("shard-reader",))
+EXPECTED["loaderlock"] = Expected(
+    classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+    findings=(("blocked", "high", (1,)), ("minority_stack", "high", (1,))),
+    splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+    progress="stuck", title="rank 1's main thread is blocked in `DataLoader next batch` at `train_patterns` (job.py:710)",
+    says=("rank 1", "DataLoader", "time.sleep", ".lock"))
+EXPECTED["throttled_hidden"] = Expected(
+    classes=((4, (0, 1, 2, 3), None),),
+    # node01 cannot read its cgroup's counters: slow from its ranks' time waiting for a CPU (62 % vs 17 %); their
+    # CPU time per second of wall time is 5 % of a core on both nodes (node02's ranks wait for node01's)
+    findings=(("progressing", "high", (0, 1, 2, 3)), ("slow_node", "medium", (0, 1)), ("iteration_split", "low", (0,))),
+    splits=((0, "micro_step=3: ranks 1-3; micro_step=2: rank 0"),),
+    progress="progressing", title="the job is progressing: 4 of 4 ranks moved between samples",
+    says=("progressing", "node01 is slow"))
+EXPECTED["executor"] = Expected(
+    classes=((3, (1, 2, 3), "all_reduce"), (1, (0,), None)),
+    findings=(("blocked", "high", (0,)), ("minority_stack", "high", (0,))),
+    splits=((0, "step=3: ranks 1-3"), (1, "step=3: rank 0")),
+    progress="stuck", title="rank 0's main thread is blocked in `Future.result` at `AsyncCheckpointer.save` (job.py:522)",
+    says=("rank 0", "Future.result", "ckpt-upload", "recv"))
+EXPECTED["event"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    findings=(("blocked", "high", (3,)), ("minority_stack", "high", (3,))),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3's main thread is blocked in `Event.wait` at `train_patterns` (job.py:721)",
+    # its setter, thread `shard-lister`, died (KeyError); `shard-reader` (the loader's) never sets it
+    says=("rank 3", "Event.wait", "lister.ready"), not_said=("shard-reader",))
+EXPECTED["queue"] = Expected(
+    classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+    findings=(("blocked", "high", (1,)), ("minority_stack", "high", (1,)), ("thread_count", "low", (1,))),
+    splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+    progress="stuck", title="rank 1's main thread is blocked in `queue.Queue.get` at `train_patterns` (job.py:709)",
+    # its producer, thread `batch-producer`, has ended (11 threads where the others have 12); `shard-reader` never puts
+    says=("rank 1", "queue.Queue.get", "shards"), not_said=("shard-reader",))
+EXPECTED["service"] = Expected(
+    classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+    findings=(("minority_stack", "high", (2,)), ("blocked", "medium", (2,))),
+    splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+    progress="stuck", title="rank 2 is in `report_metrics` (job.py:563) while 3 others wait in `all_reduce`",
+    # the peer: the metrics agent on its own node, 127.0.0.1:40719 (the socket and the `agent` local say so)
+    says=("rank 2", "socket.recv", "127.0.0.1:40719"))
+EXPECTED["subprocess"] = Expected(
+    classes=((3, (1, 2, 3), "all_reduce"), (1, (0,), None)),
+    findings=(("blocked", "high", (0,)), ("minority_stack", "high", (0,))),
+    splits=((0, "step=3: ranks 1-3"), (1, "step=3: rank 0")),
+    progress="stuck", title="rank 0's main thread is blocked in `subprocess.run` at `run_hook` (job.py:568)",
+    says=("rank 0", "subprocess.run", "tail -f"))
+EXPECTED["flock"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    findings=(("minority_stack", "high", (3,)), ("blocked", "medium", (3,))),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3 is in `build_dataset_cache` (job.py:575) while 3 others wait in `all_reduce`",
+    # the lock file (the `lock_file` local) and its holder, `flock ... sleep 86400` on node02
+    says=("rank 3", "fcntl.flock", "dataset.lock"))
+EXPECTED["storekey"] = Expected(
+    classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+    findings=(("minority_stack", "high", (2,)),),
+    splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+    progress="stuck", title="rank 2 is in `collect_eval` (job.py:587) while 3 others wait in `all_reduce`",
+    # store.wait for eval/3/rank0-3 (the `keys` local); the ranks wrote eval/4/rank* (a near-miss)
+    says=("rank 2", "store", "eval/3/rank"))
+EXPECTED["poll"] = Expected(
+    classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+    findings=(("blocked", "high", (1,)), ("minority_stack", "high", (1,)), ("still_running", "high", (1,))),
+    splits=((0, "step=3: ranks 0,2-3"), (1, "step=3, attempt=5: rank 1")),
+    progress="progressing/stuck", title="rank 1's main thread is sleeping in `time.sleep` at `wait_for_commit` (job.py:596)",
+    # what it polls for: the checkpoint's COMMITTED marker (the loop's `if os.path.exists(...)`)
+    says=("rank 1", "time.sleep", "COMMITTED"))
+EXPECTED["spin"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    # rank 3 spins (state R both samples, same frame, the GIL held) on a 2-core machine under load: 36 % of a core;
+    # its node's ranks waiting for a CPU are the spin's doing, not a slow node: no [high] slow node (here [low])
+    findings=(("minority_stack", "high", (3,)), ("slow_node", "low", (2, 3)), ("thread_count", "low", (3,))),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3 is in `BufferedLog.flush` (job.py:621) while 3 others wait in `all_reduce`",
+    says=("rank 3", "spin", "self.flushed"))
+EXPECTED["pdb"] = Expected(
+    classes=((3, (0, 1, 3), "all_reduce"), (1, (2,), None)),
+    findings=(("blocked", "high", (2,)), ("minority_stack", "high", (2,))),
+    splits=((0, "step=3: ranks 0-1,3"), (1, "step=3: rank 2")),
+    progress="stuck", title="rank 2's main thread is blocked in `pdb prompt` at `inspect_step` (job.py:628)",
+    says=("rank 2", "pdb", "breakpoint()"))
+EXPECTED["sighandler"] = Expected(
+    classes=((3, (1, 2, 3), "all_reduce"), (1, (0,), None)),
+    findings=(("blocked", "high", (0,)), ("minority_stack", "high", (0,))),
+    splits=((0, "step=3: ranks 1-3"), (1, "step=3: rank 0")),
+    progress="stuck", title="rank 0's main thread is blocked in `Event.wait` at `PreemptionSaver.on_notice` (job.py:642)",
+    # a SIGUSR1 handler (its `signum` is 10) on top of the step it interrupted: only that step, below it on the
+    # same thread, sets `step_done`
+    says=("rank 0", "signal handler", "SIGUSR1", "step_done"), not_said=("shard-reader",))
+EXPECTED["asyncio"] = Expected(
+    classes=((3, (0, 1, 2), "all_reduce"), (1, (3,), None)),
+    findings=(("minority_stack", "high", (3,)), ("blocked", "medium", (3,))),
+    splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
+    progress="stuck", title="rank 3 is in `EvalClient.score` (job.py:654) while 3 others wait in `all_reduce`",
+    says=("rank 3", "asyncio", "event loop"))
+EXPECTED["selflock"] = Expected(
+    classes=((3, (0, 2, 3), "all_reduce"), (1, (1,), None)),
+    findings=(("minority_stack", "high", (1,)), ("lock_wait", "low", (1,))),
+    splits=((0, "step=3: ranks 0,2-3"), (1, "step=3: rank 1")),
+    progress="stuck", title="rank 1 is in `flush_step_times` (job.py:674) while 3 others wait in `all_reduce`",
+    says=("rank 1", "_stats_lock", "itself"))
+# For the lead: development scenarios whose diagnosis is wrong today, and how (bench/diagnose.py says the same).
+WRONG_NOW = {
+    "frozen_private": "v1 freezer, node blind to its cgroups: headline says uninterruptible sleep (D), not frozen",
+    "shutdown": "says neither the RuntimeError that ended the main program nor the one thread it waits for: names "
+                "the daemon `shard-reader` too",
+    "event": "names `shard-reader` as the thread that could set the event; its setter `shard-lister` died",
+    "queue": "names `shard-reader` as the queue's producer; its producer `batch-producer` has ended",
+    "service": "'waiting for data from its peer': the peer (127.0.0.1:40719, the node's agent) is not named",
+    "flock": "'a lock on a file (`lock`)': neither the path (local `lock_file`) nor the holder is named",
+    "storekey": "no wait named (`store` local is a closure cell, syscall restart_syscall): mechanism 'not known'",
+    "poll": "the poll loop is named but not what it polls for (the COMMITTED marker)",
+    "spin": "36 % of a core on a loaded machine: 'running', never 'spins'; and a [high] slow node02",
+    "sighandler": "the SIGUSR1 handler on top of the interrupted step is not named; `shard-reader` is named as setter",
+}
+
+# ... and those of them whose findings (kinds, confidences) are wrong too, not only the headline's words
+WRONG_FINDINGS = {name: WRONG_NOW[name] for name in ("frozen_private", "spin")}
+
+
+def _cases(names: tuple, wrong: dict) -> list:
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"analysis wrong today: {wrong[n]}"))
+            if n in wrong else n for n in names]
+
 
 @lru_cache(maxsize=None)
 def load(name: str) -> tuple[Snapshot, Snapshot, Optional[dict]]:
@@ -234,7 +401,7 @@ def test_every_scenario_has_a_golden_pair() -> None:
     assert set(EXPECTED) == set(SCENARIOS)
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", _cases(SCENARIOS, WRONG_FINDINGS))
 def test_classes_findings_and_iteration_splits(name: str) -> None:
     snap, _, _ = load(name)
     a, want = analysed(name), EXPECTED[name]
@@ -243,6 +410,16 @@ def test_classes_findings_and_iteration_splits(name: str) -> None:
     assert tuple((s.class_index, s.text()) for s in a.iteration_splits) == want.splits
     assert "/".join(sorted({p.status for p in a.progress})) == want.progress and len(a.progress) == len(snap.ranks)
     assert a.findings[0].title.startswith(want.title), a.findings[0].title
+
+
+@pytest.mark.parametrize("name", _cases(DEVELOPMENT, WRONG_NOW))
+def test_the_headline_names_the_culprit_its_blocking_operation_and_what_it_waits_for(name: str) -> None:
+    """The verdict (the headline) of a development scenario says the words of its truth, and none it rules out."""
+    want, verdict = EXPECTED[name], analysed(name).verdict
+    assert want.says, name
+    missing = [w for w in want.says if w.lower() not in verdict.lower()]
+    wrong = [w for w in want.not_said if w.lower() in verdict.lower()]
+    assert not missing and not wrong, f"missing {missing}, wrongly says {wrong}: {verdict}"
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -254,7 +431,8 @@ def test_the_recording_was_diagnosed_as_it_is_now(name: str) -> None:
     first, now = stored["findings"][0], analysed(name).findings[0]
     assert first["kind"] == now.kind or (now.kind == "blocked" and
                                          tuple(map(tuple, first["ranks"])) == tuple(map(tuple, now.ranks)))
-    assert stored["flight"]["state"] == "unused" and analysed(name).flight is not None
+    if snap.ranks:  # a job with no rank yet (startup) has no Flight Recorder to read
+        assert stored["flight"]["state"] == "unused" and analysed(name).flight is not None
 
 
 def test_the_culprits_are_named_where_they_ran() -> None:
@@ -266,16 +444,16 @@ def test_the_culprits_are_named_where_they_ran() -> None:
     assert netcut.nodes == "node02" and "RTO backoff" in netcut.detail
 
 
-def test_without_history_one_sample_still_names_each_culprit() -> None:
+@pytest.mark.parametrize("name", _cases(HUNG, {"frozen_private": WRONG_NOW["frozen_private"]}))  # its first finding
+def test_without_history_one_sample_still_names_each_culprit(name: str) -> None:
     """--load of a single snapshot: no progress, the same lead for every hung scenario."""
-    for name in HUNG:
-        snap, _, _ = load(name)
-        findings = analyze(snap).findings
-        if name == "gpu_xid":  # GPU evidence from one sample is capped at [medium]: the stack leads, same rank
-            assert findings[0].ranks == analysed(name).findings[0].ranks, name
-            assert any(f.kind == "gpu_fault" and f.ranks == findings[0].ranks for f in findings), name
-            continue
-        assert findings[0].kind == EXPECTED[name].findings[0][0], (name, findings[0])
+    snap, _, _ = load(name)
+    findings = analyze(snap).findings
+    if name == "gpu_xid":  # GPU evidence from one sample is capped at [medium]: the stack leads, same rank
+        assert findings[0].ranks == analysed(name).findings[0].ranks, name
+        assert any(f.kind == "gpu_fault" and f.ranks == findings[0].ranks for f in findings), name
+        return
+    assert findings[0].kind == EXPECTED[name].findings[0][0], (name, findings[0])
 
 
 def test_summaries_say_it_in_plain_words() -> None:
@@ -286,5 +464,7 @@ def test_summaries_say_it_in_plain_words() -> None:
     assert texts["netcut"].startswith("hangscope: Every stalled socket involves node02")
     assert texts["healthy"].startswith("hangscope: The job is progressing")
     assert "Progress over samples: 4 ranks stuck for up to" in texts["skip"]
-    for text in texts.values():  # none of these jobs runs with the Flight Recorder: said once, no finding
+    for name, text in texts.items():  # none of these jobs runs with the Flight Recorder: said once, no finding
+        if name == "startup":  # no rank yet: no Flight Recorder to speak of
+            continue
         assert text.count("Flight recorder: not used by this job") == 1
