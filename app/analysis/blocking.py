@@ -37,6 +37,7 @@ HOLD_STATES = {"stopped": "stopped", "traced": "traced", "frozen": "frozen", "di
 NATIVE_WAITS = frozenset({"pause", "futex", "rt_sigsuspend", "rt_sigtimedwait", "wait4", "waitid", "semop",
                           "semtimedop", "msgrcv"})
 SPIN_CPU = 0.5  # a core's share between samples above which a thread that stays put spins
+SPIN_CPU_LOADED = 0.1  # ... at its own `while` loop: a spin on a busy machine still takes this much
 MAX_LINE = 400  # characters of a source line read for the call it makes
 MAX_DETAIL = 200
 
@@ -139,12 +140,17 @@ def calls(line: str) -> List[Call]:
     return out
 
 
+_OPAQUE = re.compile(r"<cell at 0x[0-9a-fA-F]+>")  # a closure's cell: py-spy shows the cell, not what it holds
+
+
 def _receiver_repr(f: Frame, receiver: str) -> Optional[str]:
     """The repr of a call's receiver from the frame's locals (`store` -> `<TCPStore at 0x...>`), when the
-    receiver is a plain name (an attribute chain's value is not in the locals)."""
+    receiver is a plain name (an attribute chain's value is not in the locals) and the repr shows the object
+    (a closure variable shows as its cell: its type is not known)."""
     if not receiver or "." in receiver:
         return None
-    return _local(f, receiver)
+    rep = _local(f, receiver)
+    return None if rep is None or _OPAQUE.fullmatch(rep.strip()) else rep
 
 
 def call_site(f: Frame, syscall: str) -> Optional[Tuple[Site, Call]]:
@@ -228,8 +234,11 @@ def _identity(site: Site, call: Optional[Call], frame: Frame, caller: Optional[F
                 if value is not None and n not in ("self",):
                     out.append(Detail(n, value))
         if site.resource == "store_key":
-            for s in _strings(call.args):
-                out.append(Detail("key", s))
+            keys = _strings(call.args)
+            if not keys and arg and arg.isidentifier():  # store.wait(keys, ...): the keys are a local's value
+                value = _local(at, arg)
+                keys = [value] if value is not None and not _OPAQUE.fullmatch(value.strip()) else []
+            out += [Detail("key", k) for k in keys[:4]]
     elif caller is not None:
         # the job's own line that called into the library: `fut.result()`, `q.get(timeout=5)`
         for c in calls(_line(caller)):
@@ -423,12 +432,44 @@ def _replace(w: ThreadWait, **kw: Any) -> ThreadWait:
 def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float]) -> ThreadWait:
     at = caller or next((f for f in t.frames if not f.native), None)
     loop = _enclosing_loop(at) if at is not None else None
-    spinning = cpu is not None and cpu >= SPIN_CPU
+    # a thread on a CPU at its own `while` loop, with nothing below it that computes, spins: it polls a
+    # condition without waiting (on a loaded machine it gets less than a core, so its share alone cannot say)
+    own_loop = loop is not None and loop.kind == "while" and at is not None and at is t.frames[0]
+    spinning = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (cpu is None or cpu >= SPIN_CPU_LOADED))
     return ThreadWait("spinning" if spinning else "running", "running", "cpu", "itself", frame=at, caller=caller,
-                      syscall=t.syscall, wchan=t.wchan, poll=loop,
+                      syscall=t.syscall, wchan=t.wchan, poll=loop, details=_loop_values(at, loop),
                       reason="on a CPU, not waiting: " + ("a core's worth of CPU between samples at the same place"
                                                           if spinning else "running Python or native code"),
                       by="cpu", cpu=cpu)
+
+
+def _loop_values(f: Optional[Frame], loop: Optional[LoopInfo]) -> Tuple[Detail, ...]:
+    """What a polling or spinning loop's condition reads: the values of the frame's locals its header names
+    (`while not os.path.exists(marker):` -> marker='/ckpt/COMMITTED')."""
+    if f is None or loop is None:
+        return ()
+    out = []
+    # the test the loop retries: a `while` header's condition, or the first `if` of its body before this line
+    test = loop.header.strip().rstrip(":")[len("while"):].strip() if loop.kind == "while" else ""
+    if not test:
+        test = next((src.strip()[2:].strip().split(":", 1)[0] for n, src in f.source
+                     if loop.line < n < f.line and src.strip().startswith("if ")), "")
+    if test:
+        out.append(Detail("test", test[:MAX_DETAIL]))
+    # the header, then the lines of the loop's body the frame's source window holds (a retry loop's test is in
+    # its body: `for attempt in count(): if os.path.exists(marker): break; time.sleep(1)`)
+    text = loop.header + " " + " ".join(src for n, src in f.source if loop.line < n <= min(loop.end_line, f.line + 3))
+    skip = set(loop.variables) | {"while", "for", "in", "not", "and", "or", "is", "None", "True", "False", "self",
+                                  "if", "break", "return", "continue", "else", "elif"}
+    for name in dict.fromkeys(re.findall(r"\b[A-Za-z_][A-Za-z_0-9]*\b", text[:MAX_LINE * 2])):
+        if name in skip:
+            continue
+        value = _local(f, name)
+        if value is not None and not _OPAQUE.fullmatch(value.strip()):
+            out.append(Detail(f"polls:{name}", value))
+        if len(out) == 3:
+            break
+    return tuple(out)
 
 
 def _enclosing_loop(f: Frame) -> Optional[LoopInfo]:
@@ -478,6 +519,7 @@ def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack
     poll = None
     if site.resource in ("timer", "file_lock") and caller is not None:
         poll = _enclosing_loop(caller)
+        details += _loop_values(caller, poll)
     if site.resource == "terminal":  # input(): standard input
         details += (Detail("fd", "0"),)
     return ThreadWait("blocked", site.operation, site.resource, site.release, site=site, frame=frame, caller=caller,

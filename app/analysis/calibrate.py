@@ -10,7 +10,8 @@ In order, each rule a class of evidence against another, never a case:
    contradicted by them.
 4. A held rank silences its sockets and holds the others by itself: "the network" and "all at one place" are
    its consequences, not evidence of their own.
-5. A slow node whose ranks were launched with other flags: the flags are the likely reason (attached).
+5. A slow node whose ranks were launched with other flags: the flags are the likely reason (attached); a slow
+   node where a rank spins: the spin takes the node's CPU, the node is not slow by itself.
 6. GPU evidence is weighed against the other surest suspects: agreeing evidence is said, a [high] GPU fact
    naming other ranks drops to [medium].
 7. The wait graph: when the job progresses there is no root and no [high] suspect; else the root is the terminal
@@ -31,6 +32,7 @@ from app.analysis.facts import KINDS, OBSERVED_TIER, STRENGTH, Caveat, Fact, Who
 from app.analysis.graph import Builder, Vertex, WaitGraph
 from app.analysis.launch import LaunchEvidence
 from app.analysis.progress import RankProgress, SlowEvidence
+from app.analysis.suspects import WaitEvidence
 
 __all__ = ["Calibrated", "calibrate", "before_graph"]
 
@@ -59,6 +61,11 @@ def before_graph(facts: Sequence[Fact], progress: Sequence[RankProgress]) -> Lis
     if held:  # 4
         out = [f.weakened("low", Caveat("held", held[0].who, held[0].kind), culprit=False)
                if f.info.explained_by_state else f for f in out]
+    spinning = {k[0]: f for f in out if f.kind == "blocked" and f.culprit and isinstance(f.data, WaitEvidence)
+                and f.data.wait.state == "spinning" for k in f.who.keys}
+    if spinning:  # a rank spinning on a node takes that node's CPU: the node's shortage is the spin's doing
+        out = [f.weakened("low", Caveat("spinning", spinning[f.who.nodes[0]].who))
+               if f.kind == "slow_node" and f.who.nodes and f.who.nodes[0] in spinning else f for f in out]
     launched = [f for f in out if f.kind == "launch_differs" and isinstance(f.data, LaunchEvidence)]
     if launched:  # 5
         out = [_with_flags(f, launched) if f.kind == "slow_node" else f for f in out]

@@ -179,6 +179,7 @@ CaveatCode = Literal[
     "progressing_stall",  # the job moves: a stall read into one sample is contradicted
     "sockets_moved",  # the sockets of the named nodes moved bytes between samples
     "held",  # a held rank (stopped, frozen) silences its sockets and holds the others by itself
+    "spinning",  # a rank spinning on the node takes its CPU
     "not_progressing",  # a rank is held: the job as a whole does not progress
     "root_elsewhere",  # the wait graph's root is elsewhere
     "rival",  # evidence as strong points elsewhere

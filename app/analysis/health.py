@@ -233,13 +233,17 @@ FREEZER_WCHANS = ("__refrigerator", "do_freezer_trap")
 
 
 def frozen_by_wchan(r: RankSnapshot) -> bool:
-    """Every thread with a stack... or the process itself asleep in the freezer's kernel function."""
-    threads = [t for t in r.threads if t.wchan]
-    chans = [t.wchan for t in threads] or ([r.wchan] if r.wchan else [])
-    if not chans:
-        return False
-    v2 = [t for t in threads if t.wchan == "get_signal" and t.state == "S"]
-    return all(c.startswith(FREEZER_WCHANS) for c in chans) or (bool(threads) and len(v2) == len(threads))
+    """The process held by the freezer, by its threads' kernel waits: v1 (and the unified freezer of kernels since
+    6.1) marks every task frozen, which /proc shows as D, and parks the running ones in `__refrigerator` (a task
+    frozen in its sleep keeps its wait channel, e.g. hrtimer_nanosleep); v2 traps each in signal delivery,
+    asleep in get_signal with state S."""
+    threads = [t for t in r.threads if t.wchan or t.state]
+    if not threads:
+        return bool(r.wchan) and r.wchan.startswith(FREEZER_WCHANS)
+    parked = any(t.wchan.startswith(FREEZER_WCHANS) for t in threads)
+    if parked and all(t.state == "D" or t.wchan.startswith(FREEZER_WCHANS) for t in threads):
+        return True
+    return all(t.wchan == "get_signal" and t.state == "S" for t in threads)
 
 
 def _hold_kind(r: RankSnapshot) -> str:

@@ -457,7 +457,10 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
         # limit (or contention) holds the node's ranks back, whether or not its cgroup counters can be read
         starved = [p for p in ranks if p.samples >= 2 and p.running >= 2 and p.running >= p.inside + p.outside
                    and p.cpu is not None and p.cpu < STARVED_CPU and not p.held]
-        if (not throttled and starved and len(starved) * 2 >= len(ranks) and other_r is not None
+        # ... and only in a job that moves (ranks off the node progress): in a stuck job a rank on a CPU that gets
+        # little of it is a spin on a loaded machine, not a node held back
+        moving_elsewhere = any(p.status == "progressing" for n, rs in by_node.items() if n != node for p in rs)
+        if (not throttled and starved and moving_elsewhere and len(starved) * 2 >= len(ranks) and other_r is not None
                 and other_r <= STARVED_OTHERS):
             why.append(SlowReason("starved", median(p.cpu or 0.0 for p in starved), other_r))
             score += 2

@@ -28,12 +28,12 @@ from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 from app.analysis.blocking import Motion, ThreadWait, innermost_own, thread_wait
 from app.analysis.frames import is_library
 from app.analysis.locks import LockKey, held
-from app.model import JobProcess, OtherEnd, RankSnapshot, ThreadStack
+from app.model import Frame, JobProcess, OtherEnd, RankSnapshot, ThreadStack
 
 PartyKind = Literal["thread", "process", "rank", "host", "person", "time", "itself", "kernel", "device", "ranks"]
 # Why a wait has no party: the answer itself ("nobody can"), or what was not known
 NoneReason = Literal[
-    "", "no_other_thread", "no_holder", "no_writer", "no_reader", "no_worker", "workers_idle", "no_child",
+    "", "no_other_thread", "no_related_thread", "no_holder", "no_writer", "no_reader", "no_worker", "workers_idle", "no_child",
     "no_holder_process", "not_read", "search_incomplete", "unknown_rule",
 ]
 MAX_PARTIES = 6
@@ -72,7 +72,8 @@ class Release:
     @property
     def nobody(self) -> bool:
         """It was looked for and no one can: the answer itself."""
-        return not self.parties and self.none in ("no_other_thread", "no_holder", "no_writer", "no_reader",
+        return not self.parties and self.none in ("no_other_thread", "no_related_thread", "no_holder", "no_writer",
+                                                  "no_reader",
                                                   "no_worker", "workers_idle", "no_child", "no_holder_process")
 
 
@@ -119,7 +120,7 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if rule in ("notifier", "producer", "consumer"):
         if wait.resource in ("process_queue", "pool"):
             return _children(ctx, wait, role="producer")
-        return _other_threads(thread, ctx, role=rule)
+        return _related_threads(wait, thread, ctx, role=rule)
     if rule == "threads":
         return _other_threads(thread, ctx, role="thread", non_daemon=True)
     if rule == "joined":
@@ -184,6 +185,47 @@ def _other_threads(thread: ThreadStack, ctx: Context, role: str, non_daemon: boo
     parties.sort(key=lambda p: (not _busy(p), not (p.wait is not None and p.wait.caller is not None)))
     if not parties:
         return Release(none="no_other_thread")
+    return Release(tuple(parties[:MAX_PARTIES]))
+
+
+_ADDRESS_IN = re.compile(r" at (0x[0-9a-fA-F]+)>")
+
+
+def _addresses(frames: Sequence[Frame]) -> Set[str]:
+    return {m for f in frames for loc in f.locals for m in _ADDRESS_IN.findall(loc.repr)}
+
+
+def _resource_objects(wait: ThreadWait) -> Set[str]:
+    """The addresses of the objects a wait is on: the event, queue or condition itself (its site frame's
+    `self`), and the object the job's code called it through (`lister.ready.wait()`: `lister`; `self.q.get()`:
+    the caller's `self`)."""
+    out: Set[str] = set()
+    if wait.site is not None and wait.frame is not None:
+        out |= {m for loc in wait.frame.locals if loc.name == "self" for m in _ADDRESS_IN.findall(loc.repr)}
+    root = wait.detail("object").split(".", 1)[0]
+    if root and wait.caller is not None:
+        out |= {m for loc in wait.caller.locals if loc.name == root for m in _ADDRESS_IN.findall(loc.repr)}
+    return out
+
+
+def _related_threads(wait: ThreadWait, thread: ThreadStack, ctx: Context, role: str) -> Release:
+    """Who could set an event, notify a condition, fill or drain a queue: the threads running code of the same
+    object (one of their frames holds it: the event's owner, the queue), not any thread of the process. A signal
+    handler's wait may be for the code it interrupted, lower on its own thread: that cannot run until the
+    handler returns. With no thread on that object, whoever would release it has ended (or never started)."""
+    objects = _resource_objects(wait)
+    if not objects:
+        return _other_threads(thread, ctx, role)
+    parties: List[Party] = []
+    if wait.handler is not None and wait.handler in thread.frames:
+        below = thread.frames[thread.frames.index(wait.handler) + 1:]
+        if objects & _addresses(below):
+            parties.append(_thread_party(ctx, thread, "interrupted", same=True))
+    for t in ctx.rank.threads:
+        if t.tid != thread.tid and _python_thread(t) and objects & _addresses(t.frames):
+            parties.append(_thread_party(ctx, t, role))
+    if not parties:
+        return Release(none="no_related_thread")
     return Release(tuple(parties[:MAX_PARTIES]))
 
 

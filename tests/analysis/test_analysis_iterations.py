@@ -133,12 +133,13 @@ def test_per_rank_locals_change_no_class_finding_or_split() -> None:
             {k: v for k, v in bare.items() if k not in shown}, path.name
         # the culprit is the same ranks, with or without locals (how surely may rise with them, as the findings')
         assert (got["culprit"] or {}).get("ranks") == (bare["culprit"] or {}).get("ranks"), path.name
-        assert [(g["root"], [(v["id"], v["ranks"]) for v in g["vertices"]], [(e["waiter"], e["waited"], e["kind"])
-                                                                             for e in g["edges"]])
-                for g in got["waits"]] == \
-            [(g["root"], [(v["id"], v["ranks"]) for v in g["vertices"]], [(e["waiter"], e["waited"], e["kind"])
-                                                                         for e in g["edges"]])
-             for g in bare["waits"]], path.name
+        # locals may add links of a chain of waits or narrow its candidates (who can release a wait is read from
+        # the objects in the locals: a thread running code of the same event), never move the root or lose an edge
+        # that moves the blame (a candidate's edge is weak: shown, never followed)
+        assert [g["root"] for g in got["waits"]] == [g["root"] for g in bare["waits"]], path.name
+        for g, b in zip(got["waits"], bare["waits"]):
+            assert {(e["waiter"], e["waited"], e["kind"]) for e in b["edges"] if e["strength"] != "low"} <= \
+                {(e["waiter"], e["waited"], e["kind"]) for e in g["edges"]}, path.name
         assert [(f["kind"], f["ranks"]) for f in got["findings"]] == \
             [(f["kind"], f["ranks"]) for f in bare["findings"]], path.name
         if path.name == "order.earlier.json":  # the list in the locals makes the split certain: it only rises

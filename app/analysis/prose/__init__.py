@@ -59,6 +59,8 @@ def caveat_text(c: Caveat) -> str:
         n = "is" if one(c.about) else "are"
         its = "its" if one(c.about) else "their"
         return f"; but {clean(who, 120)} {n} {c.kind}, which silences {its} sockets and holds the others by itself"
+    if c.code == "spinning":
+        return f"; but {clean(who, 120)} spins on that node, which takes its CPU: the node is short of CPU because of it"
     if c.code == "not_progressing":
         return f"; but {clean(who, 120)} is {c.kind}, so the job as a whole is not progressing"
     if c.code == "root_elsewhere":

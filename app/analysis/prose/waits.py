@@ -122,12 +122,14 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         return "waiting for the GPU to finish its queued work"
     if r == "timer":
         if w.poll is not None:
-            return f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}: it sleeps and checks again"
+            return (f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}: it sleeps and checks "
+                    "again")
         arg = _detail(w, "argument")
         return f"sleeping{' (' + _q(arg, 30) + ')' if arg else ''}"
     if r == "cpu":
         if w.poll is not None:
-            return f"in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}, which does not wait: it burns a core"
+            return (f"in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}, which does not wait: it "
+                    "burns a core until the condition turns")
         return "computing"
     if r == "debugger":
         return "stopped at a debugger's prompt, waiting for a command on its terminal"
@@ -142,6 +144,15 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "gil":
         return "holding the GIL in native code"
     return "the mechanism is not known"
+
+
+def _polls(w: ThreadWait) -> str:
+    """` until `os.path.exists(marker)` (marker='/ckpt/COMMITTED')`: the test the loop retries and the values it
+    reads."""
+    test = w.detail("test")
+    values = [(d.name.split(":", 1)[1], d.value) for d in w.details if d.name.startswith("polls:")]
+    said = f", testing {_q(test, 100)}" if test and w.poll is not None and w.poll.kind != "while" else ""
+    return said + (" (" + ", ".join(f"{clean(n, 40)}={clean(v, 80)}" for n, v in values) + ")" if values else "")
 
 
 def party(p: Party, rank: Optional[RankSnapshot] = None) -> str:
@@ -187,6 +198,8 @@ def _doing(p: Party) -> str:
 
 _NONE = {
     "no_other_thread": "no other thread of the process runs Python: nothing can release it",
+    "no_related_thread": "no other thread of the process runs code of that object: whatever would release it has "
+                         "ended, or never started",
     "no_holder": "no thread is inside a block of that lock: it was taken with acquire() elsewhere, or by a thread "
                  "that is gone",
     "no_writer": "no process holds the other end open for writing: nothing will come",
@@ -219,10 +232,15 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         return f": {who}"
     if w.release == "worker":
         return f", which {who} runs" + ("" if len(rel.parties) == 1 else f" (and {len(rel.parties) - 1} more workers)")
+    if first.same and first.role == "interrupted":
+        return (", which the code the handler interrupted, lower on its own stack, would release: that cannot run "
+                "until the handler returns")
     if w.release in ("notifier", "producer", "consumer", "threads"):
         names = ", ".join(party(p, rank) for p in rel.parties[:3])
-        role = {"notifier": "could set it", "producer": "could put into it", "consumer": "could take from it",
-                "threads": "it waits for"}[w.release]
+        if w.release == "threads":
+            return f"; its threads still running: {names}" + (" ..." if len(rel.parties) > 3 else "")
+        role = {"notifier": "could set it", "producer": "could put into it",
+                "consumer": "could take from it"}[w.release]
         return f"; the threads that {role}: {names}" + (" ..." if len(rel.parties) > 3 else "")
     if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
@@ -236,13 +254,42 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     return f"; {who}"
 
 
+def ended(w: ThreadWait, rank: Optional[RankSnapshot]) -> str:
+    """For an interpreter shutting down: how its main program ended (the last line of its error output, read on
+    the node) and how many non-daemon threads it waits for (its `locks` local: one lock per such thread)."""
+    if w.resource != "shutdown":
+        return ""
+    out = ""
+    last = ""
+    if rank is not None and rank.output:
+        lines = [line.strip() for line in rank.output[0].text.splitlines() if line.strip()]
+        last = lines[-1] if lines else ""
+    if last:
+        out += f" (its error output ends with {_q(last.split(']: ', 1)[-1], 160)})"
+    locks = next((loc.repr for f in (w.frame,) if f is not None for loc in f.locals if loc.name == "locks"), "")
+    n = locks.count("lock at") if locks.startswith("[") else 0
+    if n:
+        out += f"; it waits for {n} non-daemon thread{'s' if n != 1 else ''} to end"
+    return out
+
+
+def handler(w: ThreadWait) -> str:
+    """` in a signal handler for SIGUSR1 that interrupted `step` (train.py:40)`."""
+    if w.handler is None:
+        return ""
+    what = f" for {w.signal}" if w.signal else ""
+    on = f" that interrupted {named(w.interrupted)}" if w.interrupted is not None else ""
+    return f", in a signal handler{what} ({named(w.handler)}){on}"
+
+
 def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
     """The chain from the culprit's thread to the root: each step's wait, then who can release it."""
     parts: List[str] = []
     for i, link in enumerate(links):
         w = link.wait
         if i == 0:
-            parts.append(f"{operation(w)}{where(w)}, {resource(w, link.release)}{release(link, rank)}")
+            parts.append(f"{operation(w)}{where(w)}{handler(w)}, {resource(w, link.release)}{ended(w, rank)}"
+                         f"{release(link, rank)}")
             continue
         if link.release.parties and link.release.parties[0].role == "cycle":
             parts.append("which waits for the first: a deadlock")
