@@ -122,6 +122,8 @@ def test_per_rank_locals_change_no_class_finding_or_split() -> None:
     for path in sorted(SCENARIOS.glob("*.earlier.json")):
         earlier = snapshot_from_json(path.read_text())[0]
         now = snapshot_from_json(path.with_name(path.name.replace(".earlier", "")).read_text())[0]
+        if not now.ranks:
+            continue  # a job with launchers and no rank yet (startup.json): no frame to carry locals
         assert any(f.locals for r in now.ranks for t in r.threads for f in t.frames), path.name
         got, bare = concluded(now, (earlier,)), concluded(without_locals(now), (without_locals(earlier),))
         # locals may explain more in words (the sequence a loop runs over, in another order: order.json), but
