@@ -14,7 +14,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
+# the helpers in tests/support (cluster, jobs, waiting, ...) import by name, as when they sat in tests/ itself
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 # test modules live in one folder per layer (tests/analysis, tests/live, ...); a few share fixtures or builders
 # with a module of another folder (test_report_build's make_snapshot, test_cluster_held's freezer): importable by
 # name from every folder, as when they sat side by side
@@ -31,7 +32,7 @@ HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last ran
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test: a child process, thread or open fd that the test (or its function-scoped fixtures) left
-    behind fails it, named (tests/leaks.py; what wider-scoped fixtures hold is not counted). A test that
+    behind fails it, named (tests/support/leaks.py; what wider-scoped fixtures hold is not counted). A test that
     must leave something running says why with @pytest.mark.allow_leaks("why")."""
     before = leaks_mod.picture()
     yield

@@ -34,7 +34,7 @@ from waiting import wait_until
 import testenv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-JOB_PYTHON = testenv.PYTHON  # the tests' python (torch is there); tests/cluster.py keeps it visible on every node
+JOB_PYTHON = testenv.PYTHON  # the tests' python (torch is there); tests/support/cluster.py keeps it visible on every node
 MARK = b"HANGSCOPE_GPUTEST="
 
 

@@ -157,7 +157,7 @@ def test_up_and_down_leaves_nothing_behind_and_spares_other_clusters(cluster: Cl
 
 
 def test_sweeper_removes_the_leftovers_of_a_crashed_run(cluster_support: None) -> None:
-    tests_dir = Path(__file__).resolve().parents[1]
+    tests_dir = Path(__file__).resolve().parents[1] / "support"  # the helpers (cluster)
     code = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(tests_dir)!r})
@@ -181,7 +181,7 @@ def test_sweeper_removes_the_leftovers_of_a_crashed_run(cluster_support: None) -
 
 
 def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_support: None) -> None:
-    tests_dir = Path(__file__).resolve().parents[1]
+    tests_dir = Path(__file__).resolve().parents[1] / "support"  # the helpers (cluster)
     code = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(tests_dir)!r})

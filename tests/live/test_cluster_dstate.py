@@ -1,5 +1,5 @@
 """Live: a rank in uninterruptible sleep (D) for real on a test cluster node, through the CLI over real SSH
-(issue 16.4). The node mounts a FUSE file system whose one file never answers a read (tests/fuse_stall.py); a
+(issue 16.4). The node mounts a FUSE file system whose one file never answers a read (tests/support/fuse_stall.py); a
 rank process (RANK=0, WORLD_SIZE=1) reads it and sits in D. `hangscope node01 --print --strace 1 --gdb
 --timeout 5` must name the state with its wait channel, the call and the file it waits on; dump it without
 ptrace (py-spy --nonblocking, under the held deadline), run neither strace nor gdb on it (each recorded as not
@@ -22,7 +22,7 @@ from worker_targets import proc_state, tracer_pid
 from workers.collect import pyspy
 
 REPO = Path(__file__).resolve().parents[2]
-FUSE_STALL = REPO / "tests" / "fuse_stall.py"
+FUSE_STALL = REPO / "tests" / "support" / "fuse_stall.py"
 pytestmark = [pytest.mark.cluster]
 
 

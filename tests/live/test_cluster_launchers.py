@@ -1,4 +1,4 @@
-"""Live: one small hung job (2 ranks, tests/matrix_job.py) per way of launching torch ranks, all on one test
+"""Live: one small hung job (2 ranks, tests/support/matrix_job.py) per way of launching torch ranks, all on one test
 cluster node, and one `hangscope node01 --print --locals` over real SSH (issue 16.1, 16.3). Every rank is found,
 numbered from the best evidence it carries (its environment, its command line, the job's store), the evidence
 named; ranks with no rank environment at all are found by what they
@@ -26,8 +26,8 @@ from waiting import wait_until
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "tests" / "matrix_job.py")
-SPAWN = str(REPO / "tests" / "spawn_job.py")
+SCRIPT = str(REPO / "tests" / "support" / "matrix_job.py")
+SPAWN = str(REPO / "tests" / "support" / "spawn_job.py")
 BIN = Path(PYTHON).parent
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 

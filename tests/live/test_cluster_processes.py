@@ -1,6 +1,6 @@
 """Live: the whole job, not only its ranks (issue 16.3), and how close together a pass's dumps are (16.8).
 
-One 4-node test cluster holds a torchrun job of 8 ranks (tests/loader_job.py) whose ranks each read through a
+One 4-node test cluster holds a torchrun job of 8 ranks (tests/support/loader_job.py) whose ranks each read through a
 DataLoader with 2 worker processes (fork: they inherit the rank's RANK environment), 24 torch processes in all;
 the culprit's workers never return a batch, so the culprit waits in the DataLoader while the others wait for it
 in all_reduce. `hangscope HOSTS --print --snapshot --export` over real SSH must find 8 ranks (not 24), carry the
@@ -29,7 +29,7 @@ from waiting import wait_until
 from jobs import MARK, PYTHON, Job, _free_port, _kill_marked, start_job
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "loader_job.py"
+SCRIPT = REPO / "tests" / "support" / "loader_job.py"
 CULPRIT = 5
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 

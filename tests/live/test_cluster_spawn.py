@@ -1,4 +1,4 @@
-"""Live: ranks started by torch.multiprocessing.spawn (PyTorch's DDP tutorial; tests/spawn_job.py) on a test
+"""Live: ranks started by torch.multiprocessing.spawn (PyTorch's DDP tutorial; tests/support/spawn_job.py) on a test
 cluster node, `hangscope HOSTS --print` over real SSH. No rank has RANK/LOCAL_RANK/WORLD_SIZE in its
 environment: discovery finds them as spawn children with torch loaded (not the launcher, not its resource
 tracker), and each rank's number comes from the job's store (read-only), or with --no-store from the spawn
@@ -23,7 +23,7 @@ from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "spawn_job.py"
+SCRIPT = REPO / "tests" / "support" / "spawn_job.py"
 WORLD = 4
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 

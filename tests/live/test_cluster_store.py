@@ -1,5 +1,5 @@
 """Live: rank numbers from the job's store (issue 16.1). A job started by torch.multiprocessing.spawn on two test
-cluster nodes (tests/spawn_nodes_job.py, the ImageNet example's shape): no rank environment, and the spawn target
+cluster nodes (tests/support/spawn_nodes_job.py, the ImageNet example's shape): no rank environment, and the spawn target
 has no `rank` argument (it computes node_rank * per_node + index), so the process shows only its local index.
 `hangscope HOSTS --print` over real SSH numbers every rank from the store that rank 0 serves on node01, names
 that evidence, says on rank 0 what was read from its store, and leaves every key and value of the store as it was.
@@ -25,9 +25,9 @@ from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "spawn_nodes_job.py"
+SCRIPT = REPO / "tests" / "support" / "spawn_nodes_job.py"
 PER_NODE = 2
-SECRET = "hf_" + "SpawnNodesJobToken" * 2  # what the culprit's traceback holds (tests/spawn_nodes_job.py)
+SECRET = "hf_" + "SpawnNodesJobToken" * 2  # what the culprit's traceback holds (tests/support/spawn_nodes_job.py)
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 _STORE_CONTENT = """
 import datetime, hashlib, json, sys

@@ -1,7 +1,7 @@
 """Real open-source training scripts, unmodified, diagnosed live by `hangscope HOSTS --print` (issue 17).
 
 nanoGPT's train.py and Lightning Fabric's language-model example (tests/oss/README.md; launched by
-tests/oss_jobs.py), each a DDP job of 4 nodes x 2 ranks, gloo on CPU, on a 4-node cluster of this module's own.
+tests/support/oss_jobs.py), each a DDP job of 4 nodes x 2 ranks, gloo on CPU, on a 4-node cluster of this module's own.
 One job per script serves its three tests, in this order:
 - healthy: called progressing in every one of several consecutive runs, no culprit, no stuck rank;
 - slow: node04's ranks capped to a share of a CPU by a cgroup: still progressing, node04 named slow;

@@ -2,7 +2,7 @@
 progressing in every run of `hangscope HOSTS --print`, and with one node's ranks capped to 10 % of a CPU by a
 cgroup it is still called progressing, with that node named slow and the throttling as the evidence.
 
-The job is tests/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
+The job is tests/support/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
 accumulation, DDP's all_reduce inside backward). nanoGPT's own train.py, unmodified, and Lightning Fabric's
 example are diagnosed the same way in tests/live/test_oss_cluster.py. One job serves every test here.
 """
@@ -25,7 +25,7 @@ from app.model.codec import snapshot_from_json
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
-SCRIPT = REPO / "tests" / "ddp_train.py"
+SCRIPT = REPO / "tests" / "support" / "ddp_train.py"
 RUNS = 3  # consecutive runs that must all call the healthy job progressing (bench/oss_runs.py: 20 runs of real scripts)
 CLI_TIMEOUT = 180.0
 

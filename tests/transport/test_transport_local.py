@@ -306,7 +306,7 @@ async def test_the_shipped_worker_reads_module_globals_with_the_probe_it_carries
     from worker_targets import Target, wait_blocked
     from workers import procinfo
 
-    prog = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+    prog = str(Path(__file__).resolve().parents[1] / "support" / "globals_target_prog.py")
     with Target([sys.executable, prog, "block"]) as t:
         pid = int(t.ready[0])
         wait_blocked(pid)

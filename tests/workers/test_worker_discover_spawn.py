@@ -1,5 +1,5 @@
 """Discovery without a rank environment, on real processes of this machine: torch.multiprocessing.spawn ranks
-(tests/spawn_job.py) are found as spawn children with torch loaded (not the launcher, not its resource
+(tests/support/spawn_job.py) are found as spawn children with torch loaded (not the launcher, not its resource
 tracker, not a data-loader worker they spawn), and with no rank at all, python processes with torch loaded are
 listed as candidates with how to pick one. The scans see only the processes of each test (a source that lists
 just those pids, everything else read from the real /proc), so other jobs on this machine cannot interfere."""
@@ -19,7 +19,7 @@ from waiting import wait_until
 from workers import discover, procinfo, pstate
 
 pytestmark = pytest.mark.torch
-SPAWN_JOB = Path(__file__).resolve().parents[1] / "spawn_job.py"
+SPAWN_JOB = Path(__file__).resolve().parents[1] / "support" / "spawn_job.py"
 
 
 class OnlyThese(procinfo.ProcfsSource):

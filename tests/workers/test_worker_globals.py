@@ -1,5 +1,5 @@
 """Module globals read from a rank's memory (workers/collect/pyglobals.py) on real processes whose loop runs at
-module level (tests/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
+module level (tests/support/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
 text never; a held process never; the layout probe run once per interpreter binary, and as the rank's user
 under a root worker; and through the worker's dump op, as `global` locals of the `<module>` frame."""
 
@@ -25,7 +25,7 @@ from workers import procinfo
 from workers.collect import pyglobals
 from workers.request import Request, Worker
 
-PROG = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+PROG = str(Path(__file__).resolve().parents[1] / "support" / "globals_target_prog.py")
 SECRET = "S3cr3t" * 6  # the text of the target's hf_token global
 
 

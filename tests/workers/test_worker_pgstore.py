@@ -1,5 +1,5 @@
 """The worker's store_ranks op (workers/collect/pgstore.py) against a real job's TCPStore: a 2-rank gloo job
-started by torch.multiprocessing.spawn on this machine (tests/spawn_job.py, no RANK in any environment). The
+started by torch.multiprocessing.spawn on this machine (tests/support/spawn_job.py, no RANK in any environment). The
 store names each rank's gloo listener with its rank, by LIST_KEYS or, as on a torch without it, by CHECK; the
 store's keys and values are the same after the reads as before (torch's own client says so); an endpoint that is
 not a TCPStore, one that never answers, one that refuses, and a rank in another network namespace each end in a
@@ -26,7 +26,7 @@ from worker_client import WorkerProc
 from workers.collect import sockets
 
 pytestmark = pytest.mark.torch
-SPAWN_JOB = Path(__file__).resolve().parents[1] / "spawn_job.py"
+SPAWN_JOB = Path(__file__).resolve().parents[1] / "support" / "spawn_job.py"
 # torch's own client: every key the store lists, with a digest of its value (GETNUMKEYS, LIST_KEYS, GET)
 _STORE_CONTENT = """
 import datetime, hashlib, json, sys

@@ -29,7 +29,7 @@ from cluster import Cluster
 from cluster_node import NodeProc
 from waiting import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "app" / "demo" / "job.py"
 PYTHON = sys.executable  # the python with torch; the job's ranks run with it on every node
 MARK = "HANGSCOPE_TEST_JOB"
@@ -290,7 +290,7 @@ def start_job(cluster: Cluster, scenario: str, nodes: int = 4, ranks_per_node: i
               extra_args: Sequence[str] = (), wait: bool = True, script: Path | None = None) -> Job:
     """torchrun on the first `nodes` nodes; returns once all ranks are ready (and blocked, for hangs).
     `script`: another training script than the demo job, given only `extra_args`; it writes the same ready
-    lines (tests/ddp_train.py); `scenario` then only names the job."""
+    lines (tests/support/ddp_train.py); `scenario` then only names the job."""
     if nodes > len(cluster.nodes):
         raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {nodes}")
     job = _launch(cluster.nodes[:nodes], scenario, ranks_per_node, culprit, step, extra_args, standalone=False,

@@ -73,7 +73,7 @@ mount --bind "$2/bin" /usr/local/bin
 exec tini -- sleep infinity
 """
 
-CLEAN_BASHRC = "# hangscope test node: a fast, quiet shell for non-interactive ssh commands (see tests/cluster.py)\n"
+CLEAN_BASHRC = "# hangscope test node: a fast, quiet shell for non-interactive ssh commands (see tests/support/cluster.py)\n"
 
 
 def cgroup_setup() -> str:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/ -> repo
 
 # `-I` ignores PYTHONPATH, so an isolated worker is started the way the bootstrap starts it: the repo put
 # on sys.path by code, then main() called.
