@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -138,9 +137,7 @@ def _leftovers(rid: str, workdir: Path, pidns: set[str]) -> list[str]:
 
 
 def test_up_and_down_leaves_nothing_behind_and_spares_other_clusters(cluster: Cluster) -> None:
-    started = time.monotonic()
-    extra = build_cluster(2)
-    up = time.monotonic() - started
+    extra = build_cluster(2)  # how long that takes is measured by bench/cluster_up.py, not asserted here
     try:
         assert extra.subnet != cluster.subnet and extra.bridge != cluster.bridge
         # an orphaned daemon inside a node: it must die with the node
@@ -150,7 +147,6 @@ def test_up_and_down_leaves_nothing_behind_and_spares_other_clusters(cluster: Cl
         assert res.stdout == "node01\n"
     finally:
         extra.close()
-    assert up < 5, f"2 nodes took {up:.1f} s to come up"
     wait_until(lambda: not _leftovers(extra.rid, extra.workdir, pidns), 10, "the extra cluster to vanish")
     # the session cluster was not touched
     assert run_login(cluster.ssh_argv("node01", "true"), cluster, timeout=30).returncode == 0
