@@ -25,8 +25,16 @@ sys.path.extend(str(p) for p in sorted(Path(__file__).resolve().parent.iterdir()
 import cluster as cluster_mod
 import jobs as jobs_mod
 import leaks as leaks_mod
+import xdist_groups
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that share a fixture that starts torch jobs (hung_job, a module's jobs) run in one xdist worker
+    (tests/support/xdist_groups.py), so each job is started once, not once per worker."""
+    xdist_groups.group(items, tests_root=config.rootpath.joinpath("tests").relative_to(config.rootpath).as_posix())
 
 
 @pytest.fixture(autouse=True)
