@@ -136,6 +136,18 @@ def make_cluster(cluster_factory: Callable[..., cluster_mod.Cluster]) -> Iterato
 
 
 @pytest.fixture(scope="session")
+def spawn_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[jobs_mod.SpawnJob]:
+    """A hung 2-rank torch.multiprocessing.spawn job on this machine (no rank environment; rank 1 never reaches
+    the second all_reduce). Shared by the session's tests that only read it: never stop or unblock it."""
+    require_torch()
+    job = jobs_mod.start_local_spawn_job(tmp_path_factory.mktemp("spawn-job"))
+    try:
+        yield job
+    finally:
+        job.stop()
+
+
+@pytest.fixture(scope="session")
 def hung_job(cluster: cluster_mod.Cluster) -> Iterator[jobs_mod.Job]:
     """4 nodes x 2 ranks, scenario dataloader: rank 5 (node03, local rank 1) blocks reading its next batch at
     step 3, the other 7 block in that step's all_reduce. Shared by the session: never stop or unblock it."""

@@ -16,7 +16,7 @@ from typing import Iterable
 import pytest
 
 # session-scoped fixtures that start torch jobs; module-scoped fixtures of the test modules are all taken as costly
-SHARED_SESSION_FIXTURES = ("hung_job",)
+SHARED_SESSION_FIXTURES = ("hung_job", "spawn_job")
 
 
 def _resources(item: pytest.Item, tests_root: str) -> set[str]:
