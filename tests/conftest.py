@@ -136,7 +136,7 @@ def make_cluster(cluster_factory: Callable[..., cluster_mod.Cluster]) -> Iterato
 
 
 @pytest.fixture(scope="session")
-def spawn_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[jobs_mod.SpawnJob]:
+def local_spawn_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[jobs_mod.SpawnJob]:
     """A hung 2-rank torch.multiprocessing.spawn job on this machine (no rank environment; rank 1 never reaches
     the second all_reduce). Shared by the session's tests that only read it: never stop or unblock it."""
     require_torch()

@@ -18,7 +18,10 @@ from cluster import Cluster
 from jobs import RankLoc
 from record_scenarios import SCENARIOS, Diagnosis, diagnose, started
 
-pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support"),
+              # each scenario's job starts and stops inside its own fixture, used by one test; what the tests share is
+              # a 3-node cluster (sshd in namespaces), cheap to build once per xdist worker: the scenarios run in parallel
+              pytest.mark.per_worker_fixtures("a job per scenario, stopped before its fixture returns")]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ that is fine; for a fixture that starts torch jobs (the session's `hung_job`, a 
 interpreter that imports torch, a dozen interpreters per job) it would double the suite's dearest work. So every
 test that uses such a fixture gets an `xdist_group` mark, and tests linked by sharing any of them (a module whose
 tests use both its own jobs and the hung job) get one group: `--dist loadgroup` then sends each group to one
-worker, and tests without a group go wherever a worker is free.
+worker, and tests without a group go wherever a worker is free. A module whose module-scoped fixtures are cheap to
+build once per worker (a cluster of its own, a job started and stopped inside each test's fixture) says so with
+`@pytest.mark.per_worker_fixtures("why")`, and its tests spread over the workers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Iterable
 import pytest
 
 # session-scoped fixtures that start torch jobs; module-scoped fixtures of the test modules are all taken as costly
-SHARED_SESSION_FIXTURES = ("hung_job", "spawn_job")
+SHARED_SESSION_FIXTURES = ("hung_job", "local_spawn_job")
 
 
 def _resources(item: pytest.Item, tests_root: str) -> set[str]:
@@ -24,7 +26,11 @@ def _resources(item: pytest.Item, tests_root: str) -> set[str]:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return set()
-    found = {name for name in SHARED_SESSION_FIXTURES if name in info.name2fixturedefs}
+    # by name, where the name is the session fixture's (a module may define a fixture of the same name)
+    found = {name for name in SHARED_SESSION_FIXTURES
+             if name in info.name2fixturedefs and info.name2fixturedefs[name][-1].scope == "session"}
+    if item.get_closest_marker("per_worker_fixtures"):
+        return found
     for defs in info.name2fixturedefs.values():
         for fixturedef in defs:
             if fixturedef.scope in ("module", "class", "package") and fixturedef.baseid.startswith(tests_root):

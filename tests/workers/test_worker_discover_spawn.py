@@ -40,8 +40,8 @@ class OnlyThese(procinfo.ProcfsSource):
         return sorted(out)
 
 
-def test_spawned_ranks_are_found_by_what_they_are(spawn_job: SpawnJob) -> None:
-    launcher, pids = spawn_job.launcher, spawn_job.ranks
+def test_spawned_ranks_are_found_by_what_they_are(local_spawn_job: SpawnJob) -> None:
+    launcher, pids = local_spawn_job.launcher, local_spawn_job.ranks
     scan = discover.Scan(OnlyThese([launcher.pid]), me=-1)
     found = {r["pid"]: r for r in scan.ranks()}
     assert sorted(found) == sorted(pids.values()), "the ranks only: not the launcher nor the resource tracker"

@@ -38,9 +38,9 @@ print(json.dumps({"num_keys": s.num_keys(), "keys": {k: hashlib.sha256(s.get(k))
 
 
 @pytest.fixture(scope="module")
-def job(spawn_job: SpawnJob) -> tuple[int, dict[int, int]]:
+def job(local_spawn_job: SpawnJob) -> tuple[int, dict[int, int]]:
     """(the store's port, rank -> pid) of the session's hung 2-rank mp.spawn job on this machine (read only)."""
-    return spawn_job.port, spawn_job.ranks
+    return local_spawn_job.port, local_spawn_job.ranks
 
 
 def _listeners(pid: int) -> list[str]:
