@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from cpu_cap import CpuCap
 from jobs import REPO, Job, _main_thread
@@ -78,7 +78,8 @@ def hangscope(cluster: Cluster, tmp_path: Path, *extra: str) -> tuple[str, Any, 
     hosts = tmp_path / f"hosts-{secrets.token_hex(3)}.txt"
     hosts.write_text("".join(f"{name}\n" for name in cluster.names))
     out = tmp_path / f"snap-{secrets.token_hex(3)}.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *extra], cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *UNHURRIED_LOGIN,
+                     *extra], cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from cpu_cap import CpuCap
 from jobs import REPO, Job, start_job
 from app.model.codec import snapshot_from_json
@@ -54,7 +54,7 @@ def hangscope(cluster: Cluster, tmp_path: Path, *extra: str) -> tuple[str, Any, 
     """`hangscope HOSTS --print --snapshot F` as a user runs it: (stdout, snapshot, analysis)."""
     out = tmp_path / f"snap-{secrets.token_hex(3)}.json"
     res = run_login([sys.executable, "-m", "app", str(cluster.hosts_file(tmp_path)), "--print", "--snapshot",
-                     str(out), *extra], cluster, timeout=CLI_TIMEOUT, cwd=str(REPO))
+                     str(out), *UNHURRIED_LOGIN, *extra], cluster, timeout=CLI_TIMEOUT, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))
     assert analysis is not None

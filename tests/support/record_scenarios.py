@@ -43,7 +43,7 @@ for _p in (str(REPO), str(SUPPORT)):  # as a script: the repo (app) and the test
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
+from cluster import UNHURRIED_LOGIN, Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import MARK, PYTHON, Job, RankLoc, _free_port, _main_thread, start_job  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
@@ -455,7 +455,8 @@ def diagnose(running: Running, workdir: Path, *extra: str) -> Diagnosis:
     out = workdir / f"{running.scenario.name}.json"
     started_at = time.monotonic()
     extra = (*CLI_EXTRA.get(running.scenario.name, ()), *extra)
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *extra], running.cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *UNHURRIED_LOGIN, *extra],
+                    running.cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     seconds = time.monotonic() - started_at
     if not out.exists():

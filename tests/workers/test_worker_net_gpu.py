@@ -89,12 +89,13 @@ def test_nvidia_smi_runs_again_only_when_the_ranks_change(tmp_path) -> None:
                 'esac\n' % (runs, APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
         bindir = fake_nvidia_smi(tmp_path, body)
         with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
+            # the test's own ranks (other work on the machine starts and ends ranks, and with them the GPU query)
             for _ in range(3):
-                items, _ = w.call("discover")
+                items, _ = w.call("discover", {"pids": [t.pid]})
                 assert {i["pid"]: i for i in items}[t.pid]["gpus"][0]["used_mib"] == 8123
             assert runs.read_text().count("x") == 2, "one query (two nvidia-smi runs) for three refreshes"
             with start_rank(1) as t1:
-                items, _ = w.call("discover")
+                items, _ = w.call("discover", {"pids": [t.pid, t1.pid]})
                 assert t1.pid in {i["pid"] for i in items}
                 assert runs.read_text().count("x") == 4, "a new rank: asked again"
 
