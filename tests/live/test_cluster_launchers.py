@@ -21,7 +21,7 @@ import pytest
 
 from app.model import Snapshot
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 
@@ -116,7 +116,7 @@ def picture(matrix, tmp_path_factory) -> tuple[str, Snapshot]:
     hosts = tmp / "hosts.txt"
     hosts.write_text(f"{cluster.names[0]}\n")
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--locals", "--samples", "1",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--locals", "--samples", "1",
                      "--snapshot", str(out)], cluster, timeout=400, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]

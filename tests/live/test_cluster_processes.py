@@ -24,7 +24,7 @@ import pytest
 
 from app.model import Snapshot
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, Job, _free_port, _kill_marked, start_job
 
@@ -52,7 +52,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str, hosts: list[str] | None 
     hosts_file = tmp / "hosts.txt"
     hosts_file.write_text("".join(f"{n}\n" for n in hosts or cluster.names))
     out, export = tmp / "snap.json", tmp / "report"
-    res = run_login([sys.executable, "-m", "app", str(hosts_file), "--print", "--force", "--snapshot", str(out),
+    res = run_login([sys.executable, "-m", "app", str(hosts_file), *UNHURRIED_LOGIN, "--print", "--force", "--snapshot", str(out),
                      "--export", str(export), *flags], cluster, timeout=300, cwd=str(REPO))
     assert res.returncode == expect, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0], export

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until
 
@@ -80,7 +80,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object]:
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--samples", "1",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--samples", "1",
                      "--snapshot", str(out), *flags], cluster, timeout=240, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]
