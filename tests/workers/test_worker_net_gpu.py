@@ -73,7 +73,9 @@ def test_gpus_of_a_rank_from_nvidia_smi(tmp_path) -> None:
                 % (APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
         bindir = fake_nvidia_smi(tmp_path, body)
         with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
-            items, done = w.call("discover")
+            # the test's own rank: other processes on this machine (a session's shared spawn job, other users'
+            # jobs) bring discovery notes of their own
+            items, done = w.call("discover", {"pids": [t.pid]})
             rank = {i["pid"]: i for i in items}[t.pid]
             assert rank["gpus"] == [{"index": 0, "uuid": "GPU-1f2e3d4c-0000-1111-2222-333344445555",
                                      "name": "NVIDIA H100 80GB HBM3", "used_mib": 8123}]
