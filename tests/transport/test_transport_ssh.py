@@ -222,7 +222,9 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
         with pytest.raises(TransportError) as err:
             await SshTransport(_opts(c, throttle_retries=2)).open("node02", port=2222)
         assert err.value.code == "throttled" and "node02" in err.value.message
-        t = SshTransport(_opts(c, throttle_retries=6))
+        # retries and a deadline that outlast sshd freeing the slot once the holder goes (its pre-auth child must
+        # see the close and exit: seconds on a busy machine); the first drop is awaited below, not slept for
+        t = SshTransport(_opts(c, throttle_retries=10, connect_timeout=float(cluster_mod.UNHURRIED_LOGIN[1])))
         dropped = drops()
         opening = asyncio.ensure_future(t.open("node02", port=2222))
         # let it be dropped at least once (sshd says so in its log), then free the slot
