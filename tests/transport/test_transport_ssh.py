@@ -206,7 +206,7 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
     config.write_text((node.dir / "sshd_config").read_text()
                       .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
                       .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
-                      .replace("LogLevel ERROR", "LogLevel INFO"))  # INFO: sshd logs each connection it drops
+                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))  # VERBOSE: sshd logs each connection it drops
     log = tmp_path / "sshd2.log"
     with open(log, "wb") as out:
         sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
