@@ -1,4 +1,4 @@
-"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/record_scenarios.py), analysed
+"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/support/record_scenarios.py), analysed
 again: the exact classes, findings (kind, confidence, ranks, order), iteration splits and progress.
 
 Each golden pair is what `hangscope HOSTS --snapshot` saw of a real torch gloo job on 2-3 nodes: the second
@@ -24,9 +24,9 @@ from app.model.codec import snapshot_from_json
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "stopped",
              "frozen", "spawn", "twojobs", "slow", "missing", "mismatch", "gil", "native", "pipe", "fsstall")
-SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
+SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/support/gpu_fakes.py)
 SCENARIOS += ("nanogpt-healthy", "nanogpt-stopped", "lightning-healthy", "lightning-frozen")  # real scripts (tests/oss)
-# development scenarios of the wait model (issue 24; tests/record_scenarios.py DEVELOPMENT): the five classes it names
+# development scenarios of the wait model (issue 24; tests/support/record_scenarios.py DEVELOPMENT): the five classes it names
 # first, then one per kind of resource of app/analysis/sites.py
 DEVELOPMENT = ("frozen_private", "frozen_private_v2", "startup", "shutdown", "loaderlock", "throttled_hidden",
                "executor", "event", "queue", "service", "subprocess", "flock", "storekey", "poll", "spin", "pdb",
@@ -191,7 +191,7 @@ EXPECTED["gpu_xid"] = Expected(
               ("minority_stack", "high", (3,)), ("gpu_fault", "low", ())),
     splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
     progress="stuck", title="rank 3 on node02: its GPU 1 (0000:5d:00) reported Xid 79, GPU has fallen off the bus")
-# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/record_oss.py). nanoGPT's loop and its
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/support/record_oss.py). nanoGPT's loop and its
 # counters are at module level: no loop variable is readable. One sample caught rank 0 in its forward while the
 # others were in backward; the samples show every rank moving, so that is no lead.
 EXPECTED["nanogpt-healthy"] = Expected(
@@ -217,7 +217,7 @@ EXPECTED["lightning-frozen"] = Expected(
     splits=((0, "epoch=0, batch_idx=3: ranks 0-7"),),
     progress="stuck", title="rank 5 is frozen by the cgroup freezer (v2 cgroup /hangscope-test-")
 
-# The development scenarios, each checked by hand against its set-up (app/demo/job.py, tests/record_scenarios.py).
+# The development scenarios, each checked by hand against its set-up (app/demo/job.py, tests/support/record_scenarios.py).
 # Where today's analysis is wrong, the expectation below is the right one and the scenario is in WRONG_NOW: its
 # tests are expected to fail (strict: they turn red once the analysis gets it right, to be moved out of WRONG_NOW).
 EXPECTED["frozen_private"] = Expected(

@@ -1,6 +1,6 @@
 """Live: the wait model's development scenarios (issue 24), diagnosed by the real CLI on the test cluster.
 
-Each scenario of tests/record_scenarios.py's DEVELOPMENT is a real torch gloo job (app/demo/job.py) hung in one
+Each scenario of tests/support/record_scenarios.py's DEVELOPMENT is a real torch gloo job (app/demo/job.py) hung in one
 blocking operation of a library, or held, started short of a node, or throttled; `hangscope HOSTS --snapshot`
 runs against it as a user runs it, and its headline is judged against the scenario's truth (bench/diagnose.py's
 TRUTH: the culprit, its blocking operation and what it waits for, in words; no [high] finding naming another

@@ -11,7 +11,7 @@ each job is stopped (everything it started killed) before the next starts.
 For each scenario: `hangscope HOSTS --print --snapshot FILE` (one run: the printed summary and the snapshot it
 writes; the CLI's defaults, 2 samples 1 s apart); the headline is the verdict it prints first (its first
 paragraph: --print wraps it over lines). With --record, also
-DIR/<name>.json and DIR/<name>.earlier.json as tests/record_scenarios.py records them (two samples taken the way
+DIR/<name>.json and DIR/<name>.earlier.json as tests/support/record_scenarios.py records them (two samples taken the way
 the CLI takes them; the second with its analysis), which score.py re-analyses offline, and DIR/live/<name>.txt
 (the CLI's output) and DIR/live/<name>.snapshot.json.gz (the CLI's snapshot, gzipped).
 """
@@ -46,7 +46,7 @@ CLI_TIMEOUT = 240.0
 
 
 def running_of(ctx: Ctx) -> Running:
-    """The scenario as tests/record_scenarios.py knows one (its hosts file, its recorder)."""
+    """The scenario as tests/support/record_scenarios.py knows one (its hosts file, its recorder)."""
     assert ctx.job is not None
     return Running(Scenario(ctx.spec.name, NODES, RANKS_PER_NODE, culprit=ctx.spec.culprits[0]), ctx.job,
                    ctx.cluster)

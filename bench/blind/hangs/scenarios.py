@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-for _p in (str(REPO), str(REPO / "tests")):
+for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tests" / "support")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
