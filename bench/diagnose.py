@@ -98,7 +98,7 @@ TRUTH["lightning-healthy"] = Truth("Lightning Fabric's language-model example, t
                                    cause=("progressing",))
 TRUTH["lightning-frozen"] = Truth("Lightning Fabric's example, rank 5 frozen by a cgroup v2 freezer", (5,),
                                   cause=("rank 5", "frozen", "cgroup freezer"))
-# Development scenarios of the wait model (issue 24; tests/record_scenarios.py DEVELOPMENT, app/demo/job.py), 2 nodes x
+# Development scenarios of the wait model (issue 24; tests/support/record_scenarios.py DEVELOPMENT, app/demo/job.py), 2 nodes x
 # 2 ranks (startup: 4 nodes): the words are the culprit, its blocking operation and what it waits for (or who holds it)
 TRUTH.update({
     "frozen_private": Truth("one rank frozen by a v1 cgroup freezer; its node cannot see the freezer's cgroup (its "

@@ -3,7 +3,7 @@
 Each scenario is bench/blind/hangs/train.py (a gloo job, 4 nodes x 2 ranks, torchrun on every node of a
 tests/cluster.py cluster) with one feature switched on and the circumstances that make it block on some ranks
 (a stalled service, a leftover file, a bad record, a signal). `live(cluster, spec)` starts it, returns once it is
-hung for good (tests/jobs.py's wait-until-still logic, never a sleep), and kills everything in `finally`.
+hung for good (tests/support/jobs.py's wait-until-still logic, never a sleep), and kills everything in `finally`.
 
 What each scenario is (the culprit, the blocking call, what it waits for, who could release it) is written in
 truth.json, from this set-up; nothing here reads how hangscope analyses a snapshot.
@@ -288,7 +288,7 @@ BY_NAME = {s.name: s for s in SPECS}
 
 
 class _Launch:
-    """A cluster node as tests/jobs.py's Place whose launches get `stdin` (a pipe or a terminal)."""
+    """A cluster node as tests/support/jobs.py's Place whose launches get `stdin` (a pipe or a terminal)."""
 
     def __init__(self, node: Node, stdin: int) -> None:
         self._node, self._stdin = node, stdin
