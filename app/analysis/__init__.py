@@ -381,7 +381,7 @@ def _motion(history: Sequence[Snapshot], options: AnalysisOptions) -> Callable[[
             cpu = max(0.0, (r.counters.utime or 0) + (r.counters.stime or 0) - (old.counters.utime or 0)
                       - (old.counters.stime or 0)) / dt
         moved = prev is not None and prev.path != t.path
-        return Motion(cpu, moved)
+        return Motion(cpu, moved, running_before=prev is not None and prev.state == "R")
 
     return motion
 

@@ -92,6 +92,7 @@ class Motion:
     cpu: Optional[float] = None  # share of one core
     moved: bool = False  # its stack or loop iteration changed
     rising: Tuple[str, ...] = field(default=())  # loop counters whose values rose
+    running_before: bool = False  # it was on a CPU (state R) in the previous sample too
 
 
 def _python(frames: Sequence[Frame]) -> List[Frame]:
@@ -349,7 +350,7 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
 
     running = t.state == "R" or (t.active and t.state not in ("S", "D") and t.syscall in ("", "running"))
     if running:
-        return _running(t, caller, cpu)
+        return _running(t, caller, cpu, motion)
 
     found = _frame_sites(py, caller, t)
     if found is not None:
@@ -429,13 +430,15 @@ def _replace(w: ThreadWait, **kw: Any) -> ThreadWait:
     return replace(w, **kw)
 
 
-def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float]) -> ThreadWait:
+def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float], motion: Optional[Motion]) -> ThreadWait:
     at = caller or next((f for f in t.frames if not f.native), None)
     loop = _enclosing_loop(at) if at is not None else None
     # a thread on a CPU at its own `while` loop, with nothing below it that computes, spins: it polls a
-    # condition without waiting (on a loaded machine it gets less than a core, so its share alone cannot say)
+    # condition without waiting. On a loaded machine it gets a fraction of a core, so its share alone cannot say;
+    # runnable at the same place in two samples can (a thread that waits is not runnable)
     own_loop = loop is not None and loop.kind == "while" and at is not None and at is t.frames[0]
-    spinning = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (cpu is None or cpu >= SPIN_CPU_LOADED))
+    stayed = motion is not None and motion.running_before and not motion.moved
+    spinning = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (stayed or cpu is None or cpu >= SPIN_CPU_LOADED))
     return ThreadWait("spinning" if spinning else "running", "running", "cpu", "itself", frame=at, caller=caller,
                       syscall=t.syscall, wchan=t.wchan, poll=loop, details=_loop_values(at, loop),
                       reason="on a CPU, not waiting: " + ("a core's worth of CPU between samples at the same place"

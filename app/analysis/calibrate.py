@@ -10,7 +10,8 @@ In order, each rule a class of evidence against another, never a case:
    contradicted by them.
 4. A held rank silences its sockets and holds the others by itself: "the network" and "all at one place" are
    its consequences, not evidence of their own.
-5. A slow node whose ranks were launched with other flags: the flags are the likely reason (attached); a slow
+5. A slow node in a job where nothing moves between samples is no lead (it would slow the job, not stop it); a
+   slow node whose ranks were launched with other flags: the flags are the likely reason (attached); a slow
    node where a rank spins: the spin takes the node's CPU, the node is not slow by itself.
 6. GPU evidence is weighed against the other surest suspects: agreeing evidence is said, a [high] GPU fact
    naming other ranks drops to [medium].
@@ -61,6 +62,10 @@ def before_graph(facts: Sequence[Fact], progress: Sequence[RankProgress]) -> Lis
     if held:  # 4
         out = [f.weakened("low", Caveat("held", held[0].who, held[0].kind), culprit=False)
                if f.info.explained_by_state else f for f in out]
+    if progress and not moving and not any(p.status in ("progressing", "waiting", "slow") for p in progress):
+        # nothing moves between samples: a node short of CPU does not stop a job, it slows it (its ranks' wait
+        # for a CPU is the machine's load then, not the cause)
+        out = [f.weakened("low", Caveat("not_moving")) if f.kind == "slow_node" else f for f in out]
     spinning = {k[0]: f for f in out if f.kind == "blocked" and f.culprit and isinstance(f.data, WaitEvidence)
                 and f.data.wait.state == "spinning" for k in f.who.keys}
     if spinning:  # a rank spinning on a node takes that node's CPU: the node's shortage is the spin's doing

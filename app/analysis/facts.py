@@ -180,6 +180,7 @@ CaveatCode = Literal[
     "sockets_moved",  # the sockets of the named nodes moved bytes between samples
     "held",  # a held rank (stopped, frozen) silences its sockets and holds the others by itself
     "spinning",  # a rank spinning on the node takes its CPU
+    "not_moving",  # nothing moves between samples: a slow node does not stop a job
     "not_progressing",  # a rank is held: the job as a whole does not progress
     "root_elsewhere",  # the wait graph's root is elsewhere
     "rival",  # evidence as strong points elsewhere

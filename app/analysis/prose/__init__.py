@@ -59,6 +59,8 @@ def caveat_text(c: Caveat) -> str:
         n = "is" if one(c.about) else "are"
         its = "its" if one(c.about) else "their"
         return f"; but {clean(who, 120)} {n} {c.kind}, which silences {its} sockets and holds the others by itself"
+    if c.code == "not_moving":
+        return "; but nothing moves between samples: a node short of CPU slows a job, it does not stop it"
     if c.code == "spinning":
         return f"; but {clean(who, 120)} spins on that node, which takes its CPU: the node is short of CPU because of it"
     if c.code == "not_progressing":
