@@ -8,8 +8,37 @@ import signal
 import sys
 from typing import Sequence
 
-SCENARIOS = ("skip", "dataloader", "die", "healthy", "lock", "deadlock", "order", "uneven", "mismatch", "gil",
-             "native", "pipe")
+# scenario -> what the culprit does (app/demo/job.py). netcut, fsstall and gpu_xid need a cluster, a stalled
+# file system or a GPU fault: they are the test cluster's (tests/support/record_scenarios.py), not the demo's
+SCENARIOS = {
+    "skip": "one rank is one loop iteration ahead on the same line (default)",
+    "dataloader": "one rank blocks in data loading",
+    "die": "one rank exits",
+    "healthy": "the job keeps making progress",
+    "lock": "one rank's main thread waits for a lock its checkpoint thread holds",
+    "deadlock": "two threads of one rank take two locks in opposite orders",
+    "order": "one rank all_reduces its gradient buckets in another order",
+    "uneven": "DDP, and one rank's data runs out first",
+    "mismatch": "one rank all_gathers where the others all_reduce",
+    "gil": "one rank in a ctypes call that never returns, holding the GIL",
+    "native": "the same, not holding the GIL",
+    "pipe": "one rank blocks writing to a pipe nobody reads",
+    "shutdown": "one rank's main program ends in an error while a non-daemon thread keeps it alive",
+    "loaderlock": "one rank's DataLoader worker waits for a stale lock file a killed job left",
+    "executor": "one rank waits for its previous checkpoint upload, which waits for an acknowledgement",
+    "event": "one rank waits for an event whose setter thread died",
+    "queue": "one rank waits on a queue whose producer thread ended",
+    "service": "one rank waits for a reply from a local metrics service that never answers",
+    "subprocess": "one rank runs a hook (`tail -f`) that never exits",
+    "flock": "one rank waits for a file lock another process holds",
+    "storekey": "one rank waits in the job's store for keys the others wrote under another name",
+    "poll": "one rank polls for a file that never appears",
+    "spin": "one rank busy-waits for a log writer thread that died",
+    "pdb": "one rank stopped at a breakpoint()",
+    "sighandler": "one rank's signal handler waits for the step it interrupted",
+    "asyncio": "one rank awaits an asyncio future its service dropped",
+    "selflock": "one rank takes a non-reentrant lock it already holds",
+}
 
 
 def demo_main(argv: Sequence[str], hangscope_parser: argparse.ArgumentParser) -> int:
@@ -18,15 +47,8 @@ def demo_main(argv: Sequence[str], hangscope_parser: argparse.ArgumentParser) ->
         prog="hangscope demo",
         description="Start a local torch.distributed (gloo, CPU) training job that hangs, then investigate it "
         "with hangscope. The job is stopped when hangscope exits.")
-    parser.add_argument("--scenario", choices=SCENARIOS, default="skip",
-                        help="skip: one rank is one loop iteration ahead on the same line (default); "
-                        "dataloader: one rank blocks in data loading; die: one rank exits; "
-                        "healthy: the job keeps making progress; lock: one rank's main thread waits for a lock "
-                        "its checkpoint thread holds; deadlock: two threads of one rank take two locks in "
-                        "opposite orders; order: one rank all_reduces its gradient buckets in another order; uneven: "
-                        "DDP, and one rank's data runs out first; mismatch: one rank all_gathers where the others "
-                        "all_reduce; gil / native: one rank in a ctypes call that never returns, holding the GIL or "
-                        "not; pipe: one rank blocks writing to a pipe nobody reads")
+    parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="skip", metavar="SCENARIO",
+                        help="; ".join(f"{name}: {what}" for name, what in SCENARIOS.items()))
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
     parser.add_argument("--print", dest="print_summary", action="store_true",

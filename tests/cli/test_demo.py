@@ -27,6 +27,21 @@ def test_demo_finds_the_rank_one_iteration_ahead_and_stops_the_job(torch_support
     assert not [p for p in pids if _is_demo_rank(p)], "the demo's ranks outlived it"
 
 
+
+@pytest.mark.torch
+def test_the_demo_runs_a_blocking_operation_scenario_and_says_what_its_culprit_waits_for(torch_support):
+    """`--scenario flock` (one of the wait model's kinds): the headline says the lock file and the process that
+    holds it, and the holder (a helper the demo started) goes with the job."""
+    res = subprocess.run([sys.executable, "-m", "app", "demo", "--scenario", "flock", "--print"], capture_output=True,
+                         text=True, cwd=REPO, timeout=300, stdin=subprocess.DEVNULL,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    head = " ".join(res.stdout.split("Who waits for whom", 1)[0].split())
+    assert head.startswith("hangscope: Rank 3 (pid "), head
+    assert "is blocked in `fcntl.flock` at `build_dataset_cache`" in head and "dataset.lock" in head, head
+    assert "held by pid" in head and "sleep 86400" in head, head
+    assert "job stopped" in res.stderr
+
 def _is_demo_rank(pid: str) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

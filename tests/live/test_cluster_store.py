@@ -10,6 +10,7 @@ the summary shows it first, read on its node and redacted there (issue 16.5)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def test_every_rank_is_numbered_from_the_store_and_the_store_is_left_as_it_was(j
                           f"{len(truth)} GET, read-only, one connection") for a in host.actions), host.actions
     assert not any("store" in a for r in found.values() if r is not host for a in r.actions)
     last = len(truth) - 1
-    assert stdout.startswith(f"hangscope: Rank {last} is in `main_worker`"), stdout
+    assert re.match(rf"hangscope: Rank {last} \(pid {truth[last]['pid']} on {truth[last]['node']}\) is blocked in "
+                    r"`Event.wait` at `main_worker` \(spawn_nodes_job.py:\d+\)", stdout), stdout
     # the culprit's recent error output (its own stderr file), read on its node, redacted there (issue 16.5)
     err = f"{truth[last]['ready']}.rank{last}.err"
     section = stdout.split("Recent error output (read on the nodes, redacted):\n", 1)[1]

@@ -25,6 +25,7 @@ import jobs
 from app.decode import replies as parse
 from app.analysis import analyze
 from app.analysis.flight import flight_analysis, rank_text
+from app.analysis.prose import render
 from app.analysis.text import summary_text
 from app.model import CollectOptions, FlightGroup, FlightRecord, RankSnapshot, Snapshot
 from app.decode.flight import flight_record
@@ -263,7 +264,7 @@ def test_a_few_ranks_behind_in_one_group_and_ahead_in_another() -> None:
     ranks[2] = _rank(102, record(g1=(4, 3), g2=(1, 1)), rank=2)
     found = flight_analysis(ranks)[1]
     assert len(found) == 1
-    f = found[0]
+    f = render(found[0])  # the detector's fact, in the words a finding shows
     assert f.title == "rank 2 is behind in process group 2: last collective issued #1 where 3 others are at #2"
     assert f.confidence == "high" and f.ranks == (("local", 102),)
     assert f.detail.startswith("Flight recorder: ahead in pg 1: #4 vs #3 (gloo:all_reduce); behind in pg 2: "
