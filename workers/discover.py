@@ -308,6 +308,12 @@ class Scan:
             ranks = {p for p in wanted if p in self.procs}
         elif not ranks:
             self.notes += self._candidates()
+        spawned = len(self._spawned & ranks)  # with --pid, only those asked about: the rest are not this job's
+        if spawned:
+            self.notes.append("%d process%s started by multiprocessing spawn with torch loaded and no RANK in the "
+                              "environment (torch.multiprocessing.spawn): taken as ranks; the rank number comes "
+                              "from the job's store (read-only) or the spawn target's `rank` argument (--locals)"
+                              % (spawned, "" if spawned == 1 else "es"))
         if os.geteuid() != 0 and proc_hides_pids():
             self.notes.append("/proc is mounted with hidepid: other users' processes are invisible here: connect "
                               "as their user or as root")
@@ -386,11 +392,6 @@ class Scan:
             if self._has_rank_ancestor(p, ranks) or not torch_loaded(pid):
                 continue
             out.add(pid)
-        if out:
-            self.notes.append("%d process%s started by multiprocessing spawn with torch loaded and no RANK in the "
-                              "environment (torch.multiprocessing.spawn): taken as ranks; the rank number comes "
-                              "from the job's store (read-only) or the spawn target's `rank` argument (--locals)"
-                              % (len(out), "" if len(out) == 1 else "es"))
         return out
 
     def _connected_ranks(self, ranks: Set[int]) -> Dict[int, str]:

@@ -55,6 +55,18 @@ def test_spawned_ranks_are_found_by_what_they_are(local_spawn_job: SpawnJob) -> 
     assert any("torch.multiprocessing.spawn" in n and "--locals" in n for n in scan.notes), scan.notes
 
 
+
+def test_with_pids_given_the_spawned_processes_not_asked_about_bring_no_note(local_spawn_job: SpawnJob) -> None:
+    """--pid P: spawn children of another job on the node are not taken, and not spoken of either."""
+    launcher, pids = local_spawn_job.launcher, local_spawn_job.ranks
+    one = sorted(pids.values())[0]
+    scan = discover.Scan(OnlyThese([launcher.pid]), me=-1)
+    assert [r["pid"] for r in scan.ranks(pids=[launcher.pid])] == [launcher.pid]
+    assert not any("spawn" in n for n in scan.notes), scan.notes
+    scan = discover.Scan(OnlyThese([launcher.pid]), me=-1)
+    assert [r["pid"] for r in scan.ranks(pids=[one])] == [one]
+    assert any(n.startswith("1 process started by multiprocessing spawn") for n in scan.notes), scan.notes
+
 def test_with_no_rank_the_python_processes_with_torch_are_listed_as_candidates() -> None:
     pytest.importorskip("torch")
     code = "import torch, sys, time; print('ready', flush=True); time.sleep(600)"
