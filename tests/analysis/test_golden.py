@@ -360,8 +360,8 @@ EXPECTED["selflock"] = Expected(
     says=("rank 1", "_stats_lock", "itself"))
 # For the lead: development scenarios whose diagnosis is wrong today, and how (bench/diagnose.py says the same).
 WRONG_NOW = {
-    "shutdown": "names the daemon `shard-reader` beside `metrics-uploader` among the threads still running: which one "
-                "is the non-daemon thread the interpreter waits for is not in the stacks (the `locks` local says one)",
+    "shutdown": "names the daemon `shard-reader` beside `metrics-uploader` as the threads the one it waits for is among: "
+                "which one is the non-daemon thread is not in the stacks (the `locks` local says how many)",
 }
 
 # ... and those of them whose findings (kinds, confidences) are wrong too, not only the headline's words

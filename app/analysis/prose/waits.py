@@ -238,7 +238,13 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     if w.release in ("notifier", "producer", "consumer", "threads"):
         names = ", ".join(party(p, rank) for p in rel.parties[:3])
         if w.release == "threads":
-            return f"; its threads still running: {names}" + (" ..." if len(rel.parties) > 3 else "")
+            more = " ..." if len(rel.parties) > 3 else ""
+            n = _nondaemon(w)
+            if 0 < n < len(rel.parties):  # daemon-ness is not in a stack: say the count and the candidates
+                among = "the one it waits for is" if n == 1 else f"the {n} it waits for are"
+                return (f"; {among} among its threads still running: {names}{more} (a stack does not say which "
+                        "threads are daemon threads)")
+            return f"; its threads still running: {names}{more}"
         role = {"notifier": "could set it", "producer": "could put into it",
                 "consumer": "could take from it"}[w.release]
         return f"; the threads that {role}: {names}" + (" ..." if len(rel.parties) > 3 else "")
@@ -266,11 +272,19 @@ def ended(w: ThreadWait, rank: Optional[RankSnapshot]) -> str:
         last = lines[-1] if lines else ""
     if last:
         out += f" (its error output ends with {_q(last.split(']: ', 1)[-1], 160)})"
-    locks = next((loc.repr for f in (w.frame,) if f is not None for loc in f.locals if loc.name == "locks"), "")
-    n = locks.count("lock at") if locks.startswith("[") else 0
+    n = _nondaemon(w)
     if n:
         out += f"; it waits for {n} non-daemon thread{'s' if n != 1 else ''} to end"
     return out
+
+
+def _nondaemon(w: ThreadWait) -> int:
+    """How many non-daemon threads an interpreter's shutdown waits for: its `locks` local (threading._shutdown)
+    holds one lock per such thread; 0 where the locals were not read."""
+    if w.resource != "shutdown":
+        return 0
+    locks = next((loc.repr for f in (w.frame,) if f is not None for loc in f.locals if loc.name == "locks"), "")
+    return locks.count("lock at") if locks.startswith("[") else 0
 
 
 def handler(w: ThreadWait) -> str:
