@@ -14,7 +14,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from app.analysis.blocking import Motion
+from app.analysis.blocking import Motion, innermost_own
 from app.analysis.calibrate import before_graph, calibrate
 from app.analysis.columns import facts as columns
 from app.analysis.culprit import Culprit, find
@@ -381,7 +381,10 @@ def _motion(history: Sequence[Snapshot], options: AnalysisOptions) -> Callable[[
             cpu = max(0.0, (r.counters.utime or 0) + (r.counters.stime or 0) - (old.counters.utime or 0)
                       - (old.counters.stime or 0)) / dt
         moved = prev is not None and prev.path != t.path
-        return Motion(cpu, moved, running_before=prev is not None and prev.state == "R")
+        own, own_before = innermost_own(t.frames), innermost_own(prev.frames) if prev is not None else None
+        moved_own = prev is not None and (own is None or own_before is None or (own.function, own.filename, own.line)
+                                          != (own_before.function, own_before.filename, own_before.line))
+        return Motion(cpu, moved, moved_own, running_before=prev is not None and prev.state == "R")
 
     return motion
 

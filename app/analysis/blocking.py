@@ -91,6 +91,7 @@ class Motion:
 
     cpu: Optional[float] = None  # share of one core
     moved: bool = False  # its stack or loop iteration changed
+    moved_own: bool = False  # its innermost frame of the job's own code changed (the function, file or line)
     rising: Tuple[str, ...] = field(default=())  # loop counters whose values rose
     running_before: bool = False  # it was on a CPU (state R) in the previous sample too
 
@@ -436,8 +437,12 @@ def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float], moti
     # a thread on a CPU at its own `while` loop, with nothing below it that computes, spins: it polls a
     # condition without waiting. On a loaded machine it gets a fraction of a core, so its share alone cannot say;
     # runnable at the same place in two samples can (a thread that waits is not runnable)
-    own_loop = loop is not None and loop.kind == "while" and at is not None and at is t.frames[0]
-    stayed = motion is not None and motion.running_before and not motion.moved
+    # (a call the loop's header makes to test its condition, `while not os.path.exists(p)`, is the loop itself:
+    # library frames below a frame standing on its `while` header compute nothing of the job's)
+    below = t.frames[:t.frames.index(at)] if at is not None and at in t.frames else []
+    own_loop = loop is not None and loop.kind == "while" and at is not None and (
+        not below or (at.line == loop.line and all(f.native or is_library(f) for f in below)))
+    stayed = motion is not None and motion.running_before and not motion.moved_own
     spinning = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (stayed or cpu is None or cpu >= SPIN_CPU_LOADED))
     return ThreadWait("spinning" if spinning else "running", "running", "cpu", "itself", frame=at, caller=caller,
                       syscall=t.syscall, wchan=t.wchan, poll=loop, details=_loop_values(at, loop),

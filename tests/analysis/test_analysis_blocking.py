@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 
 import pytest
 
-from app.analysis.blocking import ThreadWait, call_site, calls, real_syscall, thread_wait
+from app.analysis.blocking import Motion, ThreadWait, call_site, calls, real_syscall, thread_wait
 from app.analysis.release import Context, chain, release
 from app.analysis.sites import CALL_SITES, FRAME_SITES, RESOURCES, frame_site, kernel_site
 from app.model import Frame, JobProcess, KernelWait, Local, LoopInfo, OtherEnd, ProcessHold, RankSnapshot
@@ -278,3 +278,31 @@ def test_a_native_frame_that_names_the_wait_outranks_the_lines_text() -> None:
               Frame("c10d::TCPStore::wait(...)", "libtorch_cpu.so", 0, native=True))
     w = wait_of(thread(*native, job("eval", 7, "ok = fetch()"), syscall="poll", wchan="do_sys_poll"))
     assert (w.operation, w.resource, w.release) == ("store.wait", "store_key", "key_setter")
+
+
+# --- the CPU ------------------------------------------------------------------------------------------------
+
+def _polling(below: Tuple[Frame, ...], line: int = 40) -> ThreadStack:
+    loop = LoopInfo("while", 40, 41, "while not os.path.exists(marker):")
+    frame = job("wait_marker", line, "while not os.path.exists(marker):" if line == 40 else "n += 1", loops=(loop,))
+    return thread(*below, frame, syscall="running", wchan="", state="R")
+
+
+@pytest.mark.parametrize("below", [(), (lib("genericpath.py", "exists"),)])
+def test_a_thread_runnable_at_its_own_while_loop_in_two_samples_spins_whatever_its_cpu_share(below: tuple) -> None:
+    """On a loaded machine a spinning thread gets a fraction of a core: runnable at the same line of its own
+    `while` in both samples says it does not wait. A call the loop's header makes to test its condition (the
+    library's `exists` caught on top) is the loop itself."""
+    stayed = Motion(cpu=0.05, moved=True, moved_own=False, running_before=True)
+    w = thread_wait(_polling(below), motion=stayed)
+    assert (w.state, w.resource, w.poll is not None) == ("spinning", "cpu", True), w
+    # asleep before, or somewhere else in the job's code before: no such evidence, and 5 % of a core is not a spin
+    for motion in (Motion(cpu=0.05, moved=True, moved_own=True, running_before=True),
+                   Motion(cpu=0.05, moved=False, moved_own=False, running_before=False)):
+        assert thread_wait(_polling(below), motion=motion).state == "running"
+
+
+def test_library_code_below_a_loops_body_line_computes_and_is_no_spin() -> None:
+    """The same thread on its loop's body line, inside a library call: that call may be doing the work."""
+    stayed = Motion(cpu=0.2, moved=True, moved_own=False, running_before=True)
+    assert thread_wait(_polling((lib("json/decoder.py", "decode"),), line=41), motion=stayed).state == "running"
