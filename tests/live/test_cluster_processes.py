@@ -160,7 +160,11 @@ def test_a_job_with_a_launcher_and_no_rank_yet_is_a_job(waiting_launcher, tmp_pa
     assert launcher.kind == "torchrun" and launcher.job == endpoint and launcher.of == ()
     assert launcher.why_dumped == "no rank of it exists yet" and launcher.collected
     assert "no rank processes were found" not in stdout.lower()
-    assert stdout.startswith(f"hangscope: Job {endpoint} has 1 launcher on {cluster.names[3]} and no rank yet"), stdout
+    # why it has no rank: the launcher's own --nnodes and --node-rank say which node rank never joined
+    flat = " ".join(stdout.split())
+    assert flat.startswith(f"hangscope: Job {endpoint} never started: its launchers were told --nnodes 2 and run as "
+                           "node rank 0, so the rendezvous waits for node rank 1, whose launcher is not running"), stdout
+    assert f"job {endpoint} has 1 launcher on {cluster.names[3]} and no rank yet" in flat, stdout
     assert f"torchrun pid {launcher.pid}" in stdout
     code = json.dumps([f.function for t in launcher.threads for f in t.frames])
     assert "rendezvous" in code or "barrier" in code or "_store" in code, code

@@ -85,11 +85,15 @@ def test_the_rank_behind_is_flagged_and_every_rank_shown_next_to_the_stacks(coll
     assert lag.ranks == ((collected.ranks[1].node, collected.ranks[1].pid),)
     assert lag.confidence == "low", "two ranks: either may be the odd one"
     assert "behind in pg 2: #1 vs #2 (gloo:all_reduce)" in lag.detail
-    # the recorder's sequence numbers and the stacks name the same rank: the wait graph leads with the recorder
-    # (stronger evidence of who waits for whom) and its headline gives both
+    # the recorder's sequence numbers, the stacks and the rank's own wait name the same rank; the headline leads
+    # with why (its main thread blocked reading its loader's socket), and the graph keeps the recorder's edge
     stack = next(f for f in a.findings if f.kind == "minority_stack")
-    assert a.findings[0] is lag and stack.ranks == lag.ranks
-    assert "pg 2: seq #1 vs #2" in a.waits[0].headline and "_recv_exact" in a.waits[0].headline
+    first = a.findings[0]
+    assert first.kind == "blocked" and first.ranks == stack.ranks == lag.ranks, first
+    assert "`socket.recv` at `StreamingLoader._recv_exact`" in first.title, first.title
+    assert a.culprit is not None and a.culprit.fact.kind == "blocked"
+    edges = " ".join(f"{e.kind}: {e.evidence}" for e in a.waits[0].edges)
+    assert "pg 2: seq #1 vs #2" in edges, edges
     text = " ".join(summary_text(collected, a, width=200).split())
     assert ("Flight recorder: last collective per process group, from their worker servers of 2 of 2 ranks "
             "that enable it:") in text
