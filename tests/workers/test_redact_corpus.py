@@ -160,12 +160,20 @@ def test_ordinary_text_survives(text: str) -> None:
     assert red.text(text) == text and not red.counts
 
 
-def test_function_names_and_paths_of_frames_are_never_touched() -> None:
-    frames = [{"name": fn, "filename": "/job/%s.py" % fn, "short_filename": fn + ".py", "module": fn, "line": 1}
-              for fn in ("get_token", "password_reset", "keys", "sort_key", "_refresh_auth_cookie",
-                         "Ab3dE5fG7hJ9kL2mN4pQ6rS8tU0v")]
+def test_function_and_module_names_of_frames_are_never_touched_and_file_names_only_for_tokens() -> None:
+    """A frame's function and module are code (`get_token`, `password_reset` are names, not values); its file is
+    a path, whose components are checked for token shapes and randomness only (a directory named after a token
+    is masked on every screen), never for secret words."""
+    names = ("get_token", "password_reset", "keys", "sort_key", "_refresh_auth_cookie", "Ab3dE5fG7hJ9kL2mN4pQ6rS8tU0v")
+    frames = [{"name": fn, "filename": "/job/%s.py" % fn.lower(), "short_filename": fn.lower() + ".py",
+               "module": fn, "line": 1} for fn in names]
     msg = {"pyspy": [{"thread_name": "MainThread", "frames": frames}]}
-    assert redact_message(msg) == msg
+    out = redact_message(msg)["pyspy"][0]["frames"]
+    assert [f["name"] for f in out] == list(names) and [f["module"] for f in out] == list(names)
+    assert [f["filename"] for f in out[:5]] == ["/job/%s.py" % fn for fn in names[:5]]
+    token_dir = "/srv/Xk9mQ2pL7vRtYw3ZqB8nC4dF/train.py"
+    tokened = redact_message({"pyspy": [{"frames": [{"name": "f", "filename": token_dir, "line": 1}]}]})
+    assert tokened["pyspy"][0]["frames"][0]["filename"] == "/srv/***/train.py"
 
 
 def test_recorded_worker_output_passes_unchanged() -> None:
