@@ -23,7 +23,7 @@ from app.report.html_extra import progress_section, tests_section
 from app.report.html_page import page, symbol
 from app.report.manifest import iso
 from app.report.markup import VALUE, h, h_sentence
-from app.report.redact import Redactor
+from app.report.share import Sharer
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
@@ -34,7 +34,7 @@ MAX_TREE_NODES = 3000
 MAX_CLASS_DIFFS = 8
 
 
-def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, history_times: Sequence[float] = (),
+def render_html(facts: Facts, analysis: Optional["Analysis"], red: Sharer, *, history_times: Sequence[float] = (),
                 tests: Optional[Dict[str, Any]] = None, version: str = "") -> Tuple[str, List[Tuple[str, str]]]:
     """The page and the items it left out (for the manifest)."""
     snap = facts.snapshot
@@ -109,7 +109,7 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
     sections.append("<footer class=\"meta\"><p>Secrets were redacted: values replaced with <code>***</code>; "
                     "manifest.json counts the replacements by rule. Text from nodes is shown literally.</p></footer>")
     title = f"hangscope report: {h(facts.verdict, 120)}"
-    return red.text(page(title, sections, n_classes)), skipped
+    return red.whole(page(title, sections, n_classes)), skipped
 
 
 def _header(snap: Snapshot, version: str, tests: bool, progress: bool) -> str:
@@ -174,7 +174,7 @@ def _findings(facts: Facts) -> str:
     return "<h2 id=\"findings\">Findings, most likely culprit first</h2>" + "".join(items)
 
 
-def _grid(facts: Facts, analysis: Optional["Analysis"], red: Redactor, ids: Dict[RankKey, str],
+def _grid(facts: Facts, analysis: Optional["Analysis"], red: Sharer, ids: Dict[RankKey, str],
           shown: Set[RankKey]) -> str:
     tops = top_frames(analysis, red)
     out = ["<h2 id=\"grid\">Ranks by class</h2>",
@@ -232,7 +232,7 @@ def _diffs(facts: Facts, analysis: "Analysis") -> str:
     return "\n".join(out)
 
 
-def _tree(tree: "StackTree", red: Redactor) -> Tuple[str, bool]:
+def _tree(tree: "StackTree", red: Sharer) -> Tuple[str, bool]:
     budget = [MAX_TREE_NODES]
 
     def node_html(node: "TreeNode") -> str:
