@@ -137,6 +137,9 @@ _USER_PAIR = re.compile(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)(?P<s
 _CANDIDATE = re.compile(r"(?:" + _ESC + r"|(?<![\w+=\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
 # base64 with `/` in it (an AWS secret key): judged whole, a path's components never look this random together
 _CANDIDATE_B64 = re.compile(r"(?<![\w+=/\\-])[A-Za-z0-9+/]{28,}={0,2}(?![\w+=/-])")
+# A run of 16+ letters and digits with all three of upper case, lower case and digits that the default-deny rule
+# does not read as a name: a token glued to a word (`uploader-<token>`), a directory named after one.
+_MIXED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{16,}(?![A-Za-z0-9])")
 
 
 def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
@@ -147,9 +150,18 @@ def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
         _count(hits, "high-entropy")
         return MASK
 
+    def mixed(m: "re.Match[str]") -> str:
+        token = m.group(0)
+        if token.isdigit() or token.islower() or token.isupper() or not any(c.isdigit() for c in token) \
+                or clear_word(token):
+            return token
+        _count(hits, "random-token")
+        return MASK
+
     if "/" in text and len(text) >= 28:
         text = _CANDIDATE_B64.sub(sub, text)
-    return _CANDIDATE.sub(sub, text)
+    text = _CANDIDATE.sub(sub, text)
+    return _MIXED.sub(mixed, text) if len(text) >= 16 else text
 
 
 # -- free text ------------------------------------------------------------------------------------------------
@@ -200,8 +212,11 @@ def _named(pattern: "re.Pattern[str]", text: str, rule: str, hits: Optional[Dict
         pre, inner, post = _unquote(val)
         # file.py:12, module.attr: (the quoted-key rule has no separator group: `"train.py", line 9`)
         location = group == "name" and "." in name and "=" not in (m.groupdict().get("sep") or "")
-        keep = (location or _hidden(inner) or _code_value(val) or not secret_name(name)
-                or not secret_value(name, inner) or (strength(name) == 1 and _CALL.fullmatch(val) is not None))
+        if name in _SHORT_PASSWORD:  # `'-p', 'value'` in a command list's repr
+            keep = _hidden(inner) or _is_number(inner) or inner.startswith(("/", "-"))
+        else:
+            keep = (location or _hidden(inner) or _code_value(val) or not secret_name(name)
+                    or not secret_value(name, inner) or (strength(name) == 1 and _CALL.fullmatch(val) is not None))
         if pattern is _PROSE and not keep:
             keep = inner.lower().strip(".,;:!?()") in _PROSE_KEEP
         if keep:
@@ -350,8 +365,8 @@ def redact_path(path: str, hits: Optional[Dict[str, int]] = None) -> str:
         out = _SHAPES.sub(shape, out)
     parts = out.split("/")
     for i, part in enumerate(parts):
-        if len(part) >= 16 and _ents(part, hits) != part:
-            parts[i] = _ents(part, None)
+        if len(part) >= 16:
+            parts[i] = _ents(part, hits)
     return "/".join(parts)
 
 

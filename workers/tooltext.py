@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import re
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    from typing import Dict, Optional
+
 from workers.cleartext import clear_word
 
 # strace's string argument: "..." with C escapes, then `...` when cut at -s
@@ -47,8 +51,8 @@ def _verb(payload: str) -> str:
     return word if clear_word(letters) else ""
 
 
-def strace_line(line: str, verbs: bool = False) -> str:
-    """One strace line with its payloads reduced (see the module's docstring)."""
+def strace_line(line: str, verbs: bool = False, hits: Optional[Dict[str, int]] = None) -> str:
+    """One strace line with its payloads reduced (see the module's docstring); hits counts them."""
     if '"' not in line:
         return line
     m = _CALL.match(line)
@@ -63,6 +67,8 @@ def strace_line(line: str, verbs: bool = False) -> str:
         if not path:
             inner = text[1:text.rindex('"')]
             verb = _verb(inner) if verbs else ""
+            if inner != verb and hits is not None:
+                hits["strace-payload"] = hits.get("strace-payload", 0) + 1
             text = '"%s"...' % verb
         out.append(line[done:s.start()] + text)
         done = s.end()
@@ -70,11 +76,11 @@ def strace_line(line: str, verbs: bool = False) -> str:
     return "".join(out)
 
 
-def strace_text(text: str, verbs: bool = False) -> str:
+def strace_text(text: str, verbs: bool = False, hits: Optional[Dict[str, int]] = None) -> str:
     """Every line of strace's output with its payloads reduced."""
     if '"' not in text:
         return text
-    return "\n".join(strace_line(line, verbs) for line in text.split("\n"))
+    return "\n".join(strace_line(line, verbs, hits) for line in text.split("\n"))
 
 
 # gdb's C string: "..." with escapes, optionally followed by `...` (cut by print elements) or a `<repeats N times>`
@@ -83,7 +89,7 @@ _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9a-fA-F]+|.)")
 _THREAD_HEADER = re.compile(r"^\s*(?:\*\s*)?(?:Thread|\[Switching to thread|\[New Thread)\b")
 
 
-def gdb_text(text: str) -> str:
+def gdb_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
     """gdb's output with every C string replaced by its size; thread headers (which name threads) kept."""
     if '"' not in text:
         return text
@@ -91,7 +97,9 @@ def gdb_text(text: str) -> str:
     for i, line in enumerate(lines):
         if '"' not in line or _THREAD_HEADER.match(line):
             continue
-        lines[i] = _GDB_STRING.sub(_size, line)
+        lines[i], n = _GDB_STRING.subn(_size, line)
+        if n and hits is not None:
+            hits["gdb-string"] = hits.get("gdb-string", 0) + n
     return "\n".join(lines)
 
 

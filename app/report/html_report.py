@@ -106,7 +106,9 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Sharer, *, hi
         who = ", ".join(cut_output[:10]) + (" and more" if len(cut_output) > 10 else "")
         skipped.append((f"report.html: strace/gdb output of {who}",
                         f"cut at {hr.TOOL_OUTPUT_LIMIT:,} characters per rank; snapshot.json has all of it"))
-    sections.append("<footer class=\"meta\"><p>Secrets were redacted: values replaced with <code>***</code>; "
+    sections.append("<footer class=\"meta\"><p>Values are shown only where they are safe to share (numbers, names, "
+                    "paths of names): secrets the pattern rules recognise read <code>***</code>, anything else "
+                    "<code>&lt;str len=N #hash&gt;</code> (its type, length and a hash keyed for this bundle); "
                     "manifest.json counts the replacements by rule. Text from nodes is shown literally.</p></footer>")
     title = f"hangscope report: {h(facts.verdict, 120)}"
     return red.whole(page(title, sections, n_classes)), skipped

@@ -241,7 +241,8 @@ _CHANNELS = {
     "cmdline": "argv", "env": "env", "locals": "locals", "iteration": "locals", "source": "source lines",
     "loops": "source lines", "frames": "stacks", "kernel_stack": "stacks", "wchan": "stacks", "name": "names",
     "exe": "process", "user": "process", "launcher": "process", "master_addr": "process", "strace": "strace",
-    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "sockets": "network", "gpus": "gpus",
+    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "output": "error output", "sockets": "network",
+    "gpus": "gpus",
     "info": "node info",
 }
 

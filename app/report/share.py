@@ -100,17 +100,24 @@ class Sharer:
         """A named value (a local's repr, a loop variable, an env value): the net by name, then read as code."""
         if not value:
             return value
-        return self._code(self.net.value(name, value, rule))
+        return self._cached("value:" + rule + ":" + name, value, lambda: self._code(self.net.value(name, value, rule)))
 
     def args(self, argv: Sequence[str]) -> List[str]:
         """A command line: the net's flag rules, then each argument as free text."""
         return [self.text(a) for a in self.net.args(argv)]
 
     def strace(self, output: str) -> str:
-        return self.text(strace_text(output, verbs=True))
+        """strace's output: payloads reduced to their protocol verb (an older worker's or --raw file's bytes)."""
+        hits: Dict[str, int] = {}
+        out = self.text(strace_text(output, verbs=True, hits=hits))
+        self.counts.update(hits)
+        return out
 
     def gdb(self, output: str) -> str:
-        return self.text(gdb_text(output))
+        hits: Dict[str, int] = {}
+        out = self.text(gdb_text(output, hits=hits))
+        self.counts.update(hits)
+        return out
 
     def _cached(self, kind: str, s: str, make: Any) -> str:
         key = (kind, s)
@@ -247,3 +254,12 @@ def _pair(p: Any) -> bool:
 
 def _line(p: Any) -> bool:
     return isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], str)
+
+
+def share_output(snap: Snapshot, share: Sharer) -> Snapshot:
+    """The snapshot with its ranks' error output (stderr tails, elastic error files, and their paths) shared:
+    what --print quotes of it, since a printed summary is pasted as often as summary.md is."""
+    ranks = tuple(dataclasses.replace(r, output=tuple(
+        dataclasses.replace(o, path=share.path(o.path), text=share.text(o.text)) for o in r.output))
+        if r.output else r for r in snap.ranks)
+    return dataclasses.replace(snap, ranks=ranks) if any(r.output for r in snap.ranks) else snap

@@ -215,5 +215,7 @@ def _details(summary: str, body: str) -> List[str]:
 
 def _footer(files: Sequence[str]) -> str:
     listed = ", ".join(md_code(f) for f in files)
-    return (f"Secrets were redacted (values replaced with `***`; counts per rule in `manifest.json`). "
-            f"Bundle files: {listed}." if files else "Secrets were redacted (values replaced with `***`).")
+    rule = ("Values are shown only where they are safe to share (numbers, names, paths of names): secrets the "
+            "pattern rules recognise read `***`, anything else `<str len=N #hash>` (its type, length and a hash keyed "
+            "for this bundle: equal values hash alike here, nowhere else).")
+    return f"{rule} Counts per rule in `manifest.json`. Bundle files: {listed}." if files else rule
