@@ -44,8 +44,10 @@ args = sys.argv[1:]
 if DATA.get("hang"):
     time.sleep(3600)  # a GPU fallen off the bus: nvidia-smi never answers
 a = " ".join(args)
-if "--query-compute-apps" in a:
-    sys.stdout.write(DATA.get("apps", ""))
+if "--query-compute-apps" in a:  # as many columns as asked: discovery's 3, the GPU tests' 4 (process_name)
+    asked = len(a.split("--query-compute-apps=")[1].split()[0].split(","))
+    for line in DATA.get("apps", "").splitlines():
+        print(", ".join(x.strip() for x in line.split(",", 3)[:asked]))
 elif "--query-remapped-rows" in a:
     sys.stdout.write(DATA.get("remap", ""))
 elif "--query-gpu=index,uuid,name" in a:  # discovery's own query (workers/collect/gpus.py)
@@ -63,6 +65,18 @@ else:
 
 _DMESG_BODY = '''
 now = time.time()
+if DATA.get("busybox"):  # busybox's dmesg (a container's): no options known, `[seconds since boot]` before each line
+    if sys.argv[1:]:
+        print("dmesg: unrecognized option '%s'" % sys.argv[1], file=sys.stderr)
+        sys.exit(1)
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    for line in DATA["lines"].splitlines():
+        if line.startswith("@AGE:"):
+            age, rest = line[5:].split("@", 1)
+            line = "[%12.6f]%s" % (max(0.0, up - float(age)), rest)
+        print(line)
+    sys.exit(0)
 for line in DATA["lines"].splitlines():
     if line.startswith("@AGE:"):
         age, rest = line[5:].split("@", 1)
@@ -92,9 +106,11 @@ def nvidia_smi(bindir: Path, *, gpus: str = "", remap: str = "", apps: str = "",
         "gpus": gpus, "remap": remap, "apps": apps, "q": query, "hang": "1" if hang else ""}))
 
 
-def dmesg(bindir: Path, lines: str) -> Path:
-    """A FAKE dmesg printing recorded kernel lines; `@AGE:N@` becomes the ISO time N seconds before now."""
-    return _write(bindir, "dmesg", _python_fake("dmesg", _DMESG_BODY, {"lines": lines}))
+def dmesg(bindir: Path, lines: str, *, busybox: bool = False) -> Path:
+    """A FAKE dmesg printing recorded kernel lines; `@AGE:N@` becomes the ISO time N seconds before now. With
+    busybox, one that refuses every option and prints the seconds since boot N seconds before now instead."""
+    return _write(bindir, "dmesg", _python_fake("dmesg", _DMESG_BODY, {"lines": lines,
+                                                                       "busybox": "1" if busybox else ""}))
 
 
 def ncclras(bindir: Path, *, text: str = "", json_text: str = "") -> Path:
@@ -103,9 +119,11 @@ def ncclras(bindir: Path, *, text: str = "", json_text: str = "") -> Path:
 
 
 def apps_csv(pids_by_gpu: Dict[int, Sequence[int]], gpus_csv: str) -> str:
-    """--query-compute-apps lines (pid, gpu uuid, used MiB) for the given pids on the GPUs of gpus_csv."""
+    """--query-compute-apps lines (pid, gpu uuid, used MiB, process name) for the given pids on the GPUs of
+    gpus_csv; the fake prints as many of the columns as it is asked for."""
     uuids = {int(p[0]): p[2] for p in ([x.strip() for x in line.split(",")] for line in gpus_csv.splitlines())}
-    return "".join(f"{pid}, {uuids[g]}, 30211\n" for g, pids in sorted(pids_by_gpu.items()) for pid in pids)
+    return "".join(f"{pid}, {uuids[g]}, 30211, /usr/bin/python3\n" for g, pids in sorted(pids_by_gpu.items())
+                   for pid in pids)
 
 
 def ras_json(ranks: Sequence[dict], missing: Sequence[dict] = (), comm_hash: str = "0x5e1f0c3a9b7d2e41",
@@ -138,8 +156,10 @@ def path_with(bindir: Path, base: Optional[str] = None) -> str:
 
 # -- the gpu_xid scenario: a GPU fault on the culprit's node, for the recorded golden and the live test ----------
 
-SCENARIO_GPUS = ("0, 00000000:3B:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c01, NVIDIA H100 80GB HBM3, 0, 0, 0, [N/A]\n"
-                 "1, 00000000:5D:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c02, NVIDIA H100 80GB HBM3, 2, 2, 0, [N/A]\n")
+SCENARIO_GPUS = ("0, 00000000:3B:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c01, NVIDIA H100 80GB HBM3, 0, 0, 0, [N/A], "
+                 "30211, 81559, 100, 61\n"
+                 "1, 00000000:5D:00.0, GPU-7f2c1e0a-5b1d-4c1e-9a53-1e6f0b2d3c02, NVIDIA H100 80GB HBM3, 2, 2, 0, [N/A], "
+                 "30211, 81559, 0, 47\n")
 SCENARIO_REMAP = "00000000:3B:00.0, 0, 0, 0, 0\n00000000:5D:00.0, 0, 1, 1, 0\n"
 # fresh: the culprit's GPU (local rank 1 -> GPU 1 at 0000:5d:00) fell off the bus 40 s ago; stale: a week-old
 # row-remap notice on GPU 0 (said as older, never the lead)
@@ -168,7 +188,8 @@ def install_gpu_xid(cluster, job, culprit: int, nodes: Sequence[str]) -> List[Pa
 
 
 # A FAKE libnvidia-ml.so.1 (no driver here): the NVML calls the worker's ctypes child makes, with NVML's
-# signatures (nvml.h) and recorded values: two GPUs, the second with uncorrectable ECC errors and a pending remap.
+# signatures (nvml.h) and recorded values: two GPUs, the second with uncorrectable ECC errors and a pending remap,
+# held by pid 4242.
 FAKE_NVML_C = r"""
 /* FAKE libnvidia-ml.so.1 for hangscope's tests: no NVIDIA driver here. */
 #include <string.h>
@@ -189,6 +210,20 @@ int nvmlDeviceGetTotalEccErrors(void *h, int kind, int counter, unsigned long lo
     *v = (idx(h) == 1 && kind == 1) ? 2 : 0; return 0; }
 int nvmlDeviceGetRemappedRows(void *h, unsigned int *c, unsigned int *u, unsigned int *p, unsigned int *f) {
     *c = 0; *u = idx(h); *p = idx(h); *f = 0; return 0; }
+typedef struct { unsigned long long total, free, used; } mem_t;
+int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
+    m->total = 81559ULL << 20; m->used = (idx(h) ? 30211ULL : 4ULL) << 20; m->free = m->total - m->used; return 0; }
+typedef struct { unsigned int gpu, memory; } util_t;
+int nvmlDeviceGetUtilizationRates(void *h, util_t *u) { u->gpu = idx(h) ? 0 : 100; u->memory = 0; return 0; }
+int nvmlDeviceGetTemperature(void *h, int sensor, unsigned int *t) { *t = 40 + idx(h); return 0; }
+/* nvmlProcessInfo_t of nvmlDeviceGetComputeRunningProcesses_v3: pid, memory, GPU and compute instance */
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
+    proc_t;
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *n, proc_t *p) {
+    if (idx(h) != 1) { *n = 0; return 0; }
+    if (*n < 1) { *n = 1; return 7; }  /* NVML_ERROR_INSUFFICIENT_SIZE */
+    p[0].pid = 4242; p[0].usedGpuMemory = 30211ULL << 20; p[0].gpuInstanceId = 0xFFFFFFFF;
+    p[0].computeInstanceId = 0xFFFFFFFF; *n = 1; return 0; }
 """
 
 

@@ -60,7 +60,7 @@ class Request:
             if not self._finished:
                 self.worker.send({"type": "item", "id": self.id, "data": data})
 
-    def done(self, data: Dict[str, Any]) -> None:
+    def done(self, data: Mapping[str, Any]) -> None:
         self._finish({"type": "done", "id": self.id, "data": data})
 
     def error(self, code: str, message: str, hint: Optional[str] = None) -> None:

@@ -16,6 +16,7 @@ import pytest
 from app.errors import TransportError
 from app.transport.login_tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
+from workers import protocol
 
 import cluster as cluster_mod
 from waiting import wait_until
@@ -56,7 +57,7 @@ async def test_hello_from_every_node_with_the_users_own_ssh_config(ssh_cluster, 
     try:
         assert [w.hello["hostname"] for w in workers] == c.names
         for w in workers:
-            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True
             assert {"connect", "login", "start"} <= set(w.timings)
             assert w.pid in c[w.name].pids()
     finally:
@@ -192,7 +193,7 @@ async def test_sshd_killed_mid_session_is_lost(ssh_cluster) -> None:
         node.kill_sshd(sessions=True)
         with pytest.raises(TransportError) as err:
             for _ in range(100):  # the loss is noticed at the latest by the next request
-                await w.call("ping", timeout=10)
+                await w.call(protocol.PING({}), timeout=10)
         assert err.value.code == "lost" and "node03" in err.value.message
     finally:
         await w.close(kill=True)
@@ -274,7 +275,7 @@ async def test_network_cut_mid_session_is_lost_within_the_keepalive_deadline(ssh
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(TransportError) as err:
-            await w.call("ping", timeout=30)  # the request itself never gets an answer: keepalives decide
+            await w.call(protocol.PING({}), timeout=30)  # the request itself never gets an answer: keepalives decide
         assert err.value.code == "lost" and "node01" in err.value.message
         assert loop.time() - t0 < 5
     finally:
@@ -291,7 +292,7 @@ async def test_config_cannot_give_the_worker_a_pty_an_agent_or_our_environment(s
                       + c.ssh_config.read_text())
     w = await SshTransport(_opts(c, config_paths=(str(config),))).open("node02")
     try:
-        assert (await w.call("ping", timeout=10))["pong"] is True  # a pty would have mangled the protocol
+        assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True  # a pty would have mangled the protocol
         environ = Path(f"/proc/{c['node02'].host_pid(w.pid)}/environ").read_bytes().split(b"\0")
         names = {e.split(b"=", 1)[0] for e in environ}
         assert b"HANGSCOPE_TEST_SECRET" not in names and b"SSH_AUTH_SOCK" not in names
@@ -401,7 +402,7 @@ async def test_a_chatty_login_shell_does_not_break_the_protocol(ssh_cluster) -> 
     try:
         w = await SshTransport(_opts(c)).open("node03")
         try:
-            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True
             assert any("Welcome to node03" in x for x in w.warnings), w.warnings
         finally:
             await w.close()
