@@ -140,6 +140,7 @@ _CANDIDATE_B64 = re.compile(r"(?<![\w+=/\\-])[A-Za-z0-9+/]{28,}={0,2}(?![\w+=/-]
 # A run of 16+ letters and digits with all three of upper case, lower case and digits that the default-deny rule
 # does not read as a name: a token glued to a word (`uploader-<token>`), a directory named after one.
 _MIXED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{16,}(?![A-Za-z0-9])")
+_SRI = re.compile(r"sha(?:256|384|512)-[A-Za-z0-9+/]+=*")
 
 
 def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
@@ -161,7 +162,16 @@ def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
     if "/" in text and len(text) >= 28:
         text = _CANDIDATE_B64.sub(sub, text)
     text = _CANDIDATE.sub(sub, text)
-    return _MIXED.sub(mixed, text) if len(text) >= 16 else text
+    if len(text) < 16:
+        return text
+    if "sha" not in text:
+        return _MIXED.sub(mixed, text)
+    # a Subresource Integrity / CSP hash (`sha256-<base64>`) is a public digest: left as it is
+    out, done = [], 0
+    for m in _SRI.finditer(text):
+        out.append(_MIXED.sub(mixed, text[done:m.start()]) + m.group(0))
+        done = m.end()
+    return "".join(out) + _MIXED.sub(mixed, text[done:])
 
 
 # -- free text ------------------------------------------------------------------------------------------------
