@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from app.model import Local, Snapshot, StraceResult
 from app.report.redact import Redactor
 from workers.cleartext import HIDDEN, clear_word, foreign, share_text, share_words
-from workers.codetext import split_literal, tokens
+from workers.codetext import Token, split_literal, tokens
 from workers.tooltext import gdb_text, strace_text
 
 RULE = "default-deny"
@@ -137,7 +137,10 @@ class Sharer:
         comment holding foreign words hidden whole), the rest (operators, spaces) kept."""
         out: List[str] = []
         done = 0
-        for t in tokens(text):
+        toks = tokens(text)
+        if foreign("".join(t.text for t in toks if t.kind == "op")):
+            toks = _merge_foreign(toks)  # letters outside ASCII in the code itself: one token per run, never a letter
+        for t in toks:
             if t.start > done:
                 out.append(text[done:t.start])
             if t.kind == "str":
@@ -246,6 +249,20 @@ class Sharer:
 
     def summary(self) -> Dict[str, int]:
         return dict(sorted(self.counts.items()))
+
+
+def _merge_foreign(toks: list) -> list:
+    """Adjacent operator tokens (no space between) holding letters outside ASCII, merged into one: hashing them a
+    character at a time would give a substitution cipher."""
+    out: list = []
+    for t in toks:
+        prev = out[-1] if out else None
+        if (t.kind == "op" and prev is not None and prev.kind == "op" and prev.end == t.start
+                and (foreign(t.text) or foreign(prev.text))):
+            out[-1] = Token("op", prev.text + t.text, prev.start, t.end)
+        else:
+            out.append(t)
+    return out
 
 
 def _pair(p: Any) -> bool:

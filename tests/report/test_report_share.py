@@ -150,3 +150,10 @@ def test_print_quotes_error_output_as_it_would_be_shared() -> None:
     with redirect_stderr(io.StringIO()):
         headless.report(snap, out=raw, raw=True)
     assert RANDOM in raw.getvalue()
+
+
+def test_a_name_in_another_script_is_hidden_as_one_word_never_letter_by_letter() -> None:
+    """Hashing a word a letter at a time would be a substitution cipher: a run of letters outside ASCII in code goes
+    as one token."""
+    out = Sharer().source("    пароль = get(x)  # ok")
+    assert out.startswith("    <str len=6 #") and out.endswith("> = get(x)  # ok") and out.count("<str") == 1
