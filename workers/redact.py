@@ -119,6 +119,10 @@ _PROSE_KEEP = frozenset({"is", "was", "are", "were", "for", "of", "to", "in", "o
                          "none", "null", "empty", "needed", "given", "provided", "protected", "manager", "store",
                          "if", "else", "then", "as", "by", "at", "when", "that", "this", "it", "into",
                          "true", "false", "argument", "parameter", "option", "variable", "env"})
+# A protocol's login command, in a line of text or a thread name (the bytes on a socket are not text at all:
+# workers/tooltext.py): everything after the verb to the end of the line is its credentials.
+_PROTOCOL = re.compile(r"(?<![\w-])(?P<name>AUTH|LOGIN|PASS|addauth)(?P<sep>[ \t]+)"
+                       r"(?P<val>(?:(?!\\[rn])[^\r\n\"'])+)")
 # Headers whose whole value (to the end of the line or the string) is a credential.
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
 _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
@@ -137,9 +141,10 @@ _USER_PAIR = re.compile(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)(?P<s
 _CANDIDATE = re.compile(r"(?:" + _ESC + r"|(?<![\w+=\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
 # base64 with `/` in it (an AWS secret key): judged whole, a path's components never look this random together
 _CANDIDATE_B64 = re.compile(r"(?<![\w+=/\\-])[A-Za-z0-9+/]{28,}={0,2}(?![\w+=/-])")
-# A run of 16+ letters and digits with all three of upper case, lower case and digits that the default-deny rule
-# does not read as a name: a token glued to a word (`uploader-<token>`), a directory named after one.
-_MIXED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{16,}(?![A-Za-z0-9])")
+# A run of 12+ letters and digits with all three of upper case, lower case and digits that the default-deny rule
+# does not read as a name: a token glued to a word (`uploader-<token>`), a directory named after one, an OS thread
+# name (15 characters at most).
+_MIXED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{12,}(?![A-Za-z0-9])")
 _SRI = re.compile(r"sha(?:256|384|512)-[A-Za-z0-9+/]+=*")
 
 
@@ -162,7 +167,7 @@ def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
     if "/" in text and len(text) >= 28:
         text = _CANDIDATE_B64.sub(sub, text)
     text = _CANDIDATE.sub(sub, text)
-    if len(text) < 16:
+    if len(text) < 12:
         return text
     if "sha" not in text:
         return _MIXED.sub(mixed, text)
@@ -343,7 +348,19 @@ def redact_text(text: str, hits: Optional[Dict[str, int]] = None, code: bool = F
             text = _named(_KEYVAL, text, "secret-key-value", hits)
     if " " in text or "\t" in text:
         text = _named(_SPACED, text, "secret-assignment", hits)
+        if "AUTH" in text or "LOGIN" in text or "PASS" in text or "addauth" in text:
+            text = _protocol(text, hits)
     return _ents(text, hits)
+
+
+def _protocol(text: str, hits: Optional[Dict[str, int]]) -> str:
+    def sub(m: "re.Match[str]") -> str:
+        val = m.group("val").rstrip()
+        if _hidden(val) or val.lower() in _PROSE_KEEP:
+            return m.group(0)
+        _count(hits, "protocol-login")
+        return m.group("name") + m.group("sep") + MASK + m.group("val")[len(val):]
+    return _PROTOCOL.sub(sub, text)
 
 
 def redact_named(name: str, value: str, hits: Optional[Dict[str, int]] = None, rule: str = "secret-local") -> str:
