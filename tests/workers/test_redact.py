@@ -86,3 +86,56 @@ def test_a_quoted_dotted_name_in_text_with_a_secret_word_is_kept_and_never_crash
     assert "s3cr3t-v4lue" not in out and "hunter2hunter2" not in out
     assert ('"a.token", 5' in out) if text.startswith("x ") else True
     assert ('File "train.py", line 9' in out) if "train.py" in text else True
+
+
+# Issue 25: a name that merely contains a secret word keeps a value that is safe by the default-deny rule, and a
+# source line keeps its shape. Each of these must come out exactly as it went in, on the node.
+@pytest.mark.parametrize("argv", [
+    ["--token-limit", "512"], ["--num-key-value-heads", "8"], ["--auth-mode", "none"], ["--pass-count", "3"],
+    ["--private-key-file", "/etc/ssl/private/node.pem"], ["ssh", "-p", "2222", "host"], ["mkdir", "-p", "/x/y"],
+    ["gcc", "-pthread", "-pipe", "x.c"], ["curl", "-u", "deploy", "https://x"],
+])
+def test_names_that_mention_a_secret_keep_safe_values(argv: list) -> None:
+    assert redact_argv(argv) == argv
+
+
+@pytest.mark.parametrize("name, value", [
+    ("key", "'input_ids'"), ("token_count", "4096"), ("pass_idx", "3"), ("auth_mode", "'none'"),
+    ("cache_key", "'layer3'"), ("signature_version", "'v4'"), ("token_ids", "[101, 2023, 102]"),
+    ("batch_keys", "['input_ids', 'attention_mask', 'labels']"), ("pad_token_id", "0"),
+])
+def test_ordinary_locals_under_secret_looking_names(name: str, value: str) -> None:
+    from workers.redact import redact_named
+
+    assert redact_named(name, value) == value
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("key = batch['input_ids']", "key = batch['input_ids']"),
+    ("key_states = self.k_proj(hidden_states)", "key_states = self.k_proj(hidden_states)"),
+    ("password = os.environ[\"DB_PASSWORD\"]", "password = os.environ[\"DB_PASSWORD\"]"),
+    ('os.environ["WANDB_API_KEY"] = "v3lvet7harbor"', 'os.environ["WANDB_API_KEY"] = "***"'),
+    ("cfg['password'] = 'v3lvet7harbor'", "cfg['password'] = '***'"),
+    ("settings.psk = 'v3lvet7harbor'  # rotated", "settings.psk = '***'  # rotated"),
+    ('smtp.login(user, "v3lvet7harbor")', 'smtp.login(user, "***")'),
+    ('run(["psql", "--password", "v3lvet7harbor", "-h", "db"])', 'run(["psql", "--password", "***", "-h", "db"])'),
+    ('run(["mysql", "-u", "root", "-pv3lvet7harbor", "analytics"])', 'run(["mysql", "-u", "root", "-p***", "analytics"])'),
+    ("token = get_token()  # password: v3lvet7harbor", "token = get_token()  # password: ***"),
+])
+def test_source_lines_keep_their_shape(line: str, expected: str) -> None:
+    from workers.redact import redact_source
+
+    assert redact_source(line) == expected
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["mysql", "-u", "root", "-pS3cret9x", "analytics"], ["mysql", "-u", "root", "-p***", "analytics"]),
+    (["sshpass", "-p", "v3lvet7harbor", "ssh", "h"], ["sshpass", "-p", "***", "ssh", "h"]),
+    (["curl", "-u", "admin:v3lvet7harbor", "https://x"], ["curl", "-u", "admin:***", "https://x"]),
+    (["--passcode", "v3lvet7harbor"], ["--passcode", "***"]), (["--psk", "v3lvet7harbor"], ["--psk", "***"]),
+    (["amqp://svc:p@ss@word@mq:5672/v"], ["amqp://svc:***@mq:5672/v"]),
+    (["scott/v3lvet7harbor@db.internal:1521/orcl"], ["scott/***@db.internal:1521/orcl"]),
+    (["machine h login ops password v3lvet7harbor"], ["machine h login ops password ***"]),
+])
+def test_short_flags_url_forms_and_netrc_lines(argv: list, expected: list) -> None:
+    assert redact_argv(argv) == expected
