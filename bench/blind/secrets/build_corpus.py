@@ -527,7 +527,7 @@ t = "%d:AA%s" % (R.randint(10 ** 9, 10 ** 10 - 1), b64u(33))
 S("path-02", "paths", "module file named after a Telegram bot token", "T4", {"path": "module_file", "token": t}, t, "tg_bot_",
   fragments=[t[13:23]])
 t = hx(40)
-S("path-03", "paths", "working directory named after a token", "T4", {"path": "cwd", "token": t}, t, "run-")
+S("path-03", "paths", "working directory named after a token", "T4", {"path": "cwd", "token": t}, t, "/cwd/run-")
 t = aln(28)
 S("path-04", "paths", "stderr log file named after a presigned signature", "T3", {"path": "stderr_file", "token": t}, t,
   "upload-log-")
