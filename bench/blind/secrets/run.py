@@ -760,13 +760,13 @@ def run_tui(out: Outputs, pids: List[int], od: str, runs: Dict[str, int], notes:
                         notes.append("TUI: rank %d tab %d offered no %r" % (rank, n, key))
                         continue
                     term.keys(key)
-                    try:
-                        term.wait_for(lambda s: "Run (y)" in s, timeout=30)
-                        term.keys("y")
+                    try:  # a confirmation first (only the first time it is asked), then the result
+                        scr = term.wait_for(lambda s: "Run (y)" in s or missing not in s, timeout=60)
+                        if "Run (y)" in scr:
+                            term.keys("y")
                         term.wait_for(lambda s: missing not in s and "Run (y)" not in s, timeout=90)
                     except TimeoutError:
                         notes.append("TUI: rank %d: %s gave nothing" % (rank, "strace" if key == "s" else "gdb"))
-                        term.keys("Escape")
                 for n in range(1, 8):
                     scr = tab(n)
                     out.add("tui/rank%d/tab%d" % (rank, n), ["TUI"], scr)
