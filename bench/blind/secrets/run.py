@@ -931,7 +931,22 @@ def report(corpus: dict, out: Outputs, pid_of: Dict[str, int], od: str, runs: Di
         needles = ([e["value"]] if len(e["value"]) >= 8 else []) + e["fragments"]
         hits = search.where(needles)
         read = bool(hits) or anchor_read(e["anchor"], search, pdata)
-        rows.append((e, read, hits))
+        rows.append([e, read, hits])
+    # A spot shown whole: a secret whose anchor was masked with it was still read when a sibling in the same
+    # spot was (the same command line, title or thread list; the same frame's locals or source window).
+    def spot(e: dict):
+        p = e["plant"]
+        if e["channel"] in ("argv", "title", "thread"):
+            return (e["target"], e["channel"])
+        if e["channel"] == "locals":
+            return (e["target"], "locals", p["local"])
+        if e["channel"] == "source":
+            return (e["target"], "source", p["source"], p["where"])
+        return None
+    shown = {spot(r[0]) for r in rows if r[1] and spot(r[0]) is not None}
+    for r in rows:
+        if not r[1] and spot(r[0]) in shown:
+            r[1] = True
 
     chans = []
     for e, _, _ in rows:
@@ -1016,11 +1031,59 @@ def report(corpus: dict, out: Outputs, pid_of: Dict[str, int], od: str, runs: Di
 
 # ================================================================================ main
 
+def reanalyze(od: str) -> int:
+    """The report again, from what a run kept in its --out DIR (texts/, snapshots, bundles, tarballs)."""
+    corpus = json.load(open(CORPUS))
+    out = Outputs(os.path.join(od, "reanalyzed"))
+    for fn in sorted(os.listdir(os.path.join(od, "texts"))):
+        with open(os.path.join(od, "texts", fn), errors="replace") as f:
+            text = f.read()
+        groups = ["TUI"] if fn.startswith("tui_") else ["--print/summary.md"]
+        out.items.append((fn.replace("_", "/", 1) if fn.startswith("tui_") else fn, groups, text, "text"))
+    for snap in ("snap_plain.json", "snap_full.json"):
+        if os.path.exists(os.path.join(od, snap)):
+            out.add_file(snap, ["snapshot"], os.path.join(od, snap))
+    for d in sorted(os.listdir(od)):
+        p = os.path.join(od, d)
+        if d.startswith("export_") and os.path.isdir(p):
+            out.add_tree(d, bundle_groups, p)
+        elif d.endswith(".tar.gz"):
+            out.add_tar(d, bundle_groups, p)
+    pid_of: Dict[str, int] = {}
+    try:
+        for r in json.load(open(os.path.join(od, "snap_full.json")))["snapshot"]["ranks"]:
+            pid_of["T%d" % r["rank"]] = r["pid"]
+    except (OSError, ValueError, KeyError):
+        pass
+    runs: Dict[str, int] = {}
+    notes: List[str] = []
+    old = os.path.join(od, "REPORT.md")
+    if os.path.exists(old):
+        for line in open(old):
+            m = re.match(r"- `(.*)`: (-?\d+)$", line.strip())
+            if m:
+                runs[m.group(1)] = int(m.group(2))
+            elif line.startswith("- note: "):
+                notes.append(line[len("- note: "):].rstrip("\n"))
+    meta = {"reanalyzed": datetime.datetime.now().isoformat(timespec="seconds") + " (outputs of the run in %s)" % od,
+            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                     text=True).stdout.strip(),
+            "corpus": "%d secrets, %d ordinary values" % (len(corpus["secrets"]), len(corpus["ordinary"]))}
+    text = report(corpus, out, pid_of, od, runs, notes, meta)
+    with open(os.path.join(od, "REPORT-reanalyzed.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="where outputs and the report go (default /tmp/blindsec-out-<time>)")
     ap.add_argument("--skip-tui", action="store_true")
+    ap.add_argument("--reanalyze", metavar="DIR", help="only search the outputs an earlier run kept in DIR")
     a = ap.parse_args()
+    if a.reanalyze:
+        return reanalyze(os.path.abspath(a.reanalyze))
     if os.geteuid() != 0:
         print("run as root (ptrace, strace, gdb on the targets)", file=sys.stderr)
         return 2
