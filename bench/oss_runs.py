@@ -43,7 +43,7 @@ def run_cli(cluster: Cluster, work: Path, index: int, *extra: str) -> Dict[str, 
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = work / f"snap-{index}.json"
     started = time.monotonic()
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *extra], cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), "--raw", *extra], cluster,
                     timeout=180, cwd=str(REPO))
     seconds = time.monotonic() - started
     if not out.exists():

@@ -27,7 +27,7 @@ examples:
   hangscope -w 'gpu[001-004]' --native     nodes from a SLURM/pdsh node list, with C/C++ frames
   hangscope hosts.txt --snapshot out.json  headless: collect once, print the summary, write the snapshot
   hangscope --load out.json                open a saved snapshot in the TUI (--print: the summary)
-  hangscope --load out.json --export rep/  write a shareable report bundle (secrets redacted)
+  hangscope --load out.json --export rep/  write a report bundle that is safe to share (default-deny)
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
   hangscope hosts.txt --test pairs         find the bad node or link with all_reduce tests on node pairs
@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write a report bundle (summary.md, report.html, snapshot.json, ...) to DIR")
     mode.add_argument("--tar", action="store_true", help="with --export, also write DIR.tar.gz")
     mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file or --export DIR")
+    mode.add_argument("--raw", action="store_true",
+                      help="with --snapshot or --print: values as collected (only what the pattern rules catch is "
+                      "masked, as in the TUI) instead of default-deny in the snapshot file and in the error output "
+                      "--print quotes; not for sharing (--export is always default-deny)")
     col = p.add_argument_group("collection")
     col.add_argument("--locals", action=argparse.BooleanOptionalAction, default=True,
                      help="collect local variables (py-spy --locals, on by default): tells loop iterations "
@@ -78,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--strace", type=float, metavar="SECONDS", default=0.0,
                      help="also strace every rank for SECONDS (traces the rank; capped output)")
     col.add_argument("--strace-data", action="store_true",
-                     help="with --strace, keep the first bytes each call read or wrote (redacted on the node; "
-                     "by default only syscall, fd, size and result)")
+                     help="with --strace, show the protocol verb (AUTH, GET, +OK) each call's bytes start with, "
+                     "never what follows it (by default only syscall, fd, size and result)")
     col.add_argument("--gdb", action="store_true",
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
     col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
@@ -194,12 +198,14 @@ def _run(args: argparse.Namespace) -> int:
     from app.cli import headless
 
     headless_mode = bool(args.print_summary or args.snapshot or args.export)
+    if getattr(args, "raw", False) and not (args.snapshot or args.print_summary):
+        raise InputError("--raw applies to --snapshot FILE and --print (an --export bundle is always default-deny)")
     if args.load:
         if args.hosts or args.nodelist:
             raise InputError("--load reads a saved snapshot; do not also give hosts")
         if headless_mode:
             return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar,
-                                        job=args.job)
+                                        job=args.job, raw=getattr(args, "raw", False))
         snap = headless.load_snapshot(args.load)
         _require_terminal()
         from app.ui import run_tui

@@ -79,27 +79,40 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
     if getattr(args, "job", None):
         snap, history = pick_job(snap, history, args.job)
     return report(snap, history=history, snapshot_path=args.snapshot, force=args.force, export=args.export,
-                  tar=args.tar)
+                  tar=args.tar, raw=getattr(args, "raw", False))
 
 
 def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: Optional[str] = None,
-           force: bool = False,
-           export: Optional[str] = None, tar: bool = False, out: TextIO = sys.stdout) -> int:
+           force: bool = False, export: Optional[str] = None, tar: bool = False, out: TextIO = sys.stdout,
+           raw: bool = False) -> int:
     """Analyse, print the summary, write the snapshot file and the report bundle; the exit code says how
-    complete the data is."""
+    complete the data is. The summary is for this terminal: the pattern net, as the TUI. The snapshot file
+    leaves it: default-deny (app/report/share.py) unless raw, which says so on stderr."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
     from app.report.redact import Redactor
+    from app.report.share import RAW, SHARING, Sharer, share_output
 
     analysis = analyze(snap, history=history)
-    # The node redacted everything it sent; this second pass (the export's redactor) covers what is printed and
-    # written here too, and a snapshot loaded from a file written by an older hangscope.
+    # The node redacted everything it sent; this second pass covers what is printed here too, and a snapshot
+    # loaded from a file written by an older hangscope.
     red = Redactor()
-    out.write(red.text(summary_text(snap, analysis)) + "\n")
+    share = Sharer()
+    # The ranks' own error output is quoted, never acted on: --print shows it as it would be shared, so a pasted
+    # summary carries no more of it than summary.md does (the rest, commands to run included, as on screen).
+    printed = snap if raw else share_output(snap, share)
+    out.write(red.text(summary_text(printed, analysis)) + "\n")
     out.flush()
     if snapshot_path:
-        write_private(snapshot_path, snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict())), force=force)
-        print(f"hangscope: snapshot written to {snapshot_path}", file=sys.stderr)
+        if raw:
+            print("hangscope: warning: --raw: the snapshot holds names, paths, command lines, locals and error "
+                  "output as collected (only what the pattern rules recognise is masked); do not share it: "
+                  "--export writes a bundle that is safe to share", file=sys.stderr)
+            text = snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict()), sharing=RAW)
+        else:
+            text = snapshot_to_json(share.snapshot(snap), share.tree(analysis.to_dict()), sharing=SHARING)
+        write_private(snapshot_path, text, force=force)
+        print(f"hangscope: snapshot written to {snapshot_path}" + (" (raw)" if raw else ""), file=sys.stderr)
     if export:
         from app.report import export_bundle
 
@@ -164,11 +177,11 @@ def pick_job(snap: Snapshot, history: Sequence[Snapshot], wanted: str) -> "tuple
 
 
 def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False, tar: bool = False,
-                job: Optional[str] = None) -> int:
+                job: Optional[str] = None, raw: bool = False) -> int:
     snap = load_snapshot(path)
     if job:
         snap, _ = pick_job(snap, (), job)
-    report(snap, export=export, force=force, tar=tar)
+    report(snap, export=export, force=force, tar=tar, raw=raw)
     return EXIT_OK
 
 

@@ -165,9 +165,13 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
     return obj
 
 
-def snapshot_to_json(snapshot: Snapshot, analysis: Optional[dict] = None) -> str:
-    """The snapshot file format: schema header, the snapshot, and the analysis results when given."""
-    doc = {"schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "snapshot": to_dict(snapshot)}
+def snapshot_to_json(snapshot: Snapshot, analysis: Optional[dict] = None, sharing: Optional[dict] = None) -> str:
+    """The snapshot file format: schema header, the snapshot, the analysis results when given, and how its values
+    were shared (app/report/share.py: default-deny, or raw) when given."""
+    doc: dict = {"schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION}
+    if sharing is not None:
+        doc["sharing"] = sharing
+    doc["snapshot"] = to_dict(snapshot)
     if analysis is not None:
         doc["analysis"] = analysis
     return json.dumps(doc, indent=1, ensure_ascii=False)

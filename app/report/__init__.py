@@ -1,5 +1,5 @@
 """Export reports: one bundle (summary.md, report.html, snapshot.json, flame-graph stacks, manifest.json) a
-user can attach to a ticket, with secrets redacted by one redactor applied to every file.
+user can attach to a ticket, shared by default-deny (app/report/share.py) with one key per bundle.
 
 The public API is re-exported here; nothing in this package imports Textual or does network I/O.
 """

@@ -19,7 +19,8 @@ from app.report.facts import gather
 from app.report.flame import collapsed, speedscope
 from app.report.html_report import render_html
 from app.report.manifest import build_manifest
-from app.report.redact import Redactor, channel_counts
+from app.report.redact import channel_counts
+from app.report.share import SHARING, Sharer
 from app.report.summary_md import render_summary
 from app.report.writer import (MANIFEST, BundleWriteError, check_destination, write_files, write_tarball)
 
@@ -79,9 +80,10 @@ def write_bundle(bundle: Bundle, out_dir: str, *, force: bool = False, tar: bool
 
 def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history: Sequence[Snapshot] = (),
                  tests: Any = None, now: Optional[float] = None) -> Bundle:
-    """Every file of the bundle, redacted. The snapshot is redacted once as data (so snapshot.json keeps its
-    shape and still loads); every rendered file then goes through the same redactor as text."""
-    red = Redactor()
+    """Every file of the bundle, shared by default-deny (app/report/share.py). The snapshot is shared once as data
+    (so snapshot.json keeps its shape and still loads), the analysis's sentences as they are rendered; every
+    rendered file then goes through the pattern net again as a whole."""
+    red = Sharer()
     redacted = red.snapshot(snapshot)
     analysis_doc = red.tree(analysis.to_dict()) if analysis is not None else None
     tests_doc = red.tree(_tests_doc(tests)) if tests is not None else None
@@ -90,17 +92,17 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
     names = [MANIFEST, SUMMARY, REPORT, SNAPSHOT, SPEEDSCOPE, COLLAPSED] + ([TESTS] if tests_doc is not None else [])
 
     files: Dict[str, bytes] = {}
-    files[SUMMARY] = red.text(render_summary(facts, analysis, red, tests=tests_doc, files=names,
+    files[SUMMARY] = red.whole(render_summary(facts, analysis, red, tests=tests_doc, files=names,
                                                    first=history[0].options if history else None)).encode()
     page, left_out = render_html(facts, analysis, red, history_times=[s.taken_at for s in history],
                                  tests=tests_doc, version=__version__)
     files[REPORT] = page.encode()
     skipped += left_out
-    files[SNAPSHOT] = snapshot_to_json(redacted, analysis_doc).encode()
+    files[SNAPSHOT] = snapshot_to_json(redacted, analysis_doc, sharing=SHARING).encode()
     with_stacks = [r for r in redacted.ranks if r.threads]
-    flame = red.tree(speedscope(redacted, with_stacks, f"hangscope {__version__}"))
+    flame = red.whole_tree(speedscope(redacted, with_stacks, f"hangscope {__version__}"))
     files[SPEEDSCOPE] = json.dumps(flame, ensure_ascii=False).encode()
-    files[COLLAPSED] = red.text(collapsed(with_stacks)).encode()
+    files[COLLAPSED] = red.whole(collapsed(with_stacks)).encode()
     if tests_doc is not None:
         files[TESTS] = json.dumps(tests_doc, indent=1, ensure_ascii=False).encode()
 
@@ -109,7 +111,7 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
     return Bundle({MANIFEST: manifest, **files}, red.summary(), tuple(skipped), snapshot.taken_at)
 
 
-def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], red: Redactor,
+def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], red: Sharer,
               skipped: Sequence[Tuple[str, str]], history: Sequence[Snapshot], tests: bool) -> bytes:
     from app.transport.login_tools import pyspy_version
 
@@ -119,7 +121,7 @@ def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], re
     # The manifest is a bundle file too: it goes through the redactor like the others (it holds node
     # errors and warnings), and must then report the counts including its own.
     before = dict(red.counts)
-    doc = red.tree(doc)
+    doc = red.whole_tree(doc)
     if dict(red.counts) != before:
         doc["redactions"]["by_rule"] = red.summary()
         doc["redactions"]["total"] = sum(red.counts.values())

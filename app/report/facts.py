@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import describe_keys, fold_nodes
 from app.model import Frame, RankKey, RankSnapshot, Snapshot, rank_key
-from app.report.redact import Redactor
+from app.report.share import Sharer
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
@@ -61,7 +61,7 @@ class Facts:
     failures: List[str] = field(default_factory=list)
 
 
-def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Redactor) -> Facts:
+def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Sharer) -> Facts:
     """snapshot: already redacted. analysis: computed on the unredacted snapshot, keyed by (node, pid)."""
     facts = Facts(snapshot, failures=[red.text(line) for line in node_failures(snapshot)])
     if analysis is None:
@@ -88,7 +88,7 @@ def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Redactor) ->
     return facts
 
 
-def _view(f: "Finding", red: Redactor) -> FindingView:
+def _view(f: "Finding", red: Sharer) -> FindingView:
     return FindingView(f.kind, red.text(f.title), red.text(f.detail), f.confidence, red.text(f.reason),
                        red.text(f.ranks_label), f.culprit, tuple(f.ranks))
 
@@ -145,7 +145,7 @@ def main_frames(r: RankSnapshot) -> Sequence[Frame]:
     return t.frames if t is not None else ()
 
 
-def top_frames(analysis: Optional["Analysis"], red: Redactor) -> Dict[int, str]:
+def top_frames(analysis: Optional["Analysis"], red: Sharer) -> Dict[int, str]:
     """Class index -> its innermost frame, for tooltips and legends."""
     if analysis is None:
         return {}

@@ -24,7 +24,7 @@ from app.report.html_extra import progress_section, tests_section
 from app.report.html_page import page, symbol
 from app.report.manifest import iso
 from app.report.markup import VALUE, h, h_sentence
-from app.report.redact import Redactor
+from app.report.share import Sharer
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
@@ -35,7 +35,7 @@ MAX_TREE_NODES = 3000
 MAX_CLASS_DIFFS = 8
 
 
-def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, history_times: Sequence[float] = (),
+def render_html(facts: Facts, analysis: Optional["Analysis"], red: Sharer, *, history_times: Sequence[float] = (),
                 tests: Optional[Dict[str, Any]] = None, version: str = "") -> Tuple[str, List[Tuple[str, str]]]:
     """The page and the items it left out (for the manifest)."""
     snap = facts.snapshot
@@ -107,10 +107,12 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
         who = ", ".join(cut_output[:10]) + (" and more" if len(cut_output) > 10 else "")
         skipped.append((f"report.html: strace/gdb output of {who}",
                         f"cut at {hr.TOOL_OUTPUT_LIMIT:,} characters per rank; snapshot.json has all of it"))
-    sections.append("<footer class=\"meta\"><p>Secrets were redacted: values replaced with <code>***</code>; "
+    sections.append("<footer class=\"meta\"><p>Values are shown only where they are safe to share (numbers, names, "
+                    "paths of names): secrets the pattern rules recognise read <code>***</code>, anything else "
+                    "<code>&lt;str len=N #hash&gt;</code> (its type, length and a hash keyed for this bundle); "
                     "manifest.json counts the replacements by rule. Text from nodes is shown literally.</p></footer>")
     title = f"hangscope report: {h(facts.verdict, 120)}"
-    return red.text(page(title, sections, n_classes)), skipped
+    return red.whole(page(title, sections, n_classes)), skipped
 
 
 def _header(snap: Snapshot, version: str, tests: bool, progress: bool) -> str:
@@ -175,7 +177,7 @@ def _findings(facts: Facts) -> str:
     return "<h2 id=\"findings\">Findings, most likely culprit first</h2>" + "".join(items)
 
 
-def _grid(facts: Facts, analysis: Optional["Analysis"], red: Redactor, ids: Dict[RankKey, str],
+def _grid(facts: Facts, analysis: Optional["Analysis"], red: Sharer, ids: Dict[RankKey, str],
           shown: Set[RankKey]) -> str:
     tops = top_frames(analysis, red)
     out = ["<h2 id=\"grid\">Ranks by class</h2>",
@@ -233,7 +235,7 @@ def _diffs(facts: Facts, analysis: "Analysis") -> str:
     return "\n".join(out)
 
 
-def _tree(tree: "StackTree", red: Redactor) -> Tuple[str, bool]:
+def _tree(tree: "StackTree", red: Sharer) -> Tuple[str, bool]:
     budget = [MAX_TREE_NODES]
 
     def node_html(node: "TreeNode") -> str:

@@ -72,11 +72,13 @@ def build_manifest(snapshot: Snapshot, *, created_at: float, files: Mapping[str,
         "redactions": {
             "by_rule": dict(sorted(redactions.items())),
             "total": sum(redactions.values()),
-            # every value replaced in the data, on the node before it was sent and here: one *** each
+            # every value replaced in the data, on the node before it was sent and here: one *** or token each
             "by_channel": dict(sorted((by_channel or {}).items())),
-            "note": "by_rule: how many values each rule of the export's pass replaced with ***; by_channel: how "
-                    "many *** the snapshot holds per channel (argv, env, locals, source lines, strace, ...), "
-                    "most replaced on the node before anything was sent; the values themselves are recorded nowhere",
+            "note": "by_rule: how many values each rule of the export's pass replaced (with *** for the pattern "
+                    "rules, with <TYPE len=N #HASH> for default-deny: a value not safe by the rule, hashed with a "
+                    "key made for this bundle and never written); by_channel: how many of either the snapshot "
+                    "holds per channel (argv, env, locals, source lines, strace, ...), the *** mostly replaced on "
+                    "the node before anything was sent; the values themselves are recorded nowhere",
         },
         "skipped": [{"item": item, "reason": reason} for item, reason in skipped],
     }

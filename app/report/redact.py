@@ -17,8 +17,13 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.model import Local, Snapshot
+from workers.cleartext import HIDDEN as _HIDDEN
 from workers.redact import MASK
 from workers.redact import _unquote as _node_unquote
+from workers.redact import redact_argv as _node_redact_argv
+from workers.redact import redact_named as _node_redact_named
+from workers.redact import redact_path as _node_redact_path
+from workers.redact import redact_source as _node_redact_source
 from workers.redact import redact_text as _node_redact_text
 from workers.redact import secret_name as _node_secret_name
 from workers.redact import secret_value as _node_secret_value
@@ -56,6 +61,7 @@ class Redactor:
         # each distinct short string is redacted once; a hit replays its counts.
         self._memo: Dict[str, Tuple[str, Tuple[Tuple[str, int], ...]]] = {}
         self._hits: Counter = Counter()
+        self._memo2: Dict[Tuple[str, str], Tuple[str, Tuple[Tuple[str, int], ...]]] = {}
 
     # -- free text -------------------------------------------------------------------------------------
     def text(self, s: str) -> str:
@@ -77,28 +83,47 @@ class Redactor:
         # the node's rules (workers/redact.py), counting by rule: one detector on both sides
         return _node_redact_text(s, self._hits)
 
+    def _rule(self, fn: Any, s: str) -> str:
+        """One of the node's structured rules over one string, memoised and counted like text()."""
+        if not s:
+            return s
+        key = (fn.__name__, s)
+        hit = self._memo2.get(key)
+        if hit is None:
+            hits: Counter = Counter()
+            out = fn(s, hits)
+            hit = (out, tuple(hits.items()))
+            if len(s) <= _MEMO_MAX:
+                self._memo2[key] = hit
+        for rule, n in hit[1]:
+            self.counts[rule] += n
+        return hit[0]
+
+    def source(self, line: str) -> str:
+        """A source line or loop header: literals by what they belong to, the code's shape kept."""
+        return self._rule(_node_redact_source, line)
+
+    def path(self, path: str) -> str:
+        """A file name: token shapes and random components, never secret words (a file is code)."""
+        return self._rule(_node_redact_path, path)
+
     # -- structured values -----------------------------------------------------------------------------
     def value(self, name: str, value: str, rule: str) -> str:
-        """A named value (env var, local, loop variable): replaced when the name looks secret."""
+        """A named value (env var, local, loop variable): replaced when the name looks secret, else read as a
+        repr (its literals by the names they sit under)."""
         if secret_value(name, _unquote(value)[1]):
             self.counts[rule] += 1
             return REDACTED
-        return self.text(value)
+        hits: Counter = Counter()
+        out = _node_redact_named(name, value, hits, rule)
+        self.counts.update(hits)
+        return out
 
     def args(self, argv: Sequence[str]) -> List[str]:
-        """A command line: `--secret value` pairs and `--secret=value` args, then free-text rules."""
-        out: List[str] = []
-        flag = ""
-        for arg in argv:
-            if flag and not arg.startswith("--") and secret_value(flag, arg):
-                self.counts["secret-flag"] += 1
-                out.append(REDACTED)
-                flag = ""
-                continue
-            flag = ""
-            if arg.startswith("-") and "=" not in arg and secret_name(arg):
-                flag = arg  # its value is the next argument
-            out.append(self.text(arg))
+        """A command line: `--secret value` pairs, `--secret=value`, short password flags, then free-text rules."""
+        hits: Counter = Counter()
+        out = _node_redact_argv(list(argv), hits)
+        self.counts.update(hits)
         return out
 
     def snapshot(self, snap: Snapshot) -> Snapshot:
@@ -110,7 +135,7 @@ class Redactor:
 
     def _obj(self, obj: Any, name: str) -> Any:
         if isinstance(obj, str):
-            out = self.text(obj)
+            out = self._field(obj, name)
             return obj if out == obj else out
         if isinstance(obj, tuple):
             if not obj:
@@ -121,6 +146,8 @@ class Redactor:
             elif name in ("env", "iteration") and all(_is_pair(p) for p in obj):
                 rule = "secret-env" if name == "env" else "secret-local"
                 new = tuple((self.text(k), self.value(k, v, rule)) for k, v in obj)
+            elif name == "source" and all(_is_line(p) for p in obj):
+                new = tuple((n, self.source(t)) for n, t in obj)
             else:
                 new = tuple(self._obj(x, name) for x in obj)
             return obj if new == obj else new
@@ -140,6 +167,16 @@ class Redactor:
                 changes[field_name] = new_value
         return dataclasses.replace(obj, **changes) if changes else obj
 
+    def _field(self, s: str, name: str) -> str:
+        """A string by the field it is in: code names kept, file names as paths, source as code, else text."""
+        if name in _CODE_FIELDS:
+            return s
+        if name in _PATH_FIELDS:
+            return self.path(s)
+        if name in _SOURCE_FIELDS:
+            return self.source(s)
+        return self.text(s)
+
     def tree(self, obj: Any) -> Any:
         """Redact a to_dict() tree (snapshot or analysis): env pairs, cmdlines, locals and loop variables by
         name, every other string by the free-text rules. The shape is kept, so from_dict still reads it."""
@@ -147,7 +184,7 @@ class Redactor:
 
     def _tree(self, obj: Any, key: str) -> Any:
         if isinstance(obj, str):
-            return self.text(obj)
+            return self._field(obj, key)
         if isinstance(obj, dict):
             return self._dict(obj)
         if isinstance(obj, list):
@@ -156,6 +193,8 @@ class Redactor:
             if key in ("env", "iteration") and all(_is_pair(p) for p in obj):
                 rule = "secret-env" if key == "env" else "secret-local"
                 return [[self.text(p[0]), self.value(p[0], p[1], rule)] for p in obj]
+            if key == "source" and all(_is_line(p) for p in obj):
+                return [[p[0], self.source(p[1])] for p in obj]
             return [self._tree(v, key) for v in obj]
         return obj
 
@@ -176,6 +215,16 @@ class Redactor:
 _FIELDS: Dict[type, Tuple[str, ...]] = {}
 
 
+# Fields of the model whose strings are code names (kept), paths, or source text.
+_CODE_FIELDS = frozenset({"function", "module", "variables", "counters"})
+_PATH_FIELDS = frozenset({"filename", "exe", "python_exe"})
+_SOURCE_FIELDS = frozenset({"header", "items"})
+
+
+def _is_line(p: Any) -> bool:
+    return isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], str)
+
+
 def _is_pair(p: Any) -> bool:
     return isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p)
 
@@ -192,13 +241,15 @@ _CHANNELS = {
     "cmdline": "argv", "env": "env", "locals": "locals", "iteration": "locals", "source": "source lines",
     "loops": "source lines", "frames": "stacks", "kernel_stack": "stacks", "wchan": "stacks", "name": "names",
     "exe": "process", "user": "process", "launcher": "process", "master_addr": "process", "strace": "strace",
-    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "sockets": "network", "gpus": "gpus",
+    "gdb": "gdb", "flight": "flight recorder", "error": "errors", "output": "error output", "sockets": "network",
+    "gpus": "gpus",
     "info": "node info",
 }
 
 
 def channel_counts(snap: Snapshot) -> Dict[str, int]:
-    """How many values were replaced in each channel of a redacted snapshot (markers counted; never values)."""
+    """How many values were replaced in each channel of a shared snapshot: the pattern net's markers and the
+    default-deny rule's hash tokens, counted (never the values)."""
     counts: Counter = Counter()
     _count_markers(snap, "other", counts)
     return dict(sorted((k, v) for k, v in counts.items() if v))
@@ -206,8 +257,8 @@ def channel_counts(snap: Snapshot) -> Dict[str, int]:
 
 def _count_markers(obj: Any, channel: str, counts: Counter) -> None:
     if isinstance(obj, str):
-        if REDACTED in obj:
-            counts[channel] += obj.count(REDACTED)
+        if REDACTED in obj or "<" in obj:
+            counts[channel] += len(_HIDDEN.findall(obj))
         return
     if isinstance(obj, (tuple, list)):
         for x in obj:

@@ -65,6 +65,17 @@ def build_schema() -> Dict[str, Any]:
         "properties": {
             "schema": {"const": SCHEMA_NAME, "description": "names the format"},
             "schema_version": {"const": SCHEMA_VERSION, "description": "the format version this schema describes"},
+            "sharing": {
+                "type": "object",
+                "description": ("how the file's values were shared (app/report/share.py): rule \"default-deny\" "
+                                "(export bundles and --snapshot: a value not safe by the rule is written as "
+                                "<TYPE len=N #HASH>, its type, length and a hash keyed per file) or \"raw\" "
+                                "(--snapshot --raw: values as collected, the pattern net's *** only); absent in "
+                                "files written before the rule"),
+                "required": ["rule"],
+                "properties": {"rule": {"enum": ["default-deny", "raw"]}, "token": {"type": "string"},
+                               "note": {"type": "string"}},
+            },
             "snapshot": {"$ref": "#/$defs/Snapshot"},
             "analysis": {
                 "type": "object",

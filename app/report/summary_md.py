@@ -21,7 +21,7 @@ from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
 from app.report.markup import VALUE, md, md_block, md_cell, md_code, md_code_cell, md_sentence, strip
-from app.report.redact import Redactor
+from app.report.share import Sharer
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
@@ -32,7 +32,7 @@ MAX_CLASSES = 30
 TREE_LINES = 400
 
 
-def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *,
+def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Sharer, *,
                    tests: Optional[dict] = None, files: Sequence[str] = (),
                    first: Optional[CollectOptions] = None) -> str:
     """first: the options of the first sample of the run (its earlier snapshots), when known."""
@@ -115,7 +115,7 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
     return text
 
 
-def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
+def _waits(analysis: "Analysis", red: Sharer) -> List[str]:
     """Who waits for whom (app/analysis/graph.py), under the verdict: one line per edge, the culprit, next."""
     graphs = shown_graphs(analysis.waits)
     if not graphs:
@@ -173,7 +173,7 @@ def _diff(d: StackDiff) -> List[str]:
     return _details("Culprit vs majority, frame by frame", "\n".join(body)) + [""]
 
 
-def _classes(analysis: "Analysis", red: Redactor, facts: Facts) -> List[str]:
+def _classes(analysis: "Analysis", red: Sharer, facts: Facts) -> List[str]:
     out = ["## Equivalence classes (ranks with the same stack, largest first)", "",
            "| class | ranks | count | waits in | innermost frames |", "|---|---|---|---|---|"]
     for c in analysis.classes[:MAX_CLASSES]:
@@ -191,7 +191,7 @@ def _classes(analysis: "Analysis", red: Redactor, facts: Facts) -> List[str]:
     return out + _details("Stacks of every class (innermost frame first)", "\n\n".join(stacks)) + [""]
 
 
-def _tree_text(tree: "StackTree", red: Redactor) -> str:
+def _tree_text(tree: "StackTree", red: Sharer) -> str:
     lines: List[str] = []
 
     def walk(node: "TreeNode", depth: int) -> None:
@@ -216,5 +216,7 @@ def _details(summary: str, body: str) -> List[str]:
 
 def _footer(files: Sequence[str]) -> str:
     listed = ", ".join(md_code(f) for f in files)
-    return (f"Secrets were redacted (values replaced with `***`; counts per rule in `manifest.json`). "
-            f"Bundle files: {listed}." if files else "Secrets were redacted (values replaced with `***`).")
+    rule = ("Values are shown only where they are safe to share (numbers, names, paths of names): secrets the "
+            "pattern rules recognise read `***`, anything else `<str len=N #hash>` (its type, length and a hash keyed "
+            "for this bundle: equal values hash alike here, nowhere else).")
+    return f"{rule} Counts per rule in `manifest.json`. Bundle files: {listed}." if files else rule

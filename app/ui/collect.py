@@ -207,7 +207,8 @@ class CollectMixin(HangscopeCore):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(view.snapshot.taken_at))
         self.push_screen(PathScreen("Export a report of this snapshot", f"hangscope-{stamp}",
                                     "A directory (created 0700): summary.md, report.html, snapshot.json, flame graphs "
-                                    "and the last GPU test's results, secrets redacted. `hangscope --load "
+                                    "and the last GPU test's results, safe to share: a value that is not a number, a name or a path of "
+                                    "names is written as its type, length and a hash. `hangscope --load "
                                     "DIR/snapshot.json` reads it back."),
                          lambda path: self._export(path) if path else None)
 

@@ -66,8 +66,13 @@ def test_harmless_text_is_untouched(text: str) -> None:
     ("AWS_ACCESS_KEY_ID", "AKIA...", True), ("DB_PASSWORD", "x", True), ("db_passwd", "1234", True),
     ("apiKey", "'k-1'", True), ("clientSecret", "s", True), ("access_token", "t", True), ("--hub-token", "t", True),
     ("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp.json", True), ("token", "'abc'", True),
-    # ambiguous words keep numbers and booleans: model sizes and switches are not credentials
-    ("num_key_value_heads", "8", False), ("--use-key-cache", "true", False), ("key", "'input_ids'", True),
+    # ambiguous words keep what the default-deny rule finds safe: numbers, booleans, names, paths (issue 25)
+    ("num_key_value_heads", "8", False), ("--use-key-cache", "true", False), ("key", "'input_ids'", False),
+    ("key", "'Xk9mQ2pL7vRtYw3Z'", True), ("cache_key", "'layer3'", False), ("auth_mode", "'none'", False),
+    ("token_count", "4096", False), ("pass_idx", "3", False), ("--token-limit", "512", False),
+    ("--private-key-file", "/etc/ssl/private/node.pem", False), ("signature_version", "'v4'", False),
+    ("pad_token_id", "0", False), ("--auth", "admin:hunter2", True), ("db_pass", "hunter2", True),
+    ("passcode", "4821", True), ("psk", "'sunshine'", True), ("privkey", "'0xabc'", True),
     ("TOKENIZERS_PARALLELISM", "false", False), ("max_tokens", "4096", False), ("num_tokens", "7", False),
     ("--keyframes", "3", False), ("keys", "['a']", False), ("monkey", "'x'", False), ("MASTER_ADDR", "10.0.0.1", False),
     ("RANK", "3", False), ("passes", "2", False),

@@ -627,8 +627,9 @@ def diagnose(running: Running, workdir: Path, *extra: str) -> Diagnosis:
     out = workdir / f"{running.scenario.name}.json"
     started_at = time.monotonic()
     extra = (*CLI_EXTRA.get(running.scenario.name, ()), *extra)
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *UNHURRIED_LOGIN, *extra],
-                    running.cluster,
+    # --raw: a recording is the data the analysis replays (tests/data/scenarios), not a file to share
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), "--raw", *UNHURRIED_LOGIN,
+                     *extra], running.cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     seconds = time.monotonic() - started_at
     if not out.exists():

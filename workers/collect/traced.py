@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 from workers.collect import guard, runas
 from workers.collect.guard import CollectError
 from workers.redact import redact_text
+from workers.tooltext import gdb_text, strace_text
 from workers.request import Cancelled, OpError, Request
 
 MAX_STRACE_BYTES = 8 << 20
@@ -63,8 +64,9 @@ def strace(req: Request) -> Dict[str, Any]:
     seconds = min(req.arg_float("seconds", 2.0), 600.0)
     max_lines = req.arg_int("max_lines", 2000) or 2000
     # The bytes a call read or wrote are not needed to diagnose a hang (syscall, fd, size and result are) and
-    # may be anything the job sends (HTTP headers, credentials): dropped (`""...`) unless asked for, and then
-    # the first 64 bytes, redacted like every other text.
+    # may be anything the job sends (HTTP headers, credentials, protocol logins): dropped (`""...`), and with
+    # --strace-data only the protocol verb they start with is kept (`"AUTH"...`: workers/tooltext.py), never
+    # the rest. strace reads the first 64 bytes for that, and they never leave this function.
     data = req.args.get("data") is True
     started = time.monotonic()
     # strace writes its trace to stderr; SIGINT at `seconds` makes it detach cleanly, the kill at the
@@ -78,8 +80,8 @@ def strace(req: Request) -> Dict[str, Any]:
         detail = next(ln for ln in lines if "attach" in ln).split("strace: ", 1)[-1]
         raise OpError(code, "strace could not attach to pid %d (worker uid %d): %s" % (pid, os.getuid(), detail))
     output, truncated = cap_lines(lines, res.stderr_tail.decode("utf-8", "replace"), max_lines)
-    return {"pid": pid, "output": redact_text(output), "truncated": truncated, "lines": res.stderr_lines,
-            "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds,
+    return {"pid": pid, "output": redact_text(strace_text(output, verbs=data)), "truncated": truncated,
+            "lines": res.stderr_lines, "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3), "seconds": seconds,
             "payloads": data}
 
 
@@ -116,5 +118,6 @@ def gdb(req: Request) -> Dict[str, Any]:
     stdout = out["res"].stdout.decode("utf-8", "replace")
     if "ptrace: Operation not permitted" in out["stderr"] and "Thread" not in stdout:
         raise OpError("ptrace_denied", "gdb could not attach to pid %d: ptrace: Operation not permitted" % pid)
-    return {"pid": pid, "output": redact_text(stdout), "stderr": redact_text(out["stderr"])[-4000:],
+    # a char* argument or a buffer's bytes (a recv() buffer, a command sent) is shown as its size only
+    return {"pid": pid, "output": redact_text(gdb_text(stdout)), "stderr": redact_text(out["stderr"])[-4000:],
             "resumed": out["resumed"], "elapsed": round(time.monotonic() - started, 3)}

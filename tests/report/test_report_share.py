@@ -1,0 +1,159 @@
+"""Default-deny where data leaves the user's screen (app/report/share.py): the export bundle and --snapshot show a
+value in clear only when the rule finds it safe, everything else as `<str len=N #hash>` with a key made per bundle;
+values keep comparing equal within a bundle; --raw writes them as collected, and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+from contextlib import redirect_stderr
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.analysis import analyze
+from app.model import ErrorOutput, Frame, Local, RankSnapshot, Snapshot, StraceResult, ThreadStack
+from app.report import build_bundle
+from app.report.share import Sharer
+from test_report_build import make_snapshot
+from workers.cleartext import HIDDEN, WORD, clear_word, foreign
+
+TOKEN = re.compile(r"<(str|bytes|text) len=(\d+) #([0-9a-f]{8})>")
+# A value of no safe shape that no pattern catches either (no token shape, not mixed case), under harmless names
+# everywhere below: what only default-deny hides.
+RANDOM = "qv7kz3xw9pjt2mhd"
+
+
+def _rank(pid: int, rank: int, value: str, thread: str = "worker") -> RankSnapshot:
+    frame = Frame("train", "/job/train.py", 12, locals=(Local("name", repr(value)), Local("step", "3"),
+                                                         Local("key", "'input_ids'")),
+                  source=((12, f"    name = {value!r}  # the run's name"),))
+    return RankSnapshot(node="node01", pid=pid, start_time=1, rank=rank, collected=True,
+                        cmdline=("python", "train.py", "--run", value, "--lr", "0.1"),
+                        threads=(ThreadStack(tid=pid, name=thread, frames=(frame,), is_main=True),))
+
+
+def test_a_value_of_no_safe_shape_is_its_type_length_and_hash_everywhere() -> None:
+    snap = Snapshot(taken_at=1.0, ranks=(_rank(10, 0, RANDOM), _rank(11, 1, RANDOM), _rank(12, 2, "other-" + RANDOM)))
+    shared = Sharer().snapshot(snap)
+    text = json.dumps(dataclasses.asdict(shared))
+    assert RANDOM not in text
+    r0, r1, r2 = shared.ranks
+    local = r0.threads[0].frames[0].locals[0].repr
+    assert TOKEN.fullmatch(local.strip("'")) and TOKEN.fullmatch(local.strip("'")).group(1) == "str"
+    assert f"len={len(RANDOM)} " in local
+    # the same value hashes the same across ranks, in locals, command lines and source: still comparable
+    assert r1.threads[0].frames[0].locals[0].repr == local
+    assert r0.cmdline[3] == local.strip("'") == r1.cmdline[3]
+    assert local.strip("'") in r0.threads[0].frames[0].source[0][1]
+    assert r2.threads[0].frames[0].locals[0].repr != local  # rank 2's value differs from the others'
+    # ordinary values and the code's shape stay
+    assert r0.threads[0].frames[0].locals[1:] == (Local("step", "3"), Local("key", "'input_ids'"))
+    assert r0.cmdline[:3] == ("python", "train.py", "--run") and r0.cmdline[4:] == ("--lr", "0.1")
+    assert r0.threads[0].frames[0].source[0][1].startswith("    name = '<str len=16 #")
+    assert r0.threads[0].frames[0].source[0][1].endswith("'  # the run's name")
+
+
+def test_hashes_are_keyed_per_bundle() -> None:
+    snap = Snapshot(taken_at=1.0, ranks=(_rank(10, 0, RANDOM),))
+    a = build_bundle(snap, None, now=1.0).files["snapshot.json"].decode()
+    b = build_bundle(snap, None, now=1.0).files["snapshot.json"].decode()
+    ta = {m.group(0) for m in TOKEN.finditer(a)}
+    tb = {m.group(0) for m in TOKEN.finditer(b)}
+    assert ta and tb and not ta & tb  # a new key each bundle: a hash cannot be matched across bundles
+    assert {t.split("#")[0] for t in ta} == {t.split("#")[0] for t in tb}  # the same types and lengths
+    assert Sharer(b"k" * 16).text(RANDOM) == Sharer(b"k" * 16).text(RANDOM)
+
+
+def test_every_channel_of_a_bundle_is_default_deny() -> None:
+    """Thread names, paths, error output, strace, gdb and the analysis's sentences: in clear only what the rule
+    allows, in every file of the bundle."""
+    snap = make_snapshot("dataloader", failed_node=True)
+    r = snap.ranks[5]
+    main = r.threads[0]
+    odd = ThreadStack(tid=r.pid + 9, name=f"uploader-{RANDOM}", frames=(
+        Frame("fetch", f"/srv/{RANDOM}/fetch.py", 3, locals=(Local("url", f"'https://{RANDOM}@hooks.example/x'"),)),))
+    r = dataclasses.replace(
+        r, threads=(main, odd),
+        output=(ErrorOutput("stderr", f"/logs/{RANDOM}.err", f"Traceback ...\nValueError: bad value {RANDOM}\n"
+                                                               "Пароль: sunshine"),),
+        strace=StraceResult(seconds=1.0, output=f'sendto(5, "AUTH {RANDOM}\\r\\n"..., 64, 0, NULL, 0) = 64'),
+        gdb=f'#0  0x7f in recv (fd=5, buf=0x7ffd "{RANDOM}\\r\\n", len=64) at recv.c:28')
+    snap = dataclasses.replace(snap, ranks=snap.ranks[:5] + (r,) + snap.ranks[6:])
+    bundle = build_bundle(snap, analyze(snap), now=1.0)
+    for name, data in bundle.files.items():
+        text = data.decode()
+        assert RANDOM not in text and "sunshine" not in text, name
+    doc = json.loads(bundle.files["snapshot.json"])
+    shared = doc["snapshot"]["ranks"][5]
+    assert shared["threads"][1]["name"].startswith("<str len=")  # `uploader-...` is one word: hidden whole
+    assert re.fullmatch(r"/srv/<str len=16 #[0-9a-f]{8}>/fetch\.py", shared["threads"][1]["frames"][0]["filename"])
+    assert shared["strace"]["output"] == 'sendto(5, "AUTH"..., 64, 0, NULL, 0) = 64'
+    assert "<" in shared["gdb"] and "bytes>" in shared["gdb"]
+    assert shared["output"][0]["text"].splitlines()[-1].startswith("<text len=16 #")
+    assert doc["sharing"]["rule"] == "default-deny"
+    manifest = json.loads(bundle.files["manifest.json"])
+    assert manifest["redactions"]["by_rule"]["default-deny"] >= 5
+
+
+_VALUES = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_VALUES, thread=_VALUES, arg=_VALUES)
+def test_no_value_of_unknown_shape_leaves_a_shared_snapshot_in_clear(value: str, thread: str, arg: str) -> None:
+    """Property: whatever a rank holds (a local, a thread name, an argument, a source literal), every word of the
+    shared snapshot is a clear word or a token."""
+    snap = Snapshot(taken_at=1.0, ranks=(_rank(10, 0, value, thread=thread),))
+    snap = dataclasses.replace(snap, ranks=(dataclasses.replace(snap.ranks[0], cmdline=("python", arg)),))
+    shared = Sharer().snapshot(snap)
+    r = shared.ranks[0]
+    f = r.threads[0].frames[0]
+    for text in (f.locals[0].repr, r.threads[0].name, r.cmdline[1], f.source[0][1]):
+        rest = HIDDEN.sub(" ", text)
+        assert all(clear_word(w) for w in WORD.findall(rest)) and not foreign(rest), (text, value)
+
+
+def test_snapshot_is_default_deny_and_raw_says_it_is_not(tmp_path: Path) -> None:
+    from app.cli import headless
+
+    snap = Snapshot(taken_at=1.0, ranks=(_rank(10, 0, RANDOM),))
+    shared, raw = tmp_path / "shared.json", tmp_path / "raw.json"
+    err = io.StringIO()
+    with redirect_stderr(err):
+        headless.report(snap, snapshot_path=str(shared), out=io.StringIO())
+    assert "warning" not in err.getvalue()
+    doc = json.loads(shared.read_text())
+    assert doc["sharing"]["rule"] == "default-deny" and RANDOM not in shared.read_text()
+    err = io.StringIO()
+    with redirect_stderr(err):
+        headless.report(snap, snapshot_path=str(raw), out=io.StringIO(), raw=True)
+    assert "warning: --raw" in err.getvalue() and "do not share it" in err.getvalue()
+    doc = json.loads(raw.read_text())
+    assert doc["sharing"]["rule"] == "raw" and RANDOM in raw.read_text()
+
+
+def test_print_quotes_error_output_as_it_would_be_shared() -> None:
+    from app.cli import headless
+
+    r = dataclasses.replace(_rank(10, 0, "run"), output=(
+        ErrorOutput("stderr", f"/logs/{RANDOM}.err", f"RuntimeError: login failed for {RANDOM}"),))
+    snap = Snapshot(taken_at=1.0, ranks=(r,))
+    out = io.StringIO()
+    with redirect_stderr(io.StringIO()):
+        headless.report(snap, out=out)
+    assert "RuntimeError: login failed for <str len=16 #" in out.getvalue() and RANDOM not in out.getvalue()
+    raw = io.StringIO()
+    with redirect_stderr(io.StringIO()):
+        headless.report(snap, out=raw, raw=True)
+    assert RANDOM in raw.getvalue()
+
+
+def test_a_name_in_another_script_is_hidden_as_one_word_never_letter_by_letter() -> None:
+    """Hashing a word a letter at a time would be a substitution cipher: a run of letters outside ASCII in code goes
+    as one token."""
+    out = Sharer().source("    пароль = get(x)  # ok")
+    assert out.startswith("    <str len=6 #") and out.endswith("> = get(x)  # ok") and out.count("<str") == 1
