@@ -197,10 +197,11 @@ def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | No
 _DATA_LOADER_WORKER = "torch/utils/data/_utils/worker.py"
 
 
-def apply_process_dump(proc: JobProcess, item: DumpItem, why: str) -> JobProcess:
-    """A launcher's or child's dump, read as a rank's is (apply_dump); a child whose stack runs torch's
-    DataLoader worker loop is named a data-loader worker."""
-    shell = apply_dump(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1), item)
+def apply_process_dump(proc: JobProcess, item: DumpItem | Dumped, why: str) -> JobProcess:
+    """A launcher's or child's dump (an item, or one decode_dump read), read as a rank's is (apply_dump); a child
+    whose stack runs torch's DataLoader worker loop is named a data-loader worker."""
+    shell = apply_decoded(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1),
+                          item if isinstance(item, Dumped) else decode_dump(item))
     kind = proc.kind
     if proc.role == "child" and any(f.filename.endswith(_DATA_LOADER_WORKER) and f.function.endswith("_worker_loop")
                                     for t in shell.threads for f in t.frames):
@@ -357,13 +358,39 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
                        cpu_time=thread_cpu_time(t.get("cpu_time")))
 
 
-def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
-    """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
+@dataclasses.dataclass(frozen=True)
+class Dumped:
+    """A dump item read into the model, before it meets its rank (decode_dump: in the connection's reader as the
+    item arrives; apply_decoded: on the rank)."""
+
+    pid: int | None
+    threads: tuple[ThreadStack, ...]
+    collected: bool
+    error: ErrorInfo | None
+    resumed: bool
+    elapsed: float
+    state: str
+    flight: Any
+    hold: ProcessHold | None
+    actions: tuple[str, ...]
+    notes: tuple[str, ...]
+    started_at: float | None
+    ended_at: float | None
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_dump(item: DumpItem) -> Dumped:
+    """A dump item's threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing) and the rest
+    of what it says, independent of the rank it belongs to."""
     procfs = _procfs_threads(item)
     by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
     loops, source = _dict(item.get("loops")), _dict(item.get("source"))
     context = _int(item.get("source_context"))
     context = 3 if context is None else max(0, context)
+    pid = _int(item.get("pid"))
     pyspy = item.get("pyspy")
     threads: list[ThreadStack] = []
     seen: set[int] = set()
@@ -376,18 +403,31 @@ def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
         name = _str(t.get("thread_name"))
         frames = tuple(_frame(f, loops, source, context) for f in _list(t.get("frames")) if isinstance(f, dict))
         threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
-                               name == "MainThread" or tid == rank.pid, procfs.get(tid)))
+                               name == "MainThread" or tid == pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):  # threads py-spy does not show (native ones), or all without it
-        threads.append(_thread(tid, "", False, False, (), tid == rank.pid, procfs[tid]))
+        threads.append(_thread(tid, "", False, False, (), tid == pid, procfs[tid]))
+    return Dumped(pid=pid, threads=tuple(threads), collected=isinstance(pyspy, list),
+                  error=error_info(item.get("error")), resumed=item.get("resumed") is True,
+                  elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
+                  flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
+                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
+                  notes=tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)),
+                  started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
+
+
+def apply_decoded(rank: RankSnapshot, d: Dumped) -> RankSnapshot:
+    """The rank with what its dump said (decode_dump)."""
     if rank.rank is None:
-        rank = spawn_identity(rank, threads)
+        rank = spawn_identity(rank, d.threads)
     return dataclasses.replace(
-        rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
-        resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
-        state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")),
-        hold=process_hold(item.get("process")) or rank.hold,
-        actions=rank.actions + tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
-        notes=rank.notes + tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)))
+        rank, threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
+        elapsed=d.elapsed, state=d.state or rank.state, flight=d.flight, hold=d.hold or rank.hold,
+        actions=rank.actions + d.actions, notes=rank.notes + d.notes)
+
+
+def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
+    """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
+    return apply_decoded(rank, decode_dump(item))
 
 
 _SPAWN_WRAP = "torch/multiprocessing/spawn.py"

@@ -27,6 +27,18 @@ MAX_LINE = 256 * 1024 * 1024  # a dump with locals of many threads is large; any
 MAX_NOISE_LINES = 200  # lines a chatty login shell may print before the worker's hello
 STDERR_TAIL = 4000  # characters of the worker's stderr kept for error messages
 EXIT_WAIT = 5.0  # seconds to wait for the worker's exit status once its output ended
+ROOM_WAIT = 5.0  # seconds the reader waits at most for a consumer that is behind before it reads a chunk more
+
+# Request ids come from one counter for every connection of the process: unique on each connection as the
+# protocol wants, and a caller that sends the same request to many nodes (a pass) can give them all one id
+# (next_request_id), so that the srun transport sends it once for every node (app/transport/srun/step.py).
+_REQUEST_IDS = itertools.count(1)
+
+
+def next_request_id() -> int:
+    """A request id no connection of this process has used."""
+    return next(_REQUEST_IDS)
+
 
 ItemT = TypeVar("ItemT")  # a request's items, as its op (workers/protocol.py) says
 DoneT = TypeVar("DoneT")  # its done data
@@ -70,8 +82,9 @@ class WorkerConnection:
         self._wait_exit = wait_exit
         self._kill = kill
         self._on_close = on_close
-        self._ids = itertools.count(1)
+        self._ids = _REQUEST_IDS
         self._requests: dict[int, Request[Any, Any]] = {}
+        self._pressure: list[asyncio.Future[None]] = []  # requests whose consumer is behind (backpressure)
         self._stderr_tail: deque[str] = deque()
         self._stderr_len = 0
         self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
@@ -131,16 +144,21 @@ class WorkerConnection:
 
     # -- requests ------------------------------------------------------------------------------------------
 
-    def request(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None) -> Request[ItemT, DoneT]:
+    def request(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None,
+                decode: Optional[Callable[[Any], Any]] = None, req_id: Optional[int] = None) -> Request[ItemT, DoneT]:
         """Send one request (`protocol.COLLECT({...})`: its arguments checked by mypy against the op's); iterate
-        the result for its items. Raises at once if the worker is gone."""
+        the result for its items (each passed through `decode` in the reader when given: Request). `timeout`
+        is how long the request may go without a message; `req_id`, one from next_request_id() (the same for
+        a request sent to many nodes), else a new one. Raises at once if the worker is gone."""
         if self.error is not None:
             raise self.error
         if self.closed:
             raise TransportError("lost", f"{self.name}: the worker connection is closed")
         loop = asyncio.get_running_loop()
-        req_id = next(self._ids)
-        req: Request[ItemT, DoneT] = Request(self, req_id, call.op, None if timeout is None else loop.time() + timeout)
+        if req_id is None or req_id in self._requests:
+            req_id = next(self._ids)
+        req: Request[ItemT, DoneT] = Request(self, req_id, call.op, None if timeout is None else loop.time() + timeout,
+                                             decode)
         self._requests[req_id] = req
         self.send_nowait(call.message(req_id))
         return req
@@ -194,6 +212,11 @@ class WorkerConnection:
                     scanned = 0
                     if not self._on_line(line):
                         return await self._violation(None)
+                while self._pressure:  # a consumer is behind: stop reading until it catches up (Request.room)
+                    room = self._pressure.pop()
+                    # bounded: a consumer that went away without abandoning its request must not stop the
+                    # connection for good; it then reads on, a chunk per ROOM_WAIT
+                    await asyncio.wait([room], timeout=ROOM_WAIT)
                 if len(buf) > MAX_LINE:
                     return await self._violation(TransportError(
                         "protocol", f"{self.name}: a line from the worker exceeds {MAX_LINE} bytes"))
@@ -231,15 +254,19 @@ class WorkerConnection:
             return False
         req = self._requests.get(req_id) if isinstance(req_id, int) else None
         if req is not None:  # replies to abandoned requests are dropped
-            req.queue.put_nowait(msg)
+            req.put(msg)
+            room = req.room()
+            if room is not None:
+                self._pressure.append(room)
         return True
 
     def forget(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
 
-    def send_go(self, req_id: int) -> None:
-        """Release a collect request that holds its dumps (its "hold" argument) until this go."""
-        self.send_nowait(protocol.GO({"target": req_id}).message(next(self._ids)))
+    def send_go(self, req_id: int, go_id: Optional[int] = None) -> None:
+        """Release a collect request that holds its dumps (its "hold" argument) until this go (`go_id`: one id
+        from next_request_id() for every node's go, as for the request)."""
+        self.send_nowait(protocol.GO({"target": req_id}).message(go_id if go_id is not None else next(self._ids)))
 
     def send_cancel(self, req_id: int) -> None:
         self.send_nowait(protocol.CANCEL({"target": req_id}).message(next(self._ids)))
@@ -320,7 +347,7 @@ class WorkerConnection:
             self._hello.set_exception(error)
             self._hello.exception()  # mark retrieved: start() may already have given up waiting
         for req in list(self._requests.values()):
-            req.queue.put_nowait(error)
+            req.put(error)
         self._requests.clear()
 
     # -- closing -------------------------------------------------------------------------------------------
@@ -330,7 +357,7 @@ class WorkerConnection:
         if not self._closing:
             self._closing = True
             for req in list(self._requests.values()):
-                req.queue.put_nowait(TransportError("cancelled", f"{self.name}: the session closed"))
+                req.put(TransportError("cancelled", f"{self.name}: the session closed"))
             self._requests.clear()
             try:
                 if kill and self._kill is not None:
