@@ -19,6 +19,7 @@ from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProc
                        ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
+from app.model.frames import share
 from app.model.memo import BoundedMemo
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.decode.flight import flight_record
@@ -412,6 +413,103 @@ def decode_dump(item: DumpItem) -> Dumped:
                   flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
                   actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
                   notes=tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)),
+                  started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
+
+
+# --- compact dumps (workers/compact.py): a stack table per connection, and per rank what is its own ------------
+
+# The stack table of one connection (a worker's, or a relay's for all its nodes): stack id -> its frames, built
+# once per id (without locals: shared by every thread on that stack).
+StackTable = dict
+
+MAX_STACKS = 1 << 14  # entries one table holds; a worker forgets what it sent past workers/compact.py MAX_SENT
+# A thread's frames with the locals it kept, by (stack id, its locals): ranks on the same stack in the same loop
+# iteration share one tuple (and its path, computed once: model/frames.py share()).
+_WITH_LOCALS: BoundedMemo[tuple, tuple[Frame, ...]] = BoundedMemo(1 << 16)
+
+
+def decode_stacks(raw: Any, table: StackTable) -> int:
+    """Add a {"stacks": ...} item's entries to the connection's table; how many were new."""
+    added = 0
+    for sid, entry in _dict(raw).items():
+        if not isinstance(sid, str) or sid in table or not isinstance(entry, dict):
+            continue
+        if len(table) >= MAX_STACKS:
+            table.clear()
+        loops, source = _dict(entry.get("loops")), _dict(entry.get("source"))
+        context = _int(entry.get("context"))
+        context = 3 if context is None else max(0, context)
+        table[sid] = share(tuple(_frame(f, loops, source, context) for f in _list(entry.get("frames"))
+                                 if isinstance(f, dict)))
+        added += 1
+    return added
+
+
+def _kept_key(raw: Any) -> tuple:
+    out = []
+    for k in _list(raw):
+        if type(k) is list and len(k) == 4 and type(k[0]) is int and type(k[1]) is str and type(k[2]) is str:
+            out.append((k[0], k[1], k[2], k[3] is True))
+    return tuple(out)
+
+
+def _with_locals(sid: str, frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
+    """The stack's frames with this thread's kept locals (and the loop iteration they give) in place."""
+    key = (sid, kept)
+    got = _WITH_LOCALS.get(key)
+    if got is not None:
+        return got
+    by_frame: dict[int, list[Local]] = {}
+    for i, name, value, arg in kept:
+        if 0 <= i < len(frames):
+            by_frame.setdefault(i, []).append(Local(name, value, arg))
+    out = list(frames)
+    for i, local_vars in by_frame.items():
+        f = frames[i]
+        lv = tuple(local_vars)
+        out[i] = Frame(function=f.function, filename=f.filename, line=f.line, module=f.module, native=f.native,
+                       locals=lv, loops=f.loops, iteration=iteration(f.loops, lv, f.line) if f.loops else (),
+                       source=f.source, withs=f.withs)
+    return _WITH_LOCALS.add(key, share(tuple(out)))
+
+
+def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
+    """A compact dump item (workers/compact.py) read against its connection's stack table: as decode_dump reads
+    a full one, but each thread's frames come from the table (shared), with the locals the item kept."""
+    procfs = _procfs_threads(item)
+    by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
+    pid = _int(item.get("pid"))
+    raw_threads = item.get("threads")
+    threads: list[ThreadStack] = []
+    seen: set[int] = set()
+    unknown = 0
+    for t in _list(raw_threads):
+        if not isinstance(t, dict):
+            continue
+        raw_tid = _int(t.get("os_thread_id")) or _int(t.get("thread_id")) or 0
+        tid = raw_tid if raw_tid in procfs else by_nstid.get(raw_tid, raw_tid)
+        seen.add(tid)
+        name = _str(t.get("thread_name"))
+        sid = t.get("stack")
+        frames = table.get(sid) if isinstance(sid, str) else None
+        if frames is None:
+            unknown += 1
+            frames = ()
+        kept = _kept_key(t.get("locals"))
+        if kept and frames:
+            frames = _with_locals(sid, frames, kept)  # type: ignore[arg-type]
+        threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
+                               name == "MainThread" or tid == pid, procfs.get(tid)))
+    for tid in sorted(set(procfs) - seen):
+        threads.append(_thread(tid, "", False, False, (), tid == pid, procfs[tid]))
+    notes = tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str))
+    if unknown:
+        notes += (f"{unknown} thread(s) name a stack its node's worker did not send: shown without frames",)
+    return Dumped(pid=pid, threads=tuple(threads), collected=isinstance(raw_threads, list),
+                  error=error_info(item.get("error")), resumed=item.get("resumed") is True,
+                  elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
+                  flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
+                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]), notes=notes,
                   started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
 
 

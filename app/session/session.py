@@ -44,6 +44,10 @@ STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/collect/pgstore.py)
+# Up to this many nodes every rank's reply carries every local of its threads (--locals shows them all in the
+# TUI, --print and the exported files); past it only the locals the analysis reads travel, the rest stay on the
+# node for `detail` (Session.detail): at thousands of nodes they were most of a deep stack's bytes (issue 27).
+ALL_LOCALS_NODES = 64
 GATE_WAIT = 3.0  # seconds a node that has discovered waits for the others before its dumps are released (go)
 ArgsT = TypeVar("ArgsT")  # a per-rank op's arguments (strace, gdb)
 DoneT = TypeVar("DoneT")  # its done data
@@ -74,10 +78,11 @@ def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
     return round(max(starts) - min(starts), 6) if len(starts) > 1 else None
 
 
-def _collect_decoder(node: str) -> Callable[[Any], tuple[Optional[CollectItemKey], Any]]:
+def _collect_decoder(node: str, stacks: replies.StackTable) -> Callable[[Any], tuple[Optional[CollectItemKey], Any]]:
     """How a node's collect items are read in the connection's reader: (the item's key, its value in the model:
     a RankSnapshot, a decoded dump, the GPU evidence; discovery's summary as it came, with the time it was read;
-    None when malformed)."""
+    None when malformed). `stacks` is the connection's stack table (compact dumps refer to it): read in the
+    reader too, in the order the node sent, before the dumps that use it."""
     def decode(item: dict) -> tuple[Optional[CollectItemKey], Any]:
         # each item carries one key (protocol.CollectItem); app.decode checks each value it takes
         key = protocol.collect_item_key(item)
@@ -90,8 +95,13 @@ def _collect_decoder(node: str) -> Callable[[Any], tuple[Optional[CollectItemKey
             return key, parse_gpu.gpu_evidence(value)
         if not isinstance(value, dict):
             return key, None
+        if key == "stacks":
+            replies.decode_stacks(value, stacks)
+            return key, None
         if key == "rank":
             return key, replies.rank_from_discover(node, cast("RankInfo", value))
+        if "threads" in value and "pyspy" not in value:  # compact (workers/compact.py)
+            return key, replies.decode_compact_dump(cast("DumpItem", value), stacks)
         return key, replies.decode_dump(cast("DumpItem", value))  # dump, process_dump
     return decode
 
@@ -221,6 +231,31 @@ class Session:
 
             await asyncio.gather(*(one(n, by_node[n.name]) for n in self._nodes if n.name in by_node))
             return self.current()
+
+    async def detail(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
+        """These ranks with every local of their last dump: a pass keeps per rank only the locals the analysis
+        reads (the compact protocol), the node keeps the rest for this (the TUI's rank view). A rank whose node
+        has no such dump (or no worker) is returned as it was."""
+        out: list[RankSnapshot] = []
+        for name, pid in ranks:
+            node = next((n for n in self._nodes if n.name == name), None)
+            rank = node.ranks.get(pid) if node is not None else None
+            if node is None or rank is None:
+                continue
+            if node.conn is not None and not node.conn.closed:
+                try:
+                    done = await node.conn.call(protocol.DETAIL({"pid": pid, "start_time": rank.start_time}),
+                                                timeout=15.0)
+                except TransportError:
+                    done = {}
+                if isinstance(done.get("dump"), dict):
+                    full = replies.decode_dump(done["dump"])
+                    if full.collected:
+                        rank = dataclasses.replace(rank, threads=full.threads)
+                        node.ranks[pid] = rank
+                        self._emit(RankUpdate(rank))
+            out.append(rank)
+        return out
 
     def use(self, collect: CollectOptions) -> None:
         """Collect with these options from the next pass on (native frames, locals, non-blocking sampling)."""
@@ -401,7 +436,8 @@ class Session:
             # each item is read into the model in the connection's reader as it arrives (_collect_decoder)
             req = cast("Request[tuple[Optional[CollectItemKey], Any], CollectDone]",
                        conn.request(protocol.COLLECT(args), timeout=DISCOVER_TIMEOUT,
-                                    decode=_collect_decoder(node.name), req_id=pass_id))
+                                    decode=_collect_decoder(node.name, conn.shared.setdefault("stacks", {})),
+                                    req_id=pass_id))
             async for key, value in req:
                 if key == "gpu_evidence":  # GPU-side evidence (workers/collect/gpu_evidence.py)
                     self._update(node, gpu=value)
@@ -470,7 +506,8 @@ class Session:
         return await self._connector.open(node.spec)
 
     def _worker_options(self) -> dict:
-        opts: dict = {"sudo": self.options.collect.sudo}
+        # zlib frames (workers/protocol.py): a node's reply compresses 7-13x
+        opts: dict = {"sudo": self.options.collect.sudo, "compress": "zlib"}
         if os.environ.get(WORKER_LOG_ENV) == "1":
             opts["log"] = True
         if os.environ.get(KEEP_WORKER_ENV):
@@ -484,8 +521,11 @@ class Session:
 
     def _collect_args(self) -> CollectArgs:
         c, o = self.options.collect, self.options
+        # compact: each distinct stack once per connection, per rank only what is its own (workers/compact.py);
+        # a small job keeps every local in every rank's reply, a large one only those the analysis reads
         return {**self._dump_options(), "pids": list(o.pids) if o.pids is not None else None, "match": o.match,
-                "gpu_evidence": c.gpu_evidence}
+                "gpu_evidence": c.gpu_evidence, "compact": True,
+                "all_locals": len(self._nodes) <= ALL_LOCALS_NODES}
 
     def _apply_dump(self, node: _Node, item: DumpItem | replies.Dumped) -> None:
         dumped = item if isinstance(item, replies.Dumped) else replies.decode_dump(item)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol, TypeVar, cast
@@ -98,6 +99,9 @@ class WorkerConnection:
         self.warnings: list[str] = []
         self.timings: dict[str, float] = {}
         self.pid: Optional[int] = None  # the worker's pid on its node, from hello
+        # what the decoders of this connection's requests keep between them (app/session: the stack table the
+        # compact protocol refers to); a relay's nodes share their relay's
+        self.shared: dict[str, Any] = {}
 
     @property
     def closed(self) -> bool:
@@ -196,28 +200,60 @@ class WorkerConnection:
     async def _read_stdout(self) -> None:
         buf = bytearray()
         scanned = 0  # bytes of buf known to hold no newline: a multi-MB dump line is scanned once, not per chunk
+        need = -1  # bytes still to come of a zlib frame whose `z <n>` header was read (protocol.py)
+        unzip: Any = None
         try:
             while True:
                 chunk = await self._stdout.read(1 << 16)
                 if not chunk:
                     break
                 buf += chunk
+                pos = 0  # what is consumed of buf: cut once per chunk, not once per line
                 while True:
-                    nl = buf.find(b"\n", scanned)
+                    if need >= 0:
+                        if len(buf) - pos < need:
+                            break
+                        packed = bytes(buf[pos:pos + need])
+                        pos += need
+                        need = -1
+                        if unzip is None:
+                            unzip = zlib.decompressobj()
+                        try:
+                            text = unzip.decompress(packed, MAX_LINE)
+                        except zlib.error as exc:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a compressed frame from the worker is corrupt: {exc}"))
+                        if unzip.unconsumed_tail:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a compressed frame unpacks to more than {MAX_LINE} bytes"))
+                        for line in text.split(b"\n"):
+                            if line and not self._on_line(line):
+                                return await self._violation(None)
+                        continue
+                    nl = buf.find(b"\n", max(pos, scanned))
                     if nl < 0:
                         scanned = len(buf)
                         break
-                    line = bytes(buf[:nl])
-                    del buf[:nl + 1]
-                    scanned = 0
+                    line = bytes(buf[pos:nl])
+                    pos = nl + 1
+                    if line[:2] == b"z " and self._hello.done():
+                        size = line[2:]
+                        if not size.isdigit() or int(size) > MAX_LINE:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a malformed frame header from the worker: {line[:40]!r}"))
+                        need = int(size)
+                        continue
                     if not self._on_line(line):
                         return await self._violation(None)
+                if pos:
+                    del buf[:pos]
+                    scanned = max(0, scanned - pos)
                 while self._pressure:  # a consumer is behind: stop reading until it catches up (Request.room)
                     room = self._pressure.pop()
                     # bounded: a consumer that went away without abandoning its request must not stop the
                     # connection for good; it then reads on, a chunk per ROOM_WAIT
                     await asyncio.wait([room], timeout=ROOM_WAIT)
-                if len(buf) > MAX_LINE:
+                if len(buf) > MAX_LINE + 64:
                     return await self._violation(TransportError(
                         "protocol", f"{self.name}: a line from the worker exceeds {MAX_LINE} bytes"))
         except Exception:

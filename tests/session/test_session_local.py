@@ -247,3 +247,41 @@ async def test_refreshing_one_rank_through_the_live_source_dumps_only_that_rank(
         assert all(after[k] is before[k] for k in before if k != one), "only the rank asked for is dumped again"
     finally:
         await src.close()
+
+
+async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_detail_brings_the_rest(
+        stand_ins: dict[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact form on a real worker (issue 27): the stack table comes once per connection (a refresh brings
+    none), a large job's ranks keep only the locals the analysis reads (the loop's step, the socket the wait is
+    on), and `detail` brings every local from the node."""
+    from app.decode import replies
+    from app.session import session as session_mod
+
+    monkeypatch.setattr(session_mod, "ALL_LOCALS_NODES", 0)  # as if this one node were one of thousands
+    added: list[int] = []
+    original = replies.decode_stacks
+    monkeypatch.setattr(replies, "decode_stacks", lambda raw, table: added.append(original(raw, table)) or added[-1])
+    session = Session(None, SessionOptions(collect=CollectOptions(locals=True)))
+    try:
+        snap = await session.snapshot()
+        assert sum(added) > 0  # the stack table came
+        mine = _mine(snap.ranks, stand_ins)
+        assert len(mine) == WORLD
+        for r in mine:
+            assert r.main_thread is not None
+            train = next(f for f in r.main_thread.frames if f.function == "train")
+            names = {lc.name for lc in train.locals}
+            assert {"step", "conn"} <= names and not {"srv", "peer"} & names, names  # read / not read
+            assert dict(train.iteration).get("step") == "3"
+        added.clear()
+        again = await session.refresh()
+        assert sum(added) == 0  # every stack already on the login side: none sent again
+        assert {r.pid for r in _mine(again.ranks, stand_ins) if r.collected} == set(stand_ins)
+        full = await session.detail([(r.node, r.pid) for r in _mine(again.ranks, stand_ins)])
+        assert len(full) == WORLD
+        for r in full:
+            assert r.main_thread is not None
+            train = next(f for f in r.main_thread.frames if f.function == "train")
+            assert {"step", "conn", "srv", "peer", "ready_path"} <= {lc.name for lc in train.locals}
+    finally:
+        await session.close()

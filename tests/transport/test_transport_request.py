@@ -69,7 +69,7 @@ class Sink:
         pass
 
 
-async def _connected() -> tuple[WorkerConnection, Stream, Sink]:
+async def _connected(hello: Optional[bytes] = None) -> tuple[WorkerConnection, Stream, Sink]:
     out, sink = Stream(), Sink()
     exited: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
 
@@ -77,7 +77,7 @@ async def _connected() -> tuple[WorkerConnection, Stream, Sink]:
         return await exited
 
     conn = WorkerConnection("node01", out, sink, None, wait_exit)
-    out.feed(protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1}))
+    out.feed(hello or protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1}))
     await conn.start(b"", 5.0)
     return conn, out, sink
 
@@ -182,3 +182,79 @@ async def test_a_decoder_that_fails_ends_that_request_only() -> None:
     other = conn.request(protocol.PING({}), timeout=5.0)
     out.feed(_done(other.id))
     assert await other.collect() == ([], {})
+
+
+# -- zlib frames (workers/protocol.py: after the hello, `z <n>` and n bytes of one zlib stream) -------------------
+
+def _real_worker_bytes(requests: list[dict]) -> tuple[bytes, bytes]:
+    """(hello line, everything after it) as the real worker's Server writes them when the login side asks for
+    compression, answering `requests` (its stdin ends once each has answered)."""
+    import io
+    import os
+    import threading
+    import zlib
+
+    from workers.ops import HANDLERS
+    from workers.server import Server
+
+    read_end, write_end = os.pipe()
+    stdout = io.BytesIO()
+    stdin = os.fdopen(read_end, "rb")
+    server = Server(stdin, stdout, {"compress": "zlib"}, HANDLERS)
+    hello: Any = {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1}
+    thread = threading.Thread(target=server.serve, args=(hello,), daemon=True)
+    thread.start()
+    os.write(write_end, b"".join(protocol.encode(r) for r in requests))
+
+    def answered() -> int:  # the done messages the frames written so far unpack to
+        data = stdout.getvalue()
+        data = data[data.index(b"\n") + 1:] if b"\n" in data else b""
+        unzip, text = zlib.decompressobj(), b""
+        while data.startswith(b"z "):
+            header, _, data = data.partition(b"\n")
+            n = int(header[2:])
+            text += unzip.decompress(data[:n])
+            data = data[n:]
+        return text.count(b'"type":"done"')
+
+    deadline = time.monotonic() + 30
+    while answered() < len(requests) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.close(write_end)
+    thread.join(10)
+    assert not thread.is_alive()
+    stdin.close()
+    data = stdout.getvalue()
+    nl = data.index(b"\n") + 1
+    return data[:nl], data[nl:]
+
+
+async def test_the_real_workers_zlib_frames_are_read_whatever_the_chunking() -> None:
+    hello, rest = _real_worker_bytes([{"id": 41, "op": "ping", "args": {}}, {"id": 42, "op": "ping", "args": {}}])
+    assert json.loads(hello).get("compress") == "zlib"
+    assert rest.startswith(b"z ") and b'"type"' not in rest  # nothing after the hello travels as plain JSON
+    for size in (1, 3, 7, 64, len(rest)):
+        conn, out, _ = await _connected(hello)
+        first = conn.request(protocol.PING({}), timeout=5.0, req_id=41)
+        second = conn.request(protocol.PING({}), timeout=5.0, req_id=42)
+        plain = conn.request(protocol.PING({}), timeout=5.0, req_id=44)
+        # a plain JSON line between two frames is read too (a reader handles both: frames start with "z ")
+        header = rest[:rest.index(b"\n") + 1]
+        cut = len(header) + int(header[2:])
+        stream = rest[:cut] + _done(44) + rest[cut:]
+        for i in range(0, len(stream), size):
+            out.feed(stream[i:i + size])
+        (_, done1), (_, done2), (_, done3) = await first.collect(), await second.collect(), await plain.collect()
+        assert done1.get("pong") is True and done2.get("pong") is True and done3 == {}, (size, done1, done2)
+
+
+async def test_a_corrupt_zlib_frame_is_a_protocol_error_naming_the_node() -> None:
+    hello, rest = _real_worker_bytes([{"id": 43, "op": "ping", "args": {}}])
+    header, _, body = rest.partition(b"\n")
+    bad = bytes(b ^ 0x55 for b in body[:int(header[2:])])
+    conn, out, _ = await _connected(hello)
+    req = conn.request(protocol.PING({}), timeout=5.0, req_id=43)
+    out.feed(header + b"\n" + bad)
+    with pytest.raises(TransportError) as err:
+        await req.collect()
+    assert err.value.code == "protocol" and "node01" in str(err.value) and "compressed frame" in str(err.value)
