@@ -195,40 +195,31 @@ class FakeNode:
         self.fails = fails
         self.values: Dict[bytes, Any] = {b"host": name.encode(), b"node": index, b"world": world}
         self.values.update({b"r%d" % i: index * ranks + i for i in range(RANKS_RECORDED)})
-        self.zip: Any = zlib.compressobj(6) if rec.compressed else None
         self.built: Dict[int, Tuple[bytes, bytes]] = {}  # pass number -> (before, after)
-        self.ids: Dict[int, int] = {}
-        # the compressor as it was before pass n was built: a pass rebuilt for another request id restarts from
-        # there (a zlib stream is one history: its frames must be compressed in the order they are sent)
-        self.zstate: Dict[int, Any] = {}
+        self.ids: Dict[int, int] = {}  # pass number -> the request id its bytes carry
         self.connections = 0
+        # No compressor is kept between builds: one holds ~270 KB, which at 12,500 nodes would be gigabytes in
+        # the FAKE's memory. A zlib stream is one history, so a pass built later (another request id than the
+        # predicted one) is compressed by a new compressor that first replays the passes before it, exactly as
+        # they were sent (zlib's output is a function of its input).
 
     def connect(self) -> None:
         """A new connection to this node: a new worker, so a new zlib stream and nothing prebuilt for it."""
         self.connections += 1
         if self.connections > 1:
-            self.zip = zlib.compressobj(6) if self.rec.compressed else None
-            self.built, self.ids, self.zstate = {}, {}, {}
+            self.built, self.ids = {}, {}
 
-    def pack(self, lines: List[bytes]) -> bytes:
-        if self.zip is None:
+    def _pack(self, z: Any, lines: List[bytes]) -> bytes:
+        if z is None:
             return b"".join(lines)
         out = []
         for line in lines:
-            packed = self.zip.compress(line) + self.zip.flush(zlib.Z_SYNC_FLUSH)
+            packed = z.compress(line) + z.flush(zlib.Z_SYNC_FLUSH)
             out.append(b"z %d\n" % len(packed) + packed)
         return b"".join(out)
 
-    @FakeCpu.timed
-    def build(self, number: int, rid: int) -> Tuple[bytes, bytes]:
-        """Pass `number`'s (0 or 1) bytes before and after "discovered", for request id `rid`."""
-        if self.zip is not None:
-            if number in self.zstate:  # rebuilt: restart the stream where this pass began, drop what followed it
-                self.zip = self.zstate[number].copy()
-                for later in [k for k in self.zstate if k > number]:
-                    del self.zstate[later]
-                    self.built.pop(later, None)
-            self.zstate[number] = self.zip.copy()
+    def _pass(self, z: Any, number: int, rid: int) -> Tuple[bytes, bytes]:
+        """Pass `number`'s (0 or 1) bytes before and after "discovered", for request id `rid`, through `z`."""
         v = {**self.values, b"id": rid}
         after = [t % v for t in self.rec.after[number]]
         if self.fails == "dump":
@@ -237,8 +228,26 @@ class FakeNode:
             msg["data"]["dump"].update(ok=False, pyspy=None, threads=None, error={
                 "code": "timeout", "message": "FAKE: py-spy did not finish within its deadline", "hint": ""})
             after[first] = json.dumps(msg).encode() + b"\n"
-        got = (self.pack([t % v for t in self.rec.before[number]]), self.pack(after))
+        return self._pack(z, [t % v for t in self.rec.before[number]]), self._pack(z, after)
+
+    def prebuild(self, rids: Tuple[int, ...]) -> None:
+        """Every pass's bytes for the predicted request ids, through one compressor, dropped afterwards."""
+        z = zlib.compressobj(6) if self.rec.compressed else None
+        for number, rid in enumerate(rids):
+            self.built[number] = self._pass(z, number, rid)
+            self.ids[number] = rid
+
+    @FakeCpu.timed
+    def build(self, number: int, rid: int) -> Tuple[bytes, bytes]:
+        """Pass `number` for request id `rid`, on the clock (not predicted); what was prebuilt after it is dropped
+        (its frames followed the old bytes in the stream)."""
+        z = zlib.compressobj(6) if self.rec.compressed else None
+        for k in range(number):  # the stream as it was sent up to this pass
+            self._pass(z, k, self.ids[k])
+        got = self._pass(z, number, rid)
         self.ids[number] = rid
+        for later in [k for k in self.built if k > number]:
+            del self.built[later]
         return got
 
     def take(self, number: int, rid: int) -> Tuple[bytes, bytes]:
@@ -340,7 +349,7 @@ class FakeConnector:
         """Every node's replies for the predicted request ids, before the clock starts (see PREDICTED_IDS)."""
         for node in self.nodes.values():
             if node.fails != "unreachable":
-                node.built = {n: node.build(n, rid) for n, rid in enumerate(PREDICTED_IDS)}
+                node.prebuild(PREDICTED_IDS)
 
     async def open(self, spec: HostSpec) -> WorkerConnection:
         node = self.nodes[spec.name]
