@@ -13,8 +13,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-    from workers.protocol import CollectDone, DiscoverDone, DumpDone, DumpItem, PingDone, PushToolDone
+    from workers.protocol import CollectDone, DetailDone, DiscoverDone, DumpDone, DumpItem, PingDone, PushToolDone
 
+from workers import compact as compaction
 from workers import discover as discovery
 from workers import procinfo, pstate
 from workers.collect import flight, gpu_evidence, gpus, output, pgstore, progress, pyspy, runas, sockets, traced
@@ -170,9 +171,23 @@ def collect(req: Request) -> CollectDone:
             children.setdefault(p["of"][0], []).append((p["pid"], p["start_time"]))
     extra: "queue.Queue[Tuple[int, Optional[int]]]" = queue.Queue()
 
+    compact = req.arg_bool("compact")
+    all_locals = req.arg_bool("all_locals")
+    if compact:
+        with req.worker.lock:  # only this pass's processes are kept for `detail`
+            req.worker.details = {}
+
     def ranked(item: DumpItem) -> None:
         waits = waits_on_children(item.get("pyspy"))  # before the item goes out: replies are redacted in place
-        req.item({"dump": item})
+        if compact:
+            with req.worker.lock:  # the dump threads of this request share the connection's stack table
+                small, new = compaction.split(dict(item), req.worker.stacks_sent, all_locals)
+                req.worker.details[item.get("pid") or 0] = item
+            if new:
+                req.item({"stacks": new})
+            req.item({"dump": small})
+        else:
+            req.item({"dump": item})
         pid = item.get("pid")
         if waits and pid is not None:
             for target in children.get(pid, [])[:MAX_CHILD_DUMPS]:
@@ -302,6 +317,17 @@ def store_ranks(req: Request) -> Dict[str, Any]:
     return out
 
 
+def detail(req: Request) -> DetailDone:
+    """The last full dump item a compact collect kept of this process (every local), for the TUI's rank view."""
+    pid = req.arg_int("pid", required=True) or 0
+    start_time = req.arg_int("start_time")
+    with req.worker.lock:
+        item = req.worker.details.get(pid)
+    if item is None or (start_time is not None and item.get("start_time") not in (None, start_time)):
+        raise OpError("target_exited", "detail: no dump of pid %s from this worker's last pass" % pid)
+    return {"dump": item}
+
+
 def strace(req: Request) -> Dict[str, Any]:
     return traced.strace(req)
 
@@ -316,6 +342,7 @@ HANDLERS: Dict[str, Callable[[Request], Mapping[str, Any]]] = {
     protocol.DUMP.name: dump,
     protocol.STRACE.name: strace,
     protocol.GDB.name: gdb,
+    protocol.DETAIL.name: detail,
     protocol.DISCOVER.name: discover,
     protocol.STORE_RANKS.name: store_ranks,
     protocol.PING.name: ping,

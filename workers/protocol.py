@@ -12,7 +12,12 @@ Worker -> login, first and once:
      "ptrace_scope": int | None, "cpus": int, "psutil": bool, "pid_ns": str | None, "machine": "x86_64",
      "tools": {"py-spy": {"path": str, "version": str} | None, "strace": ..., "gdb": ...,
                "nsenter": ..., "nvidia-smi": ..., "sudo": ...},
-     "searched": {"py-spy": [paths searched], ...}}
+     "searched": {"py-spy": [paths searched], ...},
+     "compress": "zlib" | absent}
+With "compress": "zlib" (the login side asked for it in the worker's options: Session does) every message after
+the hello may come as a frame: a line `z <n>` followed by n bytes of one zlib stream (each frame ends with a sync
+flush), which decompress to whole message lines. A node's reply compresses 7-13x (issue 27); frames are told
+from JSON lines by their first byte, so a reader handles both.
 
 Login -> worker, requests:
     {"id": int, "op": str, "args": {...}}
@@ -61,6 +66,14 @@ Ops (args -> items / done):
               naming this request, after the {"discovered"} item
               -> item {"rank": <discover item>} per rank, then one {"discovered": <discover's done data>},
                  then {"dump": <dump item>} per rank as each finishes
+              with "compact": true (the session's), each dump item comes compact (workers/compact.py): without
+                 "pyspy", "loops" and "source", with "threads": [{"thread_id", "os_thread_id", "thread_name",
+                 "active", "owns_gil", "stack": id, "locals": [[frame index, name, repr, arg]]}] (None when
+                 py-spy gave nothing), after an item {"stacks": {id: {"frames": [py-spy frames without locals],
+                 "loops": {...}, "source": {...}, "context": int}}} carrying the stack table entries this
+                 connection has not carried yet (an id is the hash of its entry: the same on every node and pass);
+                 with "all_locals": true as well, "locals" lists every local of the thread, not only those the
+                 login side's analysis reads
               -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
                  a rank maps libnccl/libcuda ("ras": true: this node also asks NCCL's RAS service): raw nvidia-smi
                  CSV or -q text, kernel Xid lines (workers/collect/nvidia.py), RAS's answer
@@ -78,6 +91,9 @@ Ops (args -> items / done):
                        "elapsed": float}   the rank numbers the job's TCPStore gives the listening addresses of
                        gloo's pairs, read-only (workers/collect/pgstore.py), from pid's network namespace;
                        error store_unreadable when it cannot be read
+    detail    {"pid", "start_time"}             -> done {"dump": <dump item, full: every local>} the last full dump
+                                                     of that process a compact collect kept on the node (the
+                                                     TUI's rank view); error target_exited when there is none
     push_tool {"name": "py-spy", "data_b64": str, "sha256": str}
               -> done {"name", "path"}   (kept in memory or a private temp dir removed at exit)
     go        {"target": int}                     -> done {"released": bool}; a held collect starts its dumps
@@ -150,6 +166,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         pid_ns: Optional[str]
         tools: Dict[str, Optional[ToolFound]]
         searched: Dict[str, List[str]]
+        compress: str  # "zlib": messages after the hello may come as zlib frames (see the module's docstring)
 
     class RequestMsg(TypedDict):
         id: int
@@ -236,6 +253,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         flight: Optional[Dict[str, Any]]  # workers/collect/flight.py
         started_at: float  # the node's clock when the dump began and ended (the pass's skew)
         ended_at: float
+        threads: Optional[List[Dict[str, Any]]]  # compact (workers/compact.py): instead of pyspy, loops, source
 
     class CollectItem(TypedDict, total=False):
         """One item of the collect op: exactly one of the keys (collect_item_key() says which)."""
@@ -244,6 +262,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         dump: DumpItem
         process_dump: DumpItem  # a launcher or a rank's child, dumped when what it does matters
         gpu_evidence: GpuEvidence  # workers/collect/gpu_evidence.py, once per node when asked
+        stacks: Dict[str, Dict[str, Any]]  # compact: stack table entries by id, before the dumps that use them
 
     class StraceDone(TypedDict, total=False):
         pid: int
@@ -318,6 +337,8 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         hold: float  # seconds the dumps wait for a `go` naming this request (10 at most)
         gpu_evidence: str  # auto (an NCCL/CUDA job), on, off
         ras: bool  # this node also asks NCCL's RAS service
+        compact: bool  # each distinct stack once: dump items refer to a stack table (workers/compact.py)
+        all_locals: bool  # with compact: every local of each thread, not only those the analysis reads
 
     class GpuReading(TypedDict, total=False):
         """What workers/collect/nvidia.py read() returns: the gpu_inventory reply, the core of gpu_evidence."""
@@ -333,7 +354,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         ras: Dict[str, Any]
         incomplete: bool
 
-    CollectItemKey = Literal["rank", "discovered", "dump", "process_dump", "gpu_evidence"]
+    CollectItemKey = Literal["rank", "discovered", "dump", "process_dump", "gpu_evidence", "stacks"]
 
     class CollectDone(TypedDict, total=False):
         discover: DiscoverDone
@@ -351,6 +372,12 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     class GdbArgs(_OnePid, _Sudo, total=False):
         start_time: Optional[int]
         timeout: float
+
+    class DetailArgs(_OnePid, total=False):
+        start_time: Optional[int]
+
+    class DetailDone(TypedDict, total=False):
+        dump: DumpItem
 
     class _StoreRanksBase(TypedDict):
         store: str  # "addr:port"
@@ -511,6 +538,7 @@ DUMP: Op[DumpArgs, DumpItem, DumpDone] = Op("dump")
 COLLECT: Op[CollectArgs, CollectItem, CollectDone] = Op("collect")
 STRACE: Op[StraceArgs, NoItem, StraceDone] = Op("strace")
 GDB: Op[GdbArgs, NoItem, GdbDone] = Op("gdb")
+DETAIL: Op[DetailArgs, NoItem, DetailDone] = Op("detail")
 STORE_RANKS: Op[StoreRanksArgs, NoItem, StoreRanksDone] = Op("store_ranks")
 PUSH_TOOL: Op[PushToolArgs, NoItem, PushToolDone] = Op("push_tool")
 GO: Op[TargetArgs, NoItem, GoDone] = Op("go")
@@ -523,9 +551,10 @@ NET_PROBE: Op[NetProbeArgs, NoItem, NetProbeDone] = Op("net_probe")
 GPU_PYTHON: Op[GpuPythonArgs, NoItem, GpuPythonDone] = Op("gpu_python")
 GPU_INVENTORY: Op[NoArgs, NoItem, GpuReading] = Op("gpu_inventory")
 OPS: Dict[str, Op[Any, Any, Any]] = {op.name: op for op in (
-    PING, DISCOVER, DUMP, COLLECT, STRACE, GDB, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH, GPU_STOP,
-    GPU_PORTS, NET_PROBE, GPU_PYTHON, GPU_INVENTORY)}
-COLLECT_ITEM_KEYS: Tuple[CollectItemKey, ...] = ("rank", "discovered", "dump", "process_dump", "gpu_evidence")
+    PING, DISCOVER, DUMP, COLLECT, STRACE, GDB, DETAIL, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH,
+    GPU_STOP, GPU_PORTS, NET_PROBE, GPU_PYTHON, GPU_INVENTORY)}
+COLLECT_ITEM_KEYS: Tuple[CollectItemKey, ...] = ("rank", "discovered", "dump", "process_dump", "gpu_evidence",
+                                                 "stacks")
 
 
 def collect_item_key(item: Mapping[str, Any]) -> Optional[CollectItemKey]:

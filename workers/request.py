@@ -39,6 +39,10 @@ class Worker:
         self.scan_lock = threading.Lock()
         self.proc_cache: Any = None  # discover.ProcCache, made by the first discover
         self.proc_source: Any = None  # procinfo's psutil or /proc reader, chosen once
+        # compact collects (workers/compact.py): the stack ids this connection has carried, and each process's
+        # last full dump item, for `detail`
+        self.stacks_sent: set = set()
+        self.details: Dict[int, Any] = {}
 
 
 class Request:

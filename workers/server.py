@@ -20,6 +20,8 @@ from workers.protocol import CANCEL, GO, SHUTDOWN, ProtocolError, decode, encode
 from workers.redact import redact_message
 from workers.request import Cancelled, OpError, Request, Worker
 
+Z_SYNC_FLUSH = 2  # zlib.Z_SYNC_FLUSH: zlib is imported only when a login side asks for compression
+
 if TYPE_CHECKING:
     Handler = Callable[[Request], Mapping[str, Any]]
 
@@ -65,6 +67,7 @@ class Server:
         self._closed = False
         self.options = options
         self.worker = Worker(self.send, options)
+        self._zip: Any = None  # a zlib stream for every message after the hello, when the options ask for it
 
     def send(self, msg: Mapping[str, Any]) -> None:
         # every string of every reply, redacted here: nothing secret leaves the node, whichever op produced it
@@ -72,6 +75,11 @@ class Server:
         with self._out_lock:
             if self._closed:
                 return
+            if self._zip is not None:
+                # one frame per message, flushed: it leaves now, and the stream's window still spans the
+                # messages before it (a node's ranks repeat each other's paths and names)
+                packed = self._zip.compress(data) + self._zip.flush(Z_SYNC_FLUSH)
+                data = b"z %d\n" % len(packed) + packed
             try:
                 self._stdout.write(data)
                 self._stdout.flush()
@@ -107,7 +115,15 @@ class Server:
 
     def serve(self, hello: Hello) -> int:
         """Send hello, answer requests until EOF, shutdown or a malformed line; return the exit status."""
+        compress = self.options.get("compress") == "zlib"
+        if compress:
+            hello = dict(hello, compress="zlib")  # type: ignore[assignment]
         self.send(hello)
+        if compress:
+            import zlib
+
+            with self._out_lock:
+                self._zip = zlib.compressobj(6)
         threading.Thread(target=self._read, name="stdin", daemon=True).start()
         status = 0
         try:

@@ -19,6 +19,7 @@ from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProc
                        ProcessHold,
                        ProgressCounters, RankSnapshot, StraceResult, StraceThread, TcpSocket, ThreadStack, ToolInfo,
                        WithInfo)
+from app.model.frames import share
 from app.model.memo import BoundedMemo
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.decode.flight import flight_record
@@ -197,10 +198,11 @@ def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | No
 _DATA_LOADER_WORKER = "torch/utils/data/_utils/worker.py"
 
 
-def apply_process_dump(proc: JobProcess, item: DumpItem, why: str) -> JobProcess:
-    """A launcher's or child's dump, read as a rank's is (apply_dump); a child whose stack runs torch's
-    DataLoader worker loop is named a data-loader worker."""
-    shell = apply_dump(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1), item)
+def apply_process_dump(proc: JobProcess, item: DumpItem | Dumped, why: str) -> JobProcess:
+    """A launcher's or child's dump (an item, or one decode_dump read), read as a rank's is (apply_dump); a child
+    whose stack runs torch's DataLoader worker loop is named a data-loader worker."""
+    shell = apply_decoded(RankSnapshot(node=proc.node, pid=proc.pid, start_time=proc.start_time, rank=-1),
+                          item if isinstance(item, Dumped) else decode_dump(item))
     kind = proc.kind
     if proc.role == "child" and any(f.filename.endswith(_DATA_LOADER_WORKER) and f.function.endswith("_worker_loop")
                                     for t in shell.threads for f in t.frames):
@@ -357,13 +359,39 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
                        cpu_time=thread_cpu_time(t.get("cpu_time")))
 
 
-def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
-    """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
+@dataclasses.dataclass(frozen=True)
+class Dumped:
+    """A dump item read into the model, before it meets its rank (decode_dump: in the connection's reader as the
+    item arrives; apply_decoded: on the rank)."""
+
+    pid: int | None
+    threads: tuple[ThreadStack, ...]
+    collected: bool
+    error: ErrorInfo | None
+    resumed: bool
+    elapsed: float
+    state: str
+    flight: Any
+    hold: ProcessHold | None
+    actions: tuple[str, ...]
+    notes: tuple[str, ...]
+    started_at: float | None
+    ended_at: float | None
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_dump(item: DumpItem) -> Dumped:
+    """A dump item's threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing) and the rest
+    of what it says, independent of the rank it belongs to."""
     procfs = _procfs_threads(item)
     by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
     loops, source = _dict(item.get("loops")), _dict(item.get("source"))
     context = _int(item.get("source_context"))
     context = 3 if context is None else max(0, context)
+    pid = _int(item.get("pid"))
     pyspy = item.get("pyspy")
     threads: list[ThreadStack] = []
     seen: set[int] = set()
@@ -376,18 +404,128 @@ def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
         name = _str(t.get("thread_name"))
         frames = tuple(_frame(f, loops, source, context) for f in _list(t.get("frames")) if isinstance(f, dict))
         threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
-                               name == "MainThread" or tid == rank.pid, procfs.get(tid)))
+                               name == "MainThread" or tid == pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):  # threads py-spy does not show (native ones), or all without it
-        threads.append(_thread(tid, "", False, False, (), tid == rank.pid, procfs[tid]))
+        threads.append(_thread(tid, "", False, False, (), tid == pid, procfs[tid]))
+    return Dumped(pid=pid, threads=tuple(threads), collected=isinstance(pyspy, list),
+                  error=error_info(item.get("error")), resumed=item.get("resumed") is True,
+                  elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
+                  flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
+                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
+                  notes=tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)),
+                  started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
+
+
+# --- compact dumps (workers/compact.py): a stack table per connection, and per rank what is its own ------------
+
+# The stack table of one connection (a worker's, or a relay's for all its nodes): stack id -> its frames, built
+# once per id (without locals: shared by every thread on that stack).
+StackTable = dict
+
+MAX_STACKS = 1 << 14  # entries one table holds; a worker forgets what it sent past workers/compact.py MAX_SENT
+# A thread's frames with the locals it kept, by (stack id, its locals): ranks on the same stack in the same loop
+# iteration share one tuple (and its path, computed once: model/frames.py share()).
+_WITH_LOCALS: BoundedMemo[tuple, tuple[Frame, ...]] = BoundedMemo(1 << 16)
+
+
+def decode_stacks(raw: Any, table: StackTable) -> int:
+    """Add a {"stacks": ...} item's entries to the connection's table; how many were new."""
+    added = 0
+    for sid, entry in _dict(raw).items():
+        if not isinstance(sid, str) or sid in table or not isinstance(entry, dict):
+            continue
+        if len(table) >= MAX_STACKS:
+            table.clear()
+        loops, source = _dict(entry.get("loops")), _dict(entry.get("source"))
+        context = _int(entry.get("context"))
+        context = 3 if context is None else max(0, context)
+        table[sid] = share(tuple(_frame(f, loops, source, context) for f in _list(entry.get("frames"))
+                                 if isinstance(f, dict)))
+        added += 1
+    return added
+
+
+def _kept_key(raw: Any) -> tuple:
+    out = []
+    for k in _list(raw):
+        if type(k) is list and len(k) == 4 and type(k[0]) is int and type(k[1]) is str and type(k[2]) is str:
+            out.append((k[0], k[1], k[2], k[3] is True))
+    return tuple(out)
+
+
+def _with_locals(sid: str, frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
+    """The stack's frames with this thread's kept locals (and the loop iteration they give) in place."""
+    key = (sid, kept)
+    got = _WITH_LOCALS.get(key)
+    if got is not None:
+        return got
+    by_frame: dict[int, list[Local]] = {}
+    for i, name, value, arg in kept:
+        if 0 <= i < len(frames):
+            by_frame.setdefault(i, []).append(Local(name, value, arg))
+    out = list(frames)
+    for i, local_vars in by_frame.items():
+        f = frames[i]
+        lv = tuple(local_vars)
+        out[i] = Frame(function=f.function, filename=f.filename, line=f.line, module=f.module, native=f.native,
+                       locals=lv, loops=f.loops, iteration=iteration(f.loops, lv, f.line) if f.loops else (),
+                       source=f.source, withs=f.withs)
+    return _WITH_LOCALS.add(key, share(tuple(out)))
+
+
+def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
+    """A compact dump item (workers/compact.py) read against its connection's stack table: as decode_dump reads
+    a full one, but each thread's frames come from the table (shared), with the locals the item kept."""
+    procfs = _procfs_threads(item)
+    by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
+    pid = _int(item.get("pid"))
+    raw_threads = item.get("threads")
+    threads: list[ThreadStack] = []
+    seen: set[int] = set()
+    unknown = 0
+    for t in _list(raw_threads):
+        if not isinstance(t, dict):
+            continue
+        raw_tid = _int(t.get("os_thread_id")) or _int(t.get("thread_id")) or 0
+        tid = raw_tid if raw_tid in procfs else by_nstid.get(raw_tid, raw_tid)
+        seen.add(tid)
+        name = _str(t.get("thread_name"))
+        sid = t.get("stack")
+        frames = table.get(sid) if isinstance(sid, str) else None
+        if frames is None:
+            unknown += 1
+            frames = ()
+        kept = _kept_key(t.get("locals"))
+        if kept and frames:
+            frames = _with_locals(sid, frames, kept)  # type: ignore[arg-type]
+        threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
+                               name == "MainThread" or tid == pid, procfs.get(tid)))
+    for tid in sorted(set(procfs) - seen):
+        threads.append(_thread(tid, "", False, False, (), tid == pid, procfs[tid]))
+    notes = tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str))
+    if unknown:
+        notes += (f"{unknown} thread(s) name a stack its node's worker did not send: shown without frames",)
+    return Dumped(pid=pid, threads=tuple(threads), collected=isinstance(raw_threads, list),
+                  error=error_info(item.get("error")), resumed=item.get("resumed") is True,
+                  elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
+                  flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
+                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]), notes=notes,
+                  started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
+
+
+def apply_decoded(rank: RankSnapshot, d: Dumped) -> RankSnapshot:
+    """The rank with what its dump said (decode_dump)."""
     if rank.rank is None:
-        rank = spawn_identity(rank, threads)
+        rank = spawn_identity(rank, d.threads)
     return dataclasses.replace(
-        rank, threads=tuple(threads), collected=isinstance(pyspy, list), error=error_info(item.get("error")),
-        resumed=rank.resumed or item.get("resumed") is True, elapsed=_float(item.get("elapsed")),
-        state=_str(item.get("state_before")) or rank.state, flight=flight_record(item.get("flight")),
-        hold=process_hold(item.get("process")) or rank.hold,
-        actions=rank.actions + tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
-        notes=rank.notes + tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)))
+        rank, threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
+        elapsed=d.elapsed, state=d.state or rank.state, flight=d.flight, hold=d.hold or rank.hold,
+        actions=rank.actions + d.actions, notes=rank.notes + d.notes)
+
+
+def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
+    """The rank with its threads (py-spy's, merged with /proc's; /proc's alone when py-spy gave nothing)."""
+    return apply_decoded(rank, decode_dump(item))
 
 
 _SPAWN_WRAP = "torch/multiprocessing/spawn.py"

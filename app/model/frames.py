@@ -111,8 +111,27 @@ class ThreadStack:
         def enters_with(self) -> bool: ...
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", frame_path(self.frames))
-        object.__setattr__(self, "enters_with", _enters_with(self.frames))
+        frames = self.frames
+        known = _SHARED.get(id(frames))
+        if known is not None and known[0] is frames:  # frames many threads share (share()): derived once
+            object.__setattr__(self, "path", known[1])
+            object.__setattr__(self, "enters_with", known[2])
+            return
+        object.__setattr__(self, "path", frame_path(frames))
+        object.__setattr__(self, "enters_with", _enters_with(frames))
+
+
+# Frames tuples that many threads share (the compact protocol's stacks, app/decode/replies.py), by id, with what
+# ThreadStack derives from them: building a thread on one of them then costs a lookup, not a walk of its frames.
+# Each entry holds its tuple, so an id is never reused while it is in the table.
+_SHARED: BoundedMemo[int, Tuple[Tuple[Frame, ...], Tuple[Frame, ...], bool]] = BoundedMemo(1 << 16)
+
+
+def share(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
+    """Mark a frames tuple as shared by many threads: ThreadStack reads its path from here."""
+    if _SHARED.get(id(frames)) is None:  # an entry holds its tuple: an id in the table is that tuple's
+        _SHARED.add(id(frames), (frames, frame_path(frames), _enters_with(frames)))
+    return frames
 
 
 def _enters_with(frames: Tuple[Frame, ...]) -> bool:

@@ -57,9 +57,16 @@ def grid(snapshot: Snapshot, class_of: Mapping[RankKey, int], suspects: Set[Rank
     return f"<div class=\"grid\">{''.join(rows)}</div>"
 
 
-def nodes_table(nodes: Sequence[NodeStatus]) -> str:
+MAX_NODE_ROWS = 256  # rows of the node table: the nodes with a problem first; snapshot.json has every node
+
+
+def nodes_table(nodes: Sequence[NodeStatus], limit: int = MAX_NODE_ROWS) -> str:
+    """One row per node, those that failed or gave part of their data first, at most `limit` rows, then a row
+    saying how many more (at thousands of nodes the table would be most of the page)."""
     rows = ["<tr><th>node</th><th>state</th><th>ranks</th><th>tools</th><th>problem and remedy</th></tr>"]
-    for n in nodes:
+    shown = sorted(nodes, key=lambda n: n.state == "done" and n.error is None and not n.warnings)[:limit]
+    more = len(nodes) - len(shown)
+    for n in shown:
         tools = ", ".join(f"{t.name} {t.version}".strip() for t in n.info.tools) if n.info else ""
         problem = ""
         if n.error is not None:
@@ -72,6 +79,10 @@ def nodes_table(nodes: Sequence[NodeStatus]) -> str:
         css = "fail" if n.state == "failed" else ("ok" if n.state == "done" else "")
         rows.append(f"<tr><td class=\"mono\">{h(n.name)}</td><td class=\"{css}\">{h(n.state)}</td>"
                     f"<td>{n.ranks_found}</td><td>{h(tools, 300)}</td><td>{problem}</td></tr>")
+    if more:
+        done = sum(1 for n in nodes if n.state == "done")
+        rows.append(f"<tr><td colspan=\"5\" class=\"meta\">and {more:,} more nodes"
+                    f"{' (all done)' if done >= more else ''}: snapshot.json lists every node</td></tr>")
     return f"<table>{''.join(rows)}</table>"
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from app.analysis.tree import StackTree, TreeNode
 
 MAX_RANK_SECTIONS = 256  # per-rank stacks in the page; snapshot.json has every rank
+MAX_FINDINGS = 64  # findings in the page; snapshot.json has every one (its analysis)
 MAX_TREE_NODES = 3000
 MAX_CLASS_DIFFS = 8
 
@@ -169,11 +170,14 @@ def _findings(facts: Facts) -> str:
     if not facts.findings:
         return "<h2 id=\"findings\">Findings</h2><p>No findings.</p>"
     items = []
-    for f in facts.findings:
+    for f in facts.findings[:MAX_FINDINGS]:
         ranks = f"<div class=\"meta\">{h(f.ranks_label, 400)}</div>" if f.ranks_label else ""
         items.append(f"<div class=\"finding {h(f.confidence)}\"><strong>{h_sentence(f.title)}</strong>{ranks}"
                      f"<div>{h_sentence(f.detail)}</div><div class=\"why\">{h(f.confidence)} confidence: "
                      f"{h_sentence(f.reason)}</div></div>")
+    if len(facts.findings) > MAX_FINDINGS:
+        items.append(f"<p class=\"meta\">and {len(facts.findings) - MAX_FINDINGS:,} more findings: snapshot.json "
+                     "has them all (its analysis)</p>")
     return "<h2 id=\"findings\">Findings, most likely culprit first</h2>" + "".join(items)
 
 

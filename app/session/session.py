@@ -8,14 +8,16 @@ emitted as it arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import os
 import resource
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar, cast
 
 from app import __version__
 from app.decode import gpu as parse_gpu
@@ -27,12 +29,14 @@ from app.session import store as pgstore
 from app.session.events import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
 from app.session.options import SessionOptions
 from app.session.peer_names import PeerNamer
-from app.transport.base import WorkerConnection
+from app.transport.base import WorkerConnection, next_request_id
 from app.transport.connect import Connector
 from workers import protocol
 
 if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
-    from workers.protocol import CollectArgs, DumpItem, DumpOptions, GdbArgs, GdbDone, StraceArgs, StraceDone
+    from app.transport.request import Request
+    from workers.protocol import (CollectArgs, CollectDone, CollectItemKey, DumpItem, DumpOptions, GdbArgs, GdbDone,
+                                  RankInfo, StraceArgs, StraceDone)
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -40,6 +44,10 @@ STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
 WORKER_LOG_ENV = "HANGSCOPE_WORKER_LOG"  # debug: "1" makes workers log to their stderr
 STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/collect/pgstore.py)
+# Up to this many nodes every rank's reply carries every local of its threads (--locals shows them all in the
+# TUI, --print and the exported files); past it only the locals the analysis reads travel, the rest stay on the
+# node for `detail` (Session.detail): at thousands of nodes they were most of a deep stack's bytes (issue 27).
+ALL_LOCALS_NODES = 64
 GATE_WAIT = 3.0  # seconds a node that has discovered waits for the others before its dumps are released (go)
 ArgsT = TypeVar("ArgsT")  # a per-rank op's arguments (strace, gdb)
 DoneT = TypeVar("DoneT")  # its done data
@@ -70,10 +78,39 @@ def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
     return round(max(starts) - min(starts), 6) if len(starts) > 1 else None
 
 
+def _collect_decoder(node: str, stacks: replies.StackTable) -> Callable[[Any], tuple[Optional[CollectItemKey], Any]]:
+    """How a node's collect items are read in the connection's reader: (the item's key, its value in the model:
+    a RankSnapshot, a decoded dump, the GPU evidence; discovery's summary as it came, with the time it was read;
+    None when malformed). `stacks` is the connection's stack table (compact dumps refer to it): read in the
+    reader too, in the order the node sent, before the dumps that use it."""
+    def decode(item: dict) -> tuple[Optional[CollectItemKey], Any]:
+        # each item carries one key (protocol.CollectItem); app.decode checks each value it takes
+        key = protocol.collect_item_key(item)
+        if key is None:
+            return None, None
+        value = item[key]
+        if key == "discovered":  # with when it was read: the node's clock offset (a consumer may be behind)
+            return key, (value, time.time())
+        if key == "gpu_evidence":
+            return key, parse_gpu.gpu_evidence(value)
+        if not isinstance(value, dict):
+            return key, None
+        if key == "stacks":
+            replies.decode_stacks(value, stacks)
+            return key, None
+        if key == "rank":
+            return key, replies.rank_from_discover(node, cast("RankInfo", value))
+        if "threads" in value and "pyspy" not in value:  # compact (workers/compact.py)
+            return key, replies.decode_compact_dump(cast("DumpItem", value), stacks)
+        return key, replies.decode_dump(cast("DumpItem", value))  # dump, process_dump
+    return decode
+
+
 class _Gate:
     """Opens when every node task of a cold pass has arrived (discovered, or failed or ended before it)."""
 
     def __init__(self, count: int) -> None:
+        self.go_id = next_request_id()  # every node's go is the same message (srun sends it once for all)
         self._left = count
         self._open = asyncio.Event()
         if count <= 0:
@@ -89,6 +126,29 @@ class _Gate:
             await asyncio.wait_for(self._open.wait(), at_most)
         except asyncio.TimeoutError:
             pass
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage collection while a pass builds its snapshot, then one collection of what the pass made and the
+    survivors frozen (gc.freeze).
+
+    A pass allocates millions of objects that live on (the ranks, their threads and frames); each automatic
+    full collection walks every one of them again, so that at 1,000 nodes half a pass's CPU was the collector
+    (bench/scale.py). Paused, the collector runs once per pass over the pass's own objects (the young
+    generations: cyclic garbage of the pass, e.g. failed tasks, is freed), and frozen, the snapshot is not walked
+    again by the collections the TUI triggers between passes. What is frozen is still freed by reference counting
+    when dropped (the model has no cycles)."""
+    if not gc.isenabled():  # nested, or the caller manages the collector itself
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect(1)
+        gc.freeze()
 
 
 def raise_nofile_limit() -> None:
@@ -172,6 +232,31 @@ class Session:
             await asyncio.gather(*(one(n, by_node[n.name]) for n in self._nodes if n.name in by_node))
             return self.current()
 
+    async def detail(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
+        """These ranks with every local of their last dump: a pass keeps per rank only the locals the analysis
+        reads (the compact protocol), the node keeps the rest for this (the TUI's rank view). A rank whose node
+        has no such dump (or no worker) is returned as it was."""
+        out: list[RankSnapshot] = []
+        for name, pid in ranks:
+            node = next((n for n in self._nodes if n.name == name), None)
+            rank = node.ranks.get(pid) if node is not None else None
+            if node is None or rank is None:
+                continue
+            if node.conn is not None and not node.conn.closed:
+                try:
+                    done = await node.conn.call(protocol.DETAIL({"pid": pid, "start_time": rank.start_time}),
+                                                timeout=15.0)
+                except TransportError:
+                    done = {}
+                if isinstance(done.get("dump"), dict):
+                    full = replies.decode_dump(done["dump"])
+                    if full.collected:
+                        rank = dataclasses.replace(rank, threads=full.threads)
+                        node.ranks[pid] = rank
+                        self._emit(RankUpdate(rank))
+            out.append(rank)
+        return out
+
     def use(self, collect: CollectOptions) -> None:
         """Collect with these options from the next pass on (native frames, locals, non-blocking sampling)."""
         if collect != self.options.collect:
@@ -236,34 +321,41 @@ class Session:
 
     async def _pass(self, *, reconnect: bool = True) -> Snapshot:
         async with self._exclusive():
-            self._cancelled = False
-            taken_at, t0 = time.time(), time.monotonic()
-            nodes = [n for n in self._nodes
-                     if reconnect or n.conn is not None or n.status.state != "failed"]
-            for node in nodes:
-                node.ranks, node.processes = {}, {}
-            # A cold pass: each node's collect request goes out as soon as it is connected, and discovers at
-            # once, but holds its dumps until every node has discovered (or failed): the dumps of a pass then
-            # start as close together as the transport allows (issue 16.8), not each as soon as its own node
-            # connected, while discovery still overlaps the other nodes' connections. A node waits at most
-            # GATE_WAIT for the others, so one that cannot be reached does not hold the rest back for its whole
-            # connect deadline. A warm pass sends every request at once: nothing to wait for.
-            cold = len(nodes) > 1 and any(n.conn is None or n.conn.closed for n in nodes)
-            gate = _Gate(len(nodes)) if cold else None
-            self._tasks = [asyncio.create_task(self._run_node(n, gate), name=f"hangscope-node-{n.name}")
-                           for n in nodes]
-            try:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            finally:
-                self._tasks = []
-            if self.options.store and not self._cancelled:
-                await self._store_numbers(nodes)
-            snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
-            # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
-            snap = await self._namer.name(snap)
-            self._last = snap
-            self._emit(SnapshotDone(snap))
-            return snap
+            with gc_paused():
+                return await self._pass_unlocked(reconnect)
+
+    async def _pass_unlocked(self, reconnect: bool) -> Snapshot:
+        self._cancelled = False
+        taken_at, t0 = time.time(), time.monotonic()
+        nodes = [n for n in self._nodes
+                 if reconnect or n.conn is not None or n.status.state != "failed"]
+        for node in nodes:
+            node.ranks, node.processes = {}, {}
+        # A cold pass: each node's collect request goes out as soon as it is connected, and discovers at
+        # once, but holds its dumps until every node has discovered (or failed): the dumps of a pass then
+        # start as close together as the transport allows (issue 16.8), not each as soon as its own node
+        # connected, while discovery still overlaps the other nodes' connections. A node waits at most
+        # GATE_WAIT for the others, so one that cannot be reached does not hold the rest back for its whole
+        # connect deadline. A warm pass sends every request at once: nothing to wait for.
+        cold = len(nodes) > 1 and any(n.conn is None or n.conn.closed for n in nodes)
+        gate = _Gate(len(nodes)) if cold else None
+        # one request id for the pass: every node's collect is then the same message (but for the nodes that
+        # ask NCCL's RAS), which the srun transport sends once for all of them
+        pass_id = next_request_id()
+        self._tasks = [asyncio.create_task(self._run_node(n, gate, pass_id), name=f"hangscope-node-{n.name}")
+                       for n in nodes]
+        try:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self._tasks = []
+        if self.options.store and not self._cancelled:
+            await self._store_numbers(nodes)
+        snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
+        # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
+        snap = await self._namer.name(snap)
+        self._last = snap
+        self._emit(SnapshotDone(snap))
+        return snap
 
     async def _store_numbers(self, nodes: Sequence[_Node]) -> None:
         """Ranks whose process says no number get the one their job's store gives (app/session/store.py); each
@@ -318,7 +410,7 @@ class Session:
             self._lock = asyncio.Lock()
         return self._lock
 
-    async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None) -> None:
+    async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None, pass_id: Optional[int] = None) -> None:
         phase = "connect"
         timings: dict[str, float] = {}
         arrived = gate is None
@@ -341,28 +433,30 @@ class Session:
             # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
             args: CollectArgs = {**self._collect_args(), "ras": any(node is n for n in self._nodes[:2]),
                                  "hold": 0.0 if gate is None else GATE_WAIT + 1.0}
-            req = conn.request(protocol.COLLECT(args), timeout=DISCOVER_TIMEOUT)
-            async for item in req:
-                # each item carries one key (protocol.CollectItem); app.decode checks each value it takes
-                key = protocol.collect_item_key(item)
-                if key == "gpu_evidence":  # GPU-side evidence (workers/collect/gpu_evidence.py), decoded here
-                    self._update(node, gpu=parse_gpu.gpu_evidence(item["gpu_evidence"]))
-                elif key == "dump" and isinstance(item["dump"], dict):
-                    self._apply_dump(node, item["dump"])
-                elif key == "process_dump" and isinstance(item["process_dump"], dict):
-                    self._apply_process_dump(node, item["process_dump"])
-                elif key == "rank" and isinstance(item["rank"], dict):
-                    rank = replies.rank_from_discover(node.name, item["rank"])
-                    node.ranks[rank.pid] = rank
-                    self._emit(RankUpdate(rank))
+            # each item is read into the model in the connection's reader as it arrives (_collect_decoder)
+            req = cast("Request[tuple[Optional[CollectItemKey], Any], CollectDone]",
+                       conn.request(protocol.COLLECT(args), timeout=DISCOVER_TIMEOUT,
+                                    decode=_collect_decoder(node.name, conn.shared.setdefault("stacks", {})),
+                                    req_id=pass_id))
+            async for key, value in req:
+                if key == "gpu_evidence":  # GPU-side evidence (workers/collect/gpu_evidence.py)
+                    self._update(node, gpu=value)
+                elif key == "dump" and value is not None:
+                    self._apply_dump(node, value)
+                elif key == "process_dump" and value is not None:
+                    self._apply_process_dump(node, value)
+                elif key == "rank" and value is not None:
+                    node.ranks[value.pid] = value
+                    self._emit(RankUpdate(value))
                 elif key == "discovered":
                     timings["discover"] = time.monotonic() - t
                     phase, t = "collect", time.monotonic()
                     # what discovery says about the node (spawn ranks taken, candidates when none): remote text
-                    found = item["discovered"] if isinstance(item["discovered"], dict) else {}
+                    found, read_at = value
+                    found = found if isinstance(found, dict) else {}
                     node_time = found.get("time")
                     if isinstance(node_time, (int, float)) and not isinstance(node_time, bool):
-                        node.clock_offset = float(node_time) - time.time()
+                        node.clock_offset = float(node_time) - read_at
                     for raw in (found.get("processes") or [])[:1024]:
                         proc = replies.process_from_discover(node.name, raw) if isinstance(raw, dict) else None
                         if proc is not None:
@@ -379,7 +473,7 @@ class Session:
                     if gate is not None and not arrived:
                         arrive()
                         await gate.wait(GATE_WAIT)
-                        conn.send_go(req.id)
+                        conn.send_go(req.id, gate.go_id)
                         t = time.monotonic()  # the dumps start now: the wait for the others is not theirs
             if node.ranks:
                 timings["dump"] = time.monotonic() - t
@@ -412,7 +506,8 @@ class Session:
         return await self._connector.open(node.spec)
 
     def _worker_options(self) -> dict:
-        opts: dict = {"sudo": self.options.collect.sudo}
+        # zlib frames (workers/protocol.py): a node's reply compresses 7-13x
+        opts: dict = {"sudo": self.options.collect.sudo, "compress": "zlib"}
         if os.environ.get(WORKER_LOG_ENV) == "1":
             opts["log"] = True
         if os.environ.get(KEEP_WORKER_ENV):
@@ -426,23 +521,27 @@ class Session:
 
     def _collect_args(self) -> CollectArgs:
         c, o = self.options.collect, self.options
+        # compact: each distinct stack once per connection, per rank only what is its own (workers/compact.py);
+        # a small job keeps every local in every rank's reply, a large one only those the analysis reads
         return {**self._dump_options(), "pids": list(o.pids) if o.pids is not None else None, "match": o.match,
-                "gpu_evidence": c.gpu_evidence}
+                "gpu_evidence": c.gpu_evidence, "compact": True,
+                "all_locals": len(self._nodes) <= ALL_LOCALS_NODES}
 
-    def _apply_dump(self, node: _Node, item: DumpItem) -> None:
-        rank = node.ranks.get(item.get("pid"))  # type: ignore[arg-type]
+    def _apply_dump(self, node: _Node, item: DumpItem | replies.Dumped) -> None:
+        dumped = item if isinstance(item, replies.Dumped) else replies.decode_dump(item)
+        rank = node.ranks.get(dumped.pid)  # type: ignore[arg-type]
         if rank is None:
             return
-        rank = replies.apply_dump(rank, item)
-        started, ended = item.get("started_at"), item.get("ended_at")
-        if isinstance(started, (int, float)) and isinstance(ended, (int, float)) and not isinstance(started, bool):
-            rank = dataclasses.replace(rank, dump_started=round(float(started) - node.clock_offset, 6),
-                                       dump_ended=round(float(ended) - node.clock_offset, 6))
+        rank = replies.apply_decoded(rank, dumped)
+        started, ended = dumped.started_at, dumped.ended_at
+        if started is not None and ended is not None:
+            rank = dataclasses.replace(rank, dump_started=round(started - node.clock_offset, 6),
+                                       dump_ended=round(ended - node.clock_offset, 6))
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
 
-    def _apply_process_dump(self, node: _Node, item: DumpItem) -> None:
-        proc = node.processes.get(item.get("pid"))  # type: ignore[arg-type]
+    def _apply_process_dump(self, node: _Node, item: replies.Dumped) -> None:
+        proc = node.processes.get(item.pid)  # type: ignore[arg-type]
         if proc is None:
             return
         why = "its rank waits on it" if proc.role == "child" else "no rank of it exists yet"

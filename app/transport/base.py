@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol, TypeVar, cast
@@ -27,6 +28,18 @@ MAX_LINE = 256 * 1024 * 1024  # a dump with locals of many threads is large; any
 MAX_NOISE_LINES = 200  # lines a chatty login shell may print before the worker's hello
 STDERR_TAIL = 4000  # characters of the worker's stderr kept for error messages
 EXIT_WAIT = 5.0  # seconds to wait for the worker's exit status once its output ended
+ROOM_WAIT = 5.0  # seconds the reader waits at most for a consumer that is behind before it reads a chunk more
+
+# Request ids come from one counter for every connection of the process: unique on each connection as the
+# protocol wants, and a caller that sends the same request to many nodes (a pass) can give them all one id
+# (next_request_id), so that the srun transport sends it once for every node (app/transport/srun/step.py).
+_REQUEST_IDS = itertools.count(1)
+
+
+def next_request_id() -> int:
+    """A request id no connection of this process has used."""
+    return next(_REQUEST_IDS)
+
 
 ItemT = TypeVar("ItemT")  # a request's items, as its op (workers/protocol.py) says
 DoneT = TypeVar("DoneT")  # its done data
@@ -70,8 +83,9 @@ class WorkerConnection:
         self._wait_exit = wait_exit
         self._kill = kill
         self._on_close = on_close
-        self._ids = itertools.count(1)
+        self._ids = _REQUEST_IDS
         self._requests: dict[int, Request[Any, Any]] = {}
+        self._pressure: list[asyncio.Future[None]] = []  # requests whose consumer is behind (backpressure)
         self._stderr_tail: deque[str] = deque()
         self._stderr_len = 0
         self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
@@ -85,6 +99,9 @@ class WorkerConnection:
         self.warnings: list[str] = []
         self.timings: dict[str, float] = {}
         self.pid: Optional[int] = None  # the worker's pid on its node, from hello
+        # what the decoders of this connection's requests keep between them (app/session: the stack table the
+        # compact protocol refers to); a relay's nodes share their relay's
+        self.shared: dict[str, Any] = {}
 
     @property
     def closed(self) -> bool:
@@ -131,16 +148,21 @@ class WorkerConnection:
 
     # -- requests ------------------------------------------------------------------------------------------
 
-    def request(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None) -> Request[ItemT, DoneT]:
+    def request(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None,
+                decode: Optional[Callable[[Any], Any]] = None, req_id: Optional[int] = None) -> Request[ItemT, DoneT]:
         """Send one request (`protocol.COLLECT({...})`: its arguments checked by mypy against the op's); iterate
-        the result for its items. Raises at once if the worker is gone."""
+        the result for its items (each passed through `decode` in the reader when given: Request). `timeout`
+        is how long the request may go without a message; `req_id`, one from next_request_id() (the same for
+        a request sent to many nodes), else a new one. Raises at once if the worker is gone."""
         if self.error is not None:
             raise self.error
         if self.closed:
             raise TransportError("lost", f"{self.name}: the worker connection is closed")
         loop = asyncio.get_running_loop()
-        req_id = next(self._ids)
-        req: Request[ItemT, DoneT] = Request(self, req_id, call.op, None if timeout is None else loop.time() + timeout)
+        if req_id is None or req_id in self._requests:
+            req_id = next(self._ids)
+        req: Request[ItemT, DoneT] = Request(self, req_id, call.op, None if timeout is None else loop.time() + timeout,
+                                             decode)
         self._requests[req_id] = req
         self.send_nowait(call.message(req_id))
         return req
@@ -178,23 +200,60 @@ class WorkerConnection:
     async def _read_stdout(self) -> None:
         buf = bytearray()
         scanned = 0  # bytes of buf known to hold no newline: a multi-MB dump line is scanned once, not per chunk
+        need = -1  # bytes still to come of a zlib frame whose `z <n>` header was read (protocol.py)
+        unzip: Any = None
         try:
             while True:
                 chunk = await self._stdout.read(1 << 16)
                 if not chunk:
                     break
                 buf += chunk
+                pos = 0  # what is consumed of buf: cut once per chunk, not once per line
                 while True:
-                    nl = buf.find(b"\n", scanned)
+                    if need >= 0:
+                        if len(buf) - pos < need:
+                            break
+                        packed = bytes(buf[pos:pos + need])
+                        pos += need
+                        need = -1
+                        if unzip is None:
+                            unzip = zlib.decompressobj()
+                        try:
+                            text = unzip.decompress(packed, MAX_LINE)
+                        except zlib.error as exc:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a compressed frame from the worker is corrupt: {exc}"))
+                        if unzip.unconsumed_tail:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a compressed frame unpacks to more than {MAX_LINE} bytes"))
+                        for line in text.split(b"\n"):
+                            if line and not self._on_line(line):
+                                return await self._violation(None)
+                        continue
+                    nl = buf.find(b"\n", max(pos, scanned))
                     if nl < 0:
                         scanned = len(buf)
                         break
-                    line = bytes(buf[:nl])
-                    del buf[:nl + 1]
-                    scanned = 0
+                    line = bytes(buf[pos:nl])
+                    pos = nl + 1
+                    if line[:2] == b"z " and self._hello.done():
+                        size = line[2:]
+                        if not size.isdigit() or int(size) > MAX_LINE:
+                            return await self._violation(TransportError(
+                                "protocol", f"{self.name}: a malformed frame header from the worker: {line[:40]!r}"))
+                        need = int(size)
+                        continue
                     if not self._on_line(line):
                         return await self._violation(None)
-                if len(buf) > MAX_LINE:
+                if pos:
+                    del buf[:pos]
+                    scanned = max(0, scanned - pos)
+                while self._pressure:  # a consumer is behind: stop reading until it catches up (Request.room)
+                    room = self._pressure.pop()
+                    # bounded: a consumer that went away without abandoning its request must not stop the
+                    # connection for good; it then reads on, a chunk per ROOM_WAIT
+                    await asyncio.wait([room], timeout=ROOM_WAIT)
+                if len(buf) > MAX_LINE + 64:
                     return await self._violation(TransportError(
                         "protocol", f"{self.name}: a line from the worker exceeds {MAX_LINE} bytes"))
         except Exception:
@@ -231,15 +290,19 @@ class WorkerConnection:
             return False
         req = self._requests.get(req_id) if isinstance(req_id, int) else None
         if req is not None:  # replies to abandoned requests are dropped
-            req.queue.put_nowait(msg)
+            req.put(msg)
+            room = req.room()
+            if room is not None:
+                self._pressure.append(room)
         return True
 
     def forget(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
 
-    def send_go(self, req_id: int) -> None:
-        """Release a collect request that holds its dumps (its "hold" argument) until this go."""
-        self.send_nowait(protocol.GO({"target": req_id}).message(next(self._ids)))
+    def send_go(self, req_id: int, go_id: Optional[int] = None) -> None:
+        """Release a collect request that holds its dumps (its "hold" argument) until this go (`go_id`: one id
+        from next_request_id() for every node's go, as for the request)."""
+        self.send_nowait(protocol.GO({"target": req_id}).message(go_id if go_id is not None else next(self._ids)))
 
     def send_cancel(self, req_id: int) -> None:
         self.send_nowait(protocol.CANCEL({"target": req_id}).message(next(self._ids)))
@@ -320,7 +383,7 @@ class WorkerConnection:
             self._hello.set_exception(error)
             self._hello.exception()  # mark retrieved: start() may already have given up waiting
         for req in list(self._requests.values()):
-            req.queue.put_nowait(error)
+            req.put(error)
         self._requests.clear()
 
     # -- closing -------------------------------------------------------------------------------------------
@@ -330,7 +393,7 @@ class WorkerConnection:
         if not self._closing:
             self._closing = True
             for req in list(self._requests.values()):
-                req.queue.put_nowait(TransportError("cancelled", f"{self.name}: the session closed"))
+                req.put(TransportError("cancelled", f"{self.name}: the session closed"))
             self._requests.clear()
             try:
                 if kill and self._kill is not None:

@@ -30,6 +30,7 @@ READS: Dict[Tuple[str, str], str] = {
     ("workers/ops.py", "_gpu_evidence_start"): "CollectArgs",
     ("workers/ops.py", "_dump"): "DumpOptions",
     ("workers/ops.py", "store_ranks"): "StoreRanksArgs",
+    ("workers/ops.py", "detail"): "DetailArgs",
     ("workers/collect/pyspy.py", "DumpOptions.__init__"): "DumpOptions",
     ("workers/collect/traced.py", "strace"): "StraceArgs",
     ("workers/collect/traced.py", "gdb"): "GdbArgs",

@@ -148,3 +148,16 @@ def test_builder_plants_every_secret() -> None:
     text = snapshot_to_json(make_snapshot("dataloader"))
     for value in list(SECRETS.values()) + list(HARMLESS.values()):
         assert value in text.replace("\\'", "'") or value in text, value
+
+
+def test_the_node_table_shows_the_failed_nodes_first_and_says_how_many_more() -> None:
+    """At thousands of nodes the page lists the nodes with a problem and counts the rest (issue 27)."""
+    from app.report.html_ranks import MAX_NODE_ROWS, nodes_table
+
+    nodes = [NodeStatus(name=f"n{i:05d}", state="done") for i in range(3 * MAX_NODE_ROWS)]
+    nodes[700] = NodeStatus(name="n00700", state="failed", error=ErrorInfo(code="timeout", message="no answer"))
+    html = nodes_table(nodes)
+    assert html.count("<tr>") == 1 + MAX_NODE_ROWS + 1  # header, the rows shown, "and N more"
+    assert html.index("n00700") < html.index("n00000")
+    assert f"and {3 * MAX_NODE_ROWS - MAX_NODE_ROWS:,} more nodes (all done)" in html
+    assert nodes_table(nodes[:10]).count("<tr>") == 11  # few nodes: every one, nothing said

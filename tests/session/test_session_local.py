@@ -247,3 +247,54 @@ async def test_refreshing_one_rank_through_the_live_source_dumps_only_that_rank(
         assert all(after[k] is before[k] for k in before if k != one), "only the rank asked for is dumped again"
     finally:
         await src.close()
+
+
+async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_detail_brings_the_rest(
+        stand_ins: dict[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact form on a real worker (issue 27): the stack table comes once per connection (a refresh brings
+    none), a large job's ranks keep only the locals the analysis reads (the loop's step, the socket the wait is
+    on), and `detail` brings every local from the node."""
+    from app.decode import replies
+    from app.session import session as session_mod
+
+    monkeypatch.setattr(session_mod, "ALL_LOCALS_NODES", 0)  # as if this one node were one of thousands
+    added: set[str] = set()  # the stack ids the worker sent (other processes on this machine may send some too)
+    used: dict[int, set[str]] = {}  # pid -> the stack ids its last compact dump named
+    decode_stacks, decode_compact_dump = replies.decode_stacks, replies.decode_compact_dump
+
+    def stacks(raw: dict, table: dict) -> int:
+        added.update(k for k in raw if k not in table)
+        return decode_stacks(raw, table)
+
+    def dump(item: dict, table: dict) -> replies.Dumped:
+        used[item["pid"]] = {t["stack"] for t in item.get("threads") or []}
+        return decode_compact_dump(item, table)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replies, "decode_stacks", stacks)
+    monkeypatch.setattr(replies, "decode_compact_dump", dump)
+    session = Session(None, SessionOptions(collect=CollectOptions(locals=True)))
+    try:
+        snap = await session.snapshot()
+        assert set().union(*(used[pid] for pid in stand_ins)) <= added  # the stack table came, compact dumps
+        mine = _mine(snap.ranks, stand_ins)
+        assert len(mine) == WORLD
+        for r in mine:
+            assert r.main_thread is not None
+            train = next(f for f in r.main_thread.frames if f.function == "train")
+            names = {lc.name for lc in train.locals}
+            assert {"step", "conn"} <= names and not {"srv", "peer"} & names, names  # read / not read
+            assert dict(train.iteration).get("step") == "3"
+        added.clear()
+        used.clear()
+        again = await session.refresh()
+        mine_used = set().union(*(used[pid] for pid in stand_ins))
+        assert mine_used and not mine_used & added  # the same stacks, named by id: none of them sent again
+        assert {r.pid for r in _mine(again.ranks, stand_ins) if r.collected} == set(stand_ins)
+        full = await session.detail([(r.node, r.pid) for r in _mine(again.ranks, stand_ins)])
+        assert len(full) == WORLD
+        for r in full:
+            assert r.main_thread is not None
+            train = next(f for f in r.main_thread.frames if f.function == "train")
+            assert {"step", "conn", "srv", "peer", "ready_path"} <= {lc.name for lc in train.locals}
+    finally:
+        await session.close()

@@ -151,6 +151,36 @@ async def test_srun_transport_runs_a_worker_on_every_node_in_one_step(slurm: Slu
     wait_until(lambda: node_workers(slurm) == [], 15, "no hangscope process left on the nodes")
 
 
+async def test_srun_step_sends_a_shared_request_once_and_takes_its_nodes_from_a_file(
+        slurm: SlurmCluster, sleeper: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At thousands of nodes the node list outgrows one argument and a request per node costs nodes^2 lines
+    (--input=all): the list goes in a file, and one request id sent to every node goes out as one line for all."""
+    from app.transport.base import next_request_id
+    from app.transport.srun import step as step_mod
+
+    monkeypatch.setattr(step_mod, "MAX_NODELIST", 1)  # what 12,500 names do: --nodefile
+    sent: list[bytes] = []
+    original = step_mod.Step.send
+    monkeypatch.setattr(step_mod.Step, "send", lambda self, data: (sent.append(data), original(self, data)))
+    transport = SrunTransport(SrunOptions(job_id=sleeper, env=slurm.env(), start_timeout=60))
+    conns = await asyncio.gather(*(transport.open(n) for n in slurm.compute_names))
+    try:
+        (step,) = transport._steps
+        assert step.nodefile is not None and os.path.exists(step.nodefile)
+        assert [c.hello["hostname"] for c in conns] == slurm.compute_names
+        shared = next_request_id()
+        reqs = [c.request(protocol.DISCOVER({"pids": None}), timeout=30, req_id=shared) for c in conns]
+        assert [r.id for r in reqs] == [shared, shared]
+        answers = await asyncio.gather(*(r.collect() for r in reqs))
+        assert all(done.get("count") == 0 for _, done in answers)  # `sleep` is no rank; each node answered
+        requests = [line for line in sent if line.split(b" ")[1:2] == [b"D"]]
+        assert len(requests) == 1 and requests[0].startswith(b"* D "), sent
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
+    assert step.nodefile is not None and not os.path.exists(step.nodefile)  # removed with the step
+    assert srun_processes() == []
+
+
 async def test_srun_transport_one_dead_worker_fails_only_its_node(slurm: SlurmCluster, sleeper: str) -> None:
     transport = SrunTransport(SrunOptions(job_id=sleeper, env=slurm.env(), start_timeout=60))
     a, b = await asyncio.gather(*(transport.open(n) for n in slurm.compute_names))

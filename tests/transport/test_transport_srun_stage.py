@@ -56,3 +56,23 @@ def test_stage_kills_a_worker_that_ignores_eof_after_the_grace_period() -> None:
 def test_stage_ends_every_worker_when_sruns_stdin_ends() -> None:
     frames = _run([testenv.PYTHON, "-c", ECHO], b"abc", b"")
     assert b"".join(d for _, k, d in frames if k == "O") == b"cba" * 300 and frames[-1][1:] == ("X", b"3")
+
+
+def test_stage_takes_lines_addressed_to_every_task_or_to_its_range() -> None:
+    """A request sent to many nodes goes out once (`*` or ranges, mux.targets): srun's --input=all copies each
+    line to every node, so per-node lines would cost nodes^2 (issue 27)."""
+    lines = (frame(b"*", "D", b"all ") + frame(b"0,2-5", "D", b"range ") + frame(b"0,2", "D", b"not ")
+             + frame(b"3-4", "D", b"nor ") + frame(b"x-y", "D", b"junk ") + frame(1, "E"))
+    frames = _run([testenv.PYTHON, "-c", ECHO], b"", lines, task="3")  # EOF when srun's stdin ends
+    assert b"".join(d for _, k, d in frames if k == "O") == b"all range nor "[::-1] * 300
+    frames = _run([testenv.PYTHON, "-c", ECHO], b"", lines, task="1")
+    assert b"".join(d for _, k, d in frames if k == "O") == b"all "[::-1] * 300
+
+
+def test_targets_names_every_task_or_ranges() -> None:
+    from app.transport.srun.mux import targets
+
+    assert targets([3, 1, 2, 0], 4) == b"*"
+    assert targets([0, 2, 3, 4, 7], 9) == b"0,2-4,7"
+    assert targets([5], 9) == b"5"
+    assert targets([0, 1], -1) == b"0-1"  # not every node of the step has said which task it is

@@ -84,12 +84,37 @@ def main(size, argv, frame_raw, grace):
         t.daemon = True
         t.start()
 
+    me = task.encode()
+    mine_cache = {}  # type: dict
+
+    def mine(field):
+        # this task's number, `*` (every task), or ranges `0-4,7` (mux.py targets())
+        if field == me or field == b"*":
+            return True
+        if b"-" not in field and b"," not in field:
+            return False
+        got = mine_cache.get(field)
+        if got is None:
+            got = False
+            n = int(task)
+            for part in field.split(b","):
+                lo, _, hi = part.partition(b"-")
+                try:
+                    if int(lo) <= n <= int(hi or lo):
+                        got = True
+                        break
+                except ValueError:
+                    break
+            if len(mine_cache) > 64:
+                mine_cache.clear()
+            mine_cache[field] = got
+        return got
+
     def feed():
-        # every task reads every line (srun --input=all): only this task's lines count
-        me = task.encode()
+        # every task reads every line (srun --input=all): only the lines for this task count
         for line in stdin:
             parts = line.rstrip(b"\n").split(b" ")
-            if parts[0] != me or len(parts) < 2:
+            if len(parts) < 2 or not mine(parts[0]):
                 continue
             if parts[1] == b"D" and len(parts) > 2:
                 put(base64.b64decode(parts[2]))

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import re
 import shutil
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from app.transport.srun.mux import frame, mux_stage
+from app.transport.srun.mux import frame, mux_stage, targets
 from app.transport import bootstrap
 from app.transport.base import ExitInfo
 
@@ -35,10 +37,28 @@ class SrunOptions:
     worker_options: Mapping[str, Any] = field(default_factory=dict)
 
 
-def srun_argv(options: SrunOptions, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
-    """The step: one task per node on exactly these nodes, sharing the job's resources (--overlap)."""
+MAX_NODELIST = 16 * 1024  # characters of --nodelist; past them the nodes go in a file (--nodefile)
+
+
+def node_list(nodes: Sequence[str]) -> str:
+    """The nodes as SLURM reads a node list, folded where their names allow (gpu[0001-2048]): 12,500 names of
+    10 characters, listed, pass Linux's 128 KiB limit on one argument (issue 27)."""
+    try:
+        from ClusterShell.NodeSet import NodeSet, NodeSetException
+
+        return str(NodeSet.fromlist(nodes))
+    except (ImportError, NodeSetException, ValueError, TypeError):
+        return ",".join(nodes)
+
+
+def srun_argv(options: SrunOptions, nodes: Sequence[str], command: Sequence[str],
+              nodefile: Optional[str] = None) -> list[str]:
+    """The step: one task per node on exactly these nodes, sharing the job's resources (--overlap). The nodes
+    go in --nodelist, folded; or, when even that is long, in `nodefile` (one name a line: write_nodefile)."""
+    listed = node_list(nodes)
+    where = f"--nodefile={nodefile}" if nodefile is not None and len(listed) > MAX_NODELIST else f"--nodelist={listed}"
     argv = [options.srun, f"--jobid={options.job_id}", "--overlap", f"--nodes={len(nodes)}",
-            "--ntasks-per-node=1", f"--ntasks={len(nodes)}", f"--nodelist={','.join(nodes)}",
+            "--ntasks-per-node=1", f"--ntasks={len(nodes)}", where,
             "--kill-on-bad-exit=0", "--wait=0", "--input=all", f"--job-name=hangscope-{os.getpid()}"]
     if options.gres_none:
         argv.append("--gres=gpu:0")
@@ -71,21 +91,21 @@ class Channel:
         if self.task is None:
             self.pending += data
         else:
-            self.step.send(frame(self.task, "D", data))
+            self.step.put(self.task, "D", data)
 
     async def drain(self) -> None:
         await self.step.drain()
 
     def write_eof(self) -> None:
         if self.task is not None:
-            self.step.send(frame(self.task, "E"))
+            self.step.put(self.task, "E")
 
     def close(self) -> None:
         pass  # the step ends when its last node is closed (on_close)
 
     def kill(self) -> None:
         if self.task is not None:
-            self.step.send(frame(self.task, "K"))
+            self.step.put(self.task, "K")
 
     async def wait_exit(self) -> ExitInfo:
         return await asyncio.shield(self.exit)
@@ -102,13 +122,48 @@ class Step:
         self.stderr = bytearray()
         self.tasks: list[asyncio.Task[None]] = []
         self.stopping: Optional[asyncio.Task[None]] = None
+        self._out: list[tuple[int, str, bytes]] = []  # frames of this loop turn, coalesced by _flush
+        self.nodefile: Optional[str] = None
+
+    def put(self, task: int, kind: str, data: bytes = b"") -> None:
+        """A frame for one task's worker, sent at the end of this loop turn with the others of the turn: the
+        same bytes for many tasks (a pass's request to every node) then go out once (mux.targets)."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append((task, kind, data))
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        group: dict[bytes, list[int]] = {}  # data -> tasks, while no task has a second frame (order per task)
+        grouped: set[int] = set()
+
+        def emit() -> None:
+            for data, tasks in group.items():
+                # `*` only once every node of the step has said which task it is: one that has not would take it too
+                every = len(self.by_task) if len(self.by_task) == len(self.channels) else -1
+                self.send(frame(tasks[0] if len(tasks) == 1 else targets(tasks, every), "D", data))
+            group.clear()
+            grouped.clear()
+
+        for task, kind, data in out:
+            if task in grouped or kind != "D":
+                emit()
+            if kind == "D":
+                group.setdefault(data, []).append(task)
+                grouped.add(task)
+            else:
+                self.send(frame(task, kind))
+        emit()
 
     async def start(self) -> None:
         o = self.options
         payload = bootstrap.build_payload()
         worker = [*bootstrap.python_argv(o.python), "-c", payload.stage(o.worker_options)]
-        argv = srun_argv(o, list(self.channels), [*bootstrap.python_argv(o.python), "-c",
-                                                  mux_stage(worker, len(payload.data))])
+        names = list(self.channels)
+        if len(node_list(names)) > MAX_NODELIST:
+            self.nodefile = write_nodefile(names)
+        argv = srun_argv(o, names, [*bootstrap.python_argv(o.python), "-c", mux_stage(worker, len(payload.data))],
+                         self.nodefile)
         env = dict(os.environ if o.env is None else o.env)
         if shutil.which(o.srun, path=env.get("PATH", os.defpath)) is None:
             self._fail_all(ExitInfo(lost=f"{o.srun} is not on PATH (no SLURM client here)"))
@@ -227,6 +282,17 @@ class Step:
                 if proc.returncode is None:
                     proc.send_signal(sig)
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.nodefile is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.nodefile)
+
+
+def write_nodefile(nodes: Sequence[str]) -> str:
+    """A private file naming the nodes one a line, for srun --nodefile (removed when the step stops)."""
+    fd, path = tempfile.mkstemp(prefix="hangscope-nodes-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(nodes) + "\n")
+    return path
 
 
 def _signal_name(num: int) -> str:

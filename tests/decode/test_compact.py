@@ -1,0 +1,97 @@
+"""The compact collect form (workers/compact.py, issue 27): each distinct stack once per connection, per rank only
+what is its own. What the login side reads back from it must be what it read from the full dump item: the same
+threads, frames, source lines, loops and iterations; every local when the session asked for all of them, and the
+locals the analysis reads when it did not."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Set
+
+from app.decode import replies
+from app.model import ThreadStack
+from workers import compact
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def items(name: str) -> List[Dict[str, Any]]:
+    return json.loads((DATA / name).read_text())["items"]
+
+
+def shape(threads: tuple[ThreadStack, ...]) -> list:
+    return [(t.tid, t.name, t.active, t.is_main, [(f.function, f.filename, f.line, f.module, f.native, f.loops,
+                                                   f.source, f.withs) for f in t.frames]) for t in threads]
+
+
+def read_compact(dump_items: List[Dict[str, Any]], all_locals: bool, sent: Set[str], table: dict
+                 ) -> List[replies.Dumped]:
+    out = []
+    for item in dump_items:
+        small, new = compact.split(copy.deepcopy(item), sent, all_locals)
+        if new:
+            # the stack table item travels as JSON, before the dumps that use it
+            replies.decode_stacks(json.loads(json.dumps(new)), table)
+        out.append(replies.decode_compact_dump(json.loads(json.dumps(small)), table))
+    return out
+
+
+def test_compact_dumps_read_back_as_the_full_ones_with_every_local_when_asked() -> None:
+    full_items = items("worker_dump_torch_locals.json")
+    assert any(f.get("locals") for i in full_items for t in i["pyspy"] for f in t["frames"])  # the data has some
+    compact_read = read_compact(full_items, True, set(), {})
+    for item, got in zip(full_items, compact_read):
+        want = replies.decode_dump(copy.deepcopy(item))
+        assert shape(got.threads) == shape(want.threads)
+        assert [[(f.locals, f.iteration) for f in t.frames] for t in got.threads] == \
+            [[(f.locals, f.iteration) for f in t.frames] for t in want.threads]
+        assert (got.pid, got.collected, got.error, got.elapsed, got.state) == \
+            (want.pid, want.collected, want.error, want.elapsed, want.state)
+        assert not any("did not send" in n for n in got.notes)
+
+
+def test_without_all_locals_a_rank_keeps_the_locals_the_analysis_reads_and_the_same_iteration() -> None:
+    full_items = items("worker_dump_torch_locals.json")
+    for item, got in zip(full_items, read_compact(full_items, False, set(), {})):
+        want = replies.decode_dump(copy.deepcopy(item))
+        assert shape(got.threads) == shape(want.threads)  # frames, source and loops: all of them
+        kept = sum(len(f.locals) for t in got.threads for f in t.frames)
+        every = sum(len(f.locals) for t in want.threads for f in t.frames)
+        assert 0 < kept < every
+        # the loop coordinates (which iteration each rank is in) read the same
+        assert [[f.iteration for f in t.frames] for t in got.threads] == \
+            [[f.iteration for f in t.frames] for t in want.threads]
+        for t_got, t_want in zip(got.threads, want.threads):
+            for f_got, f_want in zip(t_got.frames, t_want.frames):
+                assert set(f_got.locals) <= set(f_want.locals)  # kept as they were, never altered
+
+
+def test_a_stack_travels_once_per_connection_and_has_the_same_id_on_every_node() -> None:
+    full_items = items("worker_dump_torch_locals.json")
+    sent: Set[str] = set()
+    first = [compact.split(copy.deepcopy(i), sent)[1] for i in full_items]
+    assert any(first)
+    again = [compact.split(copy.deepcopy(i), sent)[1] for i in full_items]  # a refresh on the same worker
+    assert again == [{} for _ in full_items]
+    assert not first[1]  # the node's second rank stands on the first one's stacks: nothing new to send
+    other: Set[str] = set()
+    other_node = [compact.split(copy.deepcopy(i), other)[1] for i in full_items]
+    assert other_node == first  # another connection: the same ids for the same stacks
+
+
+def test_a_thread_naming_a_stack_its_connection_never_sent_is_shown_without_frames_and_said_so() -> None:
+    item = items("worker_dump_torch_locals.json")[0]
+    small, _ = compact.split(copy.deepcopy(item), set())
+    got = replies.decode_compact_dump(small, {})  # the table item was lost
+    assert got.threads and all(t.frames == () for t in got.threads if t.tid in {x["os_thread_id"] for x in
+                                                                                  small["threads"]})
+    assert any("did not send" in n for n in got.notes)
+
+
+def test_a_dump_py_spy_could_not_take_stays_uncollected() -> None:
+    item = dict(items("worker_dump_torch_locals.json")[0], pyspy=None, ok=False)
+    small, new = compact.split(item, set())
+    assert small["threads"] is None and new == {}
+    assert replies.decode_compact_dump(small, {}).collected is False
