@@ -21,8 +21,21 @@ _node_of = attrgetter("node")
 _pid_of = attrgetter("pid")
 
 
-def fold_ints(values: Iterable[int], width: int = 0) -> str:
-    """Distinct integers as ranges, ascending: [0,1,2,5] -> "0-2,5"; `width` zero-pads like NodeSet."""
+# A folded list shows at most this many ranges, then says how many members it leaves out: at thousands of nodes,
+# scattered failures or an iteration split over every third rank would otherwise fold into lists of thousands
+# (1,093 lines of --print at 5 % failed nodes, issue 27). The snapshot file keeps every rank and node.
+MAX_PARTS = 16
+
+
+def fold_ints(values: Iterable[int], width: int = 0, limit: Optional[int] = MAX_PARTS) -> str:
+    """Distinct integers as ranges, ascending: [0,1,2,5] -> "0-2,5"; `width` zero-pads like NodeSet. Past `limit`
+    ranges (None: no limit), the first ones and "and N more": "0-2,5,7 and 1,200 more"."""
+    text, more = fold_runs(values, width, limit)
+    return f"{text} and {more:,} more" if more else text
+
+
+def fold_runs(values: Iterable[int], width: int = 0, limit: Optional[int] = MAX_PARTS) -> Tuple[str, int]:
+    """fold_ints()'s ranges, and how many of the values the ranges past `limit` hold (left out of the text)."""
     ordered = sorted(set(values))
     parts: List[str] = []
     # Runs are found by bisection: a slice is one run when its ends are as far apart as its length, so
@@ -44,9 +57,13 @@ def fold_ints(values: Iterable[int], width: int = 0) -> str:
             merged[-1] = (merged[-1][0], hi)
         else:
             merged.append((lo, hi))
+    more = 0
+    if limit is not None and len(merged) > limit:
+        more = sum(hi - lo + 1 for lo, hi in merged[limit:])
+        merged = merged[:limit]
     for lo, hi in merged:
         parts.append(_span(lo, hi, width))
-    return ",".join(parts)
+    return ",".join(parts), more
 
 
 def _span(a: int, b: int, width: int) -> str:
@@ -74,17 +91,24 @@ def fold_nodes(names: Iterable[str]) -> str:
     return cached
 
 
+MAX_NODESET_NAMES = 256  # names given to NodeSet (names of no one shape) before "and N more"
+
+
 def _fold_nodes(distinct: List[str]) -> str:
     folded = _fold_simple(distinct)
     if folded is not None:
         return folded
+    more = max(0, len(distinct) - MAX_NODESET_NAMES)
+    tail = f" and {more:,} more" if more else ""
+    distinct = distinct[:MAX_NODESET_NAMES]
     try:
         from ClusterShell.NodeSet import NodeSet, NodeSetException
 
-        return str(NodeSet.fromlist(distinct))
+        return str(NodeSet.fromlist(distinct)) + tail
     except (NodeSetException, ValueError, TypeError):
         # A name NodeSet cannot parse (brackets, commas): list the names as they are.
-        return ",".join(distinct)
+        return ",".join(distinct[:MAX_PARTS]) + (f" and {len(distinct) - MAX_PARTS + more:,} more"
+                                                   if len(distinct) > MAX_PARTS else tail)
 
 
 def _fold_simple(names: Sequence[str]) -> Optional[str]:
@@ -106,11 +130,13 @@ def _fold_simple(names: Sequence[str]) -> Optional[str]:
         numbers.append(int(digits))
     assert prefix is not None
     if not padded:
-        return f"{prefix}[{fold_ints(numbers)}]"
-    if len(widths) == 1:
+        text, more = fold_runs(numbers)
+    elif len(widths) == 1:
         # One width for all: padding to it reproduces each name exactly, as NodeSet prints it.
-        return f"{prefix}[{fold_ints(numbers, widths.pop())}]"
-    return None  # mixed padding (node1, node01): NodeSet's rules
+        text, more = fold_runs(numbers, widths.pop())
+    else:
+        return None  # mixed padding (node1, node01): NodeSet's rules
+    return f"{prefix}[{text}]" + (f" and {more:,} more" if more else "")
 
 
 def describe(ranks: Sequence[RankSnapshot]) -> str:

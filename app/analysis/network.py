@@ -12,6 +12,7 @@ import ipaddress
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
@@ -51,7 +52,10 @@ def host_of(endpoint: str) -> str:
     return host
 
 
+@lru_cache(maxsize=1 << 16)
 def _routable(host: str) -> bool:
+    # memoized: asked for every socket of every rank, several times per analysis; a job has few addresses, and
+    # ipaddress's parser costs ~40 us an address (a third of the analysis at 12,500 nodes, bench/scale.py)
     if not host or not (host[0].isdigit() or ":" in host):
         return False  # a name, not an address (and parsing raises, which is slow at 10k nodes)
     try:

@@ -127,7 +127,7 @@ def test_fold_helpers_match_clustershell() -> None:
     rng = random.Random(7)
     for _ in range(300):
         ints = rng.sample(range(60), rng.randint(1, 40))
-        assert fold_ints(ints) == str(RangeSet.fromlist([str(i) for i in ints]))
+        assert fold_ints(ints, limit=None) == str(RangeSet.fromlist([str(i) for i in ints]))
         width = rng.choice([1, 2, 3])
         prefix = rng.choice(["node", "gpu-a", "n_", "x.y"])
         nodes = [f"{prefix}{i:0{width}d}" for i in rng.sample(range(120), rng.randint(1, 12))]
@@ -219,3 +219,17 @@ def test_stacks_thousands_of_frames_deep() -> None:
     assert [c.size for c in a.classes] == [1, 1] and len(a.tree.walk()) == 5003
     nodes = snapshot_from_json(snapshot_to_json(snapshot(ranks), a.to_dict()))[1]["tree"]["nodes"]
     assert len(nodes) == 5003 and max(n["depth"] for n in nodes) == 5001
+
+
+def test_folded_lists_are_capped_with_how_many_more() -> None:
+    from app.analysis.fold import MAX_PARTS, fold_ints, fold_nodes
+
+    assert fold_ints(range(0, 10_000, 2)) == ",".join(str(i) for i in range(0, 2 * MAX_PARTS, 2)) \
+        + f" and {5000 - MAX_PARTS:,} more"
+    assert fold_ints(range(0, 10_000, 2), limit=None).count(",") == 4999
+    assert fold_ints(range(100)) == "0-99"  # one range: nothing to cap
+    nodes = [f"gpu{i:05d}" for i in range(0, 12_500, 3)]
+    folded = fold_nodes(nodes)
+    assert folded.startswith("gpu[00000,00003,") and folded.endswith(f"] and {len(nodes) - MAX_PARTS:,} more")
+    odd = [f"n{i}x{i}" for i in range(1000)]  # no one shape: NodeSet folds a bounded number of them
+    assert fold_nodes(odd).endswith(" and 744 more")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, List, Sequence, Tuple
 
 from app.analysis.facts import Fact
-from app.analysis.fold import count_phrase, describe, fold_nodes, short
+from app.analysis.fold import MAX_PARTS, count_phrase, describe, fold_nodes, short
 from app.analysis.frames import clean
 from app.analysis.health import DumpEvidence, JobsEvidence, MissingEvidence, NodeEvidence, StateEvidence
 from app.analysis.health import ThreadCountEvidence, _span
@@ -153,7 +153,11 @@ def number_text(world: int) -> str:
 
 
 def missing_label(e: MissingEvidence) -> str:
-    return f"{'rank' if e.count == 1 else 'ranks'} {','.join(_span(a, b) for a, b in e.gaps)}"
+    """`ranks 0-7,1992-1999 and 1,200 more`: the first MAX_PARTS gaps (fold.py), then how many ranks more."""
+    shown = e.gaps[:MAX_PARTS]
+    more = sum(b - a + 1 for a, b in e.gaps[MAX_PARTS:])
+    return (f"{'rank' if e.count == 1 else 'ranks'} {','.join(_span(a, b) for a, b in shown)}"
+            + (f" and {more:,} more" if more else ""))
 
 
 def short_of_text(e: MissingEvidence) -> str:
