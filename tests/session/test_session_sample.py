@@ -34,9 +34,8 @@ def test_a_sample_reads_counters_without_stacks_and_never_traces_the_rank(tmp_pa
     def watch_tracer() -> None:  # the rank's TracerPid, read all along: a ptrace attach would show here
         while not stop.is_set():
             try:
-                for line in open(f"/proc/{proc.pid}/status"):
-                    if line.startswith("TracerPid:") and line.split()[1] != "0":
-                        traced.append(line)
+                with open(f"/proc/{proc.pid}/status") as f:
+                    traced.extend(line for line in f if line.startswith("TracerPid:") and line.split()[1] != "0")
             except OSError:
                 return
             stop.wait(0.002)
