@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--stall", type=float, default=120.0, metavar="S",
                    help="capture a job that has made no progress for S seconds (120; lowered to a quarter of the "
                    "job's own watchdog timeout when that is shorter)")
+    w.add_argument("--stall-start", type=float, default=None, metavar="S",
+                   help="the same for a job not yet seen progressing: start-up (imports, rendezvous, loading a "
+                   "checkpoint) is quiet too (default: 4 x --stall, at least 300 s)")
     w.add_argument("--slow", type=float, default=0.5, metavar="F",
                    help="capture a job whose rate stays below F of its own recent rate for --stall (0.5; 0: never)")
     w.add_argument("--out", default="hangscope-watch", metavar="DIR",
@@ -146,7 +149,7 @@ def watch_options(args: argparse.Namespace):
         check_number("--fps", args.fps, (1, 240))
     if args.nonblocking and args.native:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
-    return check(WatchOptions(every=args.every, stall=args.stall, slow=args.slow, keep=args.keep, out=args.out,
+    return check(WatchOptions(every=args.every, stall=args.stall, stall_start=args.stall_start, slow=args.slow, keep=args.keep, out=args.out,
                               on_hang=parse_command(args.on_hang) if args.on_hang is not None else (),
                               on_hang_timeout=args.on_hang_timeout, once=args.once, wait_start=args.wait_start,
                               job=args.job, verbose=args.verbose))

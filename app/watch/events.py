@@ -53,12 +53,15 @@ class JobFound:
     watchdog: Watchdog
     limit: float
     limit_why: str = ""
+    start_limit: float = 0.0  # before it is first seen progressing
 
     def text(self) -> str:
         dog = (f"its watchdog: {self.watchdog.seconds:g} s ({clean(self.watchdog.source, 200)})"
                if self.watchdog.seconds is not None else "its watchdog is not known")
         out = f"following {_job(self.job)}: {clean(self.label, 200)}; {dog}; capture after {duration(self.limit)} " \
               "without progress"
+        if self.start_limit > self.limit:
+            out += f" ({duration(self.start_limit)} until it is first seen progressing: start-up is quiet)"
         if self.limit_why:
             out += f" ({clean(self.limit_why, 300)})"
         for note in self.watchdog.notes:
@@ -74,10 +77,10 @@ class Stalled:
     seconds: float  # without progress
     since: float  # the last sample that saw it move (or when the watch began)
     limit: float
-    since_start: bool = False  # it has not moved since the watch began
+    since_start: bool = False  # it has not been seen moving since the watch began
 
     def text(self) -> str:
-        since = "since the watch began" if self.since_start else f"since {_clock(self.since)}"
+        since = f"since {_clock(self.since)}" + ("; not seen moving since the watch began" if self.since_start else "")
         return f"{_job(self.job)} has made no progress for {duration(self.seconds)} ({since}): capturing"
 
 

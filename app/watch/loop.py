@@ -40,7 +40,7 @@ class Watcher:
         self.env = dict(env or {})
         self.capture_deadline = capture_deadline
         self.hook_output = hook_output  # where --on-hang's output goes (None: ours; the TUI: /dev/null)
-        self.tracker = Tracker(TrackOptions(options.stall, options.slow, options.job))
+        self.tracker = Tracker(TrackOptions(options.stall, options.stall_start, options.slow, options.job))
         self.captures: Deque[Captured] = deque(maxlen=max(options.keep, 1))
         self.costs: Dict[str, Deque[Tuple[float, float]]] = {}  # node -> (time, share of a core) per sample
         self.samples = 0

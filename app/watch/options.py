@@ -22,6 +22,7 @@ WAIT_START = (0.0, 7 * 86400.0)
 class WatchOptions:
     every: float = 30.0  # seconds between cheap samples
     stall: float = 120.0  # seconds without progress before a capture (lowered under a short watchdog)
+    stall_start: Optional[float] = None  # ... before a job is first seen progressing (None: max(4 x stall, 300 s))
     slow: float = 0.5  # capture a job running below this share of its recent rate for `stall`
     keep: int = 20  # capture bundles kept in `out`
     out: str = "hangscope-watch"
@@ -44,6 +45,8 @@ def check_number(flag: str, value: float, bounds: Tuple[float, float]) -> None:
 def check(options: WatchOptions) -> WatchOptions:
     check_number("--every", options.every, EVERY)
     check_number("--stall", options.stall, STALL)
+    if options.stall_start is not None:
+        check_number("--stall-start", options.stall_start, STALL)
     check_number("--slow", options.slow, SLOW)
     check_number("--keep", options.keep, KEEP)
     if not isinstance(options.keep, int):

@@ -32,6 +32,10 @@ REFERENCE = 20  # the slow reference is the median of this many recent intervals
 MIN_REFERENCE = 3  # ... and there is none before this many
 ABSENT_SAMPLES = 2  # a job is over when none of its ranks is found in this many samples in a row
 RECHECK = 5.0  # seconds to the next sample when a job has just gone missing (did it end, or restart?)
+START_FACTOR = 4.0  # a job not yet seen progressing may stand still this many times --stall ...
+START_MIN = 300.0  # ... and at least this long (seconds): start-up (imports, rendezvous, loading) is quiet
+START_STREAK = 3  # samples in a row that a job must progress in to count as past its start-up
+STARTUP_CPU = 0.2  # share of a core per rank: a job not yet seen moving that uses this much is starting up
 MAX_JOBS = 256  # jobs remembered; ended ones are forgotten first
 
 Unit = str  # "sockets": bytes to peers per second; "io": output and storage bytes per second; "": none yet
@@ -40,6 +44,7 @@ Unit = str  # "sockets": bytes to peers per second; "io": output and storage byt
 @dataclass(frozen=True)
 class TrackOptions:
     stall: float = 120.0
+    stall_start: Optional[float] = None  # before a job is first seen progressing; None: start_limit(stall)
     slow: float = 0.5  # 0: never capture a slow job
     job: Optional[str] = None  # follow only the job whose key is this or contains it
 
@@ -54,6 +59,7 @@ class JobState:
     watchdog: Watchdog
     limit: float  # the stall limit for this job (seconds)
     limit_why: str = ""  # why it is lower than --stall
+    start_limit: float = 0.0  # ... before it is first seen progressing (start-up is quiet: imports, rendezvous)
     nodes: Tuple[str, ...] = ()
     ranks: int = 0
     status: str = "starting"  # starting | progressing | idle (no progress, under its limit) | stalled | slow | ended
@@ -72,10 +78,17 @@ class JobState:
     missing_at: float = 0.0  # the last of those
     ended_at: Optional[float] = None
     captures: int = 0
+    moved_once: bool = False  # seen progressing in START_STREAK samples in a row: past its start-up
+    streak: int = 0  # samples in a row in which it progressed
 
     @property
     def stalled_for(self) -> float:
         return max(0.0, self.last_sample - self.last_progress)
+
+    @property
+    def stall_limit(self) -> float:
+        """The limit that applies now: the start-up one until the job has been seen progressing."""
+        return self.limit if self.moved_once else max(self.limit, self.start_limit)
 
     @property
     def ref_rate(self) -> Optional[float]:
@@ -87,7 +100,7 @@ class JobState:
         if self.absent:
             return None  # nothing of it to judge: Tracker.next_deadline looks again soon
         if self.status != "ended" and self.stalled_at is None:
-            out.append(self.last_progress + self.limit)
+            out.append(self.last_progress + self.stall_limit)
         if self.slow_since is not None and not self.slow_declared:
             out.append(self.slow_since + self.limit)
         return min(out) if out else None
@@ -118,7 +131,8 @@ class Tracker:
             job = self.jobs.get(key)
             if job is None or job.status == "ended":
                 job = self._new_job(key, ranks, t, timeouts)
-                events.append(JobFound(t, key, job.label, job.watchdog, job.limit, job.limit_why))
+                events.append(JobFound(t, key, job.label, job.watchdog, job.limit, job.limit_why,
+                                       job.stall_limit))
             events += self._judge(job, ranks, t)
         for key, job in self.jobs.items():
             if job.status == "ended" or key in by_job:
@@ -143,7 +157,9 @@ class Tracker:
                  timeouts: Mapping[Tuple[str, int, int], PgTimeout]) -> JobState:
         dog = job_watchdog(ranks, timeouts)
         limit, why = stall_limit(self.options.stall, dog)
-        job = JobState(key, describe(ranks), t, dog, limit, why, last_progress=t, last_sample=t)
+        start = self.options.stall_start if self.options.stall_start is not None else start_limit(limit)
+        start = min(start, stall_limit(start, dog)[0])  # under the watchdog too
+        job = JobState(key, describe(ranks), t, dog, limit, why, start, last_progress=t, last_sample=t)
         self.jobs[key] = job
         return job
 
@@ -164,16 +180,23 @@ class Tracker:
             return events  # nothing to compare yet (its first sample, or its ranks' nodes could not be sampled)
         progressed = any(m.moved for _, _, m in pairs)
         rate, per_node = self._rates(job, pairs, len(ranks))
+        job.streak = job.streak + 1 if progressed else 0
+        if job.streak >= START_STREAK:
+            job.moved_once = True  # a blip of bytes while the job sets itself up is not yet training
         if progressed:
             if job.stalled_at is not None:
                 events.append(Resumed(t, job.key, job.label, t - job.last_progress, "stall"))
             job.last_progress, job.stalled_at = t, None
             job.status = "progressing"
-        elif job.stalled_at is None and t - job.last_progress >= job.limit:
+        elif not job.moved_once and _busy(pairs):
+            # not yet seen moving, but working: importing torch, loading a checkpoint from the page cache. Its
+            # stall clock starts when it goes quiet (a job hung from the start sleeps), not when the watch began.
+            job.last_progress, job.status = t, "starting"
+        elif job.stalled_at is None and t - job.last_progress >= job.stall_limit:
             job.stalled_at, job.status = t, "stalled"
             job.slow_declared = job.slow_since is not None or job.slow_declared  # one capture for the episode
-            events.append(Stalled(t, job.key, job.label, t - job.last_progress, job.last_progress, job.limit,
-                                  since_start=job.last_progress == job.first_seen))
+            events.append(Stalled(t, job.key, job.label, t - job.last_progress, job.last_progress, job.stall_limit,
+                                  since_start=not job.moved_once))
         elif job.stalled_at is None:
             job.status = "idle"  # no progress in this interval, not yet for its stall limit
         if rate is not None:
@@ -224,7 +247,8 @@ class Tracker:
             if job.slow_since is None and progressed:
                 job.slow_since = prev_sample  # the interval that fell short began there
                 job.slow_start = self._job_sample(job.key, prev_sample)
-            if job.slow_since is not None and not job.slow_declared and t - job.slow_since >= job.limit:
+            # declared on a sample that moved: a stretch that ends in no progress at all is a stall, said as one
+            if job.slow_since is not None and not job.slow_declared and progressed and t - job.slow_since >= job.limit:
                 job.slow_declared = True
                 job.status = "slow" if job.stalled_at is None else job.status
                 events.append(SlowDetected(t, job.key, job.label, rate, ref, t - job.slow_since, job.slow_since,
@@ -294,6 +318,17 @@ class Tracker:
         ended = sorted((j for j in self.jobs.values() if j.status == "ended"), key=lambda j: j.ended_at or 0.0)
         for j in ended[:len(self.jobs) - MAX_JOBS]:
             del self.jobs[j.key]
+
+
+def start_limit(limit: float) -> float:
+    """The default stall limit before a job is first seen progressing."""
+    return max(limit * START_FACTOR, START_MIN)
+
+
+def _busy(pairs: Sequence[Tuple[RankSnapshot, RankSnapshot, Movement]]) -> bool:
+    """The job's ranks use a CPU between samples (mean share per rank at least STARTUP_CPU): starting up."""
+    shares = [m.cpu for _, _, m in pairs if m.cpu is not None]
+    return bool(shares) and sum(shares) / len(shares) >= STARTUP_CPU
 
 
 def _wanted(key: str, wanted: str) -> bool:

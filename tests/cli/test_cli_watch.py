@@ -36,7 +36,7 @@ def test_help_says_what_watch_does_and_what_it_passes_to_the_hook() -> None:
 
 @pytest.mark.parametrize("flag,value", [
     ("--every", "nan"), ("--every", "inf"), ("--every", "0"), ("--every", "-1"), ("--every", "1e9"),
-    ("--stall", "nan"), ("--stall", "-inf"), ("--stall", "0.5"), ("--slow", "nan"), ("--slow", "1"),
+    ("--stall", "nan"), ("--stall", "-inf"), ("--stall", "0.5"), ("--stall-start", "nan"), ("--slow", "nan"), ("--slow", "1"),
     ("--slow", "-0.1"), ("--keep", "0"), ("--keep", "-3"), ("--on-hang-timeout", "inf"), ("--wait-start", "nan"),
     ("--timeout", "nan"), ("--timeout", "0"), ("--connect-timeout", "inf"), ("--fanout", "0"), ("--fps", "0"),
 ])
@@ -94,8 +94,8 @@ def test_a_process_that_makes_no_progress_is_captured_and_the_hook_gets_the_bund
                         "if k.startswith('HANGSCOPE_')}, open(sys.argv[1], 'w'))\n")
         out = tmp_path / "captures"
         t0 = time.monotonic()
-        res = watch("--pid", str(rank.pid), "--every", "0.5", "--stall", "2", "--once", "--out", str(out),
-                    "--on-hang", f"{sys.executable} {hook} {seen}", "--wait-start", "30", timeout=120)
+        res = watch("--pid", str(rank.pid), "--every", "0.5", "--stall", "2", "--stall-start", "2", "--once",
+                    "--out", str(out), "--on-hang", f"{sys.executable} {hook} {seen}", "--wait-start", "30", timeout=120)
         took = time.monotonic() - t0
         text = res.stdout.decode()
         assert res.returncode == 0, f"{text}\n{res.stderr.decode()}"

@@ -25,8 +25,9 @@ def test_enter_on_a_capture_opens_it_and_the_watch_comes_back(terminal, tmp_path
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == b"ready"
         exit_file = tmp_path / "exit"
-        term = terminal(hangscope("watch", "--pid", rank.pid, "--every", "0.5", "--stall", "2", "--tui", "--out",
-                                  tmp_path / "out", "--fps", 20, exit_file=exit_file), size="140x44")
+        term = terminal(hangscope("watch", "--pid", rank.pid, "--every", "0.5", "--stall", "2", "--stall-start", "2",
+                                  "--tui", "--out", tmp_path / "out", "--fps", 20, exit_file=exit_file),
+                        size="140x44")
         screen = term.wait_for(lambda s: "1 capture" in s and "hang" in s, "the capture", timeout=120)
         assert "hangscope watch" in screen and "127.0.0.1:29997" in screen
         term.keys("c")

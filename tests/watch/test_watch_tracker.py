@@ -76,12 +76,41 @@ def test_a_hang_is_declared_at_its_limit_and_the_next_sample_is_asked_for_then()
     assert run(tracker, [sample(80, last), sample(90, last)]) == [], "one capture per stall"
 
 
-def test_a_job_hung_before_the_watch_began_is_stalled_since_then() -> None:
-    tracker = Tracker(TrackOptions(stall=20))
+def test_a_job_never_seen_moving_gets_the_start_up_limit() -> None:
+    """A job hung before the watch began (or still in its rendezvous) is captured after the start-up limit:
+    4 x --stall, at least 300 s, unless --stall-start says otherwise."""
     still = {i: 77 for i in range(4)}
+    tracker = Tracker(TrackOptions(stall=20))
+    found = tracker.update(sample(0, still))
+    assert "5 min until it is first seen progressing" in found[0].text()
+    assert not run(tracker, [sample(t, still) for t in range(10, 300, 10)])
+    stalls = [e for e in run(tracker, [sample(300, still)]) if isinstance(e, Stalled)]
+    assert len(stalls) == 1 and stalls[0].since_start and "not seen moving since the watch began" in stalls[0].text()
+    tracker = Tracker(TrackOptions(stall=20, stall_start=20))
     events = run(tracker, [sample(t, still) for t in (0, 10, 20)])
+    assert len([e for e in events if isinstance(e, Stalled)]) == 1
+    # a blip of bytes while the job sets itself up (gloo connecting its pairs) is not yet training
+    tracker = Tracker(TrackOptions(stall=20))
+    blip = [sample(0, still), sample(10, {i: 99 for i in range(4)})] + [sample(t, {i: 99 for i in range(4)})
+                                                                       for t in range(20, 300, 10)]
+    assert not [e for e in run(tracker, blip) if isinstance(e, Stalled)]
+    assert not tracker.jobs[JOB].moved_once
+
+
+def test_a_job_still_starting_up_is_not_stalled_until_it_goes_quiet() -> None:
+    """Ranks importing torch use a CPU and move no bytes: the stall clock starts when they stop working."""
+    tracker = Tracker(TrackOptions(stall=20, stall_start=20))
+
+    def busy(at: float, cpu: float) -> Snapshot:
+        snap = sample(at, {i: 0 for i in range(4)})
+        return dataclasses.replace(snap, ranks=tuple(
+            dataclasses.replace(r, counters=dataclasses.replace(r.counters, utime=cpu)) for r in snap.ranks))
+
+    events = run(tracker, [busy(t, t * 0.9) for t in range(0, 60, 10)])  # 90 % of a core each
+    assert not [e for e in events if isinstance(e, Stalled)] and tracker.jobs[JOB].status == "starting"
+    events = run(tracker, [busy(t, 60 * 0.9) for t in range(60, 90, 10)])  # busy up to t=60, quiet after
     stalls = [e for e in events if isinstance(e, Stalled)]
-    assert len(stalls) == 1 and stalls[0].since_start and "since the watch began" in stalls[0].text()
+    assert len(stalls) == 1 and stalls[0].at == 80 and stalls[0].since == 60
 
 
 def test_a_job_that_resumes_is_said_to_have_resumed_with_how_long_it_stood_still() -> None:
@@ -118,6 +147,14 @@ def test_a_slow_stretch_is_declared_once_and_its_recovery_said() -> None:
     events = run(tracker, [sample(120 + k * 10, {i: sent + (k + 1) * 1000 for i in range(4)}) for k in range(2)])
     assert [type(e) for e in events] == [Recovered]
     assert tracker.jobs[JOB].status == "progressing"
+
+
+def test_a_job_that_slows_down_into_a_hang_is_a_stall_not_slow() -> None:
+    tracker = Tracker(TrackOptions(stall=30, slow=0.5))
+    samples = steady(0, 6) + [sample(60, {i: 6100 for i in range(4)})]  # one slow interval, then nothing
+    samples += [sample(t, {i: 6100 for i in range(4)}) for t in range(70, 110, 10)]
+    events = run(tracker, samples)
+    assert [type(e) for e in events if isinstance(e, (Stalled, SlowDetected))] == [Stalled]
 
 
 def test_slow_captures_can_be_turned_off() -> None:
