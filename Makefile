@@ -1,13 +1,22 @@
 # One command per job: `make test` installs what the tests need and runs every test (what CI runs).
 PY ?= python3
 
-.PHONY: deps test check demo bench bench-snapshot gpu-check
+.PHONY: deps test test-under-load check demo bench bench-snapshot gpu-check
 
 deps:
 	bash tests/install-deps.sh
 
 test: deps
 	$(PY) -m pytest -q -ra --durations=25
+
+# The suite beside one CPU burner per core (normal priority, started and killed here whatever pytest does): a
+# test whose verdict depends on an idle machine fails here. Run it whenever a change touches tests or timing.
+# PYTEST_ARGS picks tests (default: all of them).
+test-under-load: deps
+	@burners=""; trap 'kill $$burners 2>/dev/null; wait $$burners 2>/dev/null' EXIT INT TERM; \
+	for i in $$(seq "$$(nproc)"); do $(PY) -c 'while True: pass' & burners="$$burners $$!"; done; \
+	echo "test-under-load: $$(nproc) CPU burners:$$burners"; \
+	$(PY) -m pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 # Static checks (configured in pyproject.toml): lint, types (app/ with this python, workers/ as the nodes'
 # oldest python3, 3.9), the import contracts and import cycles, and the worker protocol's typed requests (both

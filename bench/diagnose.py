@@ -2,7 +2,7 @@
 """How right the diagnosis is: the analysis over every recorded scenario, against what really happened.
 
 Every scenario in tests/data/scenarios/ is a real job hung (or not) in one way on the test cluster, recorded
-by tests/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
+by tests/support/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
 history, as the CLI analyses it). TRUTH below says what happened in each, from the scenario's own set-up, not
 from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
 must contain. A headline is right when the first finding names the culprit (its ranks, or its node), every word of the cause,
@@ -88,7 +88,7 @@ TRUTH: Dict[str, Truth] = {
 }
 TRUTH["gpu_xid"] = Truth("a rank stuck in a CUDA call on a GPU that fell off the bus (a FAKE Xid 79 on its node)",
                          (3,), cause=("rank 3", "node02", "Xid 79", "fallen off the bus"))
-# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/record_oss.py)
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/support/record_oss.py)
 TRUTH["nanogpt-healthy"] = Truth("nanoGPT's train.py, DDP on CPU, training", hung=False, cause=("progressing",))
 TRUTH["nanogpt-stopped"] = Truth("nanoGPT's train.py, rank 5 stopped with SIGSTOP", (5,),
                                  cause=("rank 5", "stopped", "kill -CONT"))

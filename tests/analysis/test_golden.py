@@ -1,4 +1,4 @@
-"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/record_scenarios.py), analysed
+"""Golden snapshots of every hang scenario, recorded on the test cluster (tests/support/record_scenarios.py), analysed
 again: the exact classes, findings (kind, confidence, ranks, order), iteration splits and progress.
 
 Each golden pair is what `hangscope HOSTS --snapshot` saw of a real torch gloo job on 2-3 nodes: the second
@@ -24,7 +24,7 @@ from app.model.codec import snapshot_from_json
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 SCENARIOS = ("skip", "dataloader", "die", "netcut", "healthy", "lock", "deadlock", "order", "uneven", "stopped",
              "frozen", "spawn", "twojobs", "slow", "missing", "mismatch", "gil", "native", "pipe", "fsstall")
-SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/gpu_fakes.py)
+SCENARIOS += ("gpu_xid",)  # GPU evidence: a FAKE GPU fault on the culprit's node (tests/support/gpu_fakes.py)
 SCENARIOS += ("nanogpt-healthy", "nanogpt-stopped", "lightning-healthy", "lightning-frozen")  # real scripts (tests/oss)
 HUNG = tuple(n for n in SCENARIOS if not n.endswith("healthy") and n != "slow")  # the jobs that are hung
 
@@ -183,7 +183,7 @@ EXPECTED["gpu_xid"] = Expected(
               ("minority_stack", "high", (3,)), ("gpu_fault", "low", ())),
     splits=((0, "step=3: ranks 0-2"), (1, "step=3: rank 3")),
     progress="stuck", title="rank 3 on node02: its GPU 1 (0000:5d:00) reported Xid 79, GPU has fallen off the bus")
-# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/record_oss.py). nanoGPT's loop and its
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/support/record_oss.py). nanoGPT's loop and its
 # counters are at module level: no loop variable is readable. One sample caught rank 0 in its forward while the
 # others were in backward; the samples show every rank moving, so that is no lead.
 EXPECTED["nanogpt-healthy"] = Expected(

@@ -2,7 +2,7 @@
 NCCL RAS's view, from the node's worker to the findings.
 
 There is no GPU here: every GPU tool's output is RECORDED (tests/data/gpu/, sources in its README) and printed by
-FAKE executables (tests/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
+FAKE executables (tests/support/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
 them under deadlines, the redaction, the decoding (app/decode/gpu.py) and the analysis are the real code.
 """
 

@@ -21,7 +21,8 @@ from app.gpu.launch import Launcher, LaunchSpec, PortBook
 from app.gpu.model import PHASES
 from app.gpu.options import GpuTestOptions
 from app.gpu.runner import GpuTestRunner, Preflight
-from app.transport.local import start_local
+from app.transport import bootstrap
+from app.transport.local import spawn_worker, start_local
 from workers import protocol
 from workers.gputest.marked import marked_pids
 from waiting import wait_until_async
@@ -152,9 +153,14 @@ async def test_with_no_job_on_the_node_the_python3_on_path_with_torch_is_used_an
     folder = os.path.dirname(PY)
     assert os.access(os.path.join(folder, "python3"), os.X_OK), "the tests' environment has a python3"
     monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
-    conn = await start_local(PY)
+    # a node with no job: the worker in a PID namespace of its own (a user namespace makes it root there), whose
+    # /proc shows no other process. On this machine other work runs jobs (another xdist worker's SLURM tests,
+    # other users' venvs) whose interpreters the worker would rightly pick before python3 on PATH
+    payload = bootstrap.build_payload()
+    conn = await spawn_worker(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+                               "--mount-proc", PY, "-c", payload.stage()], payload.data, python=PY)
     try:
-        pre = Preflight()  # no rank on the node (other jobs on this shared machine are none of this test's)
+        pre = Preflight()  # no rank on the node
         await GpuTestRunner({"local": conn}, GpuTestOptions()).choose_python("local", conn, [], pre)
     finally:
         await conn.close()

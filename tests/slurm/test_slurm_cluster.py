@@ -98,9 +98,20 @@ def sleeper(slurm: SlurmCluster) -> Iterator[str]:
     job_id = submit(slurm, "-N", "2", "--wrap", "sleep 3000")
     try:
         wait_state(slurm, job_id, "RUNNING")
+        # RUNNING is slurmctld's word; the batch step's processes (slurmstepd, the script, its sleep) start a moment
+        # later, on a busy machine after the first test's leak picture, which then counts them as its own
+        wait_until(lambda: any(_cmdline(p.host_pid) == b"sleep\x003000\x00" for n in slurm.computes
+                               for p in n.procs()), 60, f"job {job_id}'s batch script to run its sleep")
         yield job_id
     finally:
         slurm.run("scancel", job_id, check=False)
+
+
+def _cmdline(host_pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{host_pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def srun_processes() -> list[int]:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -281,11 +282,10 @@ async def test_non_utf8_and_shell_noise_never_raise(mode: str, tmp_path: Path) -
 async def test_a_20_mb_line_arrives_whole_and_fast(tmp_path: Path) -> None:
     conn = await _fake("big", tmp_path)
     try:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        c0 = time.process_time()  # this process's CPU, where the reader runs: what the machine's load does not change
         items, _ = await conn.request(protocol.PING({}), timeout=30).collect()
         assert len(items) == 1 and len(items[0]["x"]) == 20000000
-        assert loop.time() - t0 < 5  # linear in the line's size (the quadratic reader took seconds)
+        assert time.process_time() - c0 < 5  # linear in the line's size (the quadratic reader took seconds)
     finally:
         await conn.close(kill=True)
 
@@ -307,7 +307,7 @@ async def test_the_shipped_worker_reads_module_globals_with_the_probe_it_carries
     from worker_targets import Target, wait_blocked
     from workers import procinfo
 
-    prog = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+    prog = str(Path(__file__).resolve().parents[1] / "support" / "globals_target_prog.py")
     with Target([sys.executable, prog, "block"]) as t:
         pid = int(t.ready[0])
         wait_blocked(pid)

@@ -19,7 +19,7 @@ from app.transport.ssh import SshOptions, SshTransport
 from workers import protocol
 
 import cluster as cluster_mod
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -206,9 +206,14 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
     config = tmp_path / "sshd_config_throttled"
     config.write_text((node.dir / "sshd_config").read_text()
                       .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
-                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}"))
-    sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL)
+                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
+                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))  # VERBOSE: sshd logs each connection it drops
+    log = tmp_path / "sshd2.log"
+    with open(log, "wb") as out:
+        sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
+
+    def drops() -> int:
+        return log.read_text(errors="replace").count("past MaxStartups")
     holder = None
     try:
         wait_until(lambda: node.listening(2222), 10, "the throttled sshd to listen")
@@ -218,9 +223,13 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
         with pytest.raises(TransportError) as err:
             await SshTransport(_opts(c, throttle_retries=2)).open("node02", port=2222)
         assert err.value.code == "throttled" and "node02" in err.value.message
-        t = SshTransport(_opts(c, throttle_retries=6))
+        # retries and a deadline that outlast sshd freeing the slot once the holder goes (its pre-auth child must
+        # see the close and exit: seconds on a busy machine); the first drop is awaited below, not slept for
+        t = SshTransport(_opts(c, throttle_retries=10, connect_timeout=float(cluster_mod.UNHURRIED_LOGIN[1])))
+        dropped = drops()
         opening = asyncio.ensure_future(t.open("node02", port=2222))
-        await asyncio.sleep(0.3)  # let it be dropped at least once, then free the slot
+        # let it be dropped at least once (sshd says so in its log), then free the slot
+        await wait_until_async(lambda: drops() > dropped or opening.done(), 30, "sshd to drop the connection")
         holder.close()
         holder = None
         w = await opening

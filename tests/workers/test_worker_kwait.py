@@ -1,5 +1,5 @@
 """What a thread blocked in a system call waits on, and who is at the other end, read from /proc on real processes
-(tests/kwait_target_prog.py: each blocks in one call and says `ready` through its stdout pipe): a pipe, a FIFO,
+(tests/support/kwait_target_prog.py: each blocks in one call and says `ready` through its stdout pipe): a pipe, a FIFO,
 stdin, a pty, TCP to a local server and to no local host, poll, epoll, unix sockets, wait4, flock and fcntl locks,
 and a spinning thread's CPU time. Each is read by workers/collect/kwait.py as the dump does and decoded into the
 model (app/decode/kwait.py); a few go through the real worker's dump. Every process is killed in `finally`."""
@@ -25,7 +25,7 @@ from worker_targets import Target, proc_state, tracer_pid
 from workers import procinfo, pstate
 from workers.collect import kwait, procfs
 
-PROG = str(Path(__file__).resolve().parents[1] / "kwait_target_prog.py")
+PROG = str(Path(__file__).resolve().parents[1] / "support" / "kwait_target_prog.py")
 
 
 @contextlib.contextmanager

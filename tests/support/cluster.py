@@ -28,7 +28,14 @@ import testenv
 from cluster_node import NODE_PATH, Node, NodeCommandError
 
 __all__ = ["Cluster", "Node", "NodeCommandError", "build_cluster", "support_problem", "run_login",
-           "NODE_PATH", "SSHD", "PYSPY"]
+           "NODE_PATH", "SSHD", "PYSPY", "UNHURRIED_LOGIN"]
+
+# `--connect-timeout` for the CLI runs whose subject is not the connect deadline: on a machine whose CPUs are busy,
+# sshd's key exchange and login (and asyncssh's side of it) can take longer than hangscope's default
+# (SshOptions.connect_timeout, 10 s), and a node failed by it would fail a test about something else. The tests of
+# the deadline itself (faults/test_faults_bounds.py, transport/test_transport_ssh.py) set theirs; this is well within
+# the CLI runs' own timeouts (180-240 s).
+UNHURRIED_LOGIN = ("--connect-timeout", "60")
 
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "tini", "ssh", "ssh-keygen", "iptables", "mount")
 SSHD = "/usr/sbin/sshd"  # sshd refuses to re-exec itself unless started by an absolute path
@@ -73,7 +80,7 @@ mount --bind "$2/bin" /usr/local/bin
 exec tini -- sleep infinity
 """
 
-CLEAN_BASHRC = "# hangscope test node: a fast, quiet shell for non-interactive ssh commands (see tests/cluster.py)\n"
+CLEAN_BASHRC = "# hangscope test node: a fast, quiet shell for non-interactive ssh commands (see tests/support/cluster.py)\n"
 
 
 def cgroup_setup() -> str:

@@ -29,8 +29,9 @@ from cluster import Cluster
 from cluster_node import NodeProc
 from waiting import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "app" / "demo" / "job.py"
+SPAWN_SCRIPT = REPO / "tests" / "support" / "spawn_job.py"
 PYTHON = sys.executable  # the python with torch; the job's ranks run with it on every node
 MARK = "HANGSCOPE_TEST_JOB"
 FOREVER = ("healthy", "netcut")  # scenarios that keep training: ready means "trained a few steps"
@@ -290,12 +291,54 @@ def start_job(cluster: Cluster, scenario: str, nodes: int = 4, ranks_per_node: i
               extra_args: Sequence[str] = (), wait: bool = True, script: Path | None = None) -> Job:
     """torchrun on the first `nodes` nodes; returns once all ranks are ready (and blocked, for hangs).
     `script`: another training script than the demo job, given only `extra_args`; it writes the same ready
-    lines (tests/ddp_train.py); `scenario` then only names the job."""
+    lines (tests/support/ddp_train.py); `scenario` then only names the job."""
     if nodes > len(cluster.nodes):
         raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {nodes}")
     job = _launch(cluster.nodes[:nodes], scenario, ranks_per_node, culprit, step, extra_args, standalone=False,
                   script=script)
     return _finish(job, timeout, wait)
+
+
+@dataclass
+class SpawnJob:
+    """A hung torch.multiprocessing.spawn job on this machine (tests/support/spawn_job.py): no rank environment;
+    the last rank never reaches the second all_reduce, the others wait in it."""
+
+    launcher: subprocess.Popen[Any]
+    port: int  # its store's, on 127.0.0.1
+    ranks: dict[int, int]  # rank -> pid
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.launcher.pid, signal.SIGKILL)
+        self.launcher.wait()
+
+
+def start_local_spawn_job(ready_dir: Path, world: int = 2, timeout: float = 120) -> SpawnJob:
+    """mp.spawn of `world` ranks on this machine; returns once every rank has written its ready line."""
+    ready = ready_dir / "spawn-ready.jsonl"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = subprocess.Popen([PYTHON, str(SPAWN_SCRIPT), str(world), str(port), str(ready)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    job = SpawnJob(launcher, port, {})
+
+    def lines() -> list[dict[str, Any]]:
+        if launcher.poll() is not None:
+            raise RuntimeError(f"the spawn job exited with {launcher.returncode} before its ranks were ready")
+        with contextlib.suppress(FileNotFoundError):
+            return [json.loads(line) for line in ready.read_text().splitlines() if line.strip()]
+        return []
+
+    try:
+        wait_until(lambda: len(lines()) >= world, timeout, f"{world} spawned ranks ready")
+        job.ranks = {int(d["rank"]): int(d["pid"]) for d in lines()}
+    except BaseException:
+        job.stop()
+        raise
+    return job
 
 
 def start_local_job(scenario: str, nproc: int = 4, culprit: int | None = None, step: int = 3,

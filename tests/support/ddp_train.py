@@ -5,7 +5,7 @@ tests/live/test_oss_cluster.py); this stand-in writes ready lines and takes flag
 matters to hangscope is kept from nanoGPT: DDP (gloo here) whose gradient all_reduce runs inside
 `loss.backward()`, gradient accumulation that syncs only on the last micro step, and the training loop at module
 level (`while True:`) with its counters (`iter_num`) as module globals, which py-spy's --locals does not show.
-Runs under torchrun: `torchrun ... tests/ddp_train.py [--accum N] [--batch N] [--width N]`.
+Runs under torchrun: `torchrun ... tests/support/ddp_train.py [--accum N] [--batch N] [--width N]`.
 With env HANGSCOPE_READY_FILE set, each rank appends its ready line (like app/demo/job.py) after a few steps.
 """
 

@@ -1,4 +1,9 @@
-"""Test helper (engineer B's worker tests): drive `python3 -m workers` as a subprocess over the real protocol."""
+"""Test helper (engineer B's worker tests): drive `python3 -m workers` as a subprocess over the real protocol.
+
+An isolated worker (isolated=True) is shipped the way hangscope ships it to a node (app/transport/bootstrap.py):
+the first stage as `python -I -S -c`, the payload of workers/**.py on its stdin, nothing read from this checkout.
+So a worker started as another user (`setpriv --reuid=65534 ...`) runs from a checkout that user cannot read (a
+clone in a 0700 folder, root's home), as hangscope's worker runs on a node that has no checkout at all."""
 
 from __future__ import annotations
 
@@ -12,12 +17,12 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from app.transport.bootstrap import build_payload
 
-# `-I` ignores PYTHONPATH, so an isolated worker is started the way the bootstrap starts it: the repo put
-# on sys.path by code, then main() called.
-ISOLATED = ("import sys; sys.path.insert(0, %r); from workers.__main__ import main; "
-            "sys.exit(main({'log': True}))" % REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/ -> repo
+
+# An isolated worker's options, as the session's bootstrap passes them to workers.__main__.main().
+ISOLATED_OPTIONS = {"log": True}
 
 
 class WorkerProc:
@@ -26,11 +31,17 @@ class WorkerProc:
     def __init__(self, python: str = sys.executable, isolated: bool = False,
                  env: Optional[Dict[str, str]] = None, args: Sequence[str] = ("--log",),
                  prefix: Sequence[str] = ()) -> None:
-        argv = [python, "-I", "-S", "-c", ISOLATED] if isolated else [python, "-m", "workers", *args]
+        payload = build_payload() if isolated else None
+        if payload is not None:
+            argv = [python, "-I", "-S", "-c", payload.stage(ISOLATED_OPTIONS)]
+        else:
+            argv = [python, "-m", "workers", *args]
         argv = [*prefix, *argv]
         full_env = dict(os.environ, PYTHONPATH=REPO)
         full_env.update(env or {})
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=full_env, stdin=subprocess.PIPE,
+        # an isolated worker starts in / (as on a node, nothing of the checkout is its business); the other
+        # imports `workers` from the checkout, its working directory
+        self.proc = subprocess.Popen(argv, cwd="/" if isolated else REPO, env=full_env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._stderr: List[bytes] = []
@@ -40,7 +51,14 @@ class WorkerProc:
             t.start()
         self._next_id = 1
         self._pending: List[Dict[str, Any]] = []
-        self.hello = self.read(timeout=20)
+        try:
+            if payload is not None:
+                with contextlib.suppress(BrokenPipeError):  # a stage that exits at once: read() says why
+                    self.send_raw(payload.data)
+            self.hello = self.read(timeout=20)
+        except BaseException:
+            self.kill()  # a worker that never said hello: no process, thread or pipe outlives the failure
+            raise
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None

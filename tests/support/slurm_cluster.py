@@ -133,7 +133,7 @@ class SlurmCluster:
         d = self.dir
         nodes = "".join(f"NodeName={n.name} NodeAddr={n.ip} CPUs=2 State=UNKNOWN\n" for n in self.computes)
         return f"""\
-# hangscope test SLURM (tests/slurm_cluster.py); no cgroups, no accounting, everything as root
+# hangscope test SLURM (tests/support/slurm_cluster.py); no cgroups, no accounting, everything as root
 ClusterName=hangscope
 SlurmctldHost={self.controller.name}({self.controller.ip})
 SlurmUser=root

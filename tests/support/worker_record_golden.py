@@ -1,6 +1,6 @@
 """Re-record the golden worker outputs in tests/data/ from a real hung torch job (not a test module).
 
-    python3 tests/worker_record_golden.py
+    python3 tests/support/worker_record_golden.py
 
 Starts the demo job (`skip` scenario: 2 gloo ranks under torchrun --standalone, rank 1 one step ahead),
 drives a real worker over the protocol, and writes what it answered: hello, discover, dumps (plain,
@@ -15,14 +15,15 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))  # tests/support: the helpers
+TESTS = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(TESTS))
 
 import jobs  # noqa: E402
 from worker_client import WorkerProc  # noqa: E402
 
-DATA = os.path.join(HERE, "data")
+DATA = os.path.join(TESTS, "data")
 
 
 def save(name: str, value: object) -> None:

@@ -3,14 +3,16 @@ they are blocked; every one is killed (with its whole process group) when the co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from waiting import wait_until
 
@@ -66,6 +68,22 @@ class Target:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+@contextlib.contextmanager
+def readable_copy(path: str) -> Iterator[str]:
+    """A copy of the program file `path` that every user can read, in a temp folder of its own (0755, under
+    the system's temp dir, never the checkout) that is removed when the context ends: a target started as
+    another user must not need to read the checkout, which may sit in a 0700 folder (root's home)."""
+    folder = tempfile.mkdtemp(prefix="hangscope-prog-")
+    try:
+        os.chmod(folder, 0o755)
+        copy = os.path.join(folder, os.path.basename(path))
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o644)
+        yield copy
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rank_env(rank: int, **extra: str) -> Dict[str, str]:

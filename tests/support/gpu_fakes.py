@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-DATA = Path(__file__).resolve().parent / "data" / "gpu"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 FAKE_MARK = "HANGSCOPE_FAKE_GPU_TOOL"  # in each fake's source: a test can find its processes by it
 
 

@@ -1,17 +1,17 @@
 """Record golden snapshots of the real open-source training scripts (tests/oss/README.md) into tests/data/scenarios/.
 
 Each scenario is one of the scripts, unmodified, as a DDP job of 4 nodes x 2 ranks (gloo on CPU) on a 4-node
-test cluster (tests/oss_jobs.py), healthy or held from outside:
+test cluster (tests/support/oss_jobs.py), healthy or held from outside:
 
     nanogpt-healthy     nanoGPT's train.py, training
     nanogpt-stopped     nanoGPT, rank 5 stopped with SIGSTOP; the others wait in DDP's all_reduce in backward
     lightning-healthy   Lightning Fabric's language-model example, training
     lightning-frozen    Lightning, rank 5 frozen by a cgroup v2 freezer; the others wait in backward
 
-Recorded as tests/record_scenarios.py records the demo job's scenarios (its record(): two samples with the
+Recorded as tests/support/record_scenarios.py records the demo job's scenarios (its record(): two samples with the
 CLI's own options, <name>.json and <name>.earlier.json). Run as root:
 
-    python3 tests/record_oss.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all four
+    python3 tests/support/record_oss.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all four
 
 Check each diagnosis by hand before changing the expectations in tests/analysis/test_golden.py and bench/diagnose.py.
 """
@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent  # tests/support: the helpers (cluster, jobs) and job scripts
+TESTS = SUPPORT.parent
 REPO = TESTS.parent
-for _p in (str(REPO), str(TESTS), str(TESTS / "live")):  # live: the held-rank helpers of its tests
+for _p in (str(REPO), str(SUPPORT), str(TESTS / "live")):  # live: the held-rank helpers of its tests
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

@@ -8,8 +8,8 @@ CLI, `hangscope HOSTS --snapshot out.json`, against it. tests/live/test_scenario
 Run as a script (root: the cluster needs network namespaces), this module re-records the goldens that
 tests/analysis/test_golden.py asserts on, one job at a time on one 3-node cluster:
 
-    python3 tests/record_scenarios.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all of them
-    python3 tests/record_scenarios.py --nodes 4 --ranks-per-node 2 ...            # another size (bench/live_classes.py)
+    python3 tests/support/record_scenarios.py [--out tests/data/scenarios] [SCENARIO ...]   # default: all of them
+    python3 tests/support/record_scenarios.py --nodes 4 --ranks-per-node 2 ...            # another size (bench/live_classes.py)
 
 For each scenario it takes two samples one second apart with the CLI's own default options (locals on) and
 writes <scenario>.json (the second sample with its analysis, app.model.codec.snapshot_to_json) and
@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent  # tests/support: the helpers (cluster, jobs) and job scripts
+TESTS = SUPPORT.parent
 REPO = TESTS.parent
-for _p in (str(REPO), str(TESTS)):  # as a script: the repo (app) and tests/ helpers (cluster, jobs)
+for _p in (str(REPO), str(SUPPORT)):  # as a script: the repo (app) and the tests' helpers (cluster, jobs)
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cluster import Cluster, Node, build_cluster, run_login  # noqa: E402
+from cluster import UNHURRIED_LOGIN, Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import MARK, PYTHON, Job, RankLoc, _free_port, _main_thread, start_job  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
@@ -69,9 +70,9 @@ class Scenario:
     #                 "throttle": node `cut`'s ranks capped to 10 % of a CPU (a slow node, no hang)
     leave_out: str = ""  # a node of the job that the hosts list leaves out
     second: str = ""  # a second job of this demo scenario on the same nodes (two jobs)
-    spawn: bool = False  # tests/spawn_job.py on the first node: mp.spawn, nodes x ranks_per_node ranks there
-    script: str = ""  # another training script in tests/ than the demo job (ddp_train.py)
-    stall: bool = False  # a stalled FUSE file system on the culprit's node (tests/fuse_stall.py): --stall-file
+    spawn: bool = False  # tests/support/spawn_job.py on the first node: mp.spawn, nodes x ranks_per_node ranks there
+    script: str = ""  # another training script in tests/support/ than the demo job (ddp_train.py)
+    stall: bool = False  # a stalled FUSE file system on the culprit's node (tests/support/fuse_stall.py): --stall-file
 
     @property
     def world_size(self) -> int:
@@ -103,7 +104,7 @@ SCENARIOS = {
     "pipe": Scenario("pipe", 2, 2, culprit=1),
     "fsstall": Scenario("fsstall", 2, 2, culprit=2, stall=True),
 }
-SCENARIOS["gpu_xid"] = Scenario("gpu_xid", 2, 2, culprit=3)  # GPU evidence: a FAKE GPU fault (tests/gpu_fakes.py)
+SCENARIOS["gpu_xid"] = Scenario("gpu_xid", 2, 2, culprit=3)  # GPU evidence: a FAKE GPU fault (tests/support/gpu_fakes.py)
 # CLI options a scenario needs beyond the defaults: the gloo demo maps no libnccl, so GPU evidence is forced
 CLI_EXTRA: dict[str, tuple[str, ...]] = {"gpu_xid": ("--gpu-evidence",)}
 
@@ -300,7 +301,7 @@ def _read(path: Path) -> str:
 
 
 def start_spawn(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
-    """tests/spawn_job.py (mp.spawn, no rank environment) on the first node, hung: rank `culprit` never reaches
+    """tests/support/spawn_job.py (mp.spawn, no rank environment) on the first node, hung: rank `culprit` never reaches
     the second all_reduce."""
     node = cluster.nodes[0]
     world = scenario.nodes * scenario.ranks_per_node
@@ -310,7 +311,7 @@ def start_spawn(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
     job = Job(scenario.name, scenario.culprit, 0, world, [node], workdir, f"{MARK}={mark}")
     ready = workdir / "ready.jsonl"
     with open(workdir / f"{node.name}.log", "wb") as log:
-        job.launchers.append(node.spawn([PYTHON, str(TESTS / "spawn_job.py"), str(world), str(_free_port(node)),
+        job.launchers.append(node.spawn([PYTHON, str(SUPPORT / "spawn_job.py"), str(world), str(_free_port(node)),
                                          str(ready), str(scenario.culprit)],
                                         env={MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=log,
                                         stderr=subprocess.STDOUT))
@@ -334,11 +335,11 @@ def start_spawn(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
 
 
 def start_stall(running: Running, node: Node) -> str:
-    """A FUSE file system that never answers (tests/fuse_stall.py), mounted in `node`'s mount namespace; the path
+    """A FUSE file system that never answers (tests/support/fuse_stall.py), mounted in `node`'s mount namespace; the path
     of its one file. Stopped (and unmounted) with the scenario."""
     mnt = Path(tempfile.mkdtemp(prefix="hangscope-stall-"))
     mnt.chmod(0o755)
-    proc = node.spawn([PYTHON, "-u", str(TESTS / "fuse_stall.py"), str(mnt)], stdout=subprocess.PIPE,
+    proc = node.spawn([PYTHON, "-u", str(SUPPORT / "fuse_stall.py"), str(mnt)], stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT)
 
     def stop() -> None:
@@ -370,7 +371,7 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
         pre = holder.undo
     if scenario.hold:
         extra += ["--step-delay", "0.2"]
-    script = TESTS / scenario.script if scenario.script else None
+    script = SUPPORT / scenario.script if scenario.script else None
     try:
         job = start_job(cluster, scenario.job or scenario.name, nodes=scenario.nodes,
                         ranks_per_node=scenario.ranks_per_node, culprit=None if script else scenario.culprit,
@@ -454,7 +455,8 @@ def diagnose(running: Running, workdir: Path, *extra: str) -> Diagnosis:
     out = workdir / f"{running.scenario.name}.json"
     started_at = time.monotonic()
     extra = (*CLI_EXTRA.get(running.scenario.name, ()), *extra)
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *extra], running.cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--snapshot", str(out), *UNHURRIED_LOGIN, *extra],
+                    running.cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     seconds = time.monotonic() - started_at
     if not out.exists():

@@ -4,7 +4,7 @@ __getitem__ blocks for good from that batch on): the culprit rank waits in the D
 the other ranks wait for it in that step's all_reduce. Every rank thus has two child processes that inherit its
 RANK environment: hangscope must find the ranks, not ranks plus workers, and show the workers under their rank.
 
-    torchrun ... tests/loader_job.py --hang-step K --culprit R
+    torchrun ... tests/support/loader_job.py --hang-step K --culprit R
 With env HANGSCOPE_READY_FILE set, each rank appends its ready line (like app/demo/job.py) just before the call
 it hangs in, with "workers": the pids of its DataLoader workers.
 """

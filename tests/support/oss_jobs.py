@@ -9,7 +9,7 @@
 
 Neither script writes the ready lines the demo job does: a job is ready once its rank 0 has logged training
 iterations, and its ranks are found on the nodes by the job's mark in their environment and RANK=.
-Each returned Job is tests/jobs.py's: stop() kills every process of the job by its mark.
+Each returned Job is tests/support/jobs.py's: stop() kills every process of the job by its mark.
 """
 
 from __future__ import annotations
