@@ -2,7 +2,8 @@
 tests/ddp_train.py), as a user runs it (the real CLI in the background, its output read as it comes):
 
 - the healthy job watched for over a minute is never captured, and the watch costs each node little;
-- a node whose sshd is killed (the watch's connection cut with it) is said lost, then reconnected;
+- a node whose sshd is killed (the watch's connection cut with it), or whose link to the login side is cut with
+  iptables, is said lost, then reconnected;
 - a rank stopped with SIGSTOP stalls the job: captured (the headline names the stopped rank), then resumed;
 - a node capped to 3 % of a CPU: the job runs slow and is captured as slow, the node named as the analysis does
   (3 %, not the 10 % of test_progress_cluster: on this shared 2-core machine a rank often gets little more than
@@ -163,16 +164,29 @@ def test_a_healthy_job_is_never_captured_and_the_watch_costs_little(watching, tr
             assert "TracerPid:\t0" in f.read(), "no rank was traced"
 
 
-def test_a_node_that_drops_is_said_lost_and_then_reconnected(watching, training: Job, cluster: Cluster) -> None:
+@pytest.mark.parametrize("how", ["sshd", "link"])
+def test_a_node_that_drops_is_said_lost_and_then_reconnected(watching, training: Job, cluster: Cluster,
+                                                             how: str) -> None:
+    """sshd: node02's sshd killed with its sessions (the watch's connection with it); link: everything between
+    node02 and the login side dropped by iptables in node02's namespace (the job's own traffic goes on)."""
     run = watching("--every", str(EVERY), "--stall", "60")
     steady(run, 2)
     node = cluster["node02"]
-    node.kill_sshd(sessions=True)
+    rules = [("INPUT", "-s", cluster.login_ip, "-j", "DROP"), ("OUTPUT", "-d", cluster.login_ip, "-j", "DROP")]
+    if how == "sshd":
+        node.kill_sshd(sessions=True)
+    else:
+        for rule in rules:
+            node.iptables("-A", *rule)
     try:
-        run.wait_for(r"node02: lost \(", 90, "node02 said lost")
+        run.wait_for(r"node02: lost \(", 120, "node02 said lost")
     finally:
-        node.start_sshd()
-    run.wait_for(r"node02: reconnected after \d+", 120, "node02 reconnected")
+        if how == "sshd":
+            node.start_sshd()
+        else:
+            for rule in rules:
+                node.iptables("-D", *rule)
+    run.wait_for(r"node02: reconnected after \d+", 150, "node02 reconnected")
     steady(run, run.count("progressing") + 2)
     assert "capturing" not in run.text(), "the job trained on while node02 could not be sampled"
 
