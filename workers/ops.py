@@ -89,7 +89,9 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverD
             worker.scan_lock.release()
     req.check()
     notes += scan.notes
-    use = gpus.query_cached(req, notes, {(r["pid"], r["start_time"]) for r in ranks}) if ranks else {}
+    # nvidia-smi costs more than the rest of a sample together: the watch's cheap samples leave it out
+    want_gpus = req.arg_bool("gpus", True)
+    use = gpus.query_cached(req, notes, {(r["pid"], r["start_time"]) for r in ranks}) if ranks and want_gpus else {}
     ss_by_ns: Dict[str, Any] = {}
     tcp_by_ns: Dict[str, Any] = {}  # the ranks of a node usually share one network namespace
     own_netns = procinfo.namespace(os.getpid(), "net")

@@ -30,7 +30,8 @@ goes on. EOF on stdin: the worker kills everything it started and exits.
 
 Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
-    discover  {"pids": [int] | None, "match": str, "timeouts": bool}
+    discover  {"pids": [int] | None, "match": str, "timeouts": bool, "gpus": bool (default true: nvidia-smi's
+               GPU use per rank)}
                                                   -> item per rank: RankInfo dict (see workers/discover.py),
                                                      with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
                                                      and "counters": {...} (workers/collect/progress.py),
@@ -289,6 +290,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
     class DiscoverArgs(_Which, _Sudo, total=False):
         timeouts: bool  # also read each rank's process-group timeout from its script (hangscope watch)
+        gpus: bool  # each rank's GPU use from nvidia-smi (default true; the watch's cheap samples leave it out)
 
     class DiscoverDone(TypedDict, total=False):
         count: int

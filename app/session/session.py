@@ -167,7 +167,7 @@ class Session:
 
     async def sample(self) -> Snapshot:
         """A cheap sample of every node (hangscope watch): discovery only, from /proc and the cgroup and socket
-        counters; no py-spy, no ptrace, the ranks are never paused. Reuses the open workers and connects again
+        counters; no py-spy, no ptrace (the ranks are never paused), no nvidia-smi (it costs more than the rest). Reuses the open workers and connects again
         to a node whose worker is gone. The ranks come back uncollected (no stacks), with their counters."""
         return await self._pass(cheap=True)
 
@@ -443,7 +443,7 @@ class Session:
         """The cheap sample of one node: its ranks with their counters and sockets, its worker's cost."""
         o = self.options
         args: DiscoverArgs = {"pids": list(o.pids) if o.pids is not None else None, "match": o.match,
-                              "sudo": o.collect.sudo, "timeouts": True}
+                              "sudo": o.collect.sudo, "timeouts": True, "gpus": False}
         req = conn.request(protocol.DISCOVER(args), timeout=DISCOVER_TIMEOUT)
         async for item in req:
             if not isinstance(item, dict):

@@ -51,7 +51,10 @@ def job_watchdog(ranks: Sequence[RankSnapshot], timeouts: Mapping[Tuple[str, int
     for r in ranks[:64]:  # the ranks of a job share their launch environment
         for name, value in r.env:
             env.setdefault(name, value)
-    nccl = any(r.gpus for r in ranks) or any(n.startswith(("NCCL_", "TORCH_NCCL_")) for n in env)
+    # NCCL: its variables in the environment, or GPUs (CUDA_VISIBLE_DEVICES; a capture's nvidia-smi): the shorter
+    # defaults are assumed where it may be NCCL
+    nccl = any(r.gpus for r in ranks) or any(n.startswith(("NCCL_", "TORCH_NCCL_")) or n == "CUDA_VISIBLE_DEVICES"
+                                             for n in env)
     found: list[Tuple[float, str]] = []
     notes: list[str] = []
     script = [t for t in (timeouts.get((r.node, r.pid, r.start_time)) for r in ranks) if t is not None]
