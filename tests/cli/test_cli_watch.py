@@ -72,6 +72,29 @@ def test_an_out_directory_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     assert list(target.iterdir()) == []
 
 
+def test_hosts_come_from_stdin_with_a_dash(tmp_path: Path) -> None:
+    """`hangscope watch -` reads the hosts as the main command does: the one given on stdin is the one tried
+    (here it cannot be resolved: said lost, and with no job found within --wait-start 0, exit 3)."""
+    res = watch("-", "--wait-start", "0", "--connect-timeout", "2", "--out", str(tmp_path / "out"),
+                stdin=b"# a comment\nnohost-from-stdin.invalid\n")
+    text = res.stdout.decode()
+    assert res.returncode == 3, f"{text}\n{res.stderr.decode()}"
+    assert "nohost-from-stdin.invalid: lost (" in text and "no job was found" in text, text
+
+
+def test_slurm_is_resolved_by_the_main_commands_rules_before_anything_is_written(tmp_path: Path) -> None:
+    """--slurm takes the main command's path: without SLURM's commands, and beside -w, it is refused (exit 2)
+    before --out is created. Watching a SLURM job over srun end to end: tests/slurm/test_slurm_cluster.py."""
+    env = dict(os.environ, PATH=str(tmp_path))  # a machine without SLURM's commands
+    res = watch("--slurm", "12", "--out", str(tmp_path / "out"), env=env)
+    assert res.returncode == 2 and "SLURM's scontrol is not on PATH" in res.stderr.decode(), res.stderr.decode()
+    res = watch("--slurm", "12", "-w", "node01", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2 and "do not also give HOSTS or -w" in res.stderr.decode(), res.stderr.decode()
+    res = watch("-w", "node01", "--transport", "srun", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2 and "--transport srun needs --slurm" in res.stderr.decode(), res.stderr.decode()
+    assert not (tmp_path / "out").exists()
+
+
 STILL_RANK = """
 import os, sys, time
 print("ready", flush=True)

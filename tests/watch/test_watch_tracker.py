@@ -13,7 +13,7 @@ from app.model import ErrorInfo, NodeStatus, ProgressCounters, RankSnapshot, Sna
 from app.watch.events import (Ended, JobFound, NodeBack, NodeLost, Recovered, Resumed, SlowDetected, Stalled,
                               sparkline)
 from app.watch.timeouts import job_watchdog, stall_limit
-from app.watch.tracker import TrackOptions, Tracker
+from app.watch.tracker import MAX_JOBS, POINTS, TrackOptions, Tracker
 
 JOB = "10.0.0.1:29500"
 NODES = ("n1", "n2")
@@ -242,3 +242,22 @@ def test_sparkline() -> None:
     assert sparkline([0, 0]) == "▁▁"
     assert sparkline([1, 2, 4, 8]) == "▂▃▅█"
     assert len(sparkline(list(range(100)), 10)) == 10
+
+
+def test_memory_stays_bounded_over_days_of_samples_and_hundreds_of_jobs() -> None:
+    """Left running for days: each job keeps at most POINTS rate points (per job and per node), and jobs that
+    come and go are forgotten beyond MAX_JOBS, the ended ones first; the job still running is kept."""
+    tracker = Tracker(TrackOptions(stall=30))
+    run(tracker, steady(0, POINTS + 100))
+    job = tracker.jobs[JOB]
+    assert len(job.rates) == POINTS and all(len(v) == POINTS for v in job.node_rates.values())
+    t = (POINTS + 100) * 10.0
+    for k in range(MAX_JOBS + 50):  # short jobs one after another beside the long one
+        other = sample(t, {0: 1, 1: 1}, job=f"10.0.0.1:{30000 + k}")
+        long = sample(t, {2: int(t) * 100, 3: int(t) * 100})
+        tracker.update(Snapshot(taken_at=t, nodes=long.nodes, ranks=long.ranks + other.ranks))
+        t += 10.0
+    assert len(tracker.jobs) <= MAX_JOBS
+    assert JOB in tracker.jobs and tracker.jobs[JOB].status != "ended"
+    assert "10.0.0.1:30000" not in tracker.jobs, "the oldest ended job is forgotten first"
+    assert f"10.0.0.1:{30000 + MAX_JOBS + 49}" in tracker.jobs
