@@ -97,18 +97,25 @@ def test_slurm_is_resolved_by_the_main_commands_rules_before_anything_is_written
 
 STILL_RANK = """
 import os, sys, time
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
+def wait_forever(api_token):
+    print("ready", flush=True)
+    while True:
+        time.sleep(3600)
+wait_forever("hf_QmZ8aXk2Lr9VtB7cYw3NdP6sJ1eF4gHuT0")
 """
+SECRETS = ("hf_QmZ8aXk2Lr9VtB7cYw3NdP6sJ1eF4gHuT0", "Tr0ub4dor-and-3", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq3Tk8vLmN")
 
 
 def test_a_process_that_makes_no_progress_is_captured_and_the_hook_gets_the_bundle(tmp_path: Path) -> None:
     """This machine, no SSH: a 'rank' (RANK in its environment) that never moves is captured after --stall;
     --once ends the watch after the capture; --on-hang runs (no shell) with the bundle in its environment."""
-    rank = subprocess.Popen([sys.executable, "-c", STILL_RANK], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    script = tmp_path / "still_rank.py"
+    script.write_text(STILL_RANK)
+    # secrets in its locals (--locals is on at a capture), its command line and its environment
+    rank = subprocess.Popen([sys.executable, str(script), "--password", SECRETS[1]], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL,
                             env=dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                     MASTER_PORT="29999"))
+                                     MASTER_PORT="29999", AWS_SECRET_ACCESS_KEY=SECRETS[2]))
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == b"ready"
         seen = tmp_path / "hook.json"
@@ -132,6 +139,12 @@ def test_a_process_that_makes_no_progress_is_captured_and_the_hook_gets_the_bund
         assert all(stat.S_IMODE(os.lstat(bundle / f).st_mode) == 0o600 for f in files)
         doc = json.loads((bundle / "watch.json").read_text())
         assert doc["kind"] == "hang" and doc["stall_limit"] == 2
+        # redacted: the local's name is there (the capture read it), no secret's value is, in any file
+        everything = "\n".join((bundle / f).read_text(errors="replace") for f in files)
+        assert "api_token" in everything and "wait_forever" in everything
+        for secret in SECRETS:
+            assert secret not in everything, f"a secret in the capture: {secret}"
+        assert "api_token (arg) = ***" in (bundle / "report.html").read_text(), "the value replaced, not dropped"
         env = json.loads(seen.read_text())
         assert env["HANGSCOPE_BUNDLE"] == str(bundle) and env["HANGSCOPE_KIND"] == "hang"
         assert env["HANGSCOPE_SNAPSHOT"] == str(bundle / "snapshot.json") and env["HANGSCOPE_HEADLINE"]
