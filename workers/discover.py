@@ -34,7 +34,11 @@ ENV_ALLOW = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOC
              "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
              "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_DISTRIBUTED_DEBUG",
              # where a rank's Flight Recorder record can be read (workers/collect/flight.py)
-             "TORCH_WORKER_SERVER_SOCKET", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+             "TORCH_WORKER_SERVER_SOCKET", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+             # what ends a hung NCCL job and when (hangscope watch keeps its stall limit well below it:
+             # app/watch/timeouts.py)
+             "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+             "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")
 ENV_ALLOW_PREFIXES = ("TORCHELASTIC_", "NCCL_")
 
 # Launchers recognised in an ancestor's command line: (argv[0] basename or script basename, -m module).

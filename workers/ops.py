@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 from workers import compact as compaction
 from workers import discover as discovery
 from workers import procinfo, pstate
-from workers.collect import flight, gpu_evidence, gpus, output, pgstore, progress, pyspy, runas, sockets, traced
+from workers.collect import flight, gpu_evidence, gpus, output, pgstore, pgtimeout, progress, pyspy, runas, sockets
+from workers.collect import traced
 from workers.hello import cpu_count
 from workers import protocol
 from workers.protocol import MATCH_LIMIT, error_dict
@@ -59,6 +60,7 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverD
     if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
         raise OpError("bad_request", "discover: pids must be integers")
     match = req.args.get("match")
+    timeouts = req.arg_bool("timeouts")
     pattern = None
     if match is not None:
         if not isinstance(match, str) or not 0 < len(match) <= MATCH_LIMIT:
@@ -88,7 +90,9 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverD
             worker.scan_lock.release()
     req.check()
     notes += scan.notes
-    use = gpus.query_cached(req, notes, {(r["pid"], r["start_time"]) for r in ranks}) if ranks else {}
+    # nvidia-smi costs more than the rest of a sample together: the watch's cheap samples leave it out
+    want_gpus = req.arg_bool("gpus", True)
+    use = gpus.query_cached(req, notes, {(r["pid"], r["start_time"]) for r in ranks}) if ranks and want_gpus else {}
     ss_by_ns: Dict[str, Any] = {}
     tcp_by_ns: Dict[str, Any] = {}  # the ranks of a node usually share one network namespace
     own_netns = procinfo.namespace(os.getpid(), "net")
@@ -108,9 +112,47 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverD
         written = output.collect(rank["pid"], rank.get("env") or [])  # its recent error output, if readable
         if written:
             rank["output"] = written
+        if timeouts:  # the process-group timeout its script sets, read from the file (hangscope watch)
+            found = pgtimeout.for_pid(rank["pid"], bool(rank.get("in_container")))
+            if found is not None:
+                rank["pg_timeout"] = found
         emit(rank)
-    return {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable, "notes": notes,
-            "processes": scan.processes, "time": time.time()}
+    done: DiscoverDone = {"count": len(ranks), "scanned": len(scan.procs), "unreadable": scan.unreadable,
+                          "notes": notes, "processes": scan.processes, "time": time.time()}
+    done["worker_cpu"], sshd = own_cpu()
+    if sshd is not None:
+        done["sshd_cpu"] = sshd
+    return done
+
+
+def own_cpu() -> Tuple[float, Optional[float]]:
+    """What this worker has cost the node so far, in CPU seconds: itself and the tools it ran and reaped, and the
+    sshd process that carries its channel (None unless one is its ancestor and readable): `hangscope watch`
+    reports its own cost per node from the difference between samples."""
+    t = os.times()
+    mine = round(t.user + t.system + t.children_user + t.children_system, 4)
+    sshd: Optional[float] = None
+    pid = os.getppid()
+    for _ in range(4):  # the sshd session process, above a login shell that did not exec python
+        if pid <= 1:
+            break
+        try:
+            fields = procinfo.stat_fields(pid)
+        except (procinfo.Gone, OSError):
+            break
+        if len(fields) < 15:
+            break
+        if fields[1].startswith("sshd"):
+            try:
+                sshd = round((int(fields[13]) + int(fields[14])) / procinfo.CLK_TCK, 4)
+            except ValueError:
+                pass
+            break
+        try:
+            pid = int(fields[3])
+        except ValueError:
+            break
+    return mine, sshd
 
 
 def _ss(req: Request, pid: int, netns: str) -> Dict[Any, Any]:

@@ -35,13 +35,20 @@ goes on. EOF on stdin: the worker kills everything it started and exits.
 
 Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
-    discover  {"pids": [int] | None, "match": str}  -> item per rank: RankInfo dict (see workers/discover.py),
+    discover  {"pids": [int] | None, "match": str, "timeouts": bool, "gpus": bool (default true: nvidia-smi's
+               GPU use per rank)}
+                                                  -> item per rank: RankInfo dict (see workers/discover.py),
                                                      with "sockets": [TcpSocket dict] (workers/collect/sockets.py)
                                                      and "counters": {...} (workers/collect/progress.py),
                                                      and "output": [{"source": "stderr" | "error_file", "path",
                                                      "size", "age", "text"}] when it wrote an error where it can
-                                                     be read (workers/collect/output.py; redacted)
-                                                  -> done {"count", "scanned", "unreadable", "notes": [str]}
+                                                     be read (workers/collect/output.py; redacted), and with
+                                                     "timeouts": "pg_timeout": {"seconds": float | None, "where",
+                                                     "text"} when its script gives a process group a timeout
+                                                     (workers/collect/pgtimeout.py; read from the file)
+                                                  -> done {"count", "scanned", "unreadable", "notes": [str],
+                                                     "worker_cpu": float, "sshd_cpu": float} (CPU seconds this
+                                                     worker and the sshd carrying it have used so far)
     dump      {"targets": [{"pid", "start_time"}], "native": bool, "locals": bool,
                "nonblocking": bool, "timeout": float, "concurrency": int | None,
                "loops": bool, "source_context": int, "sudo": bool}
@@ -219,6 +226,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         sockets: List[Dict[str, Any]]  # workers/collect/sockets.py
         counters: Dict[str, Any]  # workers/collect/progress.py
         output: List[Dict[str, Any]]  # its recent error output: workers/collect/output.py (only when there is some)
+        pg_timeout: Dict[str, Any]  # discover with "timeouts": its script's process-group timeout (pgtimeout.py)
 
     class PyspyThread(TypedDict, total=False):
         """One thread of py-spy's `dump --json` output."""
@@ -300,7 +308,8 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         match: Optional[str]  # only python processes whose command line matches (at most MATCH_LIMIT characters)
 
     class DiscoverArgs(_Which, _Sudo, total=False):
-        pass
+        timeouts: bool  # also read each rank's process-group timeout from its script (hangscope watch)
+        gpus: bool  # each rank's GPU use from nvidia-smi (default true; the watch's cheap samples leave it out)
 
     class DiscoverDone(TypedDict, total=False):
         count: int
@@ -309,6 +318,8 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         notes: List[str]
         processes: List[Dict[str, Any]]  # launchers and ranks' children (workers/discover.py)
         time: float  # the node's clock when discovery ended
+        worker_cpu: float  # CPU seconds this worker (and the tools it reaped) used so far
+        sshd_cpu: float  # ... and the sshd process that carries its channel, when readable
 
     class DumpOptions(_Sudo, total=False):
         """How to dump: dump's and collect's arguments."""

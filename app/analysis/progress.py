@@ -234,6 +234,27 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Movement:
+    """What moved in one rank between two reads of its counters (app/watch follows a job with these)."""
+
+    seconds: float  # between the two reads, on the node's clock
+    net_bytes: Optional[int]  # to its peers (its store connection left out)
+    io_bytes: Optional[int]  # storage and output
+    moved: Tuple[str, ...]  # in words; empty: nothing that says progress moved
+    cpu: Optional[float] = None  # share of one core used
+
+
+def movement(before: RankSnapshot, after: RankSnapshot) -> Optional[Movement]:
+    """What moved between two samples of the same rank, by the rule track() applies; None without counters."""
+    moves = _moves(before, after)
+    if not moves:
+        return None
+    assert before.counters is not None and after.counters is not None
+    return Movement(after.counters.at - before.counters.at, moves.get("net"), moves.get("io"),
+                    tuple(moves.get("moved", ())), moves.get("cpu"))
+
+
 def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
     """What moved in a rank between two samples, from its counters; {} without them."""
     a, b = before.counters, after.counters

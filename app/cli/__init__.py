@@ -30,6 +30,7 @@ examples:
   hangscope --load out.json --export rep/  write a report bundle that is safe to share (default-deny)
   hangscope                                investigate ranks on this machine (no SSH)
   hangscope demo                           start a local 4-rank torch job that hangs, and investigate it
+  hangscope watch hosts.txt                follow a running job; capture the evidence the moment it stalls
   hangscope hosts.txt --test pairs         find the bad node or link with all_reduce tests on node pairs
   hangscope --slurm 12345 --print          the nodes of SLURM job 12345 (SSH, or srun where SSH is blocked)
   scontrol show hostnames | hangscope -    hosts from stdin
@@ -166,6 +167,10 @@ def _check_match(pattern: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["watch"]:
+        from app.cli.watch import watch_main
+
+        return watch_main(args_list[1:], read_hosts=_read_hosts, report=_error, check_match=_check_match)
     if args_list[:1] == ["demo"]:
         from app.cli.demo import demo_main
 

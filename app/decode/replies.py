@@ -94,6 +94,26 @@ def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class PgTimeout:
+    """The process-group timeout a rank's script sets (workers/collect/pgtimeout.py): seconds (None: set by an
+    expression hangscope could not read without running the script), where, and the expression (remote text)."""
+
+    seconds: float | None
+    where: str
+    text: str
+
+
+def pg_timeout(raw: Any) -> PgTimeout | None:
+    if not isinstance(raw, dict):
+        return None
+    seconds = raw.get("seconds")
+    value = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+    if value is not None and not 0 < value < 1e9:  # nan, inf, 0 and negatives are no timeout
+        value = None
+    return PgTimeout(value, _str(raw.get("where"))[:200], _str(raw.get("text"))[:200])
+
+
 def counters(raw: Any) -> ProgressCounters | None:
     """The worker's progress counters (workers/collect/progress.py); None when absent or malformed."""
     if not isinstance(raw, dict):

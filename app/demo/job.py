@@ -427,9 +427,9 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
             gather_metrics(loss.detach().reshape(1), groups[step % len(groups)])  # the others all_reduce here
         sync_gradients(model, groups[step % len(groups)])
         optimizer.step()
-        if forever:
-            if step == READY_AFTER:
-                report_ready("training", step)
+        if forever and step == READY_AFTER:
+            report_ready("training", step)
+        if args.step_delay > 0:
             time.sleep(args.step_delay)  # a slow but progressing job, without burning the machine's CPU
     if ddp_group is not None:
         evaluate(model, groups[0])
@@ -781,7 +781,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--culprit", type=int, default=None, help="rank that misbehaves (default: the last)")
     parser.add_argument("--hang-step", type=int, default=3, help="step at which the job hangs (default 3)")
     parser.add_argument("--stall-file", default="", help="fsstall: the file the culprit reads at the hang step")
-    parser.add_argument("--step-delay", type=float, default=0.05, help="healthy/netcut: seconds per step")
+    parser.add_argument("--step-delay", type=float, default=None,
+                        help="seconds each step sleeps (healthy/netcut: 0.05; the others: 0, they reach their hang "
+                        "at once; give one to let a job train a while before it hangs)")
     parser.add_argument("--service", default="", help="service: HOST:PORT of the culprit's local metrics agent "
                         "(default: a stalled one started by the culprit)")
     parser.add_argument("--lock-file", default="", help="flock: the dataset-cache lock file (default: one that a "
@@ -798,6 +800,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.scenario == "fsstall" and not args.stall_file:
         parser.error("--scenario fsstall needs --stall-file (a file on a file system that does not answer)")
+    if args.step_delay is None:
+        args.step_delay = 0.05 if args.scenario in ("healthy", "netcut") else 0.0
     return args
 
 

@@ -35,8 +35,8 @@ from workers import protocol
 
 if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
     from app.transport.request import Request
-    from workers.protocol import (CollectArgs, CollectDone, CollectItemKey, DumpItem, DumpOptions, GdbArgs, GdbDone,
-                                  RankInfo, StraceArgs, StraceDone)
+    from workers.protocol import (CollectArgs, CollectDone, CollectItemKey, DiscoverArgs, DiscoverDone, DumpItem,
+                                  DumpOptions, GdbArgs, GdbDone, RankInfo, StraceArgs, StraceDone)
 
 DISCOVER_TIMEOUT = 30.0
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
@@ -70,6 +70,24 @@ class _Node:
     @property
     def name(self) -> str:
         return self.status.name
+
+
+MAX_PG_TIMEOUTS = 1 << 16  # process-group timeouts remembered (one per rank)
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """What a node's worker has cost it so far, as the worker last said: CPU seconds of the worker (and the tools
+    it reaped) and of the sshd that carries its channel (None where not readable), and the worker's pid: a new
+    pid is a new worker, whose count started again."""
+
+    worker_cpu: Optional[float]
+    sshd_cpu: Optional[float]
+    pid: Optional[int] = None
+
+
+def _seconds(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
 def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
@@ -187,6 +205,10 @@ class Session:
         self._store_failed: set[tuple[str, str]] = set()
         self._store_actions: dict[tuple[str, int, int], str] = {}  # a store's host rank -> what was read from it
         self._closing: set[asyncio.Task[None]] = set()
+        # what each node's worker reported of its own cost (CPU seconds so far: the worker, its sshd), and the
+        # process-group timeouts the ranks' scripts set, from the cheap samples (sample())
+        self._costs: dict[str, WorkerCost] = {}
+        self._pg_timeouts: dict[tuple[str, int, int], replies.PgTimeout] = {}
         raise_nofile_limit()
 
     # -- public API ----------------------------------------------------------------------------------------
@@ -201,6 +223,20 @@ class Session:
         not be reached, logged into or started) keeps its failure instead, so that a run costs each such node
         one connect deadline, not one per sample."""
         return await self._pass(reconnect=reconnect)
+
+    async def sample(self) -> Snapshot:
+        """A cheap sample of every node (hangscope watch): discovery only, from /proc and the cgroup and socket
+        counters; no py-spy, no ptrace (the ranks are never paused), no nvidia-smi (it costs more than the rest). Reuses the open workers and connects again
+        to a node whose worker is gone. The ranks come back uncollected (no stacks), with their counters."""
+        return await self._pass(cheap=True)
+
+    def worker_costs(self) -> dict[str, "WorkerCost"]:
+        """Per node, what its worker last said it has cost so far (CPU seconds; sample() asks)."""
+        return dict(self._costs)
+
+    def pg_timeouts(self) -> dict[tuple[str, int, int], replies.PgTimeout]:
+        """(node, pid, start time) -> the process-group timeout the rank's script sets, where it could be read."""
+        return dict(self._pg_timeouts)
 
     async def dump(self, ranks: Sequence[RankKey]) -> Snapshot:
         """Dump these ranks again over their nodes' open workers, with the current options, and only them:
@@ -319,12 +355,12 @@ class Session:
 
     # -- one pass ------------------------------------------------------------------------------------------
 
-    async def _pass(self, *, reconnect: bool = True) -> Snapshot:
+    async def _pass(self, *, reconnect: bool = True, cheap: bool = False) -> Snapshot:
         async with self._exclusive():
             with gc_paused():
-                return await self._pass_unlocked(reconnect)
+                return await self._pass_unlocked(reconnect, cheap)
 
-    async def _pass_unlocked(self, reconnect: bool) -> Snapshot:
+    async def _pass_unlocked(self, reconnect: bool, cheap: bool = False) -> Snapshot:
         self._cancelled = False
         taken_at, t0 = time.time(), time.monotonic()
         nodes = [n for n in self._nodes
@@ -337,12 +373,12 @@ class Session:
         # connected, while discovery still overlaps the other nodes' connections. A node waits at most
         # GATE_WAIT for the others, so one that cannot be reached does not hold the rest back for its whole
         # connect deadline. A warm pass sends every request at once: nothing to wait for.
-        cold = len(nodes) > 1 and any(n.conn is None or n.conn.closed for n in nodes)
+        cold = not cheap and len(nodes) > 1 and any(n.conn is None or n.conn.closed for n in nodes)
         gate = _Gate(len(nodes)) if cold else None
         # one request id for the pass: every node's collect is then the same message (but for the nodes that
         # ask NCCL's RAS), which the srun transport sends once for all of them
         pass_id = next_request_id()
-        self._tasks = [asyncio.create_task(self._run_node(n, gate, pass_id), name=f"hangscope-node-{n.name}")
+        self._tasks = [asyncio.create_task(self._run_node(n, gate, pass_id, cheap), name=f"hangscope-node-{n.name}")
                        for n in nodes]
         try:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -351,8 +387,8 @@ class Session:
         if self.options.store and not self._cancelled:
             await self._store_numbers(nodes)
         snap = self._build(taken_at, time.monotonic() - t0, interrupted=self._cancelled)
-        # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
-        snap = await self._namer.name(snap)
+        if not cheap:  # addresses the ranks talk to that no inspected node has, named (bounded: PeerNamer's deadline)
+            snap = await self._namer.name(snap)
         self._last = snap
         self._emit(SnapshotDone(snap))
         return snap
@@ -410,7 +446,8 @@ class Session:
             self._lock = asyncio.Lock()
         return self._lock
 
-    async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None, pass_id: Optional[int] = None) -> None:
+    async def _run_node(self, node: _Node, gate: Optional["_Gate"] = None, pass_id: Optional[int] = None,
+                        cheap: bool = False) -> None:
         phase = "connect"
         timings: dict[str, float] = {}
         arrived = gate is None
@@ -429,6 +466,11 @@ class Session:
             phase = "discover"
             self._update(node, state="discovering", error=None, timings=tuple(timings.items()), gpu=None)
             t = time.monotonic()
+            if cheap:
+                await self._discover(node, conn)
+                timings["discover"] = time.monotonic() - t
+                self._update(node, state="done", ranks_found=len(node.ranks), timings=tuple(timings.items()))
+                return
             # One request: the worker discovers and dumps what it found at once (workers/ops.py collect).
             # NCCL's RAS view is job-wide: the first two nodes of the list ask it (two: one may be down).
             args: CollectArgs = {**self._collect_args(), "ras": any(node is n for n in self._nodes[:2]),
@@ -490,6 +532,34 @@ class Session:
                                                    phase=phase), timings)
         finally:
             arrive()  # a node that failed, or ended before discovering, holds nobody back
+
+    async def _discover(self, node: _Node, conn: WorkerConnection) -> None:
+        """The cheap sample of one node: its ranks with their counters and sockets, its worker's cost."""
+        o = self.options
+        args: DiscoverArgs = {"pids": list(o.pids) if o.pids is not None else None, "match": o.match,
+                              "sudo": o.collect.sudo, "timeouts": True, "gpus": False}
+        req = conn.request(protocol.DISCOVER(args), timeout=DISCOVER_TIMEOUT)
+        async for item in req:
+            if not isinstance(item, dict):
+                continue
+            rank = replies.rank_from_discover(node.name, item)
+            node.ranks[rank.pid] = rank
+            timeout = replies.pg_timeout(item.get("pg_timeout"))
+            if timeout is not None:
+                if len(self._pg_timeouts) >= MAX_PG_TIMEOUTS:
+                    self._pg_timeouts.clear()  # bounded over days of samples: the live ranks' come back next time
+                self._pg_timeouts[(node.name, rank.pid, rank.start_time)] = timeout
+            self._emit(RankUpdate(rank))
+        done: DiscoverDone = req.done or {}
+        node_time = done.get("time")
+        if isinstance(node_time, (int, float)) and not isinstance(node_time, bool):
+            node.clock_offset = float(node_time) - time.time()
+        for raw in (done.get("processes") or [])[:1024]:
+            proc = replies.process_from_discover(node.name, raw) if isinstance(raw, dict) else None
+            if proc is not None:
+                node.processes[proc.pid] = proc
+        self._costs[node.name] = WorkerCost(_seconds(done.get("worker_cpu")), _seconds(done.get("sshd_cpu")),
+                                            conn.pid)
 
     async def _connect(self, node: _Node, timings: dict[str, float]) -> None:
         if node.conn is None or node.conn.closed:

@@ -10,3 +10,10 @@ def run_tui(source: Any, **kwargs: Any) -> int:
     from app.ui.run import run_tui as run
 
     return run(source, **kwargs)
+
+
+def run_watch_tui(make_watcher: Any, **kwargs: Any) -> int:
+    """See app.ui.watch.run_watch_tui (`hangscope watch --tui`); imported lazily like run_tui."""
+    from app.ui.watch import run_watch_tui as run
+
+    return run(make_watcher, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import os
 import secrets
 import shlex
@@ -329,6 +330,29 @@ def test_hangscope_slurm_snapshot_over_srun_finds_every_rank_and_the_culprit(
         assert launchers["torchrun"].ppid == launchers["srun"].pid
         assert all(r.launcher == "torchrun" and r.launcher_pid == launchers["torchrun"].pid
                    for r in snap.ranks if r.node == node)
+    assert srun_processes() == [] and node_workers(slurm) == []
+
+
+def test_hangscope_watch_slurm_over_srun_captures_the_hung_job(slurm: SlurmCluster, hung_sbatch_job: tuple[str, Job],
+                                                               tmp_path: Path) -> None:
+    """`hangscope watch --slurm JOB --transport srun`: the job's nodes from SLURM, the cheap samples and the
+    capture through one srun step (no SSH on the nodes); the hung job is captured, the headline names the culprit,
+    --once ends the watch and nothing of it is left running, on the login side or in the allocation."""
+    job_id, job = hung_sbatch_job
+    assert all(not n.listening(22) for n in slurm.computes), "SSH must be off on the nodes for this test"
+    out = tmp_path / "captures"
+    res = subprocess.run([sys.executable, "-m", "app", "watch", "--slurm", job_id, "--transport", "srun",
+                          "--every", "1", "--stall", "4", "--stall-start", "4", "--once", "--wait-start", "120",
+                          "--out", str(out)], env=slurm.env(), capture_output=True, text=True, timeout=300,
+                         cwd=str(REPO), stdin=subprocess.DEVNULL)
+    print(f"\n{res.stdout}\n{res.stderr}")
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    assert "captured (hang)" in res.stdout
+    (bundle,) = [p for p in out.iterdir() if p.is_dir()]
+    doc = json.loads((bundle / "watch.json").read_text())
+    assert doc["kind"] == "hang" and f"Rank {job.culprit}" in doc["headline"], doc["headline"]
+    snap, _ = snapshot_from_json((bundle / "snapshot.json").read_text())
+    assert sorted(r.rank for r in snap.ranks if r.collected) == sorted(job.ranks)
     assert srun_processes() == [] and node_workers(slurm) == []
 
 

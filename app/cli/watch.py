@@ -1,0 +1,236 @@
+"""`hangscope watch`: follow a running job with cheap samples and capture the evidence the moment it stalls.
+
+Exit codes: 0 every job it followed has ended (or --once captured one), 1 a capture failed, 2 bad input, 3 no job
+was found within --wait-start (or nothing could be reached), 130 interrupted. The watcher itself is app.watch; this
+module only reads the command line, prints the watcher's events, and starts the TUI with --tui.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, List, Sequence, TextIO
+
+from app.errors import HangscopeError, InputError
+
+EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
+
+EXAMPLES = """\
+examples:
+  hangscope watch hosts.txt                        follow the job on these nodes; captures go to ./hangscope-watch
+  hangscope watch -w 'gpu[001-064]' --out /scratch/me/hangs --on-hang 'notify-send hang'
+  hangscope watch --slurm 12345 --transport srun   the nodes of SLURM job 12345, through srun only
+  nohup hangscope watch hosts.txt --out hangs > watch.log 2>&1 &
+  hangscope watch hosts.txt --tui                  the jobs, their rate over time and the captures
+
+--on-hang CMD is split like a shell would split it, once, and executed without a shell; the capture is in its
+environment: HANGSCOPE_BUNDLE (the bundle directory), HANGSCOPE_SNAPSHOT (its snapshot.json, for --load),
+HANGSCOPE_HEADLINE (the diagnosis, one line: text from the nodes, quote it), HANGSCOPE_JOB, HANGSCOPE_KIND
+(hang | slow).
+exit codes: 0 every job followed has ended (or --once captured one); 1 a capture failed; 2 bad input; 3 no job
+  found within --wait-start; 130 interrupted. hangscope watch never restarts, stops or kills anything.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from app.slurm.cli import add_slurm_arguments
+
+    p = argparse.ArgumentParser(
+        prog="hangscope watch",
+        description="Follow a running job with cheap samples (/proc and counters: no ptrace, no py-spy) and, the "
+        "moment it stops progressing (or runs slow), capture the full snapshot and report bundle, before its own "
+        "watchdog kills it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("hosts", nargs="?", metavar="HOSTS",
+                   help="hosts file ('-' for stdin); without HOSTS or -w, this machine is watched")
+    p.add_argument("-w", dest="nodelist", action="append", default=[], metavar="NODELIST",
+                   help="comma-separated nodes or node lists, e.g. 'gpu[001-004],login1' (repeatable)")
+    w = p.add_argument_group("watch")
+    w.add_argument("--every", type=float, default=30.0, metavar="S", help="seconds between cheap samples (30)")
+    w.add_argument("--stall", type=float, default=120.0, metavar="S",
+                   help="capture a job that has made no progress for S seconds (120; lowered to a quarter of the "
+                   "job's own watchdog timeout when that is shorter)")
+    w.add_argument("--stall-start", type=float, default=None, metavar="S",
+                   help="the same for a job not yet seen progressing: start-up (imports, rendezvous, loading a "
+                   "checkpoint) is quiet too (default: 4 x --stall, at least 300 s)")
+    w.add_argument("--slow", type=float, default=0.5, metavar="F",
+                   help="capture a job whose rate stays below F of its own recent rate for --stall (0.5; 0: never)")
+    w.add_argument("--out", default="hangscope-watch", metavar="DIR",
+                   help="where captures (report bundles) and the history of samples go; created 0700 (hangscope-watch)")
+    w.add_argument("--keep", type=int, default=20, metavar="N", help="capture bundles kept in --out, oldest removed (20)")
+    w.add_argument("--on-hang", metavar="CMD", help="run CMD after each capture (no shell; see below)")
+    w.add_argument("--on-hang-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds --on-hang may run before it is killed (300)")
+    w.add_argument("--once", action="store_true", help="exit after the first capture")
+    w.add_argument("--wait-start", type=float, default=600.0, metavar="S",
+                   help="seconds to wait for a job to appear on the nodes before giving up (600)")
+    w.add_argument("--job", metavar="JOB", help="follow only this job (its name as printed, or a part of it)")
+    w.add_argument("--tui", action="store_true",
+                   help="show the jobs, their rate over time and the captures in the TUI (Enter opens a capture)")
+    w.add_argument("--fps", type=int, default=None, metavar="N", help="with --tui: at most N screen updates a second")
+    w.add_argument("-v", "--verbose", action="store_true", help="print every sample (default: every 10 min)")
+    col = p.add_argument_group("the capture (as --snapshot collects)")
+    col.add_argument("--locals", action=argparse.BooleanOptionalAction, default=True,
+                     help="collect local variables at a capture (py-spy --locals, on by default)")
+    col.add_argument("--native", action="store_true", help="include native frames at a capture (pauses each rank ~0.5 s)")
+    col.add_argument("--nonblocking", action="store_true", help="capture without pausing the ranks (py-spy --nonblocking)")
+    col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline at a capture (30)")
+    col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
+                     help="watch only this process (repeatable; on every node)")
+    col.add_argument("--match", metavar="REGEX", help="watch only python processes whose command line matches")
+    col.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
+                     help="read rank numbers from the job's TCPStore where the ranks carry none (on by default)")
+    col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
+    col.add_argument("--gpu-evidence", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                     help="GPU-side evidence at a capture (auto: NCCL/CUDA jobs)")
+    ssh = p.add_argument_group("ssh")
+    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE", help="ssh config file(s)")
+    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", help="identity file")
+    ssh.add_argument("--accept-new-host-keys", action="store_true", help="add UNKNOWN host keys to known_hosts")
+    ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
+    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                     help="deadline for each node's whole connect and login (10)")
+    ssh.add_argument("--python", metavar="PATH", help="the nodes' python3 (default: \"python3 -S\")")
+    ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-node lines at start")
+    add_slurm_arguments(p)
+    p.set_defaults(strace=0.0, gdb=False, strace_data=False)
+    return p
+
+
+def watch_main(argv: Sequence[str], *, read_hosts: Callable[[argparse.Namespace], Any],
+               report: Callable[[HangscopeError], None], check_match: Callable[[str], None]) -> int:
+    """The command line's own helpers come in as arguments (as `hangscope demo` gets its parser): the modes
+    import nothing from app.cli's root, which imports them."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    try:
+        if args.match is not None:
+            check_match(args.match)
+        options = watch_options(args)
+        if args.slurm is not None:
+            from app.slurm.cli import slurm_hosts
+
+            hosts = slurm_hosts(args)
+        else:
+            from app.slurm.cli import check_transport
+
+            check_transport(args)
+            hosts = read_hosts(args)
+        if args.tui and not (sys.stdout.isatty() and sys.stdin.isatty()):
+            raise InputError("--tui needs a terminal on stdin and stdout", hint="leave --tui out: watch prints")
+        return run(hosts, args, options)
+    except InputError as exc:
+        report(exc)
+        return EXIT_INPUT
+    except HangscopeError as exc:
+        report(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hangscope watch: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def watch_options(args: argparse.Namespace):
+    """WatchOptions from the command line; every number range-checked (nan and inf refused) before anything
+    connects."""
+    from app.watch import WatchOptions, check
+    from app.watch.hook import parse_command
+    from app.watch.options import check_number
+
+    for flag, value, bounds in (("--timeout", args.timeout, (0.1, 3600.0)),
+                                ("--connect-timeout", args.connect_timeout, (0.1, 3600.0)),
+                                ("--fanout", args.fanout, (1, 100000)), ("--max-hosts", args.max_hosts, (1, 10**6))):
+        check_number(flag, value, bounds)
+    if args.fps is not None:
+        check_number("--fps", args.fps, (1, 240))
+    if args.nonblocking and args.native:
+        raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
+    return check(WatchOptions(every=args.every, stall=args.stall, stall_start=args.stall_start, slow=args.slow, keep=args.keep, out=args.out,
+                              on_hang=parse_command(args.on_hang) if args.on_hang is not None else (),
+                              on_hang_timeout=args.on_hang_timeout, once=args.once, wait_start=args.wait_start,
+                              job=args.job, verbose=args.verbose))
+
+
+def run(hosts, args: argparse.Namespace, options) -> int:
+    from app.cli.headless import session_options
+    from app.session import Session
+    from app.watch import OutDir, Watcher
+
+    out = OutDir(options.out, options.keep)
+    out.prepare()
+    sopts = session_options(args)
+    session = Session(hosts, sopts)
+    if args.tui:
+        from app.ui import run_watch_tui
+
+        title = getattr(args, "slurm_title", "") or args.hosts or ",".join(args.nodelist) or "this machine"
+        return run_watch_tui(lambda on_event: Watcher(session, options, sopts.collect, out, on_event,
+                                                      env=dict(os.environ), hook_output=subprocess.DEVNULL),
+                             fps=args.fps, title=title)
+    printer = Printer(sys.stdout)
+    watcher = Watcher(session, options, sopts.collect, out, printer.event, env=dict(os.environ))
+    return run_headless(watcher)
+
+
+def run_headless(watcher) -> int:
+    """Run the watcher until it ends; the first Ctrl+C (or SIGTERM) ends the watch cleanly (its hooks are
+    killed, its workers closed), a second aborts at once."""
+    import signal
+
+    loop = asyncio.new_event_loop()
+    interrupted: List[int] = []
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop(signum: int) -> None:
+            interrupted.append(signum)
+            if len(interrupted) == 1:
+                print(f"\nhangscope watch: {signal.Signals(signum).name}: stopping (again to abort)",
+                      file=sys.stderr)
+                watcher.cancel_hooks()
+                task.cancel()
+            else:
+                os._exit(EXIT_INTERRUPTED)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop, sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+        try:
+            return await watcher.run()
+        except asyncio.CancelledError:
+            return EXIT_INTERRUPTED
+        finally:
+            try:
+                await asyncio.wait_for(watcher.session.close(), 10.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+            watcher.out.close()
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+class Printer:
+    """Each event the watcher says, as a timestamped line (a log under nohup reads as a story)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def event(self, event) -> None:
+        if not getattr(event, "shown", True):
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(getattr(event, "at", time.time())))
+        lines = event.text().split("\n")
+        self.stream.write(f"{stamp} {lines[0]}\n" + "".join(f"    {line}\n" for line in lines[1:]))
+        self.stream.flush()

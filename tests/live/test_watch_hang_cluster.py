@@ -1,0 +1,101 @@
+"""hangscope watch, live on the test cluster with the demo job (4 nodes x 2 ranks, gloo) training ~10 s and then
+hanging in the dataloader scenario (rank 7 blocks reading its next batch, the others wait in all_reduce):
+
+- the hang is captured within --stall + one interval of it (plus the snapshot's own time) and the capture's
+  headline names the culprit; the job is still followed after, and when it ends the watch ends (exit 0);
+- --on-hang gets the bundle's path, and a script named with shell metacharacters (in the frames, and so in the
+  headline the hook gets in its environment) runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import pytest
+
+import jobs as jobs_mod
+from cluster import Cluster
+from jobs import REPO, Job
+from test_watch_cluster import EVERY, STALL, watching  # noqa: F401 (watching: the fixture)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
+    built = cluster_factory(4)
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+def _hang_job(cluster: Cluster, script: Optional[Path] = None) -> Job:
+    """The demo job training ~10 s (40 steps of 0.25 s) and then hanging in the dataloader scenario; returns as
+    soon as it is launched (the watch must see it train first)."""
+    delay = ["--step-delay", "0.25"]
+    extra = ["--scenario", "dataloader", "--hang-step", "40", *delay] if script is not None else delay
+    return jobs_mod._launch(cluster.nodes[:4], "dataloader", 2, None, 40, extra, standalone=False, script=script)
+
+
+def _hung_at(job: Job) -> float:
+    """When the job hung: every rank's ready line is written just before the call it hangs in."""
+    job.wait_ready(240)
+    job.wait_blocked(120)
+    return job.ready_file.stat().st_mtime
+
+
+def test_a_job_that_hangs_is_captured_in_time_and_its_end_ends_the_watch(watching, cluster: Cluster) -> None:  # noqa: F811
+    job = _hang_job(cluster)
+    try:
+        run = watching("--every", str(EVERY), "--stall", str(STALL), "--wait-start", "240")
+        hung = _hung_at(job)
+        run.wait_for(r"captured \(hang\)", STALL + 180, "the capture")
+        stalled = next(s for s in run.history() if any(j["status"] == "stalled" for j in s["jobs"].values()))
+        detected = stalled["t"] - hung
+        (bundle,) = run.captures()
+        doc = json.loads((bundle / "watch.json").read_text())
+        print(f"\nhang to detection {detected:.1f} s (limit {STALL + EVERY:g} s + the sample's own time); "
+              f"the capture took {doc['took']:.1f} s")
+        assert detected <= STALL + EVERY + 3.0, f"detected {detected:.1f} s after the hang"
+        assert "Rank 7" in doc["headline"] and "_recv_exact" in doc["headline"], doc["headline"]
+        assert run.proc.poll() is None, "a hung job is still followed after its capture"
+    finally:
+        job.stop()
+    run.wait_for(r"has ended", 60, "the job's end")
+    assert run.wait_exit(30) == 0
+
+
+def test_on_hang_gets_the_bundle_and_remote_text_runs_nothing(watching, cluster: Cluster,  # noqa: F811
+                                                              tmp_path: Path) -> None:
+    """The job's script is named with shell metacharacters: its frames, and so the headline the hook gets in its
+    environment, carry them; the hook (a shell of the user's, quoting its variables) is executed without a
+    shell of hangscope's, so nothing in them runs."""
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    script = trap / "hang $(touch PWNED1) `touch PWNED2`; touch PWNED3 | touch PWNED4.py"
+    shutil.copy(REPO / "app" / "demo" / "job.py", script)
+    os.chmod(trap, 0o755)
+    seen = tmp_path / "seen"
+    job = _hang_job(cluster, script)
+    try:
+        hook = (f"sh -c 'printf \"%s\\n%s\\n\" \"$HANGSCOPE_BUNDLE\" \"$HANGSCOPE_HEADLINE\" > {seen}' "
+                f"--ignored-arg")
+        run = watching("--every", str(EVERY), "--stall", str(STALL), "--wait-start", "240", "--once",
+                       "--on-hang", hook)
+        _hung_at(job)
+        assert run.wait_exit(STALL + 240) == 0, run.text()
+        assert "captured (hang)" in run.text(), "a hang is captured as a hang"
+        run.wait_for(r"--on-hang sh exited 0", 30, "the hook's end")
+    finally:
+        job.stop()
+    bundle, headline = seen.read_text().split("\n", 1)
+    (capture,) = run.captures()
+    assert bundle == str(capture)
+    assert "PWNED" in headline, f"the script's name is in the headline: {headline}"
+    for where in (trap, tmp_path, REPO, Path("/")):
+        assert not list(where.glob("PWNED*")), f"a command from remote text ran in {where}"
