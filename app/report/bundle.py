@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 SUMMARY, REPORT, SNAPSHOT = "summary.md", "report.html", "snapshot.json"
 SPEEDSCOPE, COLLAPSED, TESTS = "stacks.speedscope.json", "stacks.collapsed.txt", "tests.json"
+BUNDLE_NAMES = (MANIFEST, SUMMARY, REPORT, SNAPSHOT, SPEEDSCOPE, COLLAPSED, TESTS)  # every file a bundle may hold
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,15 @@ class ExportResult:
 
 
 def export_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], out_dir: str, *, force: bool = False,
-                  tar: bool = False, history: Sequence[Snapshot] = (), tests: Any = None) -> ExportResult:
+                  tar: bool = False, history: Sequence[Snapshot] = (), tests: Any = None,
+                  inputs: Sequence[str] = ()) -> ExportResult:
     """Render and write the bundle to out_dir (created 0700), and OUT_DIR.tar.gz too with tar=True.
 
     Raises BundleExistsError (an InputError) when out_dir exists without force, UnsafePathError for a
     symlink or a directory that is not a bundle, BundleWriteError when writing fails part-way: its
-    `bundle` attribute holds everything in memory for write_bundle() to another place."""
-    check_destination(out_dir, force=force, tar=tar)  # refuse before spending time rendering
+    `bundle` attribute holds everything in memory for write_bundle() to another place. `inputs`: files the
+    command reads (the --load snapshot), which the bundle must never replace."""
+    check_destination(out_dir, force=force, tar=tar, names=BUNDLE_NAMES, inputs=inputs)  # before rendering
     return write_bundle(build_bundle(snapshot, analysis, history=history, tests=tests), out_dir, force=force, tar=tar)
 
 
