@@ -2,11 +2,12 @@
 """How right the diagnosis is: the analysis over every recorded scenario, against what really happened.
 
 Every scenario in tests/data/scenarios/ is a real job hung (or not) in one way on the test cluster, recorded
-by tests/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
+by tests/support/record_scenarios.py: <name>.json (the second sample) and <name>.earlier.json (the first, as
 history, as the CLI analyses it). TRUTH below says what happened in each, from the scenario's own set-up, not
 from what hangscope said: the culprit (rank numbers, or a node) and the cause, as the words a right headline
-must contain. A headline is right when the first finding names the culprit (its ranks, or its node) and every
-word of the cause; a [high] culprit finding that names another rank or node contradicts the truth, as does a
+must contain. A headline is right when the first finding names the culprit (its ranks, or its node), every word of the cause,
+and the mechanism: the blocking operation (or the state that holds the rank) and what it waits for (one word of
+each of the truth's alternatives); a [high] culprit finding that names another rank or node contradicts the truth, as does a
 [high] culprit finding on a job that is not hung (but for the slow node a slow job's truth names).
 
     python3 bench/diagnose.py [--data DIR] [--json OUT]
@@ -18,6 +19,7 @@ contradicted (a recorded scenario with no TRUTH entry is an error too: every cla
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import textwrap
@@ -45,6 +47,10 @@ class Truth:
     node: str = ""  # or the node it must name
     cause: Tuple[str, ...] = ()  # words the headline must contain
     hung: bool = True  # False: a healthy job, which must never be called hung
+    # the mechanism: the blocking operation (or state) and what it waits for / who releases it, each as
+    # alternatives (the headline must contain one of each); a location alone ("rank 4 is in `f`") names neither
+    operation: Tuple[str, ...] = ()
+    resource: Tuple[str, ...] = ()
 
 
 TRUTH: Dict[str, Truth] = {
@@ -82,7 +88,7 @@ TRUTH: Dict[str, Truth] = {
 }
 TRUTH["gpu_xid"] = Truth("a rank stuck in a CUDA call on a GPU that fell off the bus (a FAKE Xid 79 on its node)",
                          (3,), cause=("rank 3", "node02", "Xid 79", "fallen off the bus"))
-# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/record_oss.py)
+# Real open-source training scripts, unmodified, 4 nodes x 2 ranks (tests/oss/README.md, tests/support/record_oss.py)
 TRUTH["nanogpt-healthy"] = Truth("nanoGPT's train.py, DDP on CPU, training", hung=False, cause=("progressing",))
 TRUTH["nanogpt-stopped"] = Truth("nanoGPT's train.py, rank 5 stopped with SIGSTOP", (5,),
                                  cause=("rank 5", "stopped", "kill -CONT"))
@@ -90,6 +96,34 @@ TRUTH["lightning-healthy"] = Truth("Lightning Fabric's language-model example, t
                                    cause=("progressing",))
 TRUTH["lightning-frozen"] = Truth("Lightning Fabric's example, rank 5 frozen by a cgroup v2 freezer", (5,),
                                   cause=("rank 5", "frozen", "cgroup freezer"))
+
+
+# What each recorded class blocks in and waits for, from its set-up (app/demo/job.py, tests/record_scenarios.py)
+MECHANISM: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
+    "skip": (("all_reduce",), ("iteration ahead", "step=4 vs 3")),
+    "dataloader": (("socket.recv", "recv"), ("socket", "peer")),
+    "die": (("not found",), ("exited", "OOM")),
+    "netcut": (("stall",), ("node02",)),
+    "lock": (("_metrics_lock",), ("checkpoint-writer",)),
+    "deadlock": (("deadlock",), ("lock",)),
+    "order": (("another order",), ("names", "iterate")),
+    "uneven": (("left the loop",), ("backward", "all_reduce")),
+    "stopped": (("stopped",), ("kill -CONT", "SIGSTOP")),
+    "frozen": (("frozen",), ("thaw", "cgroup")),
+    "spawn": (("Event.wait",), ("event",)),
+    "twojobs": (("socket.recv", "recv"), ("socket", "peer")),
+    "missing": (("not in the snapshot",), ("hosts list",)),
+    "mismatch": (("all_gather",), ("all_reduce",)),
+    "gil": (("GIL",), ("native code", "pause")),
+    "native": (("native call",), ("pause",)),
+    "pipe": (("full pipe",), ("read end", "does not read")),
+    "fsstall": (("uninterruptible",), ("stall", "I/O")),
+    "gpu_xid": (("Xid 79",), ("fallen off the bus",)),
+    "nanogpt-stopped": (("stopped",), ("kill -CONT", "SIGSTOP")),
+    "lightning-frozen": (("frozen",), ("thaw", "cgroup")),
+}
+for _name, (_op, _res) in MECHANISM.items():
+    TRUTH[_name] = dataclasses.replace(TRUTH[_name], operation=_op, resource=_res)
 
 
 @dataclass(frozen=True)
@@ -100,6 +134,13 @@ class Row:
     right: bool
     contradicted: Tuple[str, ...]  # [high] findings the truth contradicts
     why: str  # what is wrong with the headline, when it is
+    culprit_right: bool = True  # the first finding names the culprit (ranks or node), or a healthy job progresses
+    operation: bool = True  # the headline names the blocking operation (or state)
+    resource: bool = True  # ... and what it waits for / who releases it
+
+    @property
+    def mechanism(self) -> bool:
+        return self.operation and self.resource
 
 
 def load(data: Path, name: str) -> Tuple[Snapshot, List[Snapshot]]:
@@ -162,7 +203,13 @@ def judge_parts(name: str, truth: Truth, snap: Snapshot, headline: str, findings
             contradicted.append(f.title)
         elif truth.node and f.nodes and truth.node not in f.nodes:
             contradicted.append(f.title)
-    return Row(name, truth, headline, not problems, tuple(contradicted), "; ".join(problems))
+    culprit_right = not any(p.startswith(("names rank", "does not name", "calls a", "no finding")) for p in problems)
+    op = not truth.operation or any(w.lower() in low for w in truth.operation)
+    res = not truth.resource or any(w.lower() in low for w in truth.resource)
+    if truth.hung and not (op and res):
+        problems.append("the mechanism is not named: " + "; ".join(
+            f"none of {list(ws)}" for ws, ok in ((truth.operation, op), (truth.resource, res)) if not ok))
+    return Row(name, truth, headline, not problems, tuple(contradicted), "; ".join(problems), culprit_right, op, res)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -190,14 +237,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{'':<17} contradicted [high]: {title}")
     right = sum(r.right for r in rows)
     contradicted = sum(len(r.contradicted) for r in rows)
+    hung = [r for r in rows if r.truth.hung]
+    culprits = sum(r.culprit_right for r in rows)
+    mechanisms = sum(r.mechanism for r in hung)
     print(f"\n{right} of {len(rows)} headlines right ({right / max(len(rows), 1):.0%}); "
           f"{contradicted} [high] finding(s) contradicted by the truth")
+    print(f"culprit named: {culprits} of {len(rows)}; mechanism named (the blocking operation and what it waits "
+          f"for) in {mechanisms} of {len(hung)} hung jobs (operation {sum(r.operation for r in hung)}, "
+          f"resource {sum(r.resource for r in hung)})")
     for n in unknown:
         print(f"error: recorded scenario {n!r} has no TRUTH entry in bench/diagnose.py", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps([{"scenario": r.name, "hang": r.truth.hang, "headline": r.headline,
-                                          "right": r.right, "contradicted": list(r.contradicted), "why": r.why}
-                                         for r in rows], indent=1))
+                                          "right": r.right, "culprit": r.culprit_right, "operation": r.operation,
+                                          "resource": r.resource, "contradicted": list(r.contradicted),
+                                          "why": r.why} for r in rows], indent=1))
     return 0 if right == len(rows) and not contradicted and not unknown else 1
 
 

@@ -3,7 +3,7 @@
 `hangscope HOSTS --print` run against it as a user runs it, its headline judged against the class's truth
 (bench/diagnose.py's TRUTH: the culprit and the words of the cause), and the command's run time.
 
-Needs root (the network-namespace cluster of tests/cluster.py) and torch. One job at a time on one 4-node
+Needs root (the network-namespace cluster of tests/support/cluster.py) and torch. One job at a time on one 4-node
 cluster; each job is stopped before the next starts. Not in the suite (it takes minutes).
 
     sudo python3 bench/live_classes.py [CLASS ...] [--nodes 4] [--ranks-per-node 2] [--json OUT]
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
-for p in (str(REPO), str(REPO / "tests"), str(REPO / "bench")):
+for p in (str(REPO), str(REPO / "tests" / "support"), str(REPO / "bench")):
     if p not in sys.path:
         sys.path.insert(0, p)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
-for _p in (str(REPO), str(REPO / "tests")):
+for _p in (str(REPO), str(REPO / "tests" / "support")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

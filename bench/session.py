@@ -19,7 +19,7 @@ import time
 from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 
 import cluster as cluster_mod  # noqa: E402
 from waiting import wait_until  # noqa: E402

@@ -1,6 +1,6 @@
 """Benchmark: one picture of every rank, hangscope against the manual recipes and the floor; prints a table.
 
-On the network-namespace SSH test cluster (tests/cluster.py) with N nodes x R stand-in ranks
+On the network-namespace SSH test cluster (tests/support/cluster.py) with N nodes x R stand-in ranks
 (bench/stand_in_rank.py), each repetition measures, one after the other, on the login side's wall clock:
   seq      the guide's recipe, node after node: ssh -F cfg NODE 'pgrep -f RANKS | xargs -I{} py-spy dump --pid {}'
   par      the same recipe on all nodes at once (background ssh clients; pdsh is not installed here)
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 
 import cluster as cluster_mod  # noqa: E402
 from waiting import wait_until  # noqa: E402

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from testenv import PYSPY  # noqa: E402  (this environment's py-spy: a venv's, not the base interpreter's)
 

@@ -14,7 +14,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (cluster, jobs) import by name
+# the helpers in tests/support (cluster, jobs, waiting, ...) import by name, as when they sat in tests/ itself
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 # test modules live in one folder per layer (tests/analysis, tests/live, ...); a few share fixtures or builders
 # with a module of another folder (test_report_build's make_snapshot, test_cluster_held's freezer): importable by
 # name from every folder, as when they sat side by side
@@ -24,14 +25,22 @@ sys.path.extend(str(p) for p in sorted(Path(__file__).resolve().parent.iterdir()
 import cluster as cluster_mod
 import jobs as jobs_mod
 import leaks as leaks_mod
+import xdist_groups
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that share a fixture that starts torch jobs (hung_job, a module's jobs) run in one xdist worker
+    (tests/support/xdist_groups.py), so each job is started once, not once per worker."""
+    xdist_groups.group(items, tests_root=config.rootpath.joinpath("tests").relative_to(config.rootpath).as_posix())
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test: a child process, thread or open fd that the test (or its function-scoped fixtures) left
-    behind fails it, named (tests/leaks.py; what wider-scoped fixtures hold is not counted). A test that
+    behind fails it, named (tests/support/leaks.py; what wider-scoped fixtures hold is not counted). A test that
     must leave something running says why with @pytest.mark.allow_leaks("why")."""
     before = leaks_mod.picture()
     yield
@@ -124,6 +133,18 @@ def make_cluster(cluster_factory: Callable[..., cluster_mod.Cluster]) -> Iterato
     finally:
         for c in built:
             c.close()
+
+
+@pytest.fixture(scope="session")
+def local_spawn_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[jobs_mod.SpawnJob]:
+    """A hung 2-rank torch.multiprocessing.spawn job on this machine (no rank environment; rank 1 never reaches
+    the second all_reduce). Shared by the session's tests that only read it: never stop or unblock it."""
+    require_torch()
+    job = jobs_mod.start_local_spawn_job(tmp_path_factory.mktemp("spawn-job"))
+    try:
+        yield job
+    finally:
+        job.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,23 +11,24 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-    from workers.protocol import DumpItem
+    from workers.protocol import CollectDone, DiscoverDone, DumpDone, DumpItem, PingDone, PushToolDone
 
 from workers import discover as discovery
 from workers import patterns, procinfo, pstate
 from workers.collect import flight, gpu_evidence, gpus, output, pgstore, progress, pyspy, runas, sockets, traced
 from workers.hello import cpu_count
+from workers import protocol
 from workers.protocol import MATCH_LIMIT, error_dict
 from workers.request import Cancelled, OpError, Request
 
 
-def ping(req: Request) -> Dict[str, Any]:
+def ping(req: Request) -> PingDone:
     return {"pong": True, "time": time.time()}
 
 
-def push_tool(req: Request) -> Dict[str, Any]:
+def push_tool(req: Request) -> PushToolDone:
     name = req.arg_str("name")
     if name not in ("py-spy", "strace", "gdb"):
         raise OpError("bad_request", "push_tool: %r is not a tool hangscope pushes" % name)
@@ -47,11 +48,11 @@ def push_tool(req: Request) -> Dict[str, Any]:
     return {"name": name, "path": tool.path}
 
 
-def discover(req: Request) -> Dict[str, Any]:
+def discover(req: Request) -> DiscoverDone:
     return _discover(req, req.item)
 
 
-def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverDone:
     """Find the node's ranks (or exactly `pids`), emit each with its GPUs and TCP sockets; the done data."""
     pids = req.arg_list("pids")
     if pids is not None and not all(isinstance(p, int) and not isinstance(p, bool) for p in pids):
@@ -131,7 +132,7 @@ def _ss(req: Request, pid: int, netns: str) -> Dict[Any, Any]:
     return sockets.parse_ss(res.stdout.decode("utf-8", "replace"))
 
 
-def dump(req: Request) -> Dict[str, Any]:
+def dump(req: Request) -> DumpDone:
     """py-spy on every target concurrently (bounded), one item per target as soon as it is done."""
     targets = []
     for t in req.arg_list("targets") or []:
@@ -143,7 +144,7 @@ def dump(req: Request) -> Dict[str, Any]:
     return _dump(req, targets, req.item)
 
 
-def collect(req: Request) -> Dict[str, Any]:
+def collect(req: Request) -> CollectDone:
     """discover, then dump what it found, in one request: a refresh costs one round trip and the dumps start
     the moment discovery ends. Items: {"rank": <discover item>}, then one {"discovered": <discover's done
     data>}, then {"dump": <dump item>} per rank; done: {"discover": ..., "dump": ...}. Arguments: discover's
@@ -233,7 +234,7 @@ def _gpu_evidence_start(req: Request, found: List[Tuple[int, Optional[int]]]) ->
 
 
 def _dump(req: Request, targets: List[Tuple[int, Optional[int]]],
-          emit: Callable[[DumpItem], None]) -> Dict[str, Any]:
+          emit: Callable[[DumpItem], None]) -> DumpDone:
     started = time.monotonic()
     opts = pyspy.DumpOptions(req)
     todo: "queue.Queue[tuple]" = queue.Queue()
@@ -309,14 +310,15 @@ def gdb(req: Request) -> Dict[str, Any]:
     return traced.gdb(req)
 
 
-HANDLERS: Dict[str, Callable[[Request], Dict[str, Any]]] = {
-    "collect": collect,
-    "dump": dump,
-    "strace": strace,
-    "gdb": gdb,
-    "discover": discover,
-    "store_ranks": store_ranks,
-    "ping": ping,
-    "push_tool": push_tool,
+# Under the names of workers/protocol.py's ops (go, cancel and shutdown are the server's own: workers/server.py).
+HANDLERS: Dict[str, Callable[[Request], Mapping[str, Any]]] = {
+    protocol.COLLECT.name: collect,
+    protocol.DUMP.name: dump,
+    protocol.STRACE.name: strace,
+    protocol.GDB.name: gdb,
+    protocol.DISCOVER.name: discover,
+    protocol.STORE_RANKS.name: store_ranks,
+    protocol.PING.name: ping,
+    protocol.PUSH_TOOL.name: push_tool,
     **__import__("workers.ops_gpu", fromlist=["HANDLERS"]).HANDLERS,  # GPU tests: workers/ops_gpu.py
 }

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict
+    from typing import Any, Callable, Dict, Mapping
 
+    from workers.protocol import GpuPortsDone, GpuStopDone
+
+from workers import protocol
 from workers.request import OpError, Request
 
 # workers.gputest is imported by each op, not here: every worker start (on every node, for every snapshot)
@@ -22,12 +25,12 @@ def gpu_launch(req: Request) -> Dict[str, Any]:
     return Launch(req).run()
 
 
-def gpu_stop(req: Request) -> Dict[str, Any]:
+def gpu_stop(req: Request) -> GpuStopDone:
     from workers.gputest.launch import request_stop
     return {"found": request_stop(req.arg_str("token"))}
 
 
-def gpu_ports(req: Request) -> Dict[str, Any]:
+def gpu_ports(req: Request) -> GpuPortsDone:
     count = req.arg_int("count", 1) or 1
     low, high = req.arg_int("low", 29500) or 29500, req.arg_int("high", 29999) or 29999
     exclude = req.arg_list("exclude") or []
@@ -51,8 +54,9 @@ def net_probe(req: Request) -> Dict[str, Any]:
 
 
 def gpu_inventory(req: Request) -> Dict[str, Any]:
-    from workers.gputest import inventory
-    return inventory.inventory(req)
+    """The node's GPUs, the processes holding them and its Xid lines: the investigation's own reader."""
+    from workers.collect import nvidia
+    return nvidia.read(req, apps=True)
 
 
 def gpu_python(req: Request) -> Dict[str, Any]:
@@ -63,11 +67,11 @@ def gpu_python(req: Request) -> Dict[str, Any]:
     return interpreters.choose(pids, req.arg_str("python"), min(req.arg_float("timeout", 60.0), 300.0))
 
 
-HANDLERS = {
-    "gpu_python": gpu_python,
-    "gpu_launch": gpu_launch,
-    "gpu_stop": gpu_stop,
-    "gpu_ports": gpu_ports,
-    "net_probe": net_probe,
-    "gpu_inventory": gpu_inventory,
+HANDLERS: Dict[str, Callable[[Request], Mapping[str, Any]]] = {
+    protocol.GPU_PYTHON.name: gpu_python,
+    protocol.GPU_LAUNCH.name: gpu_launch,
+    protocol.GPU_STOP.name: gpu_stop,
+    protocol.GPU_PORTS.name: gpu_ports,
+    protocol.NET_PROBE.name: net_probe,
+    protocol.GPU_INVENTORY.name: gpu_inventory,
 }

@@ -16,6 +16,9 @@ Worker -> login, first and once:
 
 Login -> worker, requests:
     {"id": int, "op": str, "args": {...}}
+Each op's arguments, items and done data are TypedDicts below, tied to the op by its Op constant (OPS): the login
+side builds every request as `protocol.COLLECT({...})` (a Call), so mypy checks its argument names and types and
+the type of what comes back; the worker's handlers read exactly these names (tests/layout/test_protocol.py).
 
 Worker -> login, replies (each echoes the request id):
     {"type": "item", "id": int, "data": {...}}        zero or more, streamed as results arrive
@@ -60,8 +63,8 @@ Ops (args -> items / done):
                  then {"dump": <dump item>} per rank as each finishes
               -> item {"gpu_evidence": {...}} once, after the dumps, when args "gpu_evidence" is "on", or "auto" and
                  a rank maps libnccl/libcuda ("ras": true: this node also asks NCCL's RAS service): raw nvidia-smi
-                 CSV or -q text, kernel Xid lines, RAS's answer (workers/collect/gpu_evidence.py; decoded by
-                 app/decode/gpu.py)
+                 CSV or -q text, kernel Xid lines (workers/collect/nvidia.py), RAS's answer
+                 (workers/collect/gpu_evidence.py); decoded by app/decode/gpu.py
               -> done {"discover": <discover's done data>, "dump": <dump's done data>}
     strace    {"pid", "start_time", "seconds": float, "max_lines": int, "sudo": bool, "data": bool}
               -> done {"pid", "output": str, "truncated": bool, "lines": int, "resumed": bool, "elapsed": float,
@@ -100,9 +103,10 @@ GPU test ops (workers/ops_gpu.py; the login side is app/gpu/):
                                                      "tried": [{"python", "why", "ok", "detail"}]}
               the tests' interpreter: "python" as given, else the ranks' own (argv[0] as their command line
               names it), else the first candidate that imports torch (gputest/interpreters.py)
-    gpu_inventory {}                              -> done {"source": "nvidia-smi" | "nvidia-ml-py" | None,
-                                                           "gpus_csv", "apps_csv" | "gpus", "apps",
-                                                           "xid_lines": [str], "xid_source", "notes": [str]}
+    gpu_inventory {}                              -> done {"at": float, "smi": {...}, "xid_source", "xid_lines": [str],
+                                                           "xid_timed", "notes": [str]}
+              the collect op's gpu_evidence item without "why" and "ras", and with the processes holding GPUs in
+              "smi" (workers/collect/nvidia.py read(); decoded by app/decode/gpu.py like the evidence)
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, List, Literal, Optional, TypedDict
+    from typing import Any, Dict, Generic, List, Literal, Mapping, Optional, Tuple, TypedDict, TypeVar
 
     ErrorCode = Literal[
         "bad_request", "unknown_op", "tool_missing", "ptrace_denied", "target_exited", "target_changed",
@@ -234,12 +238,12 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         ended_at: float
 
     class CollectItem(TypedDict, total=False):
-        """One item of the collect op: exactly one of the keys."""
+        """One item of the collect op: exactly one of the keys (collect_item_key() says which)."""
         rank: RankInfo
         discovered: Dict[str, Any]  # discover's done data
         dump: DumpItem
         process_dump: DumpItem  # a launcher or a rank's child, dumped when what it does matters
-        gpu_evidence: Dict[str, Any]  # workers/collect/gpu_evidence.py, once per node when asked
+        gpu_evidence: GpuEvidence  # workers/collect/gpu_evidence.py, once per node when asked
 
     class StraceDone(TypedDict, total=False):
         pid: int
@@ -258,8 +262,279 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         resumed: bool
         elapsed: float
 
+    # -- each op's arguments and replies (the Op constants below tie them to the op) ----------------------------
+    class NoArgs(TypedDict):
+        """An op that takes no arguments."""
+
+    class NoItem(TypedDict):
+        """An op that streams no items."""
+
+    class PingDone(TypedDict, total=False):
+        pong: bool
+        time: float
+
+    class _Sudo(TypedDict, total=False):
+        sudo: bool  # run tools (and read /proc) as root with `sudo -n` where the worker's user may not
+
+    class _Which(TypedDict, total=False):
+        pids: Optional[List[int]]  # only these processes, rank environment or not; None: discover
+        match: Optional[str]  # only python processes whose command line matches (at most MATCH_LIMIT characters)
+
+    class DiscoverArgs(_Which, _Sudo, total=False):
+        pass
+
+    class DiscoverDone(TypedDict, total=False):
+        count: int
+        scanned: int
+        unreadable: int
+        notes: List[str]
+        processes: List[Dict[str, Any]]  # launchers and ranks' children (workers/discover.py)
+        time: float  # the node's clock when discovery ended
+
+    class DumpOptions(_Sudo, total=False):
+        """How to dump: dump's and collect's arguments."""
+        native: bool
+        locals: bool
+        nonblocking: bool
+        timeout: float  # per target
+        concurrency: Optional[int]  # dumps at once; None: the node's CPUs
+        loops: bool
+        source_context: int
+
+    class Target(TypedDict):
+        pid: int
+        start_time: Optional[int]
+
+    class DumpArgs(DumpOptions, total=False):
+        targets: List[Target]
+
+    class DumpDone(TypedDict, total=False):
+        count: int
+        elapsed: float
+        processes: DumpDone  # collect: the dump of the job's other processes, when some were dumped
+
+    class CollectArgs(_Which, DumpOptions, total=False):
+        """discover's arguments and dump's (without targets), and:"""
+        hold: float  # seconds the dumps wait for a `go` naming this request (10 at most)
+        gpu_evidence: str  # auto (an NCCL/CUDA job), on, off
+        ras: bool  # this node also asks NCCL's RAS service
+
+    class GpuReading(TypedDict, total=False):
+        """What workers/collect/nvidia.py read() returns: the gpu_inventory reply, the core of gpu_evidence."""
+        at: float
+        smi: Dict[str, Any]  # status, via, gpu_fields, gpus_csv, remap_*, app_*, query_text, timeout, stuck, error
+        xid_source: str
+        xid_lines: List[str]
+        xid_timed: str  # iso, epoch, syslog
+        notes: List[str]
+
+    class GpuEvidence(GpuReading, total=False):
+        why: str
+        ras: Dict[str, Any]
+        incomplete: bool
+
+    CollectItemKey = Literal["rank", "discovered", "dump", "process_dump", "gpu_evidence"]
+
+    class CollectDone(TypedDict, total=False):
+        discover: DiscoverDone
+        dump: DumpDone
+
+    class _OnePid(TypedDict):
+        pid: int
+
+    class StraceArgs(_OnePid, _Sudo, total=False):
+        start_time: Optional[int]
+        seconds: float
+        max_lines: int
+        data: bool  # keep the (redacted) bytes each call read or wrote
+
+    class GdbArgs(_OnePid, _Sudo, total=False):
+        start_time: Optional[int]
+        timeout: float
+
+    class _StoreRanksBase(TypedDict):
+        store: str  # "addr:port"
+        listeners: List[str]
+        pid: int  # a rank holding a connection to the store: its network namespace is used
+
+    class StoreRanksArgs(_StoreRanksBase, total=False):
+        timeout: float
+        list_keys: bool
+
+    class StoreRanksDone(TypedDict, total=False):
+        ranks: Dict[str, int]  # listener -> rank
+        how: str  # LIST_KEYS or CHECK
+        keys: int
+        read: int
+        elapsed: float
+
+    class PushToolArgs(TypedDict):
+        name: str
+        data_b64: str
+        sha256: str
+
+    class PushToolDone(TypedDict, total=False):
+        name: str
+        path: str
+
+    class TargetArgs(TypedDict):
+        target: int  # the request id that go releases or cancel ends
+
+    class GoDone(TypedDict, total=False):
+        released: bool
+
+    class CancelDone(TypedDict, total=False):
+        cancelled: bool
+
+    class _GpuLaunchBase(TypedDict):
+        token: str
+        python: str
+        config: Dict[str, Any]  # workers/gputest/program.py
+
+    class GpuLaunchArgs(_GpuLaunchBase, total=False):
+        nproc: int
+        timeout: float
+        nccl_debug: bool
+        env: Dict[str, str]  # NCCL_*, GLOO_*, TORCH_*, CUDA_* settings
+        cuda_visible_devices: Optional[str]
+        dump_wait: float
+        max_lines: int
+
+    class GpuLaunchItem(TypedDict, total=False):
+        lines: List[List[Any]]  # [stream "out" | "err" | "agent", local_rank | None, text]
+
+    class GpuLaunchDone(TypedDict, total=False):
+        returncode: Optional[int]
+        timed_out: bool
+        stopped: bool
+        cancelled: bool
+        leftovers: int
+        killed: int
+        survivors: List[int]
+        lines: int
+        dropped: int
+        elapsed: float
+
+    class GpuStopArgs(TypedDict):
+        token: str
+
+    class GpuStopDone(TypedDict, total=False):
+        found: bool
+
+    class GpuPortsArgs(TypedDict, total=False):
+        count: int
+        exclude: List[int]
+        low: int
+        high: int
+
+    class GpuPortsDone(TypedDict, total=False):
+        ports: List[int]
+
+    class NetTarget(TypedDict):
+        host: str
+        port: int
+
+    class NetProbeArgs(TypedDict, total=False):
+        targets: List[NetTarget]
+        timeout: float
+
+    class NetProbeDone(TypedDict, total=False):
+        interfaces: List[Dict[str, Any]]
+        infiniband: List[Dict[str, Any]]
+        hostname: Dict[str, Any]
+        checks: List[Dict[str, Any]]
+        env: Dict[str, str]
+
+    class GpuPythonArgs(TypedDict, total=False):
+        pids: List[int]
+        python: str
+        timeout: float
+
+    class GpuPythonDone(TypedDict, total=False):
+        python: str  # "": none found
+        why: str
+        tried: List[Dict[str, Any]]
+
+    ArgsT = TypeVar("ArgsT")  # an op's arguments
+    ItemT = TypeVar("ItemT")  # its items
+    DoneT = TypeVar("DoneT")  # its done data
+
+    class _Typed(Generic[ArgsT, ItemT, DoneT]):
+        """Op and Call carry their op's argument, item and done types for type checkers only."""
+
 PROTOCOL_VERSION = 1
 MATCH_LIMIT = 200  # characters of a discover "match" pattern (--match), checked by the CLI and the worker
+
+
+if not TYPE_CHECKING:  # at run time the type parameters are not needed: no typing import on the node
+    class _Typed:
+        def __class_getitem__(cls, params: Any) -> Any:
+            return cls
+
+    ArgsT = ItemT = DoneT = None
+
+
+class Call(_Typed[ArgsT, ItemT, DoneT]):
+    """One request to send: its op and its arguments, typed by the Op that made it (Op.__call__)."""
+
+    __slots__ = ("op", "args")
+
+    def __init__(self, op: str, args: ArgsT) -> None:
+        self.op = op
+        self.args = args
+
+    def message(self, req_id: int) -> Dict[str, Any]:
+        """The request as it goes on the wire."""
+        return {"id": req_id, "op": self.op, "args": self.args}
+
+
+class Op(_Typed[ArgsT, ItemT, DoneT]):
+    """An op of the protocol, with (for type checkers) its argument, item and done types: `COLLECT({...})` is
+    the collect request, its arguments checked against CollectArgs."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, args: ArgsT) -> Call[ArgsT, ItemT, DoneT]:
+        return Call(self.name, args)
+
+    def __repr__(self) -> str:
+        return "Op(%r)" % self.name
+
+
+# Every op, once: the worker's handlers are registered under these names (workers/ops.py, workers/server.py).
+PING: Op[NoArgs, NoItem, PingDone] = Op("ping")
+DISCOVER: Op[DiscoverArgs, RankInfo, DiscoverDone] = Op("discover")
+DUMP: Op[DumpArgs, DumpItem, DumpDone] = Op("dump")
+COLLECT: Op[CollectArgs, CollectItem, CollectDone] = Op("collect")
+STRACE: Op[StraceArgs, NoItem, StraceDone] = Op("strace")
+GDB: Op[GdbArgs, NoItem, GdbDone] = Op("gdb")
+STORE_RANKS: Op[StoreRanksArgs, NoItem, StoreRanksDone] = Op("store_ranks")
+PUSH_TOOL: Op[PushToolArgs, NoItem, PushToolDone] = Op("push_tool")
+GO: Op[TargetArgs, NoItem, GoDone] = Op("go")
+CANCEL: Op[TargetArgs, NoItem, CancelDone] = Op("cancel")
+SHUTDOWN: Op[NoArgs, NoItem, NoItem] = Op("shutdown")
+GPU_LAUNCH: Op[GpuLaunchArgs, GpuLaunchItem, GpuLaunchDone] = Op("gpu_launch")
+GPU_STOP: Op[GpuStopArgs, NoItem, GpuStopDone] = Op("gpu_stop")
+GPU_PORTS: Op[GpuPortsArgs, NoItem, GpuPortsDone] = Op("gpu_ports")
+NET_PROBE: Op[NetProbeArgs, NoItem, NetProbeDone] = Op("net_probe")
+GPU_PYTHON: Op[GpuPythonArgs, NoItem, GpuPythonDone] = Op("gpu_python")
+GPU_INVENTORY: Op[NoArgs, NoItem, GpuReading] = Op("gpu_inventory")
+OPS: Dict[str, Op[Any, Any, Any]] = {op.name: op for op in (
+    PING, DISCOVER, DUMP, COLLECT, STRACE, GDB, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH, GPU_STOP,
+    GPU_PORTS, NET_PROBE, GPU_PYTHON, GPU_INVENTORY)}
+COLLECT_ITEM_KEYS: Tuple[CollectItemKey, ...] = ("rank", "discovered", "dump", "process_dump", "gpu_evidence")
+
+
+def collect_item_key(item: Mapping[str, Any]) -> Optional[CollectItemKey]:
+    """Which of its keys a collect item carries (it carries one); None for anything else (a newer worker's)."""
+    for key in COLLECT_ITEM_KEYS:
+        if key in item:
+            return key
+    return None
+
 
 # The closed set of error codes, each with the remedy a user reads. Worker-side and login-side codes share
 # this table so that every layer speaks one vocabulary. ErrorCode names the same set for type checkers

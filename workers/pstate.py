@@ -9,7 +9,6 @@ workers/collect/ uses `holds()` to keep blocking (ptrace) tools off processes th
 from __future__ import annotations
 
 import os
-import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
@@ -152,16 +151,17 @@ def _waits_on(pid: int, tid: int) -> Tuple[str, str]:
 
 
 PIPE_WRITES = ("write", "writev", "pwrite64", "pwritev", "splice")
-MAX_PIPE_SCAN = 4096  # processes whose fds are searched for a pipe's other end
-PIPE_SCAN_SECONDS = 0.5  # ... and for at most this long
-MAX_PIPE_READERS = 8
 
 
-def pipe_wait(pid: int, threads: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def pipe_wait(pid: int, threads: List[Dict[str, Any]], cache: Optional[Dict[str, Any]] = None
+              ) -> Optional[Dict[str, Any]]:
     """A thread asleep writing to a pipe (its wait channel names a pipe): {"tid", "syscall", "pipe" ("pipe:[N]"),
-    "readers": [{"pid", "comm", "state", "wchan", "cmdline"}], "scanned", "complete"}; None when no thread
-    is. The readers are the other processes holding the pipe open for reading (fdinfo's access mode), found by
-    searching /proc/*/fd within MAX_PIPE_SCAN processes and PIPE_SCAN_SECONDS: only /proc is read."""
+    "readers": [{"pid", "comm", "state", "ppid", "wchan", "cmdline", "fd", "own"}], "scanned", "complete"}; None
+    when no thread is. The readers are the processes holding the pipe open for reading (fdinfo's access mode, the
+    writer's own process included), from the request's shared scan of /proc/*/fd (workers/collect/fdindex.py,
+    bounded there; cache: the request's shared cache, a fresh one without it): only /proc is read."""
+    from workers.collect import fdindex
+
     for t in threads:
         if not isinstance(t, dict) or t.get("state") != "S" or "pipe" not in str(t.get("wchan", "")):
             continue
@@ -171,55 +171,11 @@ def pipe_wait(pid: int, threads: List[Dict[str, Any]]) -> Optional[Dict[str, Any
         syscall, target = _waits_on(pid, tid)
         if syscall not in PIPE_WRITES or not target.startswith("pipe:["):
             continue
-        readers, scanned, complete = _pipe_readers(target)
-        return {"tid": tid, "syscall": syscall, "pipe": target, "readers": readers, "scanned": scanned,
+        index = fdindex.shared({} if cache is None else cache)
+        readers, complete = fdindex.ends(index, target, (0, 2), "reader", pid)
+        return {"tid": tid, "syscall": syscall, "pipe": target, "readers": readers, "scanned": index.scanned,
                 "complete": complete}
     return None
-
-
-def _pipe_readers(target: str) -> Tuple[List[Dict[str, Any]], int, bool]:
-    from workers.redact import redact_argv
-
-    deadline = time.monotonic() + PIPE_SCAN_SECONDS
-    readers = []  # type: List[Dict[str, Any]]
-    scanned = 0
-    pids = procinfo.all_pids()
-    for other in pids[:MAX_PIPE_SCAN]:
-        if time.monotonic() > deadline or len(readers) >= MAX_PIPE_READERS:
-            return readers, scanned, False
-        scanned += 1
-        base = "/proc/%d/fd" % other
-        try:
-            fds = os.listdir(base)
-        except OSError:
-            continue
-        for fd in fds[:4096]:
-            try:
-                if os.readlink("%s/%s" % (base, fd)) != target:
-                    continue
-            except OSError:
-                continue
-            flags = ""
-            for line in _read("/proc/%d/fdinfo/%s" % (other, fd), 1024).splitlines():
-                if line.startswith("flags:"):
-                    flags = line.split(":", 1)[1].strip()
-            try:
-                mode = int(flags, 8) & 3
-            except ValueError:
-                continue
-            if mode == 1:
-                continue  # a write end (the writer's own, or another writer's); the writer may hold a read end too
-            try:
-                fields = procinfo.stat_fields(other)
-            except (procinfo.Gone, OSError, IndexError):
-                break
-            cmdline = _read("/proc/%d/cmdline" % other, 4096).split("\0")
-            readers.append({"pid": other, "comm": fields[1][:64], "state": fields[2], "ppid": int(fields[3]),
-                            "wchan": procinfo.wchan(other)[:100],
-                            "cmdline": [a[:200] for a in redact_argv([a for a in cmdline if a])[:16]],
-                            "fd": int(fd) if fd.isdigit() else -1})
-            break
-    return readers, scanned, len(pids) <= MAX_PIPE_SCAN
 
 
 def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:

@@ -52,6 +52,9 @@ class Request:
         self.released = threading.Event()
         self._lock = threading.Lock()
         self._finished = False
+        # what the dumps of every target of this request share, built once when first needed: the scan of
+        # /proc/*/fd and the network tables (workers/collect/fdindex.py, kwait_net.py)
+        self.shared: Dict[str, Any] = {}
 
     # -- replies ------------------------------------------------------------------------------------------
 
@@ -60,7 +63,7 @@ class Request:
             if not self._finished:
                 self.worker.send({"type": "item", "id": self.id, "data": data})
 
-    def done(self, data: Dict[str, Any]) -> None:
+    def done(self, data: Mapping[str, Any]) -> None:
         self._finish({"type": "done", "id": self.id, "data": data})
 
     def error(self, code: str, message: str, hint: Optional[str] = None) -> None:

@@ -14,14 +14,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import IO, Any, Callable, Dict, Mapping, Optional
 
-    from workers.protocol import Hello
+    from workers.protocol import CancelDone, GoDone, Hello
 
-from workers.protocol import ProtocolError, decode, encode, error
+from workers.protocol import CANCEL, GO, SHUTDOWN, ProtocolError, decode, encode, error
 from workers.redact import redact_message
 from workers.request import Cancelled, OpError, Request, Worker
 
 if TYPE_CHECKING:
-    Handler = Callable[[Request], Dict[str, Any]]
+    Handler = Callable[[Request], Mapping[str, Any]]
 
 # How long exiting waits for request threads to finish their after-tool checks (resume a stopped target).
 _WIND_DOWN = 3.0
@@ -124,7 +124,7 @@ class Server:
                     self.send(error(None, "bad_request", str(exc)))
                     status = 2
                     break
-                if req.op == "shutdown":
+                if req.op == SHUTDOWN.name:
                     with self._active_lock:
                         pending = list(self._active.values())
                     for other in pending:  # each still gets its one final reply
@@ -154,9 +154,9 @@ class Server:
 
     def _start(self, req: Request) -> None:
         handler = self._handlers.get(req.op)
-        if handler is None and req.op not in ("cancel", "go"):
+        if handler is None and req.op not in (CANCEL.name, GO.name):
             req.error("unknown_op", "unknown op %r; this worker knows %s"
-                      % (req.op, ", ".join(sorted(list(self._handlers) + ["cancel", "go", "shutdown"]))))
+                      % (req.op, ", ".join(sorted(list(self._handlers) + [CANCEL.name, GO.name, SHUTDOWN.name]))))
             return
         with self._active_lock:
             self._active[req.id] = req
@@ -168,7 +168,7 @@ class Server:
         started = time.monotonic()
         try:
             if handler is None:
-                req.done(self._cancel(req) if req.op == "cancel" else self._go(req))
+                req.done(self._cancel(req) if req.op == CANCEL.name else self._go(req))
             else:
                 req.done(handler(req))
         except OpError as exc:
@@ -185,19 +185,22 @@ class Server:
                 self._active.pop(req.id, None)
             log(self.options, "%s %d took %.3fs" % (req.op, req.id, time.monotonic() - started))
 
-    def _cancel(self, req: Request) -> Dict[str, Any]:
+    def _cancel(self, req: Request) -> CancelDone:
         target = req.arg_int("target", required=True)
         assert target is not None
         with self._active_lock:
             victim = self._active.get(target) if target != req.id else None
         return {"cancelled": bool(victim is not None and victim.cancel())}
 
-    def _go(self, req: Request) -> Dict[str, Any]:
+    def _go(self, req: Request) -> GoDone:
         """Release a collect that holds its dumps (its "hold" argument) until every node has discovered."""
         target = req.arg_int("target", required=True)
         assert target is not None
         with self._active_lock:
             held = self._active.get(target) if target != req.id else None
+        # a request that has answered is over, though its thread may not have left _active yet: nothing to release
+        if held is not None and held.finished:
+            held = None
         if held is not None:
             held.released.set()
         return {"released": held is not None}

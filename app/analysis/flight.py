@@ -15,8 +15,8 @@ from operator import itemgetter
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.columns import Facts, facts_of
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, count_phrase, describe, fold_nodes, keys_of, short, sort_ranks
+from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
+from app.analysis.fold import RankKey, count_phrase, describe, keys_of, sort_ranks
 from app.analysis.frames import clean
 from app.model import FlightGroup, FlightRecord, RankSnapshot
 
@@ -84,7 +84,7 @@ def _enabled(r: RankSnapshot) -> bool:
 
 
 def flight_analysis(ranks: Sequence[RankSnapshot], known: Optional[Facts] = None
-                    ) -> Tuple[Optional[FlightSummary], List[Finding]]:
+                    ) -> Tuple[Optional[FlightSummary], List[Fact]]:
     """The summary line (None without ranks) and a finding per group of ranks that lag. `known`: the ranks'
     columns when the caller has read them already."""
     if not ranks:
@@ -115,7 +115,20 @@ def _rows(ranks: Sequence[RankSnapshot]) -> Tuple[FlightRow, ...]:
     return tuple(FlightRow(keys_of(sort_ranks(rs)), describe(sort_ranks(rs)), text) for text, rs in rows[:MAX_ROWS])
 
 
-def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
+@dataclass(frozen=True)
+class FlightEvidence(Evidence):
+    """Ranks behind in a process group by the recorder's own sequence numbers: (pg, theirs here, the usual) for
+    every group where they differ, the group they lag in, and how many ranks are at the usual count there."""
+
+    devs: Tuple[Tuple[str, int, int], ...]
+    pg: str
+    issued: int
+    usual: int
+    others: int
+    names: Tuple[Tuple[str, str], ...] = ()  # pg -> its newest collective's profiling name
+
+
+def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Fact]:
     """Ranks that issued fewer collectives in a group than most of the group's ranks did."""
     counts: Dict[str, Dict[int, int]] = defaultdict(dict)  # pg -> rank index -> last enqueued
     names: Dict[str, str] = {}
@@ -142,20 +155,14 @@ def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
         rs = sort_ranks(ranks[i] for i in members)
         pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
-        title = (f"{short(rs)} {'is' if len(rs) == 1 else 'are'} behind in process group {clean(pg, 40)}: last "
-                 f"collective issued #{issued} where {count_phrase(others, 'other')} "
-                 f"{'is' if others == 1 else 'are'} at #{theirs}")
-        parts = [f"{'behind' if v < u else 'ahead'} in pg {clean(p, 40)}: #{v} vs #{u}"
-                 + (f" ({clean(names[p], 60)})" if p in names else "") for p, v, u in devs]
-        detail = ("Flight recorder: " + "; ".join(parts) + ". A rank behind in a group has not issued the "
-                  "collective the others of the group wait in")
         conf: Confidence
         if len(rs) == others:
-            conf, reason = "low", "as many ranks are behind as ahead: either side may be the odd one"
+            conf = "low"
         elif len(rs) * 3 <= others:
-            conf, reason = "high", "the recorder's own sequence numbers put these few ranks behind the rest"
+            conf = "high"
         else:
-            conf, reason = "medium", "the recorder's sequence numbers differ between groups of similar size"
-        out.append(Finding("collective_lag", title, detail + ".", conf, reason, keys_of(rs), describe(rs),
-                           fold_nodes(r.node for r in rs)))
+            conf = "medium"
+        out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)), conf,
+                        FlightEvidence(devs, pg, issued, theirs, others,
+                                       tuple((p, names[p]) for p, _, _ in devs if p in names))))
     return out

@@ -9,12 +9,11 @@ long before the snapshot is said to be old, [low]; without samples over time the
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, fold_nodes, short_keys
-from app.analysis.frames import clean
+from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
+from app.analysis.fold import RankKey
 from app.model import GpuHealth, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, Snapshot
 from app.model import bus_key
 
@@ -62,19 +61,6 @@ def _kind(xid: int) -> str:
     return XIDS.get(xid, ("", "hw"))[1]
 
 
-def _ago(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "at an unknown time"
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f} s before the snapshot"
-    if s < 7200:
-        return f"{s / 60:.0f} min before the snapshot"
-    if s < 172800:
-        return f"{s / 3600:.0f} h before the snapshot"
-    return f"{s / 86400:.0f} days before the snapshot"
-
-
 def _gpu_of(ev: NodeGpuEvidence, bus: str) -> Optional[GpuHealth]:
     key = bus_key(bus)
     return next((g for g in ev.gpus if bus_key(g.bus_id) == key), None)
@@ -102,60 +88,52 @@ def _ranks_on_gpu(node: str, ranks: Sequence[RankSnapshot], gpu: Optional[GpuHea
     return here, "node"
 
 
-def _who(rs: Sequence[RankSnapshot]) -> str:
-    keys = tuple((r.node, r.pid) for r in rs)
-    return short_keys(keys, tuple(r.rank for r in rs)) if rs else "no rank"
+Level = Literal["moving", "one_sample", "stuck"]
 
 
-def _ecc_text(g: Optional[GpuHealth]) -> str:
-    if g is None:
-        return ""
-    parts = []
-    if g.ecc_uncorrected_volatile:
-        parts.append(f"{g.ecc_uncorrected_volatile} uncorrectable ECC errors since the driver loaded")
-    if g.remap_failure:
-        parts.append("a row remap failed")
-    if g.remap_pending:
-        parts.append("a row remap waits for a GPU reset")
-    if g.retired_pending:
-        parts.append("a page waits to be retired")
-    return ", ".join(parts)
-
-
-def _action(xid_kind: str, node: str, gpu: Optional[GpuHealth]) -> str:
-    index = f" -i {gpu.index}" if gpu is not None and gpu.index is not None else ""
-    if xid_kind == "app":
-        return (f"the program faulted on that GPU and its CUDA context is lost: restart the job; rerun with "
-                f"CUDA_LAUNCH_BLOCKING=1 or compute-sanitizer to find the bad access; if it recurs on {node} only, "
-                f"test that GPU (hangscope --test pairs)")
-    return (f"take {node} out of the job (drain it in the scheduler, e.g. `scontrol update NodeName={node} "
-            f"State=DRAIN Reason=Xid`), restart the job on other nodes; `nvidia-smi -r{index}` on {node} only "
-            f"once nothing runs on it, then check the GPU with `hangscope --test pairs` (node-pair tests) or "
-            f"`dcgmi diag -r 3` before it takes jobs again")
-
-
-def _level(stuck: Optional[bool], strong: bool) -> Tuple[Confidence, bool, str]:
+def _level(stuck: Optional[bool], strong: bool) -> Tuple[Confidence, bool, Level]:
     """(confidence, culprit, why) from whether the samples show the job stuck (None: one sample only)."""
     if stuck is False:
-        return "low", False, "the job progresses between samples: this GPU evidence has not stopped it"
+        return "low", False, "moving"
     if stuck is None:
-        return ("medium" if strong else "low"), True, "one sample only: whether the job is stuck is not known"
-    return ("high" if strong else "medium"), True, "the samples show the job stuck"
+        return ("medium" if strong else "low"), True, "one_sample"
+    return ("high" if strong else "medium"), True, "stuck"
 
 
-def gpu_findings(snapshot: Snapshot, findings: Sequence[Finding], history: Sequence[Snapshot]) -> List[Finding]:
-    """Findings from every node's GPU evidence and NCCL RAS, for the ranks of this (one job's) snapshot."""
+@dataclass(frozen=True)
+class GpuEvidence(Evidence):
+    """One node's GPU-side evidence: a fresh Xid (the worst per GPU), older Xids, an nvidia-smi that did not
+    answer, or ECC and row-remap counters."""
+
+    what: Literal["xid", "old_xid", "smi", "ecc"]
+    node: str
+    level: Level
+    gpu: Optional[GpuHealth] = None
+    xid: Optional[GpuXid] = None
+    codes: Tuple[int, ...] = ()  # the other Xid codes on this GPU (xid), or every old code (old_xid)
+    source: str = ""  # where the kernel log was read
+    how: str = ""  # how the ranks on that GPU are known ("node": not known)
+    ranks: Tuple[RankSnapshot, ...] = ()  # the ranks there
+    timeout: float = 0.0  # smi: its deadline
+    smi_stuck: bool = False  # smi: it did not even end when killed
+    all_nodes: bool = False  # smi: it hangs on every node
+
+    @property
+    def mapped(self) -> bool:
+        return self.how != "node"
+
+
+def gpu_facts(snapshot: Snapshot, stuck: Optional[bool], history: Sequence[Snapshot]) -> List[Fact]:
+    """Facts from every node's GPU evidence and NCCL RAS, for the ranks of this (one job's) snapshot. `stuck`:
+    whether the samples show the job stuck (None: one sample)."""
     nodes = [n for n in snapshot.nodes if n.gpu is not None]
     if not nodes:
         return []
-    stuck: Optional[bool] = None
-    if history:
-        stuck = not any(f.kind == "progressing" for f in findings)
     ranks = snapshot.ranks
     by_pid: Dict[Tuple[str, int], RankSnapshot] = {(r.node, r.pid): r for r in ranks}
     comms = _ras_comms(nodes)
     ras_gpu = _ras_gpus(comms, nodes, ranks)
-    out: List[Finding] = []
+    out: List[Fact] = []
     hung_smi = [n for n in nodes if n.gpu is not None and n.gpu.smi == "timeout"]
     for node in nodes:
         ev = node.gpu
@@ -163,37 +141,21 @@ def gpu_findings(snapshot: Snapshot, findings: Sequence[Finding], history: Seque
         here = [r for r in ranks if r.node == node.name]
         if not here:
             continue
-        out += _xid_findings(node, ev, ranks, ras_gpu, stuck)
+        out += _xid_facts(node, ev, ranks, ras_gpu, stuck)
         if ev.smi == "timeout":
-            out.append(_smi_finding(node, ev, here, stuck, all_nodes=len(hung_smi) == len(nodes) > 1))
-        out += _ecc_findings(node, ev, ranks, ras_gpu, stuck)
-    out += _ras_findings(comms, nodes, ranks, by_pid, stuck, _previous_comms(history))
-    return [_against(f, findings) for f in out]
+            out.append(_smi_fact(node, ev, here, stuck, all_nodes=len(hung_smi) == len(nodes) > 1))
+        out += _ecc_facts(node, ev, ranks, ras_gpu, stuck)
+    out += _ras_facts(comms, nodes, ranks, by_pid, stuck, _previous_comms(history))
+    return out
 
 
-def _against(g: Finding, findings: Sequence[Finding]) -> Finding:
-    """A GPU culprit finding weighed against the surest other culprits (stacks, process state, locks): agreeing
-    evidence is said; a [high] one that names other ranks than theirs drops to [medium] (a finding another piece
-    of evidence contradicts is never [high])."""
-    if not g.culprit or not g.ranks:
-        return g
-    mine = set(g.ranks)
-    others = [f for f in findings if f.culprit and f.confidence == "high" and f.ranks
-              and f.kind not in ("gpu_fault", "nccl_ras", "progressing")]
-    if not others:
-        return g
-    if any(mine & set(f.ranks) for f in others):
-        return replace(g, reason=g.reason + "; the stacks or process states single out the same rank")
-    if g.confidence != "high":
-        return g
-    who = others[0].ranks_label or others[0].title
-    return replace(g, confidence="medium",
-                   reason=g.reason + f"; but other evidence singles out {clean(who, 80)}, not these ranks")
+def _rank_who(rs: Sequence[RankSnapshot]) -> Who:
+    return ranks_who(tuple((r.node, r.pid) for r in rs), tuple(r.rank for r in rs))
 
 
-def _xid_findings(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSnapshot],
-                  ras_gpu: Dict[RankKey, int], stuck: Optional[bool]) -> List[Finding]:
-    out: List[Finding] = []
+def _xid_facts(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSnapshot],
+               ras_gpu: Dict[RankKey, int], stuck: Optional[bool]) -> List[Fact]:
+    out: List[Fact] = []
     fresh = [x for x in ev.xids if x.age_s is not None and x.age_s <= FRESH_S]
     old = [x for x in ev.xids if x not in fresh]
     worst: Dict[str, GpuXid] = {}  # per GPU, the most severe fresh Xid (the newest among equals)
@@ -206,81 +168,53 @@ def _xid_findings(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSna
         gpu = _gpu_of(ev, x.bus_id)
         on, how = _ranks_on_gpu(node.name, ranks, gpu, ras_gpu)
         kind = _kind(x.xid)
-        codes = sorted({y.xid for y in fresh if bus_key(y.bus_id) == key})
-        gpu_name = f"GPU {gpu.index} ({x.bus_id})" if gpu is not None and gpu.index is not None else f"GPU {x.bus_id}"
-        who = _who(on)
-        mapped = how != "node"
-        title = (f"{who} on {node.name}: its {gpu_name} reported Xid {x.xid}, {meaning(x.xid)}, {_ago(x.age_s)}"
-                 if mapped else
-                 f"{node.name}'s {gpu_name} reported Xid {x.xid}, {meaning(x.xid)}, {_ago(x.age_s)}; "
-                 f"ranks there: {who}")
-        level, culprit, why = _level(stuck, strong=kind != "info" and mapped)
+        codes = tuple(sorted({y.xid for y in fresh if bus_key(y.bus_id) == key} - {x.xid}))
+        level, culprit, why = _level(stuck, strong=kind != "info" and how != "node")
         if kind == "info" and level != "low":
             level = "low"
-        if stuck and culprit:
-            title += "; the other ranks wait for it"
-        others = [c for c in codes if c != x.xid]
-        detail = (f"kernel log ({ev.xid_source or 'unknown source'}): Xid {x.xid} {clean(x.text, 200)}"
-                  + (f"; also Xid {', '.join(map(str, others))} on this GPU" if others else "")
-                  + (f"; {_ecc_text(gpu)}" if _ecc_text(gpu) else "")
-                  + (f"; which ranks use the GPU: {how}" if mapped else "; which rank uses it is not known")
-                  + f". What to do: {_action(kind, node.name, gpu)}.")
-        reason = f"Xid {x.xid} ({kind} fault) {_ago(x.age_s)}; {why}"
-        out.append(Finding("gpu_fault", title, detail, level, reason, tuple((r.node, r.pid) for r in on), who,
-                           node.name, culprit=culprit))
+        who = _rank_who(on)
+        out.append(Fact("gpu_fault", Who(who.keys, who.numbers, (node.name,)), level,
+                        GpuEvidence("xid", node.name, why, gpu, x, codes, ev.xid_source, how, tuple(on)),
+                        culprit=culprit))
     if old:
         newest = max(old, key=lambda y: (y.at or 0))
-        codes = sorted({y.xid for y in old})
-        out.append(Finding(
-            "gpu_fault", f"older Xid errors on {node.name} (Xid {', '.join(map(str, codes))}; the newest "
-                         f"{_ago(newest.age_s)}): they predate the hang and likely did not cause it",
-            f"newest: Xid {newest.xid} ({meaning(newest.xid)}) on {newest.bus_id}: {clean(newest.text, 200)}. Worth a "
-            f"look if they repeat: `nvidia-smi -q -d ECC,ROW_REMAPPER` on {node.name}",
-            "low", f"more than {FRESH_S / 3600:.0f} h before the snapshot, or at a time the log does not give",
-            (), "", node.name, culprit=False))
+        codes = tuple(sorted({y.xid for y in old}))
+        out.append(Fact("gpu_fault", Who(nodes=(node.name,)), "low",
+                        GpuEvidence("old_xid", node.name, "one_sample", xid=newest, codes=codes), culprit=False))
     return out
 
 
-def _smi_finding(node: NodeStatus, ev: NodeGpuEvidence, here: Sequence[RankSnapshot], stuck: Optional[bool],
-                 all_nodes: bool) -> Finding:
+def _smi_fact(node: NodeStatus, ev: NodeGpuEvidence, here: Sequence[RankSnapshot], stuck: Optional[bool],
+              all_nodes: bool) -> Fact:
     level, culprit, why = _level(stuck, strong=not all_nodes)
-    who = _who(here)
-    t = f"{ev.smi_timeout:g} s" if ev.smi_timeout else "its deadline"
-    title = f"nvidia-smi on {node.name} did not answer within {t}" + (
-        " and did not even end when killed (stuck in the NVIDIA driver)" if ev.smi_stuck else "") + \
-        f": a GPU or the driver there is hung; ranks there: {who}"
-    detail = (f"nvidia-smi answers in well under a second on a healthy node; a GPU that fell off the bus (Xid 79), "
-              f"a GPU firmware timeout (Xid 119/120) or a hung driver makes it wait, and the ranks' CUDA calls on "
-              f"that node wait the same way. What to do: look at `dmesg -T | grep -i xid` on {node.name}, drain it, "
-              f"and reset the GPUs (`nvidia-smi -r`) or reboot it only when nothing runs there")
-    reason = why + ("; but nvidia-smi hangs on every node: the cause is likely common to them (driver, "
-                    "a fabric manager), not one node" if all_nodes else "")
-    return Finding("gpu_fault", title, detail, level, reason, tuple((r.node, r.pid) for r in here), who,
-                   node.name, culprit=culprit)
+    who = _rank_who(here)
+    return Fact("gpu_fault", Who(who.keys, who.numbers, (node.name,)), level,
+                GpuEvidence("smi", node.name, why, ranks=tuple(here), timeout=ev.smi_timeout, smi_stuck=ev.smi_stuck,
+                            all_nodes=all_nodes), culprit=culprit)
 
 
-def _ecc_findings(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSnapshot], ras_gpu: Dict[RankKey, int],
-                  stuck: Optional[bool]) -> List[Finding]:
-    out: List[Finding] = []
+def _ecc_facts(node: NodeStatus, ev: NodeGpuEvidence, ranks: Sequence[RankSnapshot], ras_gpu: Dict[RankKey, int],
+               stuck: Optional[bool]) -> List[Fact]:
+    out: List[Fact] = []
     fresh_bus = {bus_key(x.bus_id) for x in ev.xids if x.age_s is not None and x.age_s <= FRESH_S}
     for g in ev.gpus:
-        text = _ecc_text(g)
-        if not text or bus_key(g.bus_id) in fresh_bus:  # said with the Xid already
+        if not ecc_problem(g) or bus_key(g.bus_id) in fresh_bus:  # said with the Xid already
             continue
         on, how = _ranks_on_gpu(node.name, ranks, g, ras_gpu)
         mapped = how != "node"
         level, culprit, why = _level(stuck, strong=False)
         if not (g.ecc_uncorrected_volatile or g.remap_failure):
             level, culprit = "low", False  # a pending remap or retirement alone does not stop a job
-        title = f"{node.name}'s GPU {g.index} ({g.bus_id}) has {text}" + (f"; {_who(on)} run on it" if mapped else "")
-        out.append(Finding("gpu_fault", title,
-                           f"counters from nvidia-smi; a pending remap or retirement applies at the next GPU reset. "
-                           f"What to do: `nvidia-smi -q -d ECC,ROW_REMAPPER -i {g.index}` on {node.name}; with "
-                           f"uncorrectable errors or a failed remap, drain the node and test the GPU",
-                           level, f"ECC counters, no fresh Xid with them; {why}",
-                           tuple((r.node, r.pid) for r in on) if mapped else (), _who(on) if mapped else "",
-                           node.name, culprit=culprit))
+        who = _rank_who(on) if mapped else Who()
+        out.append(Fact("gpu_fault", Who(who.keys, who.numbers, (node.name,)), level,
+                        GpuEvidence("ecc", node.name, why, g, how=how, ranks=tuple(on) if mapped else ()),
+                        culprit=culprit))
     return out
+
+
+def ecc_problem(g: Optional[GpuHealth]) -> bool:
+    return g is not None and bool(g.ecc_uncorrected_volatile or g.remap_failure or g.remap_pending or
+                                  g.retired_pending)
 
 
 # -- NCCL RAS -----------------------------------------------------------------------------------------------------
@@ -353,10 +287,29 @@ def _count_groups(c: RasComm) -> List[Tuple[str, Dict[int, List[int]]]]:
     return [(t, by) for t, by in per.items() if len(by) > 1]
 
 
-def _ras_findings(comms: Sequence[RasComm], nodes: Sequence[NodeStatus], ranks: Sequence[RankSnapshot],
-                  by_pid: Dict[Tuple[str, int], RankSnapshot], stuck: Optional[bool],
-                  previous: Dict[str, RasComm]) -> List[Finding]:
-    out: List[Finding] = []
+@dataclass(frozen=True)
+class RasEvidence(Evidence):
+    """NCCL RAS's view of one communicator: ranks that did not answer, or operation counts that differ."""
+
+    what: Literal["missing", "counts"]
+    comm: str  # the communicator's hash
+    level: Level
+    named: Tuple[Tuple[str, Optional[int], str, Optional[int], bool], ...] = ()  # missing: (label, pid, host, gpu, dead)
+    subject: Tuple[int, ...] = ()  # counts: the communicator ranks singled out
+    collective: str = ""
+    low: int = 0
+    high: int = 0
+    behind: int = 0  # how many ranks are at the low count
+    total: int = 0
+    ahead: bool = False  # the few are ahead (most are behind)
+    moved: bool = False  # the counts moved since the previous sample
+    unmoved: bool = False  # ... or did not (a previous sample exists)
+
+
+def _ras_facts(comms: Sequence[RasComm], nodes: Sequence[NodeStatus], ranks: Sequence[RankSnapshot],
+               by_pid: Dict[Tuple[str, int], RankSnapshot], stuck: Optional[bool],
+               previous: Dict[str, RasComm]) -> List[Fact]:
+    out: List[Fact] = []
     for c in comms:
         rank_of = {rr.rank: rr for rr in c.ranks}
         if any(rr.pid is not None for rr in c.ranks) and \
@@ -368,87 +321,41 @@ def _ras_findings(comms: Sequence[RasComm], nodes: Sequence[NodeStatus], ranks: 
             for m in c.missing[:32]:
                 rr = rank_of.get(m)
                 r = _match(rr.host, rr.pid, nodes, ranks) if rr is not None else None
-                state = "considered dead" if rr is not None and rr.dead else "unresponsive"
-                where = f" (process {rr.pid} on {clean(rr.host, 60)}, GPU {rr.gpu})" if rr is not None and rr.pid else ""
-                named.append(f"{r.label if r is not None else f'communicator rank {m}'}{where}: {state}")
+                label = r.label if r is not None else f"communicator rank {m}"
+                named.append((label, rr.pid if rr is not None else None, rr.host if rr is not None else "",
+                              rr.gpu if rr is not None else None, bool(rr is not None and rr.dead)))
                 if r is not None:
                     keys.append((r.node, r.pid))
             level, culprit, why = _level(stuck, strong=True)
-            who = short_keys(tuple(keys), tuple(by_pid[k].rank for k in keys)) if keys else \
-                f"communicator rank{'s' if len(c.missing) > 1 else ''} {', '.join(map(str, c.missing[:8]))}"
-            out.append(Finding(
-                "nccl_ras", f"NCCL RAS: {who} did not answer for communicator {clean(c.hash, 40)}: "
-                            f"{'its' if len(c.missing) == 1 else 'their'} process is unresponsive; the other ranks wait",
-                "; ".join(named) + ". RAS's threads run beside NCCL's in every process: a rank that does not answer "
-                "them is stopped, hung hard (a GPU or driver call that never returns) or gone. What to do: look at "
-                "that rank's node first (its stack here, `dmesg | grep -i xid` there)",
-                level, f"RAS could not reach the rank; {why}", tuple(keys), who,
-                fold_nodes(k[0] for k in keys), culprit=culprit))
+            who = ranks_who(tuple(keys), tuple(by_pid[k].rank for k in keys)) if keys else \
+                Who(numbers=tuple(c.missing[:8]))
+            out.append(Fact("nccl_ras", who, level, RasEvidence("missing", c.hash, why, tuple(named),
+                                                                 subject=tuple(c.missing[:8])), culprit=culprit))
         for col, by in _count_groups(c):
             counts = sorted(by)
             low, high = counts[0], counts[-1]
             behind = [x for x in by[low] if x >= 0]
             total = sum(len(v) for v in by.values())
-            if len(by[low]) * 2 > total:  # most ranks are behind: the few ahead are the odd ones
-                ahead = [x for v in counts[1:] for x in by[v] if x >= 0]
-                subject, verb = ahead, f"launched more {col or 'collective'} operations ({high}) than the {len(by[low])} others ({low})"
-            else:
-                subject, verb = behind, f"launched only {low} {col or 'collective'} operations; {total - len(by[low])} others are at {high}"
+            ahead = len(by[low]) * 2 > total  # most ranks are behind: the few ahead are the odd ones
+            subject = [x for v in counts[1:] for x in by[v] if x >= 0] if ahead else behind
             keys = []
             for x in subject:
                 rr = rank_of.get(x)
                 r = _match(rr.host, rr.pid, nodes, ranks) if rr is not None else None
                 if r is not None:
                     keys.append((r.node, r.pid))
-            who = short_keys(tuple(keys), tuple(by_pid[k].rank for k in keys)) if keys and len(keys) == len(subject) \
-                else f"communicator rank{'s' if len(subject) != 1 else ''} {', '.join(map(str, subject[:8]))}"
             prev = previous.get(c.hash)
             moved = prev is not None and _count_groups(prev) != _count_groups(c)
             if moved:
-                level, culprit, why = "low", False, "the counts moved since the previous sample: RAS saw a busy job"
+                level, culprit, why = "low", False, "moving"
             elif prev is not None:
                 level, culprit, why = _level(stuck, strong=True)
-                why += "; the counts did not move since the previous sample"
             else:
                 level, culprit, why = _level(stuck, strong=False)
-            out.append(Finding(
-                "nccl_ras", f"NCCL RAS: {who} {verb} in communicator {clean(c.hash, 40)}",
-                "RAS counts the collectives each rank launched: the ranks behind have not issued the operation the "
-                "others wait in (they are elsewhere: their stacks say where). Counts that differ on a busy job are "
-                "normal (NCCL outpaces RAS); counts that stay put across queries mean the communicator is stuck",
-                level, why, tuple(keys), who, fold_nodes(k[0] for k in keys), culprit=culprit))
-    return out
-
-
-def evidence_lines(node: NodeStatus) -> List[str]:
-    """The node's GPU evidence in a few plain lines (reports, --print, the TUI's node panel)."""
-    ev = node.gpu
-    if ev is None:
-        return []
-    out = []
-    if ev.smi == "timeout":
-        out.append(f"nvidia-smi: did not answer within {ev.smi_timeout:g} s"
-                   + (" (stuck in the driver even after SIGKILL)" if ev.smi_stuck else ""))
-    elif ev.smi == "ok":
-        bad = [g for g in ev.gpus if _ecc_text(g)]
-        out.append(f"nvidia-smi: {len(ev.gpus)} GPU(s)" + (
-            "; " + "; ".join(f"GPU {g.index}: {_ecc_text(g)}" for g in bad) if bad else ", no ECC/remap trouble"))
-    elif ev.smi == "missing":
-        out.append("nvidia-smi: not found on this node")
-    elif ev.smi:
-        out.append(f"nvidia-smi: {ev.smi}" + (f" ({clean(ev.smi_error, 120)})" if ev.smi_error else ""))
-    if ev.xids:
-        for x in ev.xids[-5:]:
-            out.append(f"Xid {x.xid} on {x.bus_id} {_ago(x.age_s)}: {meaning(x.xid)}")
-    else:
-        out.append(f"no Xid lines ({ev.xid_source or 'no kernel log readable'})")
-    ras = ev.ras
-    if ras is not None and ras.status not in ("", "skipped"):
-        if ras.status == "ok":
-            missing = sum(len(c.missing) for c in ras.comms)
-            out.append(f"NCCL RAS ({ras.via}, {ras.format}{', NCCL ' + clean(ras.nccl_version, 20) if ras.nccl_version else ''}): "
-                       f"{len(ras.comms)} communicator(s), {missing} missing rank(s)"
-                       + (f", {ras.timeouts} timeout(s)" if ras.timeouts else ""))
-        else:
-            out.append(f"NCCL RAS: {ras.status}" + (f" ({clean(ras.error, 120)})" if ras.error else ""))
+            who = ranks_who(tuple(keys), tuple(by_pid[k].rank for k in keys)) if keys and len(keys) == len(subject) \
+                else Who(numbers=tuple(subject[:8]))
+            out.append(Fact("nccl_ras", Who(who.keys, who.numbers, tuple(dict.fromkeys(k[0] for k in keys))), level,
+                            RasEvidence("counts", c.hash, why, subject=tuple(subject[:8]), collective=col, low=low,
+                                        high=high, behind=len(by[low]), total=total, ahead=ahead, moved=moved,
+                                        unmoved=prev is not None and not moved), culprit=culprit))
     return out

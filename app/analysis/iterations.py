@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.coordinates import meaningful
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, brief, describe_keys, fold_nodes, label_parts
+from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
+from app.analysis.fold import RankKey, label_parts
 from app.analysis.frames import clean
 from app.analysis.tree import Grouping, StackClass
 from app.model import Frame, LoopInfo, RankSnapshot
@@ -137,8 +137,40 @@ def _is_int(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v.strip()))
 
 
-def iteration_findings(split: IterationSplit,
-                       ranks: Optional[Dict[RankKey, RankSnapshot]] = None) -> List[Finding]:
+@dataclass(frozen=True)
+class IterationEvidence(Evidence):
+    """A group of ranks on the majority's stack in another loop iteration (or, `many`, a class spread over many)."""
+
+    split: IterationSplit
+    group: Optional[IterationGroup]  # None: "many"
+    major: IterationGroup
+    name: Optional[str] = None  # the outermost loop variable whose value differs
+    mine: str = ""
+    theirs: str = ""
+    frame: Optional[Frame] = None  # the frame of that variable's loop
+    order: Optional[Tuple[str, str, str]] = None  # (sequence, its repr here, there): the same elements reordered
+    many: bool = False
+    collective: Optional[str] = None  # the collective the class waits in (every one of its ranks: one path)
+
+    @property
+    def delta(self) -> Optional[int]:
+        """How many iterations ahead (positive) or behind, when both values are integers."""
+        if self.name is not None and _is_int(self.mine) and _is_int(self.theirs):
+            return int(self.mine) - int(self.theirs)
+        return None
+
+
+@dataclass(frozen=True)
+class NoLocalsEvidence(Evidence):
+    """Loops on the dominant class's path but no loop variable values."""
+
+    split: IterationSplit
+    collected: bool  # locals were asked for (then they were not readable)
+    label: str  # the class's label, for display
+
+
+def iteration_facts(split: IterationSplit, ranks: Optional[Dict[RankKey, RankSnapshot]] = None,
+                    collective: Optional[str] = None) -> List[Fact]:
     """Which ranks are ahead or behind the majority, and by how much; with `ranks` (by key), whether they
     iterate the same sequence in another order (a set or dict whose order differs between processes)."""
     if not split.split:
@@ -149,56 +181,25 @@ def iteration_findings(split: IterationSplit,
     if len(minors) > MAX_GROUP_FINDINGS:
         keys = tuple(k for g in minors for k in g.ranks)
         numbers = tuple(n for g in minors for n in g.numbers)
-        spread = "; ".join(f"{_show(g.coordinate, split.varying)}: {g.who}"
-                           for g in split.groups[:10])
-        return [Finding("iteration_split", f"ranks on one stack are spread over {len(split.groups)} iterations",
-                        spread + ("; ..." if len(split.groups) > 10 else ""), "low",
-                        "many iterations at once: the ranks may still be moving, not hung",
-                        keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys),
-                        class_index=split.class_index)]
+        return [Fact("iteration_split", ranks_who(keys, numbers), "low",
+                     IterationEvidence(split, None, major, many=True, collective=collective),
+                     class_index=split.class_index)]
     out = []
     for g in minors:
-        who = brief(g.who, len(g.ranks))
-        verb = "is" if len(g.ranks) == 1 else "are"
         name, mine, theirs, frame = _first_difference(split, g.coordinate, major.coordinate)
-        at = _loop_place(frame, name) if frame is not None else ""
-        if name is None:
-            title = f"{who} {verb} in another iteration than {others} others ({_show(g.coordinate, ())})"
-        elif _is_int(mine) and _is_int(theirs):
-            delta = int(mine) - int(theirs)
-            steps = f"{abs(delta)} iteration{'s' if abs(delta) != 1 else ''}"
-            title = (f"{who} {verb} {steps} {'ahead' if delta > 0 else 'behind'} "
-                     f"({name}={clean(mine, _MAX_VALUE)} vs {clean(theirs, _MAX_VALUE)}){at}")
-        else:
-            title = (f"{who} {'has' if len(g.ranks) == 1 else 'have'} {name}={clean(mine, _MAX_VALUE)} where "
-                     f"{others} others have {name}={clean(theirs, _MAX_VALUE)}{at}")
-        detail = (f"same stack as {major.label}, another loop iteration: {split.text()}. Collectives are matched "
-                  "by order, so a rank one iteration off pairs its collective with the wrong one of the others")
         order = _order_differs(frame, name, g, major, ranks) if name is not None and frame is not None else None
         conf: Confidence
         if order is not None:
-            seq, mine_seq, theirs_seq = order
-            title = (f"{who} iterate{'s' if len(g.ranks) == 1 else ''} `{seq}` in another order than {others} "
-                     f"others: {name}={clean(mine, _MAX_VALUE)} where they have {name}={clean(theirs, _MAX_VALUE)}"
-                     f"{at}")
-            detail = (f"same stack as {major.label}, but the iteration order differs: `{seq}` is "
-                      f"{clean(mine_seq, 160)} on {g.who} and {clean(theirs_seq, 160)} on {major.who}, the same "
-                      "elements in another order. Each rank issues one collective per element, in its own order, so "
-                      "they wait in different collectives and none completes. Iterate in one order on every rank "
-                      "(sorted(), not a set's or a dict's order, which can differ between processes)")
-            if len(g.ranks) * 3 <= others:
-                conf, reason = "high", "identical stacks; the sequence the loop runs over holds the same elements " \
-                                       "in another order on these ranks"
-            else:
-                conf, reason = "medium", "the sequence's order differs, but the groups are close in size"
+            conf = "high" if len(g.ranks) * 3 <= others else "medium"
         elif len(g.ranks) == others:
-            conf, reason = "low", "the groups are the same size: either may be the odd one"
+            conf = "low"
         elif name is not None and _is_int(mine) and _is_int(theirs) and len(g.ranks) * 3 <= others:
-            conf, reason = "high", "identical stacks, and a loop counter puts these few ranks in another iteration"
+            conf = "high"
         else:
-            conf, reason = "medium", "identical stacks, but the loop values differ in a way that is hard to rank"
-        out.append(Finding("iteration_split", title, detail + ".", conf, reason, g.ranks, g.label,
-                           g.nodes, class_index=split.class_index))
+            conf = "medium"
+        out.append(Fact("iteration_split", ranks_who(g.ranks, g.numbers), conf,
+                        IterationEvidence(split, g, major, name, mine, theirs, frame, order, collective=collective),
+                        class_index=split.class_index))
     return out
 
 
@@ -269,37 +270,11 @@ def _loop_of(frame: Frame, name: str) -> Optional[LoopInfo]:
     return None
 
 
-def _loop_place(frame: Frame, name: Optional[str]) -> str:
-    """` at train.py:57 `for step, batch in enumerate(loader)`` (the loop header), or the frame's place."""
-    loop = _loop_of(frame, name) if name else None
-    short = clean(frame.filename.rsplit("/", 1)[-1] or "?", 80)
-    if loop is None:
-        return f" at {short}:{frame.line}"
-    return f" at {short}:{loop.line} `{clean(loop.header.strip().rstrip(':'), 100)}`"
+def loop_of(frame: Frame, name: str) -> Optional[LoopInfo]:
+    return _loop_of(frame, name)
 
 
-def locals_missing_finding(split: IterationSplit, locals_collected: bool, label: str) -> Finding:
+def locals_missing_fact(split: IterationSplit, locals_collected: bool, label: str) -> Fact:
     """Loops on the path but no values: say how to get them, or, with --locals on, why there are none."""
-    loop_frame = next((f for f in split.loops if f.loops), None)
-    loop = loop_frame.loops[0] if loop_frame is not None else None
-    where = f" (`{clean(loop.header.strip().rstrip(':'), 100)}`)" if loop else ""
-    if locals_collected:
-        detail = f"the path of {label} runs in loops{where}, but no loop variable had a readable value"
-        if loop_frame is not None and loop_frame.function == "<module>":
-            if loop_frame.locals:  # a <module> frame's locals: its globals, read from the rank's memory
-                detail += ("; the loop runs at module level: its globals were read from the rank's memory, but none "
-                           "holds a value that compares across ranks (a number, a short string)")
-            else:
-                detail += ("; the loop runs at module level, where its counters are globals of __main__, which "
-                           "py-spy's --locals does not show: the worker reads them from the rank's memory, and could "
-                           "not here (a rank in a container; a stopped, frozen or D-state process; an interpreter "
-                           "build it cannot read; an older worker); the counters between samples (CPU, socket "
-                           "bytes) tell whether ranks move")
-        return Finding("no_locals", "loop iterations unknown: the loop variables were not readable", detail + ".",
-                       "low", "locals were collected; an iteration difference between ranks cannot show",
-                       culprit=False, class_index=split.class_index)
-    detail = (f"the path of {label} runs in loops{where}; run with --locals to tell loop iterations apart "
-              "(ranks one iteration apart show identical stacks)")
-    return Finding("no_locals", "loop iterations unknown: run with --locals", detail + ".", "high",
-                   "without loop variable values, identical stacks may hide an iteration difference",
-                   culprit=False, class_index=split.class_index)
+    return Fact("no_locals", Who(), "low" if locals_collected else "high",
+                NoLocalsEvidence(split, locals_collected, label), culprit=False, class_index=split.class_index)

@@ -9,21 +9,18 @@ rank's own number by design (`--local_rank`, `--node_rank`, ...) or a redacted v
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Dict, List, Sequence, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import describe_keys, fold_nodes
-from app.analysis.frames import clean
+from app.analysis.facts import Evidence, Fact, ranks_who
 from app.model import RankSnapshot, rank_key
 
 _CMDLINE = attrgetter("cmdline")
 _PER_RANK = re.compile(r"^-*(local[-_]?rank|node[-_]?rank|rank|group[-_]?rank|local[-_]?world[-_]?size|"
                        r"master[-_]?port|rdzv[-_]?id|port|seed|tracker[-_]?fd|pipe[-_]?handle|log[-_]?dir)$", re.I)
-MAX_KEYS = 4  # differing flags named in one finding
 
 
 def flags(cmdline: Sequence[str]) -> Dict[str, str]:
@@ -50,8 +47,18 @@ def _number(text: str) -> bool:
     return True
 
 
-def launch_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
-    """Ranks (a minority) whose flags differ from the majority's, one finding per kind of difference."""
+@dataclass(frozen=True)
+class LaunchEvidence(Evidence):
+    """A group of ranks whose command line sets flags to other values than the majority: (flag, theirs here,
+    the majority's) for each, and how many ranks the job's command lines cover."""
+
+    diff: Tuple[Tuple[str, str, str], ...]
+    total: int
+    few: bool  # a minority (a third or less): a suspect
+
+
+def launch_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
+    """Ranks (a minority) whose flags differ from the majority's, one fact per kind of difference."""
     if len(set(map(_CMDLINE, ranks))) < 2:  # in C: the usual case, one command line for the whole job
         return []
     by_cmdline: Dict[Tuple[str, ...], List[RankSnapshot]] = {}
@@ -84,47 +91,8 @@ def launch_findings(ranks: Sequence[RankSnapshot]) -> List[Finding]:
             groups.setdefault(diff, []).extend(by_cmdline[c])
     out = []
     for diff, members in sorted(groups.items(), key=lambda kv: len(kv[1])):
-        keys_ = tuple(sorted(rank_key(r) for r in members))
-        numbers = tuple(r.rank for r in sorted(members, key=lambda r: rank_key(r)))
-        label = describe_keys(keys_, numbers)
-        shown = ", ".join(f"{clean(k, 60)} {_value(mine)} where the others have {_value(theirs)}"
-                          for k, mine, theirs in diff[:MAX_KEYS])
-        more = f" and {len(diff) - MAX_KEYS} more" if len(diff) > MAX_KEYS else ""
+        ordered = sorted(members, key=rank_key)
         few = len(members) * 3 <= total
-        conf: Confidence = "medium" if few else "low"
-        reason = ("the same job's ranks normally run one command line; these few run another" if few else
-                  "many ranks differ: the launch may set some flags per node on purpose")
-        out.append(Finding("launch_differs", clean(f"{label} run with other flags than the other "
-                                                   f"{total - len(members)} ranks: {shown}{more}", 300),
-                           f"command lines differ in {len(diff)} flag{'s' if len(diff) != 1 else ''}: {shown}{more}. "
-                           "Ranks launched with other training settings (accumulation steps, batch size, model "
-                           "options) issue another number or order of collectives, and the job hangs where they "
-                           "part: launch every node with the same flags.", conf, reason, keys_, label,
-                           fold_nodes(k[0] for k in keys_), culprit=few))
-    return out
-
-
-def _value(v: str) -> str:
-    return "unset" if v == "(not given)" else ("set" if v == "(set)" else f"`{clean(v, 60)}`")
-
-
-def slow_by_flags(findings: Sequence[Finding]) -> List[Finding]:
-    """A slow node whose ranks were launched with other flags than the rest: its slow finding says so, since the
-    flags (more micro steps, a bigger batch) are the likely reason its ranks need more time per step; the other
-    findings are returned as they are."""
-    launched = [f for f in findings if f.kind == "launch_differs" and " ranks: " in f.title]
-    if not launched:
-        return list(findings)
-    out = []
-    for f in findings:
-        match = next((m for m in launched if f.kind == "slow_node" and f.ranks and set(f.ranks) <= set(m.ranks)),
-                     None)
-        if match is None:
-            out.append(f)
-            continue
-        shown = match.title.split(" ranks: ", 1)[1]
-        out.append(dataclasses.replace(
-            f, title=clean(f"{f.title}; its ranks run with other flags than the rest: {shown}", 400),
-            detail=f"{f.detail} Its ranks were launched with other flags than the rest ({shown}): more work per "
-                   "step there is the likely reason; launch every node with the same flags."))
+        out.append(Fact("launch_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)),
+                        "medium" if few else "low", LaunchEvidence(diff, total, few), culprit=few))
     return out

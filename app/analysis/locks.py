@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.frames import clean, is_library, named
+from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
 from app.model import Frame, RankSnapshot, ThreadStack, rank_key
 
 MAX_FINDINGS = 4
@@ -30,12 +29,6 @@ class Wait:
     frame: Frame  # the frame at the `with` header
     key: LockKey
     header: str
-
-
-def _label(t: ThreadStack) -> str:
-    if t.is_main:
-        return "main thread"
-    return f"thread `{clean(t.name, 60)}`" if t.name else f"thread {t.tid}"
 
 
 def _python(frames: Sequence[Frame]) -> List[Frame]:
@@ -130,30 +123,23 @@ def _cycle(edges: List[LockEdge]) -> List[LockEdge]:
     return []
 
 
-def _where(t: ThreadStack) -> str:
-    """Where a thread is, in the job's own code: `save` (job.py:130), in `Event.wait` when it is in a library."""
-    frames = _python(t.frames)
-    if not frames:
-        return f"`{clean(t.frames[0].function, 80)}`" if t.frames else "an unknown place"
-    own = next((f for f in frames if not is_library(f)), None)
-    if own is None or own is frames[0]:
-        return named(frames[0])
-    # the outermost library frame below the job's code names the call it made (Event.wait, Queue.get, ...)
-    calls = frames[:frames.index(own)]
-    return f"{named(own)}, in `{clean(calls[-1].function, 80)}`"
+@dataclass(frozen=True)
+class LockEvidence(Evidence):
+    """Threads of one rank waiting for `with` locks: a cycle (a deadlock), or one waiter and its holder."""
+
+    rank: RankSnapshot
+    cycle: Tuple[LockEdge, ...] = ()  # a deadlock, in order
+    edge: Optional[LockEdge] = None
+    odd: bool = False  # the stacks single this rank out
 
 
-def _who(r: RankSnapshot) -> str:
-    return f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
-
-
-def lock_findings(ranks: Sequence[RankSnapshot], odd: Set[Tuple[str, int]],
-                  candidates: Optional[Sequence[bool]] = None) -> List[Finding]:
+def lock_facts(ranks: Sequence[RankSnapshot], odd: Set[Tuple[str, int]],
+               candidates: Optional[Sequence[bool]] = None) -> List[Fact]:
     """Threads blocked on a lock another thread of their rank holds (and deadlocks). `odd`: (node, pid) of the
     ranks the stacks single out (minority classes): there a lock wait is the likely cause, elsewhere a lead.
     `candidates`: RankSnapshot.enters_with per rank when the caller has read it (columns.Facts): only ranks with
     a thread at a `with` header are looked at, so a snapshot without any costs one pass over a column."""
-    out: List[Finding] = []
+    out: List[Fact] = []
     flags = candidates if candidates is not None else [r.enters_with for r in ranks]
     for r, flag in zip(ranks, flags):
         if not flag:
@@ -162,53 +148,34 @@ def lock_findings(ranks: Sequence[RankSnapshot], odd: Set[Tuple[str, int]],
         if not edges:
             continue
         key = rank_key(r)
+        who = ranks_who((key,), (r.rank,))
         cycle = _cycle(edges)
         if cycle:
-            parts = [f"{_label(e.waiter.thread)} holds `{clean(_held_name(e, cycle), 80)}` and waits for "
-                     f"`{clean(e.waiter.key[1], 80)}` ({e.waiter.frame.location})" for e in cycle]
-            names = " and ".join(_label(e.waiter.thread) for e in cycle)
-            out.append(Finding("lock_wait", clean(f"{_who(r)} is deadlocked: its {names} wait for each other's "
-                                                  "locks", 300),
-                               "; ".join(parts) + ". Neither can go on; the rank never reaches its next collective, "
-                               "so the others wait for it. Fix the lock order (always take them in one order).",
-                               "high", "a cycle of threads each waiting for a lock another holds, from their stacks "
-                               "and source", (key,), _who(r), r.node))
+            out.append(Fact("lock_wait", who, "high", LockEvidence(r, tuple(cycle), odd=key in odd)))
             continue
         for e in edges:
-            w = e.waiter
-            where = f"`{clean(w.header, 120)}` ({w.frame.location})"
             conf: Confidence
             if e.holder is not None:
-                holder_at = _where(e.holder)
-                title = (f"{_who(r)}'s {_label(w.thread)} waits for `{clean(w.key[1], 80)}`, which its "
-                         f"{_label(e.holder)} holds while it is in {holder_at}")
-                detail = (f"{_label(w.thread)} is blocked entering {where}; {_label(e.holder)} is inside a "
-                          f"`with {clean(w.key[1], 80)}:` block and {'waits' if _blocked(e.holder) else 'runs'} in "
-                          f"{holder_at}, so the lock is not released")
-                if key in odd:
-                    detail += "; this is why the rank is not where the others are, and they wait for it"
-                detail += ". Check why that thread does not finish (what it waits for), or do not hold the lock " \
-                          "while waiting."
                 if _blocked(e.holder) and key in odd:
-                    conf, reason = "high", ("the rank the stacks single out is blocked on a lock another of its "
-                                            "threads holds while it waits itself")
+                    conf = "high"
                 elif _blocked(e.holder):
-                    conf, reason = "medium", "a thread waits for a lock another blocked thread holds"
+                    conf = "medium"
                 else:
-                    conf, reason = "low", "the holder is running: it may release the lock soon"
+                    conf = "low"
             else:
-                title = f"{_who(r)}'s {_label(w.thread)} waits to enter {where}, and no thread of it is in that block"
-                detail = ("no stack of the rank is inside a `with " + clean(w.key[1], 80) + ":` block: the lock was "
-                          "taken with acquire() elsewhere, or by a thread that is gone without releasing it.")
-                conf, reason = "low", "the holder is not visible in the stacks"
-            out.append(Finding("lock_wait", clean(title, 300), detail, conf, reason, (key,), _who(r), r.node,
-                               culprit=key in odd or conf != "low"))
+                conf = "low"
+            out.append(Fact("lock_wait", who, conf, LockEvidence(r, edge=e, odd=key in odd),
+                            culprit=key in odd or conf != "low"))
         if len(out) >= MAX_FINDINGS:
             break
     return out[:MAX_FINDINGS]
 
 
-def _held_name(edge: LockEdge, cycle: List[LockEdge]) -> str:
+def blocked(t: ThreadStack) -> bool:
+    return _blocked(t)
+
+
+def held_name(edge: LockEdge, cycle: List[LockEdge]) -> str:
     """In a cycle, what this edge's waiter holds: the lock the previous waiter in the cycle waits for."""
     for other in cycle:
         if other.holder is not None and other.holder.tid == edge.waiter.thread.tid:

@@ -9,14 +9,13 @@ own sockets use locally, NodeStatus.address, and MASTER_ADDR (the node of rank 0
 from __future__ import annotations
 
 import ipaddress
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 from operator import attrgetter
-from statistics import median
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import fold_nodes
+from app.analysis.facts import Confidence, Evidence, Fact, nodes_who
 from app.analysis.frames import clean
 from app.model import RankSnapshot, Snapshot, TcpSocket
 
@@ -127,9 +126,10 @@ def silent_peers(snapshot: Snapshot) -> List[StalledSocket]:
     if len(quiet) < 3:
         return []  # with two peers there is no "far longer than the others"
     freshest = {n: min(s.last_recv_ms or 0 for _, s in pairs) for n, pairs in quiet.items()}
+    ordered = sorted(freshest.values())  # the others' median for each node from one sorted list: linear in nodes
     out = []
     for n, ms in freshest.items():
-        rest = median(v for m, v in freshest.items() if m != n)
+        rest = _median_without(ordered, ms)
         if ms >= SILENT_MS and ms >= 5 * max(rest, 1):
             for r, s in quiet[n]:
                 why = (f"nothing received for {ms / 1000:.0f} s (other peers: {rest / 1000:.0f} s)",)
@@ -137,8 +137,33 @@ def silent_peers(snapshot: Snapshot) -> List[StalledSocket]:
     return out
 
 
+@dataclass(frozen=True)
+class NetworkEvidence(Evidence):
+    """Stalled sockets and the node or link they lead to."""
+
+    stalls: Tuple[StalledSocket, ...]  # retransmitting first
+    shape: Literal["outgoing", "incoming", "involves", "link", "spread"]
+    suspect: Tuple[str, ...]  # the node, or the link's two nodes, or the most involved node
+    top_count: int
+    nodes: Tuple[str, ...]  # every node the stalls touch
+    silent: bool  # no retransmissions, only a peer silent much longer than the others
+    unacked_only: bool  # the evidence is unacknowledged bytes only
+    case: str  # why the strength: silent, same_place, same_stack, one_place, single, spread
+
+
+def _median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of a sorted list with one occurrence of `value` left out, in O(log n)."""
+    i = bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(j: int) -> float:  # the j-th element of the list without position i
+        return ordered[j if j < i else j + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool = False,
-                     sockets: Optional[Sequence[Tuple[TcpSocket, ...]]] = None) -> List[Finding]:
+                     sockets: Optional[Sequence[Tuple[TcpSocket, ...]]] = None) -> List[Fact]:
     """Name the node or link whose sockets stall, with the sockets as evidence. `same_place`: every rank on one
     stack in one iteration; `same_stack`: on one stack, perhaps in different iterations. `sockets`: each
     rank's sockets when the caller has read them already (columns.Facts)."""
@@ -159,46 +184,36 @@ def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool =
     everywhere = [n for n, c in score.items() if c == len(stalls)]
     # retransmitting sockets first: they are the strongest evidence
     stalls.sort(key=lambda s: (-sum(("RTO" in r) + ("retransmission" in r) for r in s.reasons), s.node, s.local))
-    evidence = "; ".join(s.text() for s in stalls[:MAX_EVIDENCE])
-    if len(stalls) > MAX_EVIDENCE:
-        evidence += f"; and {len(stalls) - MAX_EVIDENCE} more"
-    nodes = sorted({s.node for s in stalls} | {s.peer_node for s in stalls if s.peer_node})
+    nodes = tuple(sorted({s.node for s in stalls} | {s.peer_node for s in stalls if s.peer_node}))
+    shape: Literal["outgoing", "incoming", "involves", "link", "spread"]
     if len(everywhere) == 1:
-        suspect = everywhere[0]
-        outgoing = all(s.node == suspect for s in stalls)
-        incoming = all(s.peer_node == suspect for s in stalls)
-        peers = fold_nodes({s.peer_node or host_of(s.peer) for s in stalls} if outgoing else {s.node for s in stalls})
-        if outgoing:
-            title = f"{suspect}'s sockets to {peers} stall: {suspect} (or its link) has lost the network"
-        elif incoming:
-            title = f"sockets on {peers} towards {suspect} stall: {suspect} (or the path to it) does not answer"
+        suspect: Tuple[str, ...] = (everywhere[0],)
+        if all(s.node == everywhere[0] for s in stalls):
+            shape = "outgoing"
+        elif all(s.peer_node == everywhere[0] for s in stalls):
+            shape = "incoming"
         else:
-            title = f"every stalled socket involves {suspect}: {suspect} (or its link) is the problem"
-        named = suspect
+            shape = "involves"
     elif len(everywhere) == 2:
-        a, b = sorted(everywhere)
-        title = f"the link between {a} and {b} stalls"
-        named = f"{a},{b}"
+        suspect, shape = tuple(sorted(everywhere)), "link"
     else:
-        title = f"sockets stall on {fold_nodes(nodes)}; {top} is involved most ({top_n} of {len(stalls)})"
-        named = top
+        suspect, shape = (top,), "spread"
     conf: Confidence
     if silent:
-        conf, reason = "low", "no retransmissions, only a peer that has been silent much longer than the others"
+        conf, case = "low", "silent"
     elif same_place and len(everywhere) in (1, 2) and len(stalls) >= 2:
-        conf, reason = "high", "every rank waits at the same place and the stalled sockets all lead to one place"
+        conf, case = "high", "same_place"
     elif same_stack and len(everywhere) == 1 and len(stalls) >= 2 and all(map(_retransmitting, stalls)):
         # A node cut off in the middle of a ring all_reduce leaves the ranks that got their data one step ahead
         # on the same line: the iterations differ, but sockets that all retransmit towards one node name it.
-        conf, reason = "high", ("every rank waits on the same line, and every stalled socket retransmits towards "
-                                "one node")
+        conf, case = "high", "same_stack"
     elif len(everywhere) in (1, 2):
-        conf, reason = "medium", ("the stalled sockets lead to one place" if len(stalls) >= 2 else
-                                  "a single stalled socket")
+        conf, case = "medium", ("one_place" if len(stalls) >= 2 else "single")
     else:
-        conf, reason = "low", "stalls are spread over several nodes"
-    if all(not any(r.startswith(("RTO", "still")) or "retransmission" in r for r in s.reasons) for s in stalls):
+        conf, case = "low", "spread"
+    unacked_only = all(not any(r.startswith(("RTO", "still")) or "retransmission" in r for r in s.reasons)
+                       for s in stalls)
+    if unacked_only:
         conf = "low" if conf != "high" else "medium"
-        reason += "; the evidence is unacknowledged bytes only"
-    return [Finding("network_stall", clean(title, 300), f"evidence: {evidence}.", conf, reason, (), "",
-                    fold_nodes(named.split(",")) if "," in named else named)]
+    return [Fact("network_stall", nodes_who(suspect), conf,
+                 NetworkEvidence(tuple(stalls), shape, suspect, top_n, nodes, silent, unacked_only, case))]

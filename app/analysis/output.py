@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from app.analysis.findings import Finding
+from app.analysis.culprit import Culprit
 from app.analysis.fold import describe
 from app.model import ErrorOutput, RankKey, RankSnapshot, Snapshot, rank_key
 
@@ -26,9 +26,9 @@ class OutputBlock:
     blamed: bool  # one of the ranks is a culprit of the analysis
 
 
-def blamed_ranks(findings: Iterable[Finding]) -> list[RankKey]:
-    """The ranks the analysis's culprit findings name (any confidence but low)."""
-    return [k for f in findings if f.culprit and f.confidence != "low" for k in f.ranks]
+def blamed_ranks(culprits: Iterable[Culprit]) -> list[RankKey]:
+    """The ranks the analysis blames: its culprits' (Analysis.culprits), the same every screen marks."""
+    return [k for c in culprits for k in c.ranks]
 
 
 def blocks(snapshot: Snapshot, blamed: Iterable[RankKey] = ()) -> list[OutputBlock]:

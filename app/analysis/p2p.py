@@ -3,7 +3,7 @@
 torch.distributed's `send(tensor, dst)`, `recv(tensor, src)` (and isend/irecv, the *_object_list forms) carry
 the peer's global rank as a local of their frame, which `--locals` reads. A rank in `recv(src=3)` waits for
 rank 3; it stops waiting when rank 3 is in the matching `send(dst=it)`. An unmatched call is an edge of the
-wait graph (app/analysis/waits.py): two ranks each waiting for the other (both in recv from each other, or one
+wait graph (app/analysis/graph.py): two ranks each waiting for the other (both in recv from each other, or one
 in recv while its peer waits in a collective the first has not joined) are deadlocked.
 
 Only ranks whose path waits in a point-to-point call are read (one frame's locals each), so a job of
@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from app.analysis.findings import Finding
+from app.analysis.facts import Evidence, Fact, ranks_who
 from app.analysis.fold import RankKey
-from app.analysis.frames import bare_name, clean, named
+from app.analysis.frames import bare_name
 from app.analysis.tree import StackClass
 from app.model import Frame, RankSnapshot
 
@@ -120,38 +120,32 @@ def cycles(calls: Sequence[P2PCall]) -> List[List[P2PCall]]:
     return out
 
 
-def _who(c: P2PCall) -> str:
-    return f"rank {c.rank}" if c.rank is not None else f"pid {c.key[1]}"
+@dataclass(frozen=True)
+class P2PEvidence(Evidence):
+    """Unmatched point-to-point calls: a cycle of ranks each waiting for the next, or one call whose peer is
+    elsewhere (`peer_class`: the class the peer's stack is in)."""
+
+    ring: Tuple[P2PCall, ...] = ()
+    call: Optional[P2PCall] = None
+    peer_class: Optional[StackClass] = None
 
 
-def p2p_findings(calls: Sequence[P2PCall], where_of: Dict[int, str]) -> List[Finding]:
+def p2p_facts(calls: Sequence[P2PCall], class_of: Dict[int, StackClass]) -> List[Fact]:
     """A deadlock of point-to-point calls, said as such; else each unmatched call's wait for a peer that is
-    elsewhere (`where_of`: rank number -> where that rank is, for the peers that are not in a p2p call)."""
-    out: List[Finding] = []
+    elsewhere (`class_of`: rank number -> the stack class of that rank, for the peers not in a p2p call)."""
+    out: List[Fact] = []
     in_cycle: set = set()
     for ring in cycles(calls):
         in_cycle.update(c.rank for c in ring)
-        parts = [f"{_who(c)} waits in {named(c.frame)} for rank {c.peer} ({clean(c.argument, 40)})" for c in ring]
-        who = " and ".join(_who(c) for c in ring)
-        out.append(Finding(
-            "p2p_wait", clean(f"{who} are deadlocked in point-to-point calls: each waits for the other", 300),
-            "; ".join(parts) + ". Neither call can complete: every send needs the peer's matching recv. Make the "
-            "pairs match (one side sends while the other receives: order them by rank, or use batch_isend_irecv)",
-            "high", "a cycle of ranks each blocked in send/recv towards the next, read from the calls' arguments",
-            tuple(c.key for c in ring), ", ".join(_who(c) for c in ring), ",".join(sorted({c.key[0] for c in ring}))))
+        out.append(Fact("p2p_wait", ranks_who(tuple(c.key for c in ring), tuple(c.rank for c in ring)), "high",
+                        P2PEvidence(ring=tuple(ring))))
     by_rank = {c.rank: c for c in calls if c.rank is not None}
     for c in calls:
         if c.rank in in_cycle or c.peer is None or c.peer in by_rank:
             continue  # a peer in a p2p call of its own: matched, or part of a chain its own wait explains
-        elsewhere = where_of.get(c.peer)
+        elsewhere = class_of.get(c.peer)
         if elsewhere is None:
             continue
-        out.append(Finding(
-            "p2p_wait", clean(f"{_who(c)} waits in {named(c.frame)} for rank {c.peer} ({c.argument}), which is "
-                              f"{elsewhere}", 300),
-            f"{_who(c)}'s {c.op} names rank {c.peer} as its peer ({clean(c.argument, 40)}), and rank {c.peer} is not in "
-            f"a matching {'recv' if c.op == 'send' else 'send'}: it is {elsewhere}. The two ranks disagree on what "
-            "comes next (a send or recv one of them skipped, or a collective issued between them)",
-            "medium", "the call's own argument names the peer, and the peer's stack shows it elsewhere; which of "
-            "the two took the wrong path is not known", (c.key,), _who(c), c.key[0]))
+        out.append(Fact("p2p_wait", ranks_who((c.key,), (c.rank,)), "medium",
+                        P2PEvidence(call=c, peer_class=elsewhere)))
     return out

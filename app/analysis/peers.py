@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import RankKey, fold_ints, fold_nodes
+from app.analysis.facts import Evidence, Fact, Who
+from app.analysis.fold import RankKey
 from app.analysis.frames import clean
 from app.analysis.network import _routable, host_of
 from app.model import Snapshot, rank_key
@@ -76,43 +76,37 @@ def outside_peers(snapshot: Snapshot) -> List[OutsidePeer]:
     return out
 
 
+@dataclass(frozen=True)
+class OutsideEvidence(Evidence):
+    """Addresses the job's ranks talk to that no inspected node has; `missing`: ranks are not found, and these
+    addresses are most likely where they run."""
+
+    peers: Tuple[OutsidePeer, ...]
+    holders: Tuple[RankKey, ...]  # the ranks holding the connections
+    numbers: Tuple[int, ...]
+    connections: int
+    missing: Optional[Tuple[int, ...]] = None  # the rank numbers not found, when some are
+    missing_label: str = ""  # their label, for display
+    job: str = ""
+
+
 def outside_peer_findings(snapshot: Snapshot, peers: Sequence[OutsidePeer],
-                          missing: Optional[Tuple[str, str]] = None) -> List[Finding]:
-    """One finding naming the outside addresses the job's ranks talk to. `missing`: (label, job) of the ranks
-    not found, when some are: then those ranks are, most likely, on these addresses."""
+                          missing: Optional[Tuple[Tuple[int, ...], str, str]] = None) -> List[Fact]:
+    """One fact naming the outside addresses the job's ranks talk to. `missing`: (numbers, label, job) of the
+    ranks not found, when some are: then those ranks are, most likely, on these addresses."""
     if not peers:
         return []
-    shown = list(peers[:MAX_PEERS])
-    where = ", ".join(p.text() for p in shown) + (f" and {len(peers) - len(shown)} more" if len(peers) > len(shown)
-                                                  else "")
+    shown = tuple(peers[:MAX_PEERS])
     ranks = tuple(sorted({k for p in peers for k in p.ranks}))
-    numbers = sorted({n for p in peers for n in p.rank_numbers})
+    numbers = tuple(sorted({n for p in peers for n in p.rank_numbers}))
     connections = sum(p.connections for p in peers)
-    who = (f"rank{'s' if len(numbers) != 1 else ''} {fold_ints(numbers)}" if numbers
-           else f"{len(ranks)} process{'es' if len(ranks) != 1 else ''}")
-    hold = f"{who} on {fold_nodes(k[0] for k in ranks)} hold {connections} connection{'s' if connections != 1 else ''}"
-    named = [p for p in shown if p.name]
-    how = "; ".join(f"{clean(p.address, 60)} is {clean(p.name, 80)} by the {p.how}" for p in named)
-    add = fold_nodes(p.name for p in named) if named and len(named) == len(shown) else ""
-    hint = (f"add {add} to the hosts list" if add else
-            "add the node(s) at these addresses to the hosts list (`getent hosts ADDRESS` names them)")
-    conf: Confidence
-    if missing is not None:
-        label, job = missing
-        title = (f"{label} {'is' if label.startswith('rank ') else 'are'} not in the snapshot: the job runs on "
-                 f"{where} too, which the hosts list leaves out")
-        detail = (f"{hold} to {where}, which no inspected node has: that is where {label} run"
-                  f"{'s' if label.startswith('rank ') else ''}, and the inspected ranks wait for them. "
-                  f"{hint[:1].upper() + hint[1:]} to see what they do{job}.")
-        conf, reason = "medium", ("ranks are missing and the inspected ranks talk to addresses no inspected node "
-                                  "has; which of the missing ranks holds the others up is not known")
-    else:
-        title = f"the job's ranks talk to {where}, which the hosts list leaves out"
-        detail = (f"{hold} to {where}, which no inspected node has: if the job runs there too, {hint} "
-                  f"(every rank was found, so this may also be a service the ranks use).")
-        conf, reason = "low", "every expected rank was found; the address may be a service, not a node of the job"
-    if how:
-        detail += f" Names: {how}."
+    nodes = tuple(p.name or p.address for p in shown)
+    evidence = OutsideEvidence(tuple(peers), ranks, numbers, connections,
+                               missing[0] if missing is not None else None,
+                               missing[1] if missing is not None else "", missing[2] if missing is not None else "")
     # no ranks: the ones holding the connections are not the culprit; the ones that may be are not inspected
-    return [Finding("outside_peer", clean(title, 300), detail, conf, reason, (), "",
-                    fold_nodes(p.name or p.address for p in shown), culprit=missing is not None)]
+    if missing is not None:
+        return [Fact("outside_peer", Who(numbers=missing[0], nodes=nodes, addresses=tuple(p.address for p in shown),
+                                         missing=True), "medium", evidence)]
+    return [Fact("outside_peer", Who(nodes=nodes, addresses=tuple(p.address for p in shown)), "low", evidence,
+                 culprit=False)]

@@ -9,10 +9,12 @@ Pure functions; every remote string goes through `clean` where it is shown.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from app.analysis.findings import Finding
+from app.analysis.facts import Evidence, Fact, Who
 from app.analysis.frames import clean, frame_text, is_library
 from app.model import JobProcess, RankSnapshot, Snapshot
 
@@ -143,9 +145,57 @@ def rank_family(snapshot: Snapshot, rank: RankSnapshot) -> List[str]:
     return out
 
 
-def launchers_without_ranks(snapshot: Snapshot) -> List[Finding]:
+@dataclass(frozen=True)
+class LaunchersEvidence(Evidence):
+    """A job's launchers: running with no rank below them yet (waiting in their rendezvous), and, when their own
+    flags say how many nodes the job has and which node rank each is, the node ranks with no launcher running
+    and the nodes of the hosts list where none was found."""
+
+    job: str
+    launchers: Tuple[JobProcess, ...]
+    nnodes: Optional[int] = None  # --nnodes (the most the launchers agree on)
+    node_ranks: Tuple[int, ...] = ()  # the --node-rank values of the launchers found
+    absent: Tuple[int, ...] = ()  # node ranks of 0..nnodes-1 no launcher has
+    idle_nodes: Tuple[str, ...] = ()  # inspected nodes of the job's hosts with no launcher of it
+    rendezvous: str = ""  # --rdzv-endpoint / --master-addr:--master-port, when given
+
+
+@dataclass(frozen=True)
+class NoDataEvidence(Evidence):
+    ranks: int  # ranks found (without a stack, when > 0)
+    failed: int = 0  # nodes that failed
+    nodes: int = 0
+
+
+_NNODES = re.compile(r"^--nnodes(?:=(.*))?$")
+_NODE_RANK = re.compile(r"^--node[-_]rank(?:=(.*))?$")
+_ENDPOINT = re.compile(r"^--(?:rdzv[-_]endpoint|master[-_]addr|master[-_]port)(?:=(.*))?$")
+
+
+def _flag(cmdline: Sequence[str], pattern: "re.Pattern[str]") -> Optional[str]:
+    """A launcher flag's value (`--nnodes=4` or `--nnodes 4`)."""
+    for i, arg in enumerate(cmdline[:256]):
+        m = pattern.match(arg)
+        if m is None:
+            continue
+        if m.group(1) is not None:
+            return m.group(1)
+        return cmdline[i + 1] if i + 1 < len(cmdline) else None
+    return None
+
+
+def _count(text: Optional[str]) -> Optional[int]:
+    """`4`, or `1:4` (elastic min:max: the max is what the rendezvous waits for when min is not met)."""
+    if text is None:
+        return None
+    last = text.rsplit(":", 1)[-1].strip()
+    return int(last) if last.isdigit() and len(last) <= 7 else None
+
+
+def launchers_without_ranks(snapshot: Snapshot) -> List[Fact]:
     """A job whose launchers run but none of whose ranks exist yet (torchrun in its rendezvous, waiting for a
-    node that has not joined): a job, reported with what its launchers are doing."""
+    node that has not joined): a job, with what its launchers do and, from their own flags, the node ranks
+    whose launcher is not running."""
     if snapshot.ranks:
         return []
     launchers = [p for p in snapshot.processes if p.role == "launcher"]
@@ -154,21 +204,33 @@ def launchers_without_ranks(snapshot: Snapshot) -> List[Finding]:
     by_job: Dict[str, List[JobProcess]] = defaultdict(list)
     for p in launchers:
         by_job[p.job].append(p)
-    out = []
+    inspected = [n.name for n in snapshot.nodes if n.state in ("done", "partial")]
+    out: List[Fact] = []
     for job, procs in sorted(by_job.items()):
-        where = "; ".join(f"{p.kind} pid {p.pid} on {p.node}" + (f" {doing(p)}" if doing(p) else "")
-                          for p in procs[:4])
-        more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
-        nodes = sorted({p.node for p in procs})
-        out.append(Finding(
-            "launchers_only",
-            clean(f"job {job or 'unidentified'} has {len(procs)} launcher{'s' if len(procs) != 1 else ''} "
-                  f"on {', '.join(nodes[:4])}{'...' if len(nodes) > 4 else ''} and no rank yet", 300),
-            clean(where + more, 600), "high",
-            "no rank process exists while its launchers run: a launcher waiting in its rendezvous waits for nodes "
-            "(or a store) that have not joined; check that every node of the job started its launcher and can "
-            "reach the rendezvous endpoint", culprit=False))
+        counts = Counter(c for c in (_count(_flag(p.cmdline, _NNODES)) for p in procs) if c is not None)
+        nnodes = counts.most_common(1)[0][0] if counts else None
+        ranks = sorted({int(v) for v in (_flag(p.cmdline, _NODE_RANK) for p in procs)
+                        if v is not None and v.isdigit() and len(v) <= 7})
+        absent: Tuple[int, ...] = ()
+        if nnodes is not None and ranks:
+            absent = tuple(n for n in range(min(nnodes, 1 << 16)) if n not in set(ranks))
+        with_launcher = {p.node for p in procs}
+        idle = tuple(n for n in inspected if n not in with_launcher)
+        endpoint = " ".join(v for v in (_flag(p.cmdline, _ENDPOINT) for p in procs[:1]) if v)
+        evidence = LaunchersEvidence(job, tuple(procs), nnodes, tuple(ranks), absent, idle, endpoint)
+        nodes = tuple(dict.fromkeys(p.node for p in procs))
+        out.append(Fact("launchers_only", Who(nodes=nodes), "high", evidence, culprit=False))
+        if absent or (nnodes is not None and len(with_launcher) < nnodes and idle):
+            # the launchers' own flags say the rendezvous waits for nodes that never started theirs
+            out.append(Fact("launch_incomplete", Who(nodes=idle[:max(1, len(absent))] if idle else ()),
+                            "high" if absent and idle and len(idle) <= len(absent) else "medium", evidence))
     return out
+
+
+def no_data(snapshot: Snapshot) -> Fact:
+    failed = sum(1 for n in snapshot.nodes if n.state == "failed")
+    return Fact("no_data", Who(), "high", NoDataEvidence(len(snapshot.ranks), failed, len(snapshot.nodes)),
+                culprit=False)
 
 
 # A pass whose dumps start further apart than this is flagged: the analysis compares where ranks are as if at one

@@ -18,8 +18,9 @@ from operator import attrgetter
 from statistics import median
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
-from app.analysis.findings import Confidence, Finding
-from app.analysis.fold import count_phrase, describe_keys, fold_nodes, short_keys
+from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
+from app.analysis.fold import count_phrase, short_keys
+from app.analysis.health import StateEvidence
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
 from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
@@ -135,7 +136,7 @@ def _sum(*values: Optional[int]) -> Optional[int]:
     return sum(known) if known else None
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -250,11 +251,11 @@ def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
     out["net"], out["store"] = socket_bytes(before, after)
     moved = []
     if out["net"]:
-        moved.append(f"sockets {_size(out['net'])}")
+        moved.append(f"sockets {size_text(out['net'])}")
     if log:
-        moved.append(f"output {_size(log)}")
+        moved.append(f"output {size_text(log)}")
     if storage:
-        moved.append(f"storage {_size(storage)}")
+        moved.append(f"storage {size_text(storage)}")
     out["moved"] = moved
     return out
 
@@ -318,76 +319,54 @@ def _activity(cpu: Optional[float], options: AnalysisOptions) -> Activity:
     return "busy"
 
 
-def progress_findings(progress: Sequence[RankProgress]) -> List[Finding]:
+@dataclass(frozen=True)
+class ProgressEvidence(Evidence):
+    """What moved between samples: the ranks progressing (the job is not hung), or a few still running among
+    stuck ones; the ranks a slow node holds back; the stuck ones."""
+
+    moving: Tuple[RankProgress, ...]
+    stuck: Tuple[RankProgress, ...]
+    behind: Tuple[RankProgress, ...] = ()
+    counted: bool = False  # counters moved (bytes, output), not only stacks
+    working: int = 0  # of the stuck ones, those that used CPU between samples
+
+
+def progress_facts(progress: Sequence[RankProgress]) -> List[Fact]:
     """Progressing job (not hung), a few ranks still moving among stuck ones, ranks gone between samples."""
     by: Dict[str, List[RankProgress]] = {"stuck": [], "progressing": [], "gone": [], "unknown": [], "waiting": [],
                                          "slow": []}
     for p in progress:
         by[p.status].append(p)
-    out = []
+    out: List[Fact] = []
     moving, stuck, gone = by["progressing"], by["stuck"], by["gone"]
     behind = by["waiting"] + by["slow"]  # held back by a slow node, which slow_nodes names
     if gone:
         keys, numbers = _keys(gone)
-        out.append(Finding("exited", f"{short_keys(keys, numbers)} {'is' if len(gone) == 1 else 'are'} gone "
-                           "since an earlier sample", "a rank that exits leaves the others waiting for it forever",
-                           "high", "the process was seen before and is no longer there", keys,
-                           describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
+        out.append(Fact("exited", ranks_who(keys, numbers), "high", StateEvidence("exited", gone=True)))
     # stuck ranks that used CPU between samples are working, not asleep: "stuck" is then only their stack
     working = [p for p in stuck if p.cpu is not None and p.activity in ("busy", "spinning")]
     counted = any(p.moved and p.moved != ("stack",) for p in moving)
+    evidence = ProgressEvidence(tuple(moving), tuple(stuck), tuple(behind), counted, len(working))
     if moving and (not stuck or len(moving) > len(stuck)):
         keys, numbers = _keys(moving)
-        total = len(moving) + len(stuck) + len(behind)
-        if counted:
-            what = _evidence(moving)
-            title = (f"the job is progressing: {len(moving)} of {total} ranks moved between "
-                     f"samples ({what}); it is not hung")
-            detail = "bytes moved on the ranks' sockets, output was written, or stacks changed between samples"
-        else:
-            title = (f"the job is progressing: {len(moving)} of {total} ranks changed stack or "
-                     "iteration between samples; it is not hung")
-            detail = "stacks or loop iterations differ from one sample to the next"
-        if behind:
-            detail += "; " + _behind_phrase(behind)
-        out.append(Finding("progressing", title, detail + (f"; {count_phrase(len(stuck))} did not change" if stuck else ""),
-                           "high" if not stuck else "medium", "ranks were seen moving", keys,
-                           describe_keys(keys, numbers), fold_nodes(k[0] for k in keys), culprit=False))
+        out.append(Fact("progressing", ranks_who(keys, numbers), "high" if not stuck else "medium", evidence,
+                        culprit=False))
     elif moving and stuck:
         keys, numbers = _keys(moving)
         conf: Confidence = "high" if len(moving) * 3 <= len(stuck) else "medium"
-        reason = "seen moving between samples"
         if working:
             conf = "medium" if conf == "high" else "low"
-            reason += (f"; but {len(working)} of the {len(stuck)} ranks called stuck used CPU between samples "
-                       "(they work, if not on the same step)")
-        out.append(Finding("still_running", f"{short_keys(keys, numbers)} still {'changes' if len(moving) == 1 else 'change'}"
-                           f" between samples while {len(stuck)} others are stuck",
-                           "a rank that keeps running while the rest wait is usually the one they wait for "
-                           "(a slow data loader, an extra iteration, an endless loop)", conf, reason,
-                           keys, describe_keys(keys, numbers), fold_nodes(k[0] for k in keys)))
+        out.append(Fact("still_running", ranks_who(keys, numbers), conf, evidence))
     return out
 
 
-def _behind_phrase(behind: Sequence[RankProgress]) -> str:
-    """`ranks 0-1 waited in the collective for the slow node's ranks; ranks 6-7 computed slowly there`."""
-    parts = []
-    for status, words in (("waiting", "waited in the collective for the slow node's ranks"),
-                          ("slow", "computed slowly on the slow node")):
-        ps = [p for p in behind if p.status == status]
-        if ps:
-            keys, numbers = _keys(ps)
-            parts.append(f"{short_keys(keys, numbers)} {words} (unchanged between samples)")
-    return "; ".join(parts)
-
-
-def held_back(progress: Sequence[RankProgress], slow: Sequence[Finding]) -> Tuple[RankProgress, ...]:
+def held_back(progress: Sequence[RankProgress], slow: Sequence[Fact]) -> Tuple[RankProgress, ...]:
     """Ranks called stuck that a slow node explains, in a job that progresses: those that wait in a collective
     become `waiting` (the slow node's ranks are what they wait for), those on the slow node that ran outside one
     (CPU used, or state R) become `slow`. A held rank (stopped, frozen) and a rank with no such evidence stay
     stuck; without a slow node, or unless ranks off it progress (at least as many as would wait), nothing
     changes."""
-    nodes = {n for f in slow if f.kind == "slow_node" for n in f.nodes.split(",") if n}
+    nodes = {n for f in slow if f.kind == "slow_node" for n in f.who.nodes}
     moving = [p for p in progress if p.status == "progressing"]
     waiting = [p for p in progress if p.status == "stuck" and not p.held and p.waits_now and p.node not in nodes]
     # The job must move on its own evidence: ranks off the slow node progress, at least as many as would be
@@ -406,28 +385,39 @@ def held_back(progress: Sequence[RankProgress], slow: Sequence[Finding]) -> Tupl
     return tuple(out)
 
 
-def _evidence(moving: Sequence[RankProgress]) -> str:
-    """`sockets moved 2.1 MB on 8 ranks, 3 changed stack` for the progressing headline."""
-    net = [p.net_bytes for p in moving if p.net_bytes]
-    parts = []
-    if net:
-        parts.append(f"sockets moved {_size(sum(net))} on {len(net)}")
-    out = sum(1 for p in moving if any(m.startswith(("output", "storage")) for m in p.moved))
-    if out:
-        parts.append(f"{out} wrote output")
-    stack = sum(1 for p in moving if "stack" in p.moved)
-    if stack:
-        parts.append(f"{stack} changed stack")
-    return ", ".join(parts) or "counters moved"
+SlowCode = Literal["throttled", "run_wait", "starved", "outside", "running"]
 
 
-def _strong(why: Tuple[str, str]) -> bool:
-    return "(cpu.stat)" in why[1] or "(schedstat)" in why[1]
+@dataclass(frozen=True)
+class SlowReason:
+    """One kind of evidence that a node's ranks are held back, with its figures."""
+
+    code: SlowCode
+    share: float  # the node's figure: throttled, waiting, starved (CPU share while runnable), outside, running
+    other: float = 0.0  # the other nodes' figure to compare with
+    cgroup: str = ""  # throttled: the cgroup and its limit
+
+    @property
+    def strong(self) -> bool:
+        """Evidence on its own (counters), not only where ranks were caught."""
+        return self.code in ("throttled", "run_wait", "starved")
 
 
-def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
+@dataclass(frozen=True)
+class SlowEvidence(Evidence):
+    node: str
+    reasons: Tuple[SlowReason, ...]
+    flags: Optional[Evidence] = None  # the node's ranks were launched with other flags (launch.LaunchEvidence)
+
+
+STARVED_CPU = 0.5  # a rank runnable in every sample that got less than this share of a CPU is held back
+STARVED_OTHERS = 0.25  # ... while the other nodes' ranks were runnable in at most this share of samples
+
+
+def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
     """Nodes whose ranks are held back: their cgroup throttles them, they wait for a CPU far longer than the
-    other nodes' ranks, or they are caught outside the collective (running) while the others wait in it."""
+    other nodes' ranks, they stay runnable yet get a fraction of a CPU (a cap the node could not report), or
+    they are caught outside the collective (running) while the others wait in it."""
     live = [p for p in progress if p.status != "gone"]
     nodes = sorted({p.node for p in live})
     if len(nodes) < 2:
@@ -445,102 +435,58 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Finding]:
     running = {n: sum(p.running for p in rs) for n, rs in by_node.items()}
     total_in, total_all = sum(seen_in.values()), sum(seen_all.values())
     total_samples, total_running = sum(samples.values()), sum(running.values())
-    evidence: Dict[str, List[Tuple[str, str]]] = {}
+    evidence: Dict[str, List[SlowReason]] = {}
     strong: Dict[str, int] = {}
     for node, ranks in by_node.items():
-        why = []
+        why: List[SlowReason] = []
         score = 0
         throttled = [p for p in ranks if p.throttled is not None and p.throttled >= THROTTLED_SHARE]
         if throttled and len(throttled) * 2 >= len(ranks):
             worst = max(throttled, key=lambda p: p.throttled or 0.0)
-            limit = f" {worst.cgroup}" if worst.cgroup else ""
-            why.append(("its ranks are CPU-throttled by their cgroup",
-                        f"its ranks' cgroup{limit} was CPU-throttled {worst.throttled:.0%} of the time between "
-                        "samples (cpu.stat)"))
+            why.append(SlowReason("throttled", worst.throttled or 0.0, cgroup=worst.cgroup))
             score += 2
         others = [m for n, m in wait_median.items() if n != node]
         if node in wait_median and others:
             mine, theirs = wait_median[node], median(others)
             if mine >= RUN_WAIT_SHARE and mine >= RUN_WAIT_RATIO * max(theirs, 0.01):
-                why.append(("its ranks wait for a CPU", f"its ranks waited for a CPU {mine:.0%} of the time, "
-                            f"the other nodes' {theirs:.0%} (schedstat)"))
+                why.append(SlowReason("run_wait", mine, theirs))
                 score += 2
+        other_samples = total_samples - samples[node]
+        other_r = (total_running - running[node]) / other_samples if other_samples >= 2 else None
+        # Runnable in every sample, yet a fraction of a CPU between them, while the others are not runnable: a CPU
+        # limit (or contention) holds the node's ranks back, whether or not its cgroup counters can be read
+        starved = [p for p in ranks if p.samples >= 2 and p.running >= 2 and p.running >= p.inside + p.outside
+                   and p.cpu is not None and p.cpu < STARVED_CPU and not p.held]
+        if (not throttled and starved and len(starved) * 2 >= len(ranks) and other_r is not None
+                and other_r <= STARVED_OTHERS):
+            why.append(SlowReason("starved", median(p.cpu or 0.0 for p in starved), other_r))
+            score += 2
         other_all = total_all - seen_all[node]
         if seen_all[node] and other_all:
             out_share = seen_out[node] / seen_all[node]
             other_in = (total_in - seen_in[node]) / other_all
             if out_share >= 0.6 and other_in >= 0.6:
-                why.append(("its ranks compute while the others wait for them",
-                            f"its ranks were caught outside the collective in {out_share:.0%} of samples while "
-                            f"the others waited in it in {other_in:.0%}"))
+                why.append(SlowReason("outside", out_share, other_in))
                 score += 1
-        other_samples = total_samples - samples[node]
-        if samples[node] >= 2 and other_samples >= 2:
+        if samples[node] >= 2 and other_r is not None:
             r_share = running[node] / samples[node]
-            other_r = (total_running - running[node]) / other_samples
             if r_share >= 0.6 and other_r <= 0.25:
-                why.append(("its ranks are busy while the others sleep",
-                            f"its ranks were running (state R) in {r_share:.0%} of samples, the others' in "
-                            f"{other_r:.0%}"))
+                why.append(SlowReason("running", r_share, other_r))
                 score += 1
         if why:
             evidence[node], strong[node] = why, score
-    # The counters (throttling, run-queue wait) are evidence on their own; where ranks were caught and in which
-    # state is not, with few samples: a running job's ranks are caught anywhere. Both of those, over 4 samples
-    # or more, are.
-    slow = [n for n in evidence if strong[n] >= 2 and (any(_strong(w) for w in evidence[n]) or
+    # The counters (throttling, run-queue wait, a runnable rank's CPU share) are evidence on their own; where ranks
+    # were caught and in which state is not, with few samples: a running job's ranks are caught anywhere. Both of
+    # those, over 4 samples or more, are.
+    slow = [n for n in evidence if strong[n] >= 2 and (any(w.strong for w in evidence[n]) or
                                                        min(p.inside + p.outside for p in by_node[n]) >= 4)]
     if not slow or len(slow) * 2 > len(nodes):
         return []  # most nodes alike: nothing stands out, or the whole job is short of CPU
     out = []
     for node in slow:
-        ranks = by_node[node]
-        keys, numbers = _keys(ranks)
-        conf: Confidence = "high" if strong[node] >= 3 else "medium"
-        out.append(Finding("slow_node", f"{node} is slow: {evidence[node][0][0]}",
-                           "; ".join(long for _, long in evidence[node]) + ". The other ranks wait for its ranks at every collective, "
-                           "so the whole job runs at its pace.", conf,
-                           "counters read on the node between samples" + ("" if conf == "high" else
-                                                                         "; one kind of evidence"),
-                           keys, describe_keys(keys, numbers), node))
-    return out
-
-
-# Culprit findings read off one sample's stacks: in a job that moves, ranks caught at different places (one in
-# its data loader, the rest in all_reduce; one a step ahead) are the normal state of a running job, not a lead.
-_SNAPSHOT_KINDS = frozenset({"minority_stack", "different_collective", "iteration_split", "collective_lag",
-                             "gil_held", "native_call", "pipe_write"})
-# Notes that read a stall into one sample: every rank at one place ("check the links"), sockets that look
-# stalled. Sockets that move bytes between samples contradict both.
-_STALL_KINDS = frozenset({"all_identical", "network_stall"})
-
-
-def while_progressing(findings: Sequence[Finding]) -> List[Finding]:
-    """When the samples show the job progressing, findings from one sample's stacks become low-confidence."""
-    if not any(f.kind == "progressing" for f in findings):
-        return list(findings)
-    out = []
-    for f in findings:
-        if f.kind in _SNAPSHOT_KINDS and f.culprit:
-            f = replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing, and ranks of a "
-                        "running job are caught at different places")
-        elif f.kind in _STALL_KINDS:
-            f = replace(f, confidence="low", reason=f"{f.reason}; but the job is progressing between samples")
-        out.append(f)
-    return out
-
-
-def contradicted_stalls(findings: Sequence[Finding], progress: Sequence[RankProgress]) -> List[Finding]:
-    """A network stall named on nodes whose ranks' sockets moved bytes to their peers between samples is
-    contradicted by them: never [high]."""
-    moved = {p.node for p in progress if p.net_bytes}
-    out = []
-    for f in findings:
-        named = set(f.nodes.split(",")) if f.kind == "network_stall" and f.nodes else set()
-        if named and named <= moved and f.confidence == "high":
-            f = replace(f, confidence="medium", reason=f"{f.reason}; but the sockets of ranks on "
-                        f"{fold_nodes(named)} moved bytes to their peers between samples")
-        out.append(f)
+        keys, numbers = _keys(by_node[node])
+        out.append(Fact("slow_node", Who(keys, numbers, (node,)), "high" if strong[node] >= 3 else "medium",
+                        SlowEvidence(node, tuple(evidence[node]))))
     return out
 
 

@@ -14,13 +14,14 @@ from app.analysis import Analysis
 from app.analysis.findings import Finding
 from app.analysis.fold import describe, fold_nodes
 from app.analysis.frames import clean, frame_text, is_library
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
 from app.analysis.progress import behind_summary, stuck_summary
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import graph_lines
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import Frame, RankSnapshot, Snapshot, rank_key
 
 MAX_FINDINGS = 12
@@ -60,7 +61,7 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
     if procs:  # the jobs' launchers and ranks' children, where they are in the job (never counted as ranks)
         out += ["", "Processes of the job (launchers, ranks, their children):"]
         out += ["  " + line for line in procs]
-    written = output_blocks(snapshot, blamed_ranks(analysis.findings))
+    written = output_blocks(snapshot, blamed_ranks(analysis.culprits))
     if written:  # what ranks wrote of an error where their node could read it back (redacted there)
         out += ["", "Recent error output (read on the nodes, redacted):"]
         for b in written:
@@ -117,7 +118,7 @@ def waits_text(analysis: Analysis, width: int = 100) -> List[str]:
         if len(graphs) > 1:
             out += _wrap(f"job {g.job}:", width, "    ", first="  ")
             indent = "    "
-        for line in g.lines():
+        for line in graph_lines(g):
             out += _wrap(line, width, indent + "    ", first=indent)
     return out
 

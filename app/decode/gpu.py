@@ -1,10 +1,13 @@
-"""Decoding a node's GPU evidence (workers/collect/gpu_evidence.py's raw reply) into the model: nvidia-smi CSV or
-`-q` text, kernel Xid lines with their times, and NCCL RAS's answer in JSON (NCCL >= 2.28.7) or text.
+"""The one decoder of a node's GPUs (workers/collect/nvidia.py's raw reply, in the collect op's gpu_evidence item
+and the GPU tests' gpu_inventory reply) into the one GPU model (app/model/gpu.py): nvidia-smi CSV or `-q` text,
+the processes holding GPUs, kernel Xid lines with their times, and NCCL RAS's answer in JSON (NCCL >= 2.28.7) or
+text.
 
 Pure, and everything here is remote text: values are type-checked and bounded, never interpreted as markup.
-Formats: nvidia-smi's --query-gpu / --query-remapped-rows CSV (`--format=csv,noheader,nounits`, `[N/A]` and
-`[Not Supported]` for fields a GPU lacks) and its `-q` report; the driver's `NVRM: Xid (PCI:0000:3b:00): 79, ...`
-lines (with or without `PCI:`); RAS's output as NCCL's src/ras/client_support.cc writes it.
+Formats: nvidia-smi's --query-gpu / --query-remapped-rows / --query-compute-apps CSV
+(`--format=csv,noheader,nounits`, `[N/A]` and `[Not Supported]` for fields a GPU lacks) and its `-q` report; the
+driver's Xid lines (the shapes _XID reads are listed above it); RAS's output as NCCL's
+src/ras/client_support.cc writes it.
 """
 
 from __future__ import annotations
@@ -15,17 +18,27 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from app.model import GpuHealth, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView, bus_key
+from app.model import GpuHealth, GpuProcess, GpuXid, NodeGpuEvidence, RasComm, RasRank, RasView, bus_key
 
 MAX_GPUS = 64
+MAX_PROCESSES = 1024
 MAX_XIDS = 64
 MAX_COMMS = 256
 MAX_RANKS = 4096  # per communicator
 MAX_TEXT = 300
 MAX_RAS_TEXT = 1 << 20  # the worker sends at most 256 KiB; an older or hostile one is cut here
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\):? "
-                  r"(\d{1,4}),?\s*(.*)$")
+# The driver's Xid line, as the open kernel modules print it (src/nvidia/src/kernel/gpu/rc/kernel_rc.c):
+#   NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, %s
+#   NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u): %d, ...               a MIG GPU instance's error
+#   NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): %d, ...   and its compute instance's
+# Older drivers (the 3xx series and before) wrote the address without `PCI:` and the message without pid and name,
+# sometimes on a line of its own: `NVRM: Xid (0000:03:00): 13, 0003 00000000 ...`, `NVRM: Xid (0000:01:00): 16,`.
+# Whatever comes before `NVRM:` is the log's own (dmesg's `[ 1843.308145]` or `[Fri Aug 30 11:43:09 2024]`,
+# syslog's `Aug 30 11:43:09 host kernel:`, /dev/kmsg's `3,4471,3023054882,-;`): searched, not matched. A `.N`
+# function after the device (nvidia-smi's notation of the same GPU) is tolerated; no driver writes it.
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+                  r"((?: GPU-C?I:\d{1,3}){0,2})\): (\d{1,4})(?:,\s*(.*))?$")
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d\d:\d\d:\d\d) ")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -68,7 +81,28 @@ def parse_gpu_csv(text: str, fields: str) -> list[GpuHealth]:
                              ecc_uncorrected_volatile=_num(row.get("ecc.errors.uncorrected.volatile.total", "")),
                              ecc_uncorrected_aggregate=_num(row.get("ecc.errors.uncorrected.aggregate.total", "")),
                              ecc_corrected_volatile=_num(row.get("ecc.errors.corrected.volatile.total", "")),
-                             retired_pending=_yes(row.get("retired_pages.pending", ""))))
+                             retired_pending=_yes(row.get("retired_pages.pending", "")),
+                             memory_used_mib=_num(row.get("memory.used", "")),
+                             memory_total_mib=_num(row.get("memory.total", "")),
+                             utilization_pct=_num(row.get("utilization.gpu", "")),
+                             temperature_c=_num(row.get("temperature.gpu", ""))))
+    return out
+
+
+def parse_apps_csv(text: str, fields: str) -> list[GpuProcess]:
+    """`--query-compute-apps` rows: the processes holding GPUs (the last column, a process name, may hold commas)."""
+    names = [f.strip() for f in fields.split(",")]
+    out = []
+    for line in text.splitlines()[:MAX_PROCESSES]:
+        parts = [p.strip() for p in line.split(",", len(names) - 1)]
+        if len(parts) != len(names):
+            continue
+        row = dict(zip(names, parts))
+        pid = _num(row.get("pid", ""))
+        if pid is None or pid <= 0:
+            continue
+        out.append(GpuProcess(pid=pid, uuid=row.get("gpu_uuid", "")[:80], used_mib=_num(row.get("used_memory", "")),
+                              process=row.get("process_name", "")[:200]))
     return out
 
 
@@ -194,6 +228,8 @@ def _line_time(line: str, timed: str, collected_at: float) -> tuple[Optional[flo
 
 
 def parse_xids(lines: list, timed: str, collected_at: float) -> list[GpuXid]:
+    """The Xid lines among these kernel log lines, each with its time as its source writes it (`timed`: iso,
+    epoch, syslog; see workers/collect/nvidia.py xids()) and its age at collected_at (0: unknown)."""
     out = []
     for line in lines[-MAX_XIDS:]:
         if not isinstance(line, str):
@@ -203,8 +239,8 @@ def parse_xids(lines: list, timed: str, collected_at: float) -> list[GpuXid]:
         if not m:
             continue
         age = round(collected_at - at, 1) if at is not None and collected_at else None
-        out.append(GpuXid(xid=int(m.group(2)), bus_id=m.group(1).lower(), text=m.group(3).strip()[:MAX_TEXT],
-                          at=round(at, 3) if at is not None else None, age_s=age))
+        out.append(GpuXid(xid=int(m.group(3)), bus_id=m.group(1).lower(), text=(m.group(4) or "").strip()[:MAX_TEXT],
+                          at=round(at, 3) if at is not None else None, age_s=age, mig=m.group(2).strip()))
     return out
 
 
@@ -373,13 +409,17 @@ def ras_view(raw: Any) -> Optional[RasView]:
 
 
 def gpu_evidence(raw: Any) -> Optional[NodeGpuEvidence]:
-    """The collect op's {"gpu_evidence": ...} item as the model's NodeGpuEvidence; None for anything else."""
+    """The collect op's {"gpu_evidence": ...} item, or the gpu_inventory op's reply, as the model's
+    NodeGpuEvidence; None for anything else."""
     if not isinstance(raw, dict):
         return None
     raw_at = raw.get("at")
     at = raw_at if isinstance(raw_at, (int, float)) and not isinstance(raw_at, bool) else 0.0
     smi = _d(raw.get("smi"))
     gpus: list[GpuHealth] = []
+    processes: list[GpuProcess] = []
+    if isinstance(smi.get("apps_csv"), str) and isinstance(smi.get("app_fields"), str):
+        processes = parse_apps_csv(smi["apps_csv"], smi["app_fields"])
     if isinstance(smi.get("gpus_csv"), str) and isinstance(smi.get("gpu_fields"), str):
         gpus = parse_gpu_csv(smi["gpus_csv"], smi["gpu_fields"])
         if isinstance(smi.get("remap_csv"), str) and isinstance(smi.get("remap_fields"), str):
@@ -392,9 +432,10 @@ def gpu_evidence(raw: Any) -> Optional[NodeGpuEvidence]:
     notes = tuple(_s(n, 500) for n in (raw.get("notes") or [])[:10] if isinstance(n, str)) \
         if isinstance(raw.get("notes"), list) else ()
     return NodeGpuEvidence(
-        why=_s(raw.get("why"), 200), at=float(at), smi=_s(smi.get("status"), 20),
+        why=_s(raw.get("why"), 200), at=float(at), smi=_s(smi.get("status"), 20), smi_via=_s(smi.get("via"), 20),
         smi_timeout=float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else 0.0,
         smi_stuck=smi.get("stuck") is True, smi_error=_s(smi.get("error"), 500), gpus=tuple(gpus),
+        processes=tuple(processes),
         xid_source=_s(raw.get("xid_source"), 100),
         xids=tuple(parse_xids(lines, _s(raw.get("xid_timed"), 10), float(at))),
         ras=ras_view(raw.get("ras")), notes=notes)

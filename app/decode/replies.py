@@ -22,6 +22,8 @@ from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProc
 from app.model.memo import BoundedMemo
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
 from app.decode.flight import flight_record
+from app.decode.kwait import cpu_time as thread_cpu_time
+from app.decode.kwait import kernel_wait
 
 if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds them, this module reads them
     from workers.protocol import DumpItem, Hello, RankInfo
@@ -347,10 +349,12 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
     if t is None:
         return ThreadStack(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main)
     stack = t.get("kernel_stack")
+    waits = t.get("waits")
     return ThreadStack(tid=tid, name=name or _str(t.get("comm")), active=active, owns_gil=owns_gil, frames=frames,
                        state=_str(t.get("state")), wchan=_str(t.get("wchan")), syscall=_str(t.get("syscall")),
                        kernel_stack=tuple(s for s in stack if isinstance(s, str)) if isinstance(stack, list) else (),
-                       is_main=is_main)
+                       is_main=is_main, waits=kernel_wait(waits) if waits is not None else None,
+                       cpu_time=thread_cpu_time(t.get("cpu_time")))
 
 
 def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:

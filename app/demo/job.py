@@ -26,7 +26,7 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
               waits in one bucket's all_reduce while the others wait in another's
   gpu_xid     at step K the culprit never returns from device_synchronize(), a stand-in for
               torch.cuda.synchronize() on a GPU that fell off the bus; the others wait in that step's all_reduce
-              (the recorded scenario fakes the GPU fault on the culprit's node: tests/gpu_fakes.py)
+              (the recorded scenario fakes the GPU fault on the culprit's node: tests/support/gpu_fakes.py)
   mismatch    at step K the culprit gathers its metrics with all_gather where the others all_reduce the
               gradients on the same group: gloo pairs neither, every rank waits (mismatched collective types)
   gil         at step K the culprit calls a native function (ctypes, through PyDLL) that blocks in the kernel
@@ -36,7 +36,7 @@ Run under torchrun (`python -m torch.distributed.run ... app/demo/job.py --scena
   pipe        the culprit ships its logs to a helper process through a pipe; the helper has stopped reading, and
               at step K the culprit's report fills the pipe: it blocks in write()
   fsstall     at step K the culprit reads a data shard from --stall-file, on a file system that never answers
-              (tests/fuse_stall.py): it sits in uninterruptible sleep (D)
+              (tests/support/fuse_stall.py): it sits in uninterruptible sleep (D)
 --worker-server DIR: each rank runs under torch's worker_main() and serves its debug handlers, the Flight
 Recorder's fr_trace_json among them, on DIR/rank<RANK>.sock (hangscope reads it; FIELD-NOTES, gloo).
 Readiness: with env HANGSCOPE_READY_FILE set, each rank appends one JSON line {rank, local_rank, pid, host,
@@ -227,7 +227,7 @@ class CheckpointWriter(threading.Thread):
 def device_synchronize() -> None:
     """gpu_xid: the demo has no GPU; this stands in for torch.cuda.synchronize() on a GPU that fell off the bus,
     a call that never returns (the rank's thread waits in the driver). The GPU fault itself is faked on the
-    recording's node (tests/gpu_fakes.py: its nvidia-smi, dmesg and ncclras print recorded outputs)."""
+    recording's node (tests/support/gpu_fakes.py: its nvidia-smi, dmesg and ncclras print recorded outputs)."""
     threading.Event().wait()
 
 

@@ -1,18 +1,18 @@
-"""GPU inventory per node from the gpu_inventory op: nvidia-smi CSV (or nvidia-ml-py records) and Xid lines.
+"""A node's GPUs before a GPU test: the gpu_inventory op's reply, decoded by the investigation's own decoder
+(app/decode/gpu.py) into the one GPU model, and the tests' own rule for "GPU busy".
 
-Pure. nvidia-smi writes `[N/A]` or `[Not Supported]` for fields a GPU lacks; those become None. Which GPUs
-are held by which process decides whether a test may start there without the user's confirmation.
+Pure. Which GPUs are held by which process decides whether a test may start there without the user's
+confirmation: any process holding a GPU counts (the hung job, most likely), however little memory it uses.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Optional
+from typing import Any
 
+from app.decode import gpu as decode
 from app.errors import HangscopeError
-from app.gpu.model import GpuHolder, GpuInfo, NodeInventory, XidEvent
-
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+), ?(.*)$")
+from app.gpu.model import NodeInventory
+from app.model import GpuProcess
 
 
 class GpusBusyError(HangscopeError):
@@ -22,7 +22,7 @@ class GpusBusyError(HangscopeError):
     hint = ("the hung job (or another process) still holds these GPUs: stop it first, or confirm with "
             "--allow-busy-gpus to test next to it (results may then be slow or fail for that reason)")
 
-    def __init__(self, busy: list[tuple[str, GpuHolder]]) -> None:
+    def __init__(self, busy: list[tuple[str, GpuProcess]]) -> None:
         shown = "; ".join(f"{node}: pid {h.pid} {h.process or ''} holds {h.uuid} ({h.used_mib or '?'} MiB)"
                           for node, h in busy[:8])
         more = f"; and {len(busy) - 8} more" if len(busy) > 8 else ""
@@ -30,96 +30,36 @@ class GpusBusyError(HangscopeError):
         self.busy = busy
 
 
-def _num(text: str) -> Optional[int]:
-    text = text.strip()
-    try:
-        return int(float(text))
-    except ValueError:
-        return None  # [N/A], [Not Supported], N/A
-
-
-def parse_gpus_csv(text: str, fields: str) -> list[GpuInfo]:
-    names = [f.strip() for f in fields.split(",")]
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(names):
-            continue
-        row = dict(zip(names, parts))
-        out.append(GpuInfo(index=_num(row.get("index", "")), uuid=row.get("uuid", "")[:80],
-                           name=row.get("name", "")[:120], bus_id=row.get("pci.bus_id", "")[:40],
-                           memory_used_mib=_num(row.get("memory.used", "")),
-                           memory_total_mib=_num(row.get("memory.total", "")),
-                           utilization_pct=_num(row.get("utilization.gpu", "")),
-                           ecc_uncorrected=_num(row.get("ecc.errors.uncorrected.volatile.total", "")),
-                           temperature_c=_num(row.get("temperature.gpu", ""))))
-    return out
-
-
-def parse_apps_csv(text: str, fields: str) -> list[GpuHolder]:
-    names = [f.strip() for f in fields.split(",")]
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",", len(names) - 1)]
-        if len(parts) != len(names):
-            continue
-        row = dict(zip(names, parts))
-        pid = _num(row.get("pid", ""))
-        if pid is None:
-            continue
-        out.append(GpuHolder(pid=pid, uuid=row.get("gpu_uuid", "")[:80], used_mib=_num(row.get("used_memory", "")),
-                             process=row.get("process_name", "")[:200]))
-    return out
-
-
-def parse_xids(lines: list[Any]) -> list[XidEvent]:
-    out = []
-    for line in lines:
-        if not isinstance(line, str):
-            continue
-        m = _XID.search(line)
-        if m:
-            out.append(XidEvent(bus=m.group(1), code=int(m.group(2)), text=m.group(3)[:300], line=line[:500]))
-    return out
-
-
 def node_inventory(node: str, data: Any) -> NodeInventory:
-    if not isinstance(data, dict):
+    """The gpu_inventory op's reply (workers/collect/nvidia.py read()) as the node's inventory."""
+    ev = decode.gpu_evidence(data)
+    if ev is None:
         return NodeInventory(node=node, notes=(f"inventory failed: {str(data)[:300]}",))
-    notes = tuple(str(n)[:300] for n in data.get("notes") or [])
-    source = data.get("source")
-    xids = tuple(parse_xids(data.get("xid_lines") or []))
-    if source == "nvidia-smi":
-        gpus = parse_gpus_csv(str(data.get("gpus_csv") or ""), str(data.get("gpu_fields") or ""))
-        holders = parse_apps_csv(str(data.get("apps_csv") or ""), str(data.get("app_fields") or ""))
-        return NodeInventory(node, "nvidia-smi", tuple(gpus), tuple(holders), xids, notes)
-    if source == "nvidia-ml-py":
-        gpus = [GpuInfo(index=g.get("index"), uuid=str(g.get("uuid", ""))[:80], name=str(g.get("name", ""))[:120],
-                        bus_id=str(g.get("bus_id") or "")[:40], memory_used_mib=g.get("memory_used_mib"),
-                        memory_total_mib=g.get("memory_total_mib"), utilization_pct=g.get("utilization_pct"),
-                        ecc_uncorrected=g.get("ecc_uncorrected"))
-                for g in data.get("gpus") or [] if isinstance(g, dict)]
-        holders = [GpuHolder(pid=int(a["pid"]), uuid=str(a.get("uuid", ""))[:80], used_mib=a.get("used_mib"))
-                   for a in data.get("apps") or [] if isinstance(a, dict) and isinstance(a.get("pid"), int)]
-        return NodeInventory(node, "nvidia-ml-py", tuple(gpus), tuple(holders), xids, notes)
-    return NodeInventory(node=node, notes=notes)
+    notes = ev.notes + ((f"nvidia-smi: {ev.smi_error[:300]}",) if ev.smi == "failed" and ev.smi_error else ()) \
+        + ((f"{ev.smi_via or 'nvidia-smi'} did not answer within {ev.smi_timeout:g}s (a GPU may have fallen off the "
+            "bus)",) if ev.smi == "timeout" else ())
+    if ev.smi != "ok":
+        return NodeInventory(node=node, xids=ev.xids, notes=notes)
+    return NodeInventory(node, ev.smi_via or "nvidia-smi", ev.gpus, ev.processes, ev.xids, notes)
 
 
-def busy(inventories: list[NodeInventory]) -> list[tuple[str, GpuHolder]]:
+def busy(inventories: list[NodeInventory]) -> list[tuple[str, GpuProcess]]:
+    """The tests' rule for "GPU busy": every process that holds a GPU of a node to be tested."""
     return [(inv.node, h) for inv in inventories for h in inv.holders]
 
 
 def summary(inv: NodeInventory) -> str:
     if not inv.source:
-        return "no NVIDIA GPUs (nvidia-smi not found)" + (f"; {inv.notes[0]}" if inv.notes else "")
+        return "no NVIDIA GPUs (neither nvidia-smi nor the driver's library answered)" + (
+            f"; {inv.notes[0]}" if inv.notes else "")
     parts = [f"{len(inv.gpus)} GPU(s) via {inv.source}"]
     for g in inv.gpus:
         mem = f"{g.memory_used_mib}/{g.memory_total_mib} MiB" if g.memory_total_mib is not None else "memory ?"
-        ecc = f", ECC uncorrected {g.ecc_uncorrected}" if g.ecc_uncorrected else ""
+        ecc = f", ECC uncorrected {g.ecc_uncorrected_volatile}" if g.ecc_uncorrected_volatile else ""
         util = f", {g.utilization_pct}% busy" if g.utilization_pct is not None else ""
         parts.append(f"[{g.index}] {g.name} {mem}{util}{ecc}")
     if inv.holders:
         parts.append("held by " + ", ".join(f"pid {h.pid} {h.process}".strip() for h in inv.holders))
     if inv.xids:
-        parts.append("recent Xid " + ", ".join(f"{x.code} on {x.bus}" for x in inv.xids[-5:]))
+        parts.append("recent Xid " + ", ".join(f"{x.xid} on {x.bus_id}" for x in inv.xids[-5:]))
     return "; ".join(parts)

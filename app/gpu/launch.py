@@ -25,6 +25,7 @@ from app.gpu.model import RunStatus, TestRun
 from app.gpu.options import GpuTestOptions
 from app.gpu.output import RunOutput, run_message
 from app.transport.base import WorkerConnection
+from workers import protocol
 
 STOP_GRACE = 20.0  # seconds for nodes to dump stacks and kill the test after gpu_stop
 EARLY_END_GRACE = 3.0  # after one node's launch ended early, before stopping the rest
@@ -58,8 +59,8 @@ class PortBook:
         for _ in range(3):
             with _TAKEN_LOCK:
                 exclude = sorted(_TAKEN)
-            done = await conn.call("gpu_ports", {"count": 4, "exclude": exclude, "low": self.low,
-                                                 "high": self.high}, timeout=30.0)
+            done = await conn.call(protocol.GPU_PORTS({"count": 4, "exclude": exclude, "low": self.low,
+                                                       "high": self.high}), timeout=30.0)
             with _TAKEN_LOCK:
                 for port in done.get("ports", []):
                     if isinstance(port, int) and port not in _TAKEN:
@@ -113,20 +114,20 @@ class Launcher:
         world = sum(spec.nprocs)
         self.emit(ev.RunStarted(run_id, spec.kind, spec.nodes, spec.nodes[0], port))
         offsets = list(itertools.accumulate((0,) + spec.nprocs[:-1]))
-        dones: dict[str, dict] = {}
+        dones: dict[str, protocol.GpuLaunchDone] = {}
         errors: dict[str, str] = {}
 
         async def one(node: str, offset: int, nproc: int) -> None:
-            args = {"token": tokens[node], "python": self.pythons[node], "nproc": nproc,
-                    "config": self._config(spec, port, offset, world), "timeout": self.o.max_duration,
-                    "nccl_debug": self.o.nccl_debug, "env": dict(self.o.env),
-                    "cuda_visible_devices": spec.cuda_visible_devices}
+            call = protocol.GPU_LAUNCH({"token": tokens[node], "python": self.pythons[node], "nproc": nproc,
+                                        "config": self._config(spec, port, offset, world),
+                                        "timeout": self.o.max_duration, "nccl_debug": self.o.nccl_debug,
+                                        "env": dict(self.o.env), "cuda_visible_devices": spec.cuda_visible_devices})
             try:
-                req = self.conns[node].request("gpu_launch", args, timeout=self.o.max_duration + STOP_GRACE + 30)
+                req = self.conns[node].request(call, timeout=self.o.max_duration + STOP_GRACE + 30)
                 async for item in req:
                     for state in out.feed(node, item.get("lines") or []):
                         self.emit(ev.RankProgress(run_id, node, state.rank, state.local_rank, state.phase))
-                dones[node] = req.done or {}
+                dones[node] = req.done if req.done is not None else {}
             except TransportError as exc:
                 errors[node] = exc.message
 
@@ -206,7 +207,7 @@ class Launcher:
 
     async def _stop(self, node: str, token: str) -> None:
         try:
-            await self.conns[node].call("gpu_stop", {"token": token}, timeout=10.0)
+            await self.conns[node].call(protocol.GPU_STOP({"token": token}), timeout=10.0)
         except TransportError:
             pass  # the node is unreachable: the abandon at stop_deadline cancels its request
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Tuple
 
+from app.model import GpuHealth, GpuProcess, GpuXid
+
 TestKind = Literal["sanity", "bench", "pairs", "net"]
 RankStatus = Literal["ok", "broken", "hung", "not_started"]
 RunStatus = Literal["ok", "failed", "hung"]
@@ -230,41 +232,14 @@ class NetReport:
 
 
 @dataclass(frozen=True)
-class GpuInfo:
-    index: Optional[int]
-    uuid: str
-    name: str = ""
-    bus_id: str = ""
-    memory_used_mib: Optional[int] = None
-    memory_total_mib: Optional[int] = None
-    utilization_pct: Optional[int] = None
-    ecc_uncorrected: Optional[int] = None
-    temperature_c: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class GpuHolder:
-    pid: int
-    uuid: str
-    used_mib: Optional[int] = None
-    process: str = ""
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    bus: str  # "0000:cb:00"
-    code: int
-    text: str
-    line: str
-
-
-@dataclass(frozen=True)
 class NodeInventory:
+    """A node's GPUs before a test, in the one GPU model (app/model/gpu.py), as the gpu_inventory op read them."""
+
     node: str
-    source: str = ""  # "nvidia-smi", "nvidia-ml-py", or "" when the node has no NVIDIA tooling
-    gpus: Tuple[GpuInfo, ...] = ()
-    holders: Tuple[GpuHolder, ...] = ()
-    xids: Tuple[XidEvent, ...] = ()
+    source: str = ""  # "nvidia-smi", "nvml" (the driver's library), or "" when the node has no NVIDIA tooling
+    gpus: Tuple[GpuHealth, ...] = ()
+    holders: Tuple[GpuProcess, ...] = ()  # the processes holding GPUs: the tests' rule for "GPU busy" reads them
+    xids: Tuple[GpuXid, ...] = ()
     notes: Tuple[str, ...] = ()
 
 

@@ -210,6 +210,10 @@ class RunOutput:
             # the ranks already in the world say who never joined: when they do, that is the authority (a slow
             # rank whose "joined" line had not arrived yet is not to blame); otherwise blame the stragglers
             culprit = s.rank in waited_for if waited_for else s.rank in store_stuck
+            if not blame_unstarted and s.phase in ("start", "import"):
+                # stopped because another node failed while this rank was still starting (importing torch takes
+                # seconds on a busy node): a victim of the stop, like a rank that had not started at all
+                culprit = False
             return dataclasses.replace(base, status="hung", error=why, stack=tuple(_main_stack(s.stacks)),
                                        culprit=culprit)
         why = _last_error(s.err_tail) or node_error or f"exited during {s.phase} without a result"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, cast
+from typing import AsyncIterator, Callable, Mapping, Optional
 
 from app.decode import replies
 from app.errors import HangscopeError, TransportError
@@ -22,9 +22,7 @@ from app.gpu.model import GpuTestResults, NetReport, NodeInventory, PairReport, 
 from app.gpu.options import CPU_PAIR_SIZE, CPU_SIZES, GPU_PAIR_SIZE, GPU_SIZES, GpuTestOptions
 from app.gpu.schedule import Outcome, PairIsolation
 from app.transport.base import WorkerConnection
-
-if TYPE_CHECKING:
-    from workers.protocol import RankInfo
+from workers import protocol
 
 
 PYTHON_PROBE_S = 60.0  # per node: trying candidate interpreters for torch (importing it takes seconds)
@@ -77,14 +75,14 @@ class GpuTestRunner:
         async def one(node: str, conn: WorkerConnection) -> None:
             pre.hostnames[node] = str(conn.hello.get("hostname") or node)
             try:
-                data = await conn.call("gpu_inventory", {}, timeout=30.0)
+                data = await conn.call(protocol.GPU_INVENTORY({}), timeout=30.0)
                 pre.inventories.append(inv.node_inventory(node, data))
                 pre.gpus[node] = len(pre.inventories[-1].gpus)
-                items, _ = await conn.request("discover", {"pids": None}, timeout=30.0).collect()
+                items, _ = await conn.request(protocol.DISCOVER({"pids": None}), timeout=30.0).collect()
             except TransportError as exc:
                 pre.errors[node] = exc.message
                 return
-            ranks = [replies.rank_from_discover(node, cast("RankInfo", item)) for item in items]
+            ranks = [replies.rank_from_discover(node, item) for item in items]
             pre.masters += [(r.master_addr, r.master_port) for r in ranks if r.master_addr and r.master_port]
             if need_python:
                 await self.choose_python(node, conn, [r.pid for r in ranks], pre)
@@ -99,8 +97,8 @@ class GpuTestRunner:
         own as their command lines name it (a venv's python, not the base binary its symlink ends at), else
         the first candidate that imports torch; pre.python_notes says which and why."""
         try:
-            got = await conn.call("gpu_python", {"pids": pids, "python": self.o.python or "",
-                                                 "timeout": PYTHON_PROBE_S}, timeout=PYTHON_PROBE_S + 15.0)
+            got = await conn.call(protocol.GPU_PYTHON({"pids": pids, "python": self.o.python or "",
+                                                       "timeout": PYTHON_PROBE_S}), timeout=PYTHON_PROBE_S + 15.0)
         except TransportError as exc:
             pre.errors[node] = exc.message
             return
@@ -253,9 +251,10 @@ class GpuTestRunner:
 
         async def one(node: str, conn: WorkerConnection) -> None:
             try:
-                replies[node] = await conn.call("net_probe", {
-                    "targets": [{"host": h, "port": p} for h, p in targets], "timeout": self.o.check_timeout},
+                probed = await conn.call(protocol.NET_PROBE({
+                    "targets": [{"host": h, "port": p} for h, p in targets], "timeout": self.o.check_timeout}),
                     timeout=self.o.check_timeout + 30.0)
+                replies[node] = probed
             except TransportError as exc:
                 replies[node] = exc.message
 

@@ -71,11 +71,12 @@ def gather(snapshot: Snapshot, analysis: Optional["Analysis"], red: Redactor) ->
     for c in analysis.classes:
         for k in c.ranks:
             facts.class_of[k] = c.index
-    facts.culprit = next((f for f in facts.findings if f.culprit and f.ranks and f.kind != "progressing"), None)
-    if facts.culprit is not None:
-        facts.suspects = set(facts.culprit.ranks)
+    found = analysis.culprit_finding  # the analysis's one culprit: the report never picks its own
+    facts.culprit = _view(found, red) if found is not None else None
+    if facts.culprit is not None and analysis.culprit is not None:
+        facts.suspects = analysis.marked()
         lookup = {rank_key(r): r for r in snapshot.ranks}
-        facts.culprit_rank = next((lookup[k] for k in facts.culprit.ranks if k in lookup), None)
+        facts.culprit_rank = next((lookup[k] for k in analysis.culprit.ranks if k in lookup), None)
         if facts.culprit_rank is not None and analysis.classes:
             try:
                 facts.diff = diff_vs_majority(snapshot, analysis, (facts.culprit_rank.node, facts.culprit_rank.pid))

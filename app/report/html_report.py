@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import tree_lines
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import graph_lines
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import Snapshot
 from app.report import html_ranks as hr
 from app.report.facts import Facts, RankKey, main_frames, top_frames
@@ -75,7 +76,7 @@ def render_html(facts: Facts, analysis: Optional["Analysis"], red: Redactor, *, 
         sections.append("<h2 id=\"processes\">Processes of the job</h2><p class=\"meta\">Launchers above their "
                         "ranks, each rank's children below it (never counted as ranks).</p><pre class=\"mono\">"
                         + "\n".join(h(line, 400) for line in procs) + "</pre>")
-    written = output_blocks(snap, blamed_ranks(analysis.findings) if analysis is not None else ())
+    written = output_blocks(snap, blamed_ranks(analysis.culprits) if analysis is not None else ())
     if written:
         sections.append("<h2 id=\"output\">Recent error output</h2><p class=\"meta\">What ranks wrote of an error "
                         "where their node could read it back (stderr when it is a file, torchrun's elastic error "
@@ -149,7 +150,7 @@ def _culprit(facts: Facts, ids: Dict[RankKey, str], shown: Set[RankKey]) -> str:
 
 
 def _waits(analysis: "Analysis") -> str:
-    """Who waits for whom (app/analysis/waits.py): per job, one item per wait, the culprit and what to run next
+    """Who waits for whom (app/analysis/graph.py): per job, one item per wait, the culprit and what to run next
     (the page is redacted as a whole afterwards; every piece is escaped here)."""
     graphs = shown_graphs(analysis.waits)
     if not graphs:
@@ -158,7 +159,7 @@ def _waits(analysis: "Analysis") -> str:
     for g in graphs:
         if len(graphs) > 1:
             out.append(f"<h3>job {h(g.job, 200)}</h3>")
-        out.append("<ul>" + "".join(f"<li>{h_sentence(line)}</li>" for line in g.lines()) + "</ul>")
+        out.append("<ul>" + "".join(f"<li>{h_sentence(line)}</li>" for line in graph_lines(g)) + "</ul>")
     return "".join(out)
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import io
 import json
+import pkgutil
 import sys
 import tokenize
 import typing
@@ -79,7 +81,7 @@ def _define(cls: type, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]) -
     name = cls.__name__
     if name not in defs:
         defs[name] = {}  # an empty entry first: dataclasses may refer to each other
-        hints = typing.get_type_hints(cls, vars(model))
+        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))  # the module that defines it
         props: Dict[str, Any] = {}
         required: List[str] = []
         for f in dataclasses.fields(cls):
@@ -126,8 +128,14 @@ def _type_schema(tp: Any, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]
 
 
 def _field_comments() -> Dict[Tuple[str, str], str]:
-    """(class, field) -> the comment on the field's line, or the comment block just above it, in model.py."""
-    source = inspect.getsource(model)
+    """(class, field) -> the comment on the field's line, or the comment block just above it, in app/model."""
+    out: Dict[Tuple[str, str], str] = {}
+    for info in sorted(pkgutil.iter_modules(model.__path__), key=lambda m: m.name):
+        out.update(_module_comments(inspect.getsource(importlib.import_module(f"{model.__name__}.{info.name}"))))
+    return out
+
+
+def _module_comments(source: str) -> Dict[Tuple[str, str], str]:
     comments: Dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:

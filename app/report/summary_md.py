@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.analysis.done import done_lines
 from app.analysis.output import age_text, blamed_ranks
 from app.analysis.output import blocks as output_blocks
 from app.analysis.processes import skew_line, tree_lines
-from app.analysis.waits import shown as shown_graphs
+from app.analysis.prose.graph import graph_lines
+from app.analysis.prose.graph import shown as shown_graphs
 from app.model import CollectOptions, Snapshot
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
@@ -60,7 +61,7 @@ def render_summary(facts: Facts, analysis: Optional["Analysis"], red: Redactor, 
     if procs:
         out += ["## Processes of the job", "", "Launchers above their ranks, each rank's children below it "
                 "(never counted as ranks).", ""] + _details("Process tree", md_block("\n".join(procs))) + [""]
-    written = output_blocks(snap, blamed_ranks(analysis.findings) if analysis is not None else ())
+    written = output_blocks(snap, blamed_ranks(analysis.culprits) if analysis is not None else ())
     if written:
         out += ["## Recent error output", "", "What ranks wrote of an error where their node could read it back "
                 "(stderr when it is a file, torchrun's elastic error file), redacted on the node.", ""]
@@ -115,7 +116,7 @@ def _context(snap: Snapshot, first: Optional[CollectOptions] = None) -> str:
 
 
 def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
-    """Who waits for whom (app/analysis/waits.py), under the verdict: one line per edge, the culprit, next."""
+    """Who waits for whom (app/analysis/graph.py), under the verdict: one line per edge, the culprit, next."""
     graphs = shown_graphs(analysis.waits)
     if not graphs:
         return []
@@ -123,7 +124,7 @@ def _waits(analysis: "Analysis", red: Redactor) -> List[str]:
     for g in graphs:
         if len(graphs) > 1:
             out.append(f"- job {md(red.text(g.job), 200)}:")
-        out += [f"{'  ' if len(graphs) > 1 else ''}- {md_sentence(red.text(line))}" for line in g.lines()]
+        out += [f"{'  ' if len(graphs) > 1 else ''}- {md_sentence(red.text(line))}" for line in graph_lines(g)]
     return out + [""]
 
 

@@ -11,12 +11,12 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Protocol, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol, TypeVar, cast
 
 from app.errors import TransportError, remote_code
 
 if TYPE_CHECKING:
-    from workers.protocol import Hello
+    from workers.protocol import Call, Hello
 from app.transport import bootstrap
 from app.transport.request import Request, WorkerRequestError
 from workers import protocol
@@ -27,6 +27,9 @@ MAX_LINE = 256 * 1024 * 1024  # a dump with locals of many threads is large; any
 MAX_NOISE_LINES = 200  # lines a chatty login shell may print before the worker's hello
 STDERR_TAIL = 4000  # characters of the worker's stderr kept for error messages
 EXIT_WAIT = 5.0  # seconds to wait for the worker's exit status once its output ended
+
+ItemT = TypeVar("ItemT")  # a request's items, as its op (workers/protocol.py) says
+DoneT = TypeVar("DoneT")  # its done data
 
 
 class ByteReader(Protocol):
@@ -68,7 +71,7 @@ class WorkerConnection:
         self._kill = kill
         self._on_close = on_close
         self._ids = itertools.count(1)
-        self._requests: dict[int, Request] = {}
+        self._requests: dict[int, Request[Any, Any]] = {}
         self._stderr_tail: deque[str] = deque()
         self._stderr_len = 0
         self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
@@ -128,22 +131,23 @@ class WorkerConnection:
 
     # -- requests ------------------------------------------------------------------------------------------
 
-    def request(self, op: str, args: Optional[dict] = None, *, timeout: Optional[float] = None) -> Request:
-        """Send one request; iterate the result for its items. Raises at once if the worker is gone."""
+    def request(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None) -> Request[ItemT, DoneT]:
+        """Send one request (`protocol.COLLECT({...})`: its arguments checked by mypy against the op's); iterate
+        the result for its items. Raises at once if the worker is gone."""
         if self.error is not None:
             raise self.error
         if self.closed:
             raise TransportError("lost", f"{self.name}: the worker connection is closed")
         loop = asyncio.get_running_loop()
         req_id = next(self._ids)
-        req = Request(self, req_id, op, None if timeout is None else loop.time() + timeout)
+        req: Request[ItemT, DoneT] = Request(self, req_id, call.op, None if timeout is None else loop.time() + timeout)
         self._requests[req_id] = req
-        self.send_nowait({"id": req_id, "op": op, "args": args or {}})
+        self.send_nowait(call.message(req_id))
         return req
 
-    async def call(self, op: str, args: Optional[dict] = None, *, timeout: Optional[float] = None) -> dict:
+    async def call(self, call: Call[Any, ItemT, DoneT], *, timeout: Optional[float] = None) -> DoneT:
         """A request whose items do not matter: returns the `done` data."""
-        _, done = await self.request(op, args, timeout=timeout).collect()
+        _, done = await self.request(call, timeout=timeout).collect()
         return done
 
     async def cancel(self, req_id: int) -> None:
@@ -235,10 +239,10 @@ class WorkerConnection:
 
     def send_go(self, req_id: int) -> None:
         """Release a collect request that holds its dumps (its "hold" argument) until this go."""
-        self.send_nowait({"id": next(self._ids), "op": "go", "args": {"target": req_id}})
+        self.send_nowait(protocol.GO({"target": req_id}).message(next(self._ids)))
 
     def send_cancel(self, req_id: int) -> None:
-        self.send_nowait({"id": next(self._ids), "op": "cancel", "args": {"target": req_id}})
+        self.send_nowait(protocol.CANCEL({"target": req_id}).message(next(self._ids)))
 
     async def _read_stderr(self) -> None:
         assert self._stderr is not None

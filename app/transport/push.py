@@ -11,6 +11,7 @@ from typing import Optional
 from app.errors import TransportError
 from app.transport.login_tools import local_pyspy, pyspy_version
 from app.transport.base import WorkerConnection
+from workers import protocol
 
 PUSH_TIMEOUT = 120.0  # ~11 MB of base64 over a slow link
 
@@ -41,7 +42,7 @@ async def ensure_pyspy(conn: WorkerConnection, *, timeout: float = PUSH_TIMEOUT)
     except OSError as exc:
         return f"py-spy is missing on this node; reading {path} to push it failed: {exc.strerror or exc}"
     try:
-        done = await conn.call("push_tool", {"name": "py-spy", "data_b64": data_b64, "sha256": sha256},
+        done = await conn.call(protocol.PUSH_TOOL({"name": "py-spy", "data_b64": data_b64, "sha256": sha256}),
                                timeout=timeout)
     except TransportError as exc:
         return f"py-spy is missing on this node and pushing this login node's copy failed: {exc.message}"

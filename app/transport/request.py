@@ -1,9 +1,13 @@
-"""One request in flight on a worker connection: its items as an async iterator, its deadline, its end."""
+"""One request in flight on a worker connection: its items as an async iterator, its deadline, its end.
+
+Typed by its op (workers/protocol.py Op): a collect request yields CollectItems and ends with CollectDone. The
+data is remote: the types say which keys the worker sends, and app/decode checks each value as it is taken.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Optional, Protocol, Union
+from typing import AsyncIterator, Generic, Optional, Protocol, TypeVar, Union, cast
 
 from app.errors import TransportError, hint_for, remote_code
 
@@ -24,7 +28,11 @@ class WorkerRequestError(TransportError):
     title = "request failed"
 
 
-class Request:
+ItemT = TypeVar("ItemT")  # the op's items
+DoneT = TypeVar("DoneT")  # its done data
+
+
+class Request(Generic[ItemT, DoneT]):
     """One request in flight: iterate it for its items; `done` holds the final data once iteration ends."""
 
     def __init__(self, conn: _Connection, req_id: int, op: str, deadline: Optional[float]) -> None:
@@ -33,14 +41,14 @@ class Request:
         self.op = op
         self.deadline = deadline  # loop time
         self.timeout = None if deadline is None else deadline - asyncio.get_running_loop().time()
-        self.done: Optional[dict] = None
+        self.done: Optional[DoneT] = None
         self.finished = False
         self.queue: asyncio.Queue[Union[dict, TransportError]] = asyncio.Queue()
 
-    def __aiter__(self) -> AsyncIterator[dict]:
+    def __aiter__(self) -> AsyncIterator[ItemT]:
         return self
 
-    async def __anext__(self) -> dict:
+    async def __anext__(self) -> ItemT:
         if self.finished:
             raise StopAsyncIteration
         try:
@@ -55,11 +63,11 @@ class Request:
         kind = msg.get("type")
         if kind == "item":
             data = msg.get("data")
-            return data if isinstance(data, dict) else {"value": data}
+            return cast(ItemT, data if isinstance(data, dict) else {"value": data})
         self._finish()
         if kind == "done":
             data = msg.get("data")
-            self.done = data if isinstance(data, dict) else {}
+            self.done = cast(DoneT, data if isinstance(data, dict) else {})
             raise StopAsyncIteration
         code = remote_code(msg.get("code"))
         raise WorkerRequestError(code, f"{self.conn.name}: {self.op}: {msg.get('message', '')}",
@@ -92,6 +100,6 @@ class Request:
         self._finish()
         self.conn.send_cancel(self.id)
 
-    async def collect(self) -> tuple[list[dict], dict]:
+    async def collect(self) -> tuple[list[ItemT], DoneT]:
         items = [item async for item in self]
-        return items, self.done or {}
+        return items, self.done if self.done is not None else cast(DoneT, {})

@@ -185,14 +185,12 @@ class HangscopeCore(App[int]):
         self.refresh_drill()
 
     def first_suspect(self, view: View) -> Optional[RankKey]:
-        """The first rank with a stack that a suspect finding names (a note's ranks only when none does): findings
-        are listed by confidence, so a surer note ("all ranks at the same place") may come before the lead."""
-        leads = [f for f in view.findings if f.culprit] + [f for f in view.findings if not f.culprit]
-        for f in leads:
-            for k in f.ranks:
-                if k in view.class_of:
-                    return k
-        return None
+        """Where the cursor starts: the analysis's culprit (a rank of it with a stack), else the ranks of the first
+        finding that names some (a note such as "all ranks at the same place")."""
+        culprit = view.analysis.culprit
+        keys = list(culprit.ranks) if culprit is not None else []
+        keys += [k for f in view.findings for k in f.ranks]
+        return next((k for k in keys if k in view.class_of), None)
 
     def _update_topbar(self) -> None:
         out = Text(end="")

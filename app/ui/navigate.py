@@ -93,7 +93,9 @@ class NavigateMixin(HangscopeCore):
         if view is None:
             self.notify("no snapshot yet", severity="warning")
             return
-        self.push_screen(WaitsScreen(view.analysis.waits), callback=self._go_to_rank)
+        culprit = view.analysis.culprit
+        first = next((k for k in culprit.ranks if k in view.class_of), None) if culprit is not None else None
+        self.push_screen(WaitsScreen(view.analysis.waits, first), callback=self._go_to_rank)
 
     def _go_to_rank(self, key: Optional[RankKey]) -> None:
         if key is not None and self.screen is self.main:

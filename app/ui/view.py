@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from app.analysis import Analysis, Finding, RankProgress, analyze
-from app.analysis.findings import where
+from app.analysis.prose.words import where
 from app.analysis.fold import fold_nodes
-from app.analysis.gpu_evidence import evidence_lines
+from app.analysis.prose.gpu import evidence_lines
 from app.model import Frame, NodeStatus, RankSnapshot, Snapshot, rank_key
 from app.ui.grid_model import RankKey, class_color, class_symbol
 
@@ -68,7 +68,7 @@ class View:
 
 def build_view(snapshot: Snapshot, history: Sequence[Snapshot] = ()) -> View:
     analysis = analyze(snapshot, history=history)
-    suspects = suspect_keys(analysis, len(snapshot.ranks))
+    suspects = analysis.marked()  # the analysis's own culprit(s): one rule for every screen and report
     classes = []
     class_of: Dict[RankKey, int] = {}
     for pos, c in enumerate(analysis.classes):
@@ -81,15 +81,6 @@ def build_view(snapshot: Snapshot, history: Sequence[Snapshot] = ()) -> View:
     progress = {rank_key(p): p for p in analysis.progress}
     return View(snapshot, analysis, tuple(classes), class_of, suspects, node_groups(snapshot.nodes, snapshot.ranks),
                 progress, {rank_key(r): r for r in snapshot.ranks})
-
-
-def suspect_keys(analysis: Analysis, total: int) -> Set[RankKey]:
-    """Ranks that findings name as likely culprits (high or medium confidence, else the best lead), unless
-    they are most of the job, where highlighting would tell nothing."""
-    culprits = [f for f in analysis.findings if f.culprit and f.kind != "progressing" and f.ranks]
-    sure = [f for f in culprits if f.confidence in ("high", "medium")] or culprits[:1]
-    keys = {k for f in sure for k in f.ranks}
-    return keys if len(keys) * 2 <= max(total, 1) else set()
 
 
 _STATE_ORDER = {"failed": 0, "partial": 1, "pending": 2, "connecting": 3, "discovering": 4, "collecting": 5,

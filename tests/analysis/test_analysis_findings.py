@@ -4,6 +4,7 @@ and that the most likely culprit comes first and becomes the verdict."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 from analysis_snapshots import ALL_REDUCE as ALL_REDUCE_FRAMES
 from analysis_snapshots import BARRIER, LOADING, failed, job, nodes_of, rank, snapshot, stack
@@ -26,7 +27,12 @@ def test_minority_in_the_data_loader_while_the_rest_wait_in_all_reduce() -> None
     # where the path leaves the majority's, on both sides
     assert "after `<module>` (job.py:120): `train` (job.py:55) here, `train` (job.py:57) there" in top.detail
     assert "1 rank stands against 7" in top.reason
-    assert a.verdict == "Rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`."
+    # the headline says where, that the mechanism is not known (this made-up stack carries no kernel state), and
+    # what to check next
+    assert a.verdict == ("Rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`; what its main "
+                         "thread waits in is not known: no wait site names the call and the kernel's state of the "
+                         "thread was not read. Next: see why rank 5 does not return from there: `py-spy dump --native "
+                         "--locals --pid 1005` on node02; `cat /proc/1005/stack` shows the kernel side.")
 
 
 def test_a_rank_in_another_collective() -> None:
@@ -95,7 +101,8 @@ def test_a_rank_missing_from_world_size_on_healthy_nodes() -> None:
     assert top.kind == "missing_ranks" and top.confidence == "high" and top.culprit
     assert top.title == "rank 6 not found (WORLD_SIZE=8)"
     assert "exited" in top.detail and "node02: 3 of 4" in top.detail  # LOCAL_WORLD_SIZE unknown: slots
-    assert a.verdict == "Rank 6 not found (WORLD_SIZE=8)."
+    assert a.verdict == ("Rank 6 not found (WORLD_SIZE=8). Next: find why rank 6 exited: its log, and `dmesg` on its "
+                         "node for the OOM killer; then restart the job.")
 
 
 def test_a_failed_node_makes_its_ranks_unknown() -> None:
@@ -109,7 +116,8 @@ def test_a_failed_node_makes_its_ranks_unknown() -> None:
     missing = next(f for f in a.findings if f.kind == "missing_ranks")
     assert missing.title == "ranks 8-11 not found (WORLD_SIZE=12)" and missing.confidence == "low"
     assert "node[03-04] could not be inspected" in missing.detail
-    assert a.verdict == "No clear culprit; the best lead: ranks on node[03-04] unknown: node failed (connect timeout)."
+    assert a.verdict == ("No clear culprit; the best lead: ranks on node[03-04] unknown: node failed (connect timeout). "
+                         "Next: fix access to the failed node(s) and run again: the culprit may be there.")
 
 
 def test_missing_ranks_from_slots_without_rank_numbers() -> None:
@@ -224,10 +232,13 @@ def test_findings_never_list_a_less_sure_one_before_a_surer_one() -> None:
     in any mix of kinds; within one confidence, progressing comes first, then suspects, then notes."""
     import itertools
 
-    from app.analysis.findings import Finding, lead, order
+    from app.analysis.facts import Evidence, Fact, Who, lead, ordered
 
-    def f(kind: str, confidence: str, culprit: bool) -> Finding:
-        return Finding(kind, kind, "", confidence, "", culprit=culprit)  # type: ignore[arg-type]
+    def f(kind: str, confidence: str, culprit: bool) -> Fact:
+        return Fact(kind, Who(), confidence, Evidence(), culprit=culprit)  # type: ignore[arg-type]
+
+    def order(facts: Sequence[Fact]) -> Sequence[Fact]:
+        return ordered(tuple(facts))
 
     pool = [f("node_failed", "low", True), f("no_data", "high", False), f("thread_count", "low", True),
             f("all_identical", "high", False), f("minority_stack", "medium", True), f("no_locals", "high", False),
@@ -236,11 +247,11 @@ def test_findings_never_list_a_less_sure_one_before_a_surer_one() -> None:
     for n in (2, 3, 4):
         for combo in itertools.permutations(pool, n):
             got = order(combo)
-            assert [rank[x.confidence] for x in got] == sorted(rank[x.confidence] for x in got), got
+            assert [rank[x.strength] for x in got] == sorted(rank[x.strength] for x in got), got
     high = order([f("dump_failed", "high", False), f("missing_ranks", "high", True), f("progressing", "high", False)])
     assert [x.kind for x in high] == ["progressing", "missing_ranks", "dump_failed"]
     # the verdict still speaks of the surest suspect, not of a surer note about the data
-    best = lead([f("no_locals", "high", False), f("minority_stack", "medium", True)])
+    best = lead((f("no_locals", "high", False), f("minority_stack", "medium", True)))
     assert best is not None and best.kind == "minority_stack"
 
 

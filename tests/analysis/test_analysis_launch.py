@@ -50,21 +50,25 @@ def test_a_slow_node_launched_with_other_flags_says_the_flags_are_why() -> None:
     """nanoGPT with node04 at 32 accumulation steps and batch 16 (the rest 16 and 4) trains on, node04 at the
     job's pace: its slow finding names the flags, which are what to change (seen live, tests/live/test_oss_cluster.py);
     a slow node whose ranks were launched like the rest keeps its finding as it is."""
-    from app.analysis.findings import Finding
-    from app.analysis.launch import slow_by_flags
+    from app.analysis.calibrate import before_graph
+    from app.analysis.facts import Fact, Who
+    from app.analysis.progress import SlowEvidence, SlowReason
+    from app.analysis.prose import render
 
     other = (*TRAIN[:4], "--batch_size=16", "--compile=False")
     snap = snapshot(launched({6: other, 7: other}))
-    differs = [f for f in analyze(snap).findings if f.kind == "launch_differs"]
+    differs = [f for f in analyze(snap).facts if f.kind == "launch_differs"]
     node04 = tuple(sorted((r.node, r.pid) for r in snap.ranks if r.node == "node04"))
     node03 = tuple(sorted((r.node, r.pid) for r in snap.ranks if r.node == "node03"))
-    slow = Finding("slow_node", "node04 is slow: its ranks wait for a CPU", "its ranks waited for a CPU 62% of the "
-                   "time.", "high", "counters read on the node between samples", node04, "ranks 6-7 on node04",
-                   "node04")
-    out = slow_by_flags([*differs, slow, dataclasses.replace(slow, ranks=node03, nodes="node03")])
-    assert out[0] == differs[0] and out[2].ranks == node03 and out[2].title == slow.title
-    assert out[1].title == ("node04 is slow: its ranks wait for a CPU; its ranks run with other flags than the rest: "
-                            "--batch_size `16` where the others have `4`")
-    assert "likely reason; launch every node with the same flags" in out[1].detail
-    assert (out[1].kind, out[1].confidence, out[1].ranks) == ("slow_node", "high", node04)
-    assert slow_by_flags([slow]) == [slow]
+    slow = Fact("slow_node", Who(node04, (6, 7), ("node04",)), "high",
+                SlowEvidence("node04", (SlowReason("run_wait", 0.62, 0.02),)))
+    other_slow = Fact("slow_node", Who(node03, (4, 5), ("node03",)), "high",
+                      SlowEvidence("node03", (SlowReason("run_wait", 0.62, 0.02),)))
+    out = before_graph([*differs, slow, other_slow], ())
+    assert out[0] == differs[0] and out[2] == other_slow
+    said = render(out[1])
+    assert said.title == ("node04 is slow: its ranks wait for a CPU; its ranks run with other flags than the rest: "
+                          "--batch_size `16` where the others have `4`")
+    assert "likely reason; launch every node with the same flags" in said.detail
+    assert (said.kind, said.confidence, said.ranks) == ("slow_node", "high", node04)
+    assert before_graph([slow], ()) == [slow]

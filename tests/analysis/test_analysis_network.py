@@ -8,6 +8,7 @@ from typing import Dict, Iterable, Optional
 
 from analysis_snapshots import rank, snapshot, sock
 from app.analysis import analyze
+from app.analysis.prose import render
 from app.analysis.network import address_map, host_of, network_findings
 from app.model import NodeStatus
 
@@ -32,8 +33,9 @@ def nodes(**states: str) -> list:
 
 
 def stall_of(ranks: list, same_place: bool = True, node_list: Optional[list] = None):  # type: ignore[no-untyped-def]
+    """The network fact as the text layer says it (a Finding), or None."""
     found = network_findings(snapshot(ranks, node_list or nodes()), same_place=same_place)
-    return found[0] if found else None
+    return render(found[0]) if found else None
 
 
 RETRANSMIT = dict(backoff=4, retransmits=1, send_q=4096, last_ack_ms=30000)

@@ -218,15 +218,39 @@ def test_ranks_a_slow_node_holds_back_are_not_stuck() -> None:
     assert [f.nodes for f in a.findings if f.kind == "slow_node"] == ["node04"]
     assert "2 waiting for a slow node, 2 slow; 4 progressing" in " ".join(summary_text(now, a).split())
 
-    # the same stacks without the throttling: nothing explains node01's unchanged ranks, so they stay stuck
-    plain = {r: {k: v for k, v in kw.items() if k not in ("quota", "throttled_us", "nr_throttled")}
-             for r, kw in per_rank(12.0, 1).items()}
-    plain_before = {r: {k: v for k, v in kw.items() if k not in ("quota", "throttled_us", "nr_throttled")}
-                    for r, kw in per_rank(10.0, 0).items()}
-    b = analyze(ddp_sample(12.0, plain, cpu=1.0), history=[ddp_sample(10.0, plain_before, cpu=1.0)])
+    # the same stacks with nothing holding node04 back (no throttling, and its ranks get a whole CPU while they
+    # run): nothing explains node01's unchanged ranks, so they stay stuck
+    def free(at: float, step: int) -> dict:
+        ranks = {r: {k: v for k, v in kw.items() if k not in ("quota", "throttled_us", "nr_throttled")}
+                 for r, kw in per_rank(at, step).items()}
+        for r in (6, 7):
+            ranks[r]["cpu"] = 1.0 + at  # a core's worth of CPU between samples: computing, not held back
+        return ranks
+
+    b = analyze(ddp_sample(12.0, free(12.0, 1), cpu=1.0), history=[ddp_sample(10.0, free(10.0, 0), cpu=1.0)])
     assert not any(f.kind == "slow_node" for f in b.findings)
     assert {p.rank for p in b.progress if p.status == "stuck"} >= {0, 1}
     assert not any(p.status in ("waiting", "slow") for p in b.progress)
+
+
+def test_a_node_held_to_a_fraction_of_a_cpu_is_slow_without_its_cgroup_counters() -> None:
+    """node04's ranks throttled to ~1 % of a CPU, on a node that cannot read its cgroup's counters (a container
+    with its own cgroup namespace): runnable (state R) in every sample yet a fraction of a CPU between them, caught
+    outside the collective while the others wait in it. The CPU time per second of wall time says what the cgroup
+    file system cannot: node04 is slow, and the job progresses."""
+    def per_rank(at: float, step: int) -> dict:
+        ranks: dict = {r: {"sent": 10_000 + step * 20_000} for r in range(2, 6)}
+        ranks.update({r: {"sent": 5_000, "frames": ALL_REDUCE} for r in (0, 1)})
+        ranks.update({r: {"sent": 7_000, "frames": LOADING, "state": "R", "cpu": 1.0 + at / 100} for r in (6, 7)})
+        return ranks
+
+    a = analyze(ddp_sample(12.0, per_rank(12.0, 1), cpu=1.0), history=[ddp_sample(10.0, per_rank(10.0, 0), cpu=1.0)])
+    slow = [f for f in a.findings if f.kind == "slow_node"]
+    assert [f.nodes for f in slow] == ["node04"], a.findings
+    assert slow[0].title == "node04 is slow: its ranks get a fraction of a CPU while they want one"
+    assert "runnable (state R) in every sample yet ran 1% of a CPU" in slow[0].detail
+    assert a.findings[0].kind == "progressing"
+    assert {p.rank: p.status for p in a.progress if p.rank in (6, 7)} == {6: "slow", 7: "slow"}
 
 
 def test_a_culprit_still_running_on_a_slow_node_does_not_make_the_others_waiting() -> None:

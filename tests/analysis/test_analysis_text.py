@@ -20,7 +20,7 @@ def test_summary_has_verdict_findings_classes_and_node_failures() -> None:
     snap = snapshot(ranks, nodes)
     text = summary_text(snap, analyze(snap), width=100)
     lines = text.splitlines()
-    assert lines[0] == "hangscope: Rank 5 is in `next_batch` (loader.py:31) while 6 others wait in `all_reduce`."
+    assert lines[0] == "hangscope: Rank 5 is in `next_batch` (loader.py:31) while 6 others wait in `all_reduce`; what its"
     assert "Findings, most likely culprit first:" in lines
     assert "   1. [high] rank 5 is in `next_batch` (loader.py:31) while 6 others wait in `all_reduce`" in lines
     assert "Stacks: 7 of 8 ranks in 2 groups (largest first):" in lines

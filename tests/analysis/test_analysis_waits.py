@@ -1,6 +1,7 @@
-"""The wait graph (app/analysis/waits.py): who waits for whom, from each kind of evidence; its root is the
-culprit the headline names; contradicted findings are never [high]; deadlocks are said as such; a progressing
-job has no culprit; several jobs get a graph each; the culprit does not depend on the order ranks arrive in."""
+"""The wait graph (app/analysis/graph.py, calibrate.py): who waits for whom, from each kind of evidence (typed
+facts, never their text); its root is the culprit the headline names; contradicted findings are never [high];
+deadlocks are said as such; a progressing job has no culprit; several jobs get a graph each; the culprit does not
+depend on the order ranks arrive in; every kind of fact is declared once, with a renderer."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from hypothesis import strategies as st
 
 from analysis_snapshots import ALL_REDUCE, C10D, LOADING, in_step, job, rank, snapshot, stack
 from app.analysis import Analysis, analyze
-from app.analysis.findings import Finding
+from app.analysis.facts import KINDS, ORDER
+from app.analysis.graph import WaitGraph
+from app.analysis.prose import RENDERERS
+from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
-from app.analysis.waits import WaitGraph, rank_numbers, wait_graph
-from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, ProcessHold, RankSnapshot, Snapshot
+from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
+from app.model import ProgressCounters, Snapshot, TcpSocket
 from app.model.codec import snapshot_from_json
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
@@ -111,7 +115,7 @@ def test_a_recv_from_a_rank_in_a_collective_is_a_mutual_wait() -> None:
     g = graph(a)
     assert root_numbers(a) == {3, 6} and g.deadlock
     back = next(e for e in g.edges if e.kind == "collective")
-    assert "all_reduce" in back.evidence and "rank 3 has not joined" in back.evidence
+    assert "`all_reduce`" in back.evidence and "rank 3 has not joined" in back.evidence
     p2p_finding = next(f for f in a.findings if f.kind == "p2p_wait")
     assert "rank 6" in p2p_finding.title and "in `all_reduce`" in p2p_finding.title
 
@@ -126,7 +130,7 @@ def test_the_flight_recorder_sequence_numbers_name_the_rank_behind() -> None:
     assert root_numbers(a) == {7}
     flight = next(e for e in g.edges if e.kind == "flight")
     assert flight.evidence == "pg 0: seq #40 vs #41" and flight.finding == "collective_lag"
-    assert "ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41" in "\n".join(g.lines())
+    assert "ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs #41" in "\n".join(graph_lines(g))
 
 
 def test_an_iteration_ahead_and_a_missing_rank_are_edges_with_their_evidence() -> None:
@@ -139,15 +143,17 @@ def test_an_iteration_ahead_and_a_missing_rank_are_edges_with_their_evidence() -
     assert "dmesg" in g.next
 
 
-def test_a_finding_of_a_kind_the_graph_does_not_know_still_makes_an_edge() -> None:
-    """New detectors (hooked into findings.py) need no change here: their culprit is waited for."""
-    ranks = list(job(4, 2))
-    f = Finding("oom_killed", "rank 3 was killed by the OOM killer", "", "high", "dmesg", (("node02", 1003),),  # type: ignore[arg-type]
-                "rank 3 on node02", "node02")
-    g, out, top = wait_graph([f], ranks, [(r.node, r.pid) for r in ranks], [r.rank for r in ranks], ())
-    assert top is f and out == [f]
-    assert [(e.kind, e.strength) for e in g.edges] == [("oom_killed", "high")]
-    assert g.vertex(g.root[0]).numbers == (3,)  # type: ignore[union-attr]
+def test_every_kind_of_fact_is_declared_once_with_its_evidence_and_a_renderer() -> None:
+    """A new detector declares its kind in facts.KINDS (tier, edge, evidence class) and the text layer renders it;
+    every fact the recorded jobs give carries the evidence class its kind declares."""
+    assert set(KINDS) == set(ORDER) == set(RENDERERS)
+    for path in sorted(SCENARIOS.glob("*.json")):
+        if path.name.endswith(".earlier.json"):
+            continue
+        snap, _ = snapshot_from_json(path.read_text(encoding="utf-8"))
+        earlier, _ = snapshot_from_json(path.with_name(path.name[:-5] + ".earlier.json").read_text(encoding="utf-8"))
+        for f in analyze(snap, history=[earlier]).facts:
+            assert type(f.data).__name__ == KINDS[f.kind].evidence, (path.name, f.kind, type(f.data).__name__)
 
 
 # --- root selection and calibration --------------------------------------------------------------------
@@ -197,7 +203,7 @@ def sample(at: float, step: int, loading: int, **kw: object) -> object:
 def test_a_progressing_job_has_no_culprit_and_no_high_suspect() -> None:
     a = analyze(sample(20.0, 12, 1), history=[sample(19.0, 11, 3)])  # type: ignore[arg-type]
     g = graph(a)
-    assert g.progressing and not g.root and g.lines() == ["nobody: the job is progressing between samples"]
+    assert g.progressing and not g.root and graph_lines(g) == ["nobody: the job is progressing between samples"]
     assert a.verdict.startswith("The job is progressing")
     assert not [f for f in a.findings if f.culprit and f.confidence == "high"]
 
@@ -237,17 +243,62 @@ def test_print_shows_who_waits_for_whom_under_the_headline() -> None:
     text = summary_text(snapshot(job(8, 4, rank7=LOADING)), a, width=200)
     lines = text.splitlines()
     assert lines[0].startswith("hangscope: Rank 7 is in `next_batch`")
-    assert lines[2] == "Who waits for whom:"
-    assert lines[3].startswith("  ranks 0-6 -> rank 7 (stacks: `all_reduce` vs `next_batch` (loader.py:31); high)")
+    at = lines.index("Who waits for whom:")
+    assert lines[at - 1] == "" and all(line.startswith(("hangscope: ", "  ")) for line in lines[:at - 1])
+    assert lines[at + 1].startswith("  ranks 0-6 -> rank 7 (stacks: `all_reduce` vs `next_batch` (loader.py:31); high)")
     assert any(line.startswith("  next: see why rank 7 does not return from there") for line in lines)
     stored = a.to_dict()["waits"][0]
     assert stored["root"] == list(graph(a).root) and stored["edges"][0]["kind"] == "stacks"
 
 
-def test_rank_numbers_in_labels_are_bounded() -> None:
-    assert rank_numbers("ranks 6-7,9 not found") == (6, 7, 9)
-    assert rank_numbers("rank 3") == (3,)
-    assert len(rank_numbers("ranks 0-999999999")) == 0  # more than the bound: nothing, not a billion ints
+def _link_stall(ranks: List[RankSnapshot]) -> List[RankSnapshot]:
+    """node02 and node03 each retransmit to the other: a stalled link between two nodes."""
+    stalled = dict(backoff=4, retransmits=1, send_q=4096, last_ack_ms=30000)
+    out = []
+    for r in ranks:
+        if r.node in ("node02", "node03"):
+            peer = "10.0.0.3:29501" if r.node == "node02" else "10.0.0.2:29501"
+            local = f"10.0.0.{2 if r.node == 'node02' else 3}:4{r.rank:04d}"
+            r = dataclasses.replace(r, sockets=(TcpSocket(local, peer, "ESTABLISHED", **stalled),))  # type: ignore[arg-type]
+        out.append(r)
+    return out
+
+
+def test_a_two_node_stall_is_contradicted_by_bytes_that_moved_on_both_nodes() -> None:
+    """The nodes a fact names are a tuple, never a folded label split again: a stall on the link node02-node03
+    whose ranks' sockets moved bytes between samples is contradicted like a one-node stall (it was never
+    contradicted when "node[02-03]" was split on commas)."""
+    def sample(at: float, moved: int) -> Snapshot:
+        ranks = _link_stall(list(job(8, 2)))
+        ranks = [dataclasses.replace(r, counters=ProgressCounters(at=at), sockets=tuple(
+            dataclasses.replace(s, bytes_acked=moved, bytes_received=moved) for s in r.sockets)) for r in ranks]
+        nodes = tuple(NodeStatus(f"node0{i}", address=f"10.0.0.{i}", state="done") for i in range(1, 5))
+        return dataclasses.replace(snapshot(ranks, taken_at=at), nodes=nodes)
+
+    one = analyze(sample(1000.0, 0))
+    assert {r.node for r in sample(1000.0, 0).ranks} == {"node01", "node02", "node03", "node04"}
+    stall = next(f for f in one.facts if f.kind == "network_stall")
+    assert stall.who.nodes == ("node02", "node03") and stall.strength == "high"
+    a = analyze(sample(1002.0, 50_000), history=[sample(1000.0, 0)])
+    stall = next(f for f in a.facts if f.kind == "network_stall")
+    assert stall.strength != "high", stall
+    assert any(c.code == "sockets_moved" for c in stall.caveats)
+    said = next(f for f in a.findings if f.kind == "network_stall")
+    assert "moved bytes to their peers between samples" in said.reason and "node[02-03]" in said.reason
+
+
+def test_suspects_on_two_nodes_agree_by_node_not_by_label() -> None:
+    """A missing rank on node03 and a stalled link node02-node03 speak of the same node: no rival lowers either
+    (agreement compares node names one by one, not the folded label "node[02-03]")."""
+    from app.analysis.calibrate import _agree
+    from app.analysis.graph import Vertex
+
+    link = Vertex("v1", "host", nodes=("node02", "node03"))
+    missing = Vertex("v2", "missing", numbers=(6,), nodes=("node03",))
+    elsewhere = Vertex("v3", "missing", numbers=(6,), nodes=("node04",))
+    assert _agree(link, missing) and _agree(missing, link)
+    assert not _agree(link, Vertex("v4", "host", nodes=("node04",)))
+    assert _agree(missing, elsewhere)  # the same rank number
 
 
 KINDS_OF_CULPRIT = ("loader", "ahead", "stopped", "missing", "lagging")

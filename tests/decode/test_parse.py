@@ -1,5 +1,5 @@
 """Golden tests: the worker's recorded replies on a real hung 2-rank torch gloo job (tests/data/worker_*.json,
-re-recorded with tests/worker_record_golden.py) parsed into the model."""
+re-recorded with tests/support/worker_record_golden.py) parsed into the model."""
 
 from __future__ import annotations
 

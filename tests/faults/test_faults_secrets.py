@@ -362,7 +362,7 @@ def test_no_planted_value_leaves_a_cluster_node_over_ssh(make_cluster, tmp_path)
     """The same planted rank on a node of the SSH test cluster, investigated from the login side as a user
     does (hosts file, real sshd, the worker shipped over SSH) with --locals, --strace with its data, --gdb and
     the Flight Recorder: nothing planted reaches --print, the snapshot, the export or its tarball."""
-    from cluster import run_login
+    from cluster import UNHURRIED_LOGIN, run_login
     import testenv
 
     cluster = make_cluster(1)
@@ -377,11 +377,11 @@ def test_no_planted_value_leaves_a_cluster_node_over_ssh(make_cluster, tmp_path)
     _main_thread_blocked(_host_pid_running(prog))
     hosts = cluster.hosts_file(tmp_path)
     snap, bundle = tmp_path / "snap.json", tmp_path / "bundle"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--locals", "--strace", "3", "--strace-data", "--gdb",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--locals", "--strace", "3", "--strace-data", "--gdb",
                      "--snapshot", str(snap), "--export", str(bundle), "--tar", "--samples", "1"], cluster,
                     timeout=180, cwd=str(REPO))
     assert res.returncode == 0, res.stdout + res.stderr
-    printed = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--samples", "1"], cluster, timeout=180,
+    printed = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--samples", "1"], cluster, timeout=180,
                         cwd=str(REPO))
     assert printed.returncode == 0, printed.stderr
     texts = {"snapshot run": res.stdout + res.stderr, "--print": printed.stdout + printed.stderr}

@@ -14,6 +14,7 @@ import pytest
 from app.errors import TransportError
 from app.model.codec import snapshot_from_json
 from app.transport.ssh import SshOptions, SshTransport
+from workers import protocol
 import cluster as cluster_mod
 from waiting import wait_until
 
@@ -117,7 +118,7 @@ async def test_remote_output_that_is_not_utf8_is_replaced_not_raised(cluster) ->
     try:
         w = await SshTransport(SshOptions(config_paths=(str(c.ssh_config),), connect_timeout=5)).open("node03")
         try:
-            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True
             noise = [x for x in w.warnings if "motd" in x]
             assert noise and "\ufffd" in noise[0], w.warnings  # bad bytes shown as replacement characters
         finally:

@@ -34,7 +34,7 @@ from waiting import wait_until
 import testenv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-JOB_PYTHON = testenv.PYTHON  # the tests' python (torch is there); tests/cluster.py keeps it visible on every node
+JOB_PYTHON = testenv.PYTHON  # the tests' python (torch is there); tests/support/cluster.py keeps it visible on every node
 MARK = b"HANGSCOPE_GPUTEST="
 
 
@@ -161,8 +161,11 @@ def test_pair_isolation_names_a_blocked_link_not_its_nodes(six) -> None:
     for rule in rules:
         a.iptables("-A", *rule)
     try:
+        # a pair counts as slow only below 5% of the median: this link hangs, and gloo's bandwidth on CPUs that
+        # other work shares varies several-fold with that work (gp01-gp03 measured at 24% of the median on this
+        # shared machine, and gp01 was then blamed as a node); slowness is the throttled-node test's subject
         results, code, _ = run(six, "pairs", GpuTestOptions(python=JOB_PYTHON, timeout=10, pair_size=2 << 20,
-                                                            pair_iters=3))
+                                                            pair_iters=3, slow_ratio=0.05))
     finally:
         for rule in rules:
             a.iptables("-D", *rule)

@@ -2,7 +2,7 @@
 NCCL RAS's view, from the node's worker to the findings.
 
 There is no GPU here: every GPU tool's output is RECORDED (tests/data/gpu/, sources in its README) and printed by
-FAKE executables (tests/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
+FAKE executables (tests/support/gpu_fakes.py) that stand in for faults that cannot be produced here. The worker that runs
 them under deadlines, the redaction, the decoding (app/decode/gpu.py) and the analysis are the real code.
 """
 
@@ -24,12 +24,29 @@ from worker_targets import start_rank
 
 from app.decode import gpu as parse_gpu
 from app.analysis import analyze
-from app.analysis.gpu_evidence import evidence_lines, gpu_findings
+from app.analysis.calibrate import before_graph
+from app.analysis.facts import Evidence, Fact, ranks_who
+from app.analysis.findings import Finding
+from app.analysis.gpu_evidence import gpu_facts
+from app.analysis.prose import render
+from app.analysis.prose.gpu import evidence_lines
 from app.model import (bus_key, GpuUse, GpuXid, NodeGpuEvidence, NodeStatus, RankSnapshot, RasComm, RasRank,
                        RasView, Snapshot)
 from workers.collect import gpu_evidence as collector
+from workers.collect import nvidia
 
 NOW = 1_760_000_000.0
+
+
+def gpu_findings(snap: Snapshot, others: list, history: list) -> list:
+    """The GPU facts of a snapshot, as the analysis makes and calibrates them beside `others` (other findings of
+    the same job, as facts: a progressing job, a stack that singles out some rank), rendered."""
+    number = {(r.node, r.pid): r.rank for r in snap.ranks}
+    given = [Fact(f.kind, ranks_who(f.ranks, tuple(number.get(k) for k in f.ranks)), f.confidence, Evidence(),
+                  culprit=f.culprit) for f in others]
+    stuck = (not any(f.kind == "progressing" for f in given)) if history else None
+    facts = before_graph(given + gpu_facts(snap, stuck, history), ())
+    return [render(f) for f in facts[len(given):]]
 
 
 def _iso_lines(now: float = NOW) -> list:
@@ -55,8 +72,8 @@ def test_nvidia_smi_q_report_gives_ecc_and_remap_counts_per_gpu() -> None:
 
 
 def test_query_gpu_csv_joined_with_remapped_rows() -> None:
-    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
-    gpus = parse_gpu.add_remaps(gpus, recorded("remapped-rows.csv"), collector.REMAP_FIELDS)
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), nvidia.GPU_FIELDS)
+    gpus = parse_gpu.add_remaps(gpus, recorded("remapped-rows.csv"), nvidia.REMAP_FIELDS)
     assert len(gpus) == 8
     bad = [g for g in gpus if g.ecc_uncorrected_volatile]
     assert [(g.index, g.bus_id, g.ecc_uncorrected_volatile, g.remap_uncorrectable, g.remap_pending)
@@ -72,6 +89,55 @@ def test_xid_lines_with_their_age_and_bus() -> None:
     assert by[119].bus_id == "0000:ab:00", "an Xid line without `PCI:` in front of the address"
     assert "fallen off the bus" in by[79].text and abs(by[63].age_s - 604800) < 1
     assert bus_key("00000000:5D:00.0") == bus_key("0000:5d:00")
+
+
+# Xid lines as drivers and logs write them (app/decode/gpu.py _XID): the current driver's, a MIG instance's, the
+# older drivers' without `PCI:` (as quoted in public bug reports of the 3xx-series drivers), behind each log's prefix
+XID_SHAPES = [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+     (79, "0000:3b:00", "", "pid=1234, name=python3, GPU has fallen off the bus.")),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+     (79, "0000:3b:00", "", "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")),
+    ("NVRM: Xid (PCI:0000:C1:00 GPU-I:01): 43, pid=2201, name=python, Ch 00000010",
+     (43, "0000:c1:00", "GPU-I:01", "pid=2201, name=python, Ch 00000010")),
+    ("NVRM: Xid (PCI:0000:c1:00 GPU-I:01 GPU-CI:00): 31, pid=2201, name=python, MMU Fault",
+     (31, "0000:c1:00", "GPU-I:01 GPU-CI:00", "pid=2201, name=python, MMU Fault")),
+    # older drivers: no `PCI:`, no pid or name; the message may even be on the next line
+    ("NVRM: Xid (0000:03:00): 13, 0003 00000000 00008297 00001098 00000000 00000044",
+     (13, "0000:03:00", "", "0003 00000000 00008297 00001098 00000000 00000044")),
+    ("NVRM: Xid (0000:01:00): 8, Channel 00000020", (8, "0000:01:00", "", "Channel 00000020")),
+    ("NVRM: Xid (0000:01:00): 16, ", (16, "0000:01:00", "", "")),
+    # the logs' prefixes: dmesg, dmesg -T, syslog, /dev/kmsg's record, an `nvidia-smi`-style function
+    ("[176830.774761] NVRM: Xid (0000:03:00): 13, 0003", (13, "0000:03:00", "", "0003")),
+    ("[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM",
+     (13, "0000:cb:00", "", "pid='<unknown>', name=<unknown>, Graphics SM")),
+    ("May 10 22:25:01 jambi kernel: [176830.774761] NVRM: Xid (0000:03:00): 13, 0003",
+     (13, "0000:03:00", "", "0003")),
+    ("3,4471,3023054882,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+     (79, "0000:3b:00", "", "pid=1234, GPU has fallen off the bus.")),
+    ("NVRM: Xid (PCI:0000:b3:00.0): 79, pid=12345, GPU has fallen off the bus.",
+     (79, "0000:b3:00", "", "pid=12345, GPU has fallen off the bus.")),
+]
+NOT_XIDS = [
+    "NVRM: GPU 0000:5d:00.0: GPU has fallen off the bus.",  # the driver's line after an Xid 79: not an Xid itself
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+    "NVRM: Xid (PCI:0000:3b:00) 79, GPU has fallen off the bus.",  # no `): `: no driver writes this
+    "NVRM: Xid (PCI:0000:3b): 79, a bus without a device",
+    "pcieport 0000:00:03.1: AER: Uncorrected (Non-Fatal) error received: 0000:3b:00.0",
+]
+
+
+def test_xid_line_shapes_of_every_driver_and_log_are_read_and_nothing_else() -> None:
+    for line, (xid, bus, mig, text) in XID_SHAPES:
+        got = parse_gpu.parse_xids([line], "iso", NOW)
+        assert [(x.xid, x.bus_id, x.mig, x.text) for x in got] == [(xid, bus, mig, text)], line
+    assert parse_gpu.parse_xids(NOT_XIDS, "iso", NOW) == []
+    # the GPU tests read the same lines through the same decoder: one model, one parser
+    from app.gpu.inventory import node_inventory
+
+    inv = node_inventory("gpu01", {"smi": {"status": "missing"}, "xid_lines": [line for line, _ in XID_SHAPES],
+                                   "xid_timed": "iso"})
+    assert [x.xid for x in inv.xids] == [want[0] for _, want in XID_SHAPES]
 
 
 def test_kmsg_and_syslog_times() -> None:
@@ -121,7 +187,7 @@ def _rank(node: str, pid: int, rank: int, local: int, gpus=()) -> RankSnapshot:
 
 
 def _evidence(**kw) -> NodeGpuEvidence:
-    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), nvidia.GPU_FIELDS)
     base = dict(why="test", at=NOW, smi="ok", smi_timeout=5.0, gpus=tuple(gpus), xid_source="dmesg")
     base.update(kw)
     return NodeGpuEvidence(**base)
@@ -150,7 +216,7 @@ def test_fresh_xid_on_a_stuck_ranks_gpu_is_the_lead() -> None:
 
 
 def test_nvidia_smi_process_list_ties_the_gpu_to_its_rank() -> None:
-    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS)
+    gpus = parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), nvidia.GPU_FIELDS)
     holder = _rank("gpu02", 201, 2, 0, gpus=[GpuUse(index=3, uuid=gpus[3].uuid)])
     snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, [RANKS[0], RANKS[1], holder, RANKS[3]])
     (f,) = gpu_findings(snap, [], history=[snap])
@@ -158,7 +224,6 @@ def test_nvidia_smi_process_list_ties_the_gpu_to_its_rank() -> None:
 
 
 def test_gpu_evidence_on_a_progressing_job_is_a_low_note() -> None:
-    from app.analysis.findings import Finding
     snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
     moving = Finding("progressing", "the job progresses", "", "high", "samples", culprit=True)
     (f,) = gpu_findings(snap, [moving], history=[snap])
@@ -462,7 +527,7 @@ def test_print_report_and_tui_show_the_gpu_evidence(tmp_path) -> None:
 def test_redacted_uuids_do_not_tie_every_rank_to_the_gpu() -> None:
     # GPU uuids are high-entropy text: the node's redaction may turn them into *** on both sides
     gpus = tuple(dataclasses.replace(g, uuid="***") for g in
-                 parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), collector.GPU_FIELDS))
+                 parse_gpu.parse_gpu_csv(recorded("query-gpu.csv"), nvidia.GPU_FIELDS))
     ranks = [_rank("gpu02", 200, 2, 0, gpus=[GpuUse(index=0, uuid="***")]),
              _rank("gpu02", 203, 3, 1, gpus=[GpuUse(index=3, uuid="***")])]
     snap = _snap({"gpu02": _evidence(gpus=gpus, xids=(FRESH_79,))}, ranks)
@@ -499,7 +564,6 @@ def test_a_collector_past_its_deadline_sends_what_answered(monkeypatch) -> None:
 
 
 def test_a_gpu_finding_that_other_evidence_contradicts_is_not_high() -> None:
-    from app.analysis.findings import Finding
     snap = _snap({"gpu02": _evidence(xids=(FRESH_79,))}, RANKS)
     elsewhere = Finding("minority_stack", "rank 0 is in `load`", "", "high", "1 against 3", ranks=(("gpu01", 100),),
                         ranks_label="rank 0 on gpu01")
@@ -508,6 +572,39 @@ def test_a_gpu_finding_that_other_evidence_contradicts_is_not_high() -> None:
     same = Finding("minority_stack", "rank 3 is in `sync`", "", "high", "1 against 3", ranks=(("gpu02", 203),))
     (g,) = gpu_findings(snap, [same], history=[snap])
     assert g.confidence == "high" and "the same rank" in g.reason
+
+
+def test_the_gpu_tests_read_the_node_with_the_investigations_reader(tmp_path) -> None:
+    # gpu_inventory (the GPU tests, before they run) is workers/collect/nvidia.py read(), with the holders
+    from app.gpu.inventory import busy, node_inventory
+
+    with start_rank(0) as t:
+        bindir = _fakes(tmp_path, t.pid)
+        with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+            _, done = w.call("gpu_inventory", {}, timeout=120)
+    assert done["type"] == "done", done
+    assert done["data"]["smi"]["via"] == "nvidia-smi" and done["data"]["smi"]["gpu_fields"] == nvidia.GPU_FIELDS
+    inv = node_inventory("gpu02", done["data"])
+    assert inv.source == "nvidia-smi" and len(inv.gpus) == 8
+    assert [(g.index, g.memory_used_mib, g.utilization_pct, g.remap_pending) for g in inv.gpus][3] == (3, 30229, 0, True)
+    assert [(h.pid, h.used_mib, h.process) for h in inv.holders] == [(t.pid, 30211, "/usr/bin/python3")]
+    assert [node for node, _ in busy([inv])] == ["gpu02"]
+    assert [x.xid for x in inv.xids][:2] == [79, 48] and inv.xids[0].age_s is not None
+
+
+def test_a_dmesg_without_options_is_read_with_its_boot_times(tmp_path) -> None:
+    # busybox's dmesg (a container's) refuses --kernel and --time-format: the plain one is read, its seconds since
+    # boot turned into wall-clock times on the node, as /dev/kmsg's are
+    bindir = tmp_path / "fakebin"
+    gpu_fakes.dmesg(bindir, recorded("dmesg-xids.txt"), busybox=True)
+    with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
+        _, done = w.call("gpu_inventory", {}, timeout=120)
+    raw = done["data"]
+    assert raw["xid_source"] == "dmesg" and raw["xid_timed"] == "epoch", raw
+    ev = parse_gpu.gpu_evidence(raw)
+    assert ev is not None and [x.xid for x in ev.xids][:2] == [79, 48]
+    assert 30 <= (ev.xids[0].age_s or 0) <= 120, ev.xids[0]
+    assert ev.xids[5].bus_id == "0000:ab:00", "the old shape (no `PCI:`) in a plain dmesg"
 
 
 def test_without_nvidia_smi_nvml_is_read_through_ctypes_in_a_child(tmp_path) -> None:
@@ -530,6 +627,16 @@ def test_without_nvidia_smi_nvml_is_read_through_ctypes_in_a_child(tmp_path) -> 
     assert ev is not None and ev.smi == "ok"
     assert [(g.index, g.bus_id, g.ecc_uncorrected_volatile, g.remap_pending) for g in ev.gpus] == [
         (0, "00000000:3B:00.0", 0, False), (1, "00000000:5D:00.0", 2, True)]
+    assert [(g.memory_used_mib, g.memory_total_mib, g.utilization_pct, g.temperature_c) for g in ev.gpus] == [
+        (4, 81559, 100, 40), (30211, 81559, 0, 41)]
+    assert ev.processes == (), "the investigation does not ask who holds the GPUs"
+    with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir), "LD_LIBRARY_PATH": str(lib.parent)}) as w:
+        _, done = w.call("gpu_inventory", {}, timeout=120)
+    from app.gpu.inventory import node_inventory
+
+    inv = node_inventory("gpu01", done["data"])
+    assert inv.source == "nvml" and [(h.pid, h.used_mib) for h in inv.holders] == [(4242, 30211)]
+    assert inv.holders[0].uuid == inv.gpus[1].uuid, "held: the second GPU (its uuid as redaction left it)"
 
 
 def test_auto_collects_for_a_rank_that_maps_libnccl(tmp_path) -> None:

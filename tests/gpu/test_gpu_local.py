@@ -21,7 +21,9 @@ from app.gpu.launch import Launcher, LaunchSpec, PortBook
 from app.gpu.model import PHASES
 from app.gpu.options import GpuTestOptions
 from app.gpu.runner import GpuTestRunner, Preflight
-from app.transport.local import start_local
+from app.transport import bootstrap
+from app.transport.local import spawn_worker, start_local
+from workers import protocol
 from workers.gputest.marked import marked_pids
 from waiting import wait_until_async
 
@@ -64,16 +66,16 @@ async def test_sanity_and_bench_pass_on_two_local_ranks(worker) -> None:
 
 async def test_a_test_stuck_at_the_rendezvous_is_stopped_with_stacks_and_leaves_nothing(worker) -> None:
     token = secrets.token_hex(8)
-    port = (await worker.call("gpu_ports", {"count": 1}))["ports"][0]
+    port = (await worker.call(protocol.GPU_PORTS({"count": 1})))["ports"][0]
     # world size 3 with 2 ranks launched: both wait at the rendezvous for a rank that never comes
-    req = worker.request("gpu_launch", {"token": token, "python": PY, "nproc": 2, "config": config(port, 3),
-                                        "timeout": 200})
+    req = worker.request(protocol.GPU_LAUNCH({"token": token, "python": PY, "nproc": 2, "config": config(port, 3),
+                                              "timeout": 200}))
     lines: list = []
     stopped = False
     async for item in req:
         lines += item["lines"]
         if not stopped and any('"missing": [2]' in text for _, _, text in lines):
-            stopped = (await worker.call("gpu_stop", {"token": token}))["found"]
+            stopped = (await worker.call(protocol.GPU_STOP({"token": token})))["found"]
     assert stopped and req.done["stopped"] and not req.done["timed_out"]
     dumps = [text for stream, _, text in lines if stream == "err" and "in join_world" in text]
     assert len(dumps) == 2  # faulthandler answered SIGUSR1 on both ranks: where each one waited
@@ -84,9 +86,9 @@ async def test_closing_the_worker_kills_a_running_test() -> None:
     conn = await start_local(PY)
     token = secrets.token_hex(8)
     try:
-        port = (await conn.call("gpu_ports", {"count": 1}))["ports"][0]
-        req = conn.request("gpu_launch", {"token": token, "python": PY, "nproc": 2, "config": config(port, 3),
-                                          "timeout": 200})
+        port = (await conn.call(protocol.GPU_PORTS({"count": 1})))["ports"][0]
+        req = conn.request(protocol.GPU_LAUNCH({"token": token, "python": PY, "nproc": 2, "config": config(port, 3),
+                                                "timeout": 200}))
         async for item in req:  # until a rank waits at the rendezvous; the request keeps running
             if any('"phase": "join"' in t for _, _, t in item["lines"]):
                 break
@@ -151,9 +153,14 @@ async def test_with_no_job_on_the_node_the_python3_on_path_with_torch_is_used_an
     folder = os.path.dirname(PY)
     assert os.access(os.path.join(folder, "python3"), os.X_OK), "the tests' environment has a python3"
     monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
-    conn = await start_local(PY)
+    # a node with no job: the worker in a PID namespace of its own (a user namespace makes it root there), whose
+    # /proc shows no other process. On this machine other work runs jobs (another xdist worker's SLURM tests,
+    # other users' venvs) whose interpreters the worker would rightly pick before python3 on PATH
+    payload = bootstrap.build_payload()
+    conn = await spawn_worker(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+                               "--mount-proc", PY, "-c", payload.stage()], payload.data, python=PY)
     try:
-        pre = Preflight()  # no rank on the node (other jobs on this shared machine are none of this test's)
+        pre = Preflight()  # no rank on the node
         await GpuTestRunner({"local": conn}, GpuTestOptions()).choose_python("local", conn, [], pre)
     finally:
         await conn.close()

@@ -58,15 +58,17 @@ XID_LINES = [
 
 
 def test_inventory_from_nvidia_smi_with_holders_and_xids() -> None:
-    data = {"source": "nvidia-smi", "gpu_fields": "index,uuid,name,pci.bus_id,memory.used,memory.total,"
-            "utilization.gpu,ecc.errors.uncorrected.volatile.total,temperature.gpu",
-            "app_fields": "pid,gpu_uuid,used_memory,process_name", "gpus_csv": GPUS_CSV, "apps_csv": APPS_CSV,
-            "xid_lines": XID_LINES, "xid_source": "dmesg", "notes": []}
+    data = {"at": 1.0, "smi": {"status": "ok", "via": "nvidia-smi",
+                               "gpu_fields": "index,uuid,name,pci.bus_id,memory.used,memory.total,utilization.gpu,"
+                               "ecc.errors.uncorrected.volatile.total,temperature.gpu",
+                               "app_fields": "pid,gpu_uuid,used_memory,process_name", "gpus_csv": GPUS_CSV,
+                               "apps_csv": APPS_CSV},
+            "xid_lines": XID_LINES, "xid_source": "dmesg", "xid_timed": "iso", "notes": []}
     inv = inventory.node_inventory("gpu01", data)
-    assert [(g.index, g.name, g.memory_used_mib, g.ecc_uncorrected) for g in inv.gpus] == [
-        (0, "NVIDIA H100 80GB HBM3", 79213, 0), (1, "NVIDIA H100 80GB HBM3", 3, None)]  # [N/A] -> None
+    assert [(g.index, g.name, g.memory_used_mib, g.ecc_uncorrected_volatile, g.temperature_c) for g in inv.gpus] == [
+        (0, "NVIDIA H100 80GB HBM3", 79213, 0, 61), (1, "NVIDIA H100 80GB HBM3", 3, None, 35)]  # [N/A] -> None
     assert [(h.pid, h.used_mib, h.process) for h in inv.holders] == [(2812731, 79190, "/opt/conda/bin/python3.10")]
-    assert [(x.bus, x.code) for x in inv.xids] == [("0000:cb:00", 13), ("0000:cb:00", 109), ("0000:dc:00", 45)]
+    assert [(x.bus_id, x.xid) for x in inv.xids] == [("0000:cb:00", 13), ("0000:cb:00", 109), ("0000:dc:00", 45)]
     text = inventory.summary(inv)
     assert "2 GPU(s) via nvidia-smi" in text and "held by pid 2812731" in text and "recent Xid 13 on" in text
     busy = inventory.busy([inv])
@@ -75,9 +77,16 @@ def test_inventory_from_nvidia_smi_with_holders_and_xids() -> None:
 
 
 def test_a_node_without_nvidia_tools_has_no_gpus_and_no_holders() -> None:
-    inv = inventory.node_inventory("cpu01", {"source": None, "notes": []})
+    inv = inventory.node_inventory("cpu01", {"at": 1.0, "smi": {"status": "missing"}, "xid_lines": [], "notes": []})
     assert inv.gpus == () and inventory.busy([inv]) == []
     assert inventory.summary(inv).startswith("no NVIDIA GPUs")
+
+
+def test_a_hung_nvidia_smi_gives_no_gpus_and_says_why() -> None:
+    inv = inventory.node_inventory("gpu01", {"smi": {"status": "timeout", "via": "nvidia-smi", "timeout": 5.0},
+                                             "xid_lines": XID_LINES[:1], "xid_timed": "iso", "notes": []})
+    assert inv.gpus == () and [x.xid for x in inv.xids] == [13]
+    assert "did not answer within 5s" in inventory.summary(inv)
 
 
 def probe(iface: str, addr: str, mask: str = "255.255.255.0", extra: tuple = ()) -> dict:

@@ -1,6 +1,6 @@
 """Live: a real torch gloo job on the test cluster hangs with one rank stuck (the gpu_xid scenario), and the node
 of that rank has a GPU fault. The fault cannot be produced here (no GPU): FAKE nvidia-smi, dmesg and ncclras on
-the nodes print RECORDED outputs (tests/gpu_fakes.py, tests/data/gpu/README.md). The job, SSH, the worker, the
+the nodes print RECORDED outputs (tests/support/gpu_fakes.py, tests/data/gpu/README.md). The job, SSH, the worker, the
 CLI and the analysis are real: `hangscope HOSTS --gpu-evidence --snapshot out.json`, as a user runs it.
 """
 

@@ -1,5 +1,5 @@
 """Live: a rank in uninterruptible sleep (D) for real on a test cluster node, through the CLI over real SSH
-(issue 16.4). The node mounts a FUSE file system whose one file never answers a read (tests/fuse_stall.py); a
+(issue 16.4). The node mounts a FUSE file system whose one file never answers a read (tests/support/fuse_stall.py); a
 rank process (RANK=0, WORLD_SIZE=1) reads it and sits in D. `hangscope node01 --print --strace 1 --gdb
 --timeout 5` must name the state with its wait channel, the call and the file it waits on; dump it without
 ptrace (py-spy --nonblocking, under the held deadline), run neither strace nor gdb on it (each recorded as not
@@ -15,14 +15,14 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, _kill_marked
 from worker_targets import proc_state, tracer_pid
 from workers.collect import pyspy
 
 REPO = Path(__file__).resolve().parents[2]
-FUSE_STALL = REPO / "tests" / "fuse_stall.py"
+FUSE_STALL = REPO / "tests" / "support" / "fuse_stall.py"
 pytestmark = [pytest.mark.cluster]
 
 
@@ -65,7 +65,7 @@ def test_a_d_state_rank_is_named_with_its_wait_and_file_and_no_blocking_tool_run
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f"{cluster.names[0]}\n")
     out = tmp_path / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), "--samples", "1",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--snapshot", str(out), "--samples", "1",
                      "--timeout", "5", "--strace", "1", "--gdb"], cluster, timeout=240, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text())

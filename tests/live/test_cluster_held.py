@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from jobs import Job, _main_thread, start_job
 from worker_targets import proc_state, tracer_pid
 from waiting import wait_until
@@ -77,7 +77,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object, di
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n} slots=2\n" for n in cluster.names))
     out = tmp / f"snap-{uuid.uuid4().hex[:6]}.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *flags], cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--snapshot", str(out), *flags], cluster,
                     timeout=240, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text())

@@ -16,7 +16,8 @@ from cluster import PYSPY, Cluster
 from jobs import Job, _main_thread, start_job, start_local_job
 from waiting import wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support"),
+              pytest.mark.per_worker_fixtures("each test starts and stops its own job; they share a 2-node cluster")]
 
 ALL_REDUCE = "all_reduce (torch/distributed/distributed_c10d.py:"
 

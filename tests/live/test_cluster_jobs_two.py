@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from jobs import Job, start_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object, di
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--snapshot", str(out), *flags],
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--snapshot", str(out), *UNHURRIED_LOGIN, *flags],
                     cluster, timeout=240, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text())

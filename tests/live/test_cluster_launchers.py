@@ -1,4 +1,4 @@
-"""Live: one small hung job (2 ranks, tests/matrix_job.py) per way of launching torch ranks, all on one test
+"""Live: one small hung job (2 ranks, tests/support/matrix_job.py) per way of launching torch ranks, all on one test
 cluster node, and one `hangscope node01 --print --locals` over real SSH (issue 16.1, 16.3). Every rank is found,
 numbered from the best evidence it carries (its environment, its command line, the job's store), the evidence
 named; ranks with no rank environment at all are found by what they
@@ -21,13 +21,13 @@ import pytest
 
 from app.model import Snapshot
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "tests" / "matrix_job.py")
-SPAWN = str(REPO / "tests" / "spawn_job.py")
+SCRIPT = str(REPO / "tests" / "support" / "matrix_job.py")
+SPAWN = str(REPO / "tests" / "support" / "spawn_job.py")
 BIN = Path(PYTHON).parent
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -116,7 +116,7 @@ def picture(matrix, tmp_path_factory) -> tuple[str, Snapshot]:
     hosts = tmp / "hosts.txt"
     hosts.write_text(f"{cluster.names[0]}\n")
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--locals", "--samples", "1",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--locals", "--samples", "1",
                      "--snapshot", str(out)], cluster, timeout=400, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]

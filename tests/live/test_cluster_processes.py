@@ -1,6 +1,6 @@
 """Live: the whole job, not only its ranks (issue 16.3), and how close together a pass's dumps are (16.8).
 
-One 4-node test cluster holds a torchrun job of 8 ranks (tests/loader_job.py) whose ranks each read through a
+One 4-node test cluster holds a torchrun job of 8 ranks (tests/support/loader_job.py) whose ranks each read through a
 DataLoader with 2 worker processes (fork: they inherit the rank's RANK environment), 24 torch processes in all;
 the culprit's workers never return a batch, so the culprit waits in the DataLoader while the others wait for it
 in all_reduce. `hangscope HOSTS --print --snapshot --export` over real SSH must find 8 ranks (not 24), carry the
@@ -24,12 +24,12 @@ import pytest
 
 from app.model import Snapshot
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from jobs import MARK, PYTHON, Job, _free_port, _kill_marked, start_job
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "loader_job.py"
+SCRIPT = REPO / "tests" / "support" / "loader_job.py"
 CULPRIT = 5
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -52,7 +52,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str, hosts: list[str] | None 
     hosts_file = tmp / "hosts.txt"
     hosts_file.write_text("".join(f"{n}\n" for n in hosts or cluster.names))
     out, export = tmp / "snap.json", tmp / "report"
-    res = run_login([sys.executable, "-m", "app", str(hosts_file), "--print", "--force", "--snapshot", str(out),
+    res = run_login([sys.executable, "-m", "app", str(hosts_file), *UNHURRIED_LOGIN, "--print", "--force", "--snapshot", str(out),
                      "--export", str(export), *flags], cluster, timeout=300, cwd=str(REPO))
     assert res.returncode == expect, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0], export

@@ -1,4 +1,4 @@
-"""Live: ranks started by torch.multiprocessing.spawn (PyTorch's DDP tutorial; tests/spawn_job.py) on a test
+"""Live: ranks started by torch.multiprocessing.spawn (PyTorch's DDP tutorial; tests/support/spawn_job.py) on a test
 cluster node, `hangscope HOSTS --print` over real SSH. No rank has RANK/LOCAL_RANK/WORLD_SIZE in its
 environment: discovery finds them as spawn children with torch loaded (not the launcher, not its resource
 tracker), and each rank's number comes from the job's store (read-only), or with --no-store from the spawn
@@ -18,12 +18,12 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "spawn_job.py"
+SCRIPT = REPO / "tests" / "support" / "spawn_job.py"
 WORLD = 4
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
@@ -61,7 +61,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object]:
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--snapshot", str(out), *flags],
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--snapshot", str(out), *flags],
                     cluster, timeout=240, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]

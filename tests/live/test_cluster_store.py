@@ -1,5 +1,5 @@
 """Live: rank numbers from the job's store (issue 16.1). A job started by torch.multiprocessing.spawn on two test
-cluster nodes (tests/spawn_nodes_job.py, the ImageNet example's shape): no rank environment, and the spawn target
+cluster nodes (tests/support/spawn_nodes_job.py, the ImageNet example's shape): no rank environment, and the spawn target
 has no `rank` argument (it computes node_rank * per_node + index), so the process shows only its local index.
 `hangscope HOSTS --print` over real SSH numbers every rank from the store that rank 0 serves on node01, names
 that evidence, says on rank 0 what was read from its store, and leaves every key and value of the store as it was.
@@ -20,14 +20,14 @@ from typing import Callable, Iterator
 import pytest
 
 from app.model.codec import snapshot_from_json
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from jobs import MARK, PYTHON, _free_port, _kill_marked
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "spawn_nodes_job.py"
+SCRIPT = REPO / "tests" / "support" / "spawn_nodes_job.py"
 PER_NODE = 2
-SECRET = "hf_" + "SpawnNodesJobToken" * 2  # what the culprit's traceback holds (tests/spawn_nodes_job.py)
+SECRET = "hf_" + "SpawnNodesJobToken" * 2  # what the culprit's traceback holds (tests/support/spawn_nodes_job.py)
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 _STORE_CONTENT = """
 import datetime, hashlib, json, sys
@@ -80,7 +80,7 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object]:
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = tmp / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--force", "--samples", "1",
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--samples", "1",
                      "--snapshot", str(out), *flags], cluster, timeout=240, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]

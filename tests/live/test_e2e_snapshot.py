@@ -13,14 +13,14 @@ from app.hosts import parse_hosts
 from app.model import CollectOptions
 from app.model.codec import snapshot_from_json
 from app.session import NodeUpdate, Session, SessionOptions
-from cluster import run_login
+from cluster import UNHURRIED_LOGIN, run_login
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
 
 
 def hangscope_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app", *args]
+    return [sys.executable, "-m", "app", *UNHURRIED_LOGIN, *args]
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +86,11 @@ def test_unreachable_node_does_not_stop_the_others(cluster, hung_job, tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names) + f"{ghost}\n")
     out = tmp_path / "out.json"
+    # the ghost fails by its connect deadline, the unhurried one the real nodes get (they must all connect, on a
+    # busy machine too); nothing answers for it, so it fails as unreachable (no ARP answer) or at the deadline
+    connect = float(UNHURRIED_LOGIN[1])
     started = time.monotonic()
-    res = run_login(hangscope_argv(str(hosts), "--snapshot", str(out), "--connect-timeout", "3"), cluster,
-                    timeout=120, cwd=str(REPO))
+    res = run_login(hangscope_argv(str(hosts), "--snapshot", str(out)), cluster, timeout=connect + 120, cwd=str(REPO))
     elapsed = time.monotonic() - started
     assert res.returncode == 1, res.stderr
     snap, _ = snapshot_from_json(out.read_text())
@@ -98,7 +100,9 @@ def test_unreachable_node_does_not_stop_the_others(cluster, hung_job, tmp_path):
     assert ghost in states[ghost].error.message
     assert all(states[n].state == "done" for n in cluster.names)
     assert len(snap.ranks) == len(hung_job.ranks)
-    assert elapsed < 60, "the dead node must cost at most its connect deadline"
+    # the dead node costs at most its connect deadline; the rest is the live nodes' collection, as before (the
+    # test gave 57 s beyond a 3 s deadline)
+    assert elapsed < connect + 57, "the dead node must cost at most its connect deadline"
     assert f"{ghost}: failed" in res.stderr
 
 

@@ -1,7 +1,7 @@
 """Real open-source training scripts, unmodified, diagnosed live by `hangscope HOSTS --print` (issue 17).
 
 nanoGPT's train.py and Lightning Fabric's language-model example (tests/oss/README.md; launched by
-tests/oss_jobs.py), each a DDP job of 4 nodes x 2 ranks, gloo on CPU, on a 4-node cluster of this module's own.
+tests/support/oss_jobs.py), each a DDP job of 4 nodes x 2 ranks, gloo on CPU, on a 4-node cluster of this module's own.
 One job per script serves its three tests, in this order:
 - healthy: called progressing in every one of several consecutive runs, no culprit, no stuck rank;
 - slow: node04's ranks capped to a share of a CPU by a cgroup: still progressing, node04 named slow;
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from waiting import wait_until
 from cpu_cap import CpuCap
 from jobs import REPO, Job, _main_thread
@@ -78,7 +78,8 @@ def hangscope(cluster: Cluster, tmp_path: Path, *extra: str) -> tuple[str, Any, 
     hosts = tmp_path / f"hosts-{secrets.token_hex(3)}.txt"
     hosts.write_text("".join(f"{name}\n" for name in cluster.names))
     out = tmp_path / f"snap-{secrets.token_hex(3)}.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *extra], cluster,
+    res = run_login([sys.executable, "-m", "app", str(hosts), "--print", "--snapshot", str(out), *UNHURRIED_LOGIN,
+                     *extra], cluster,
                     timeout=CLI_TIMEOUT, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))

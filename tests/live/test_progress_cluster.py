@@ -2,7 +2,7 @@
 progressing in every run of `hangscope HOSTS --print`, and with one node's ranks capped to 10 % of a CPU by a
 cgroup it is still called progressing, with that node named slow and the throttling as the evidence.
 
-The job is tests/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
+The job is tests/support/ddp_train.py, our stand-in shaped like nanoGPT's train.py (module-level loop, gradient
 accumulation, DDP's all_reduce inside backward). nanoGPT's own train.py, unmodified, and Lightning Fabric's
 example are diagnosed the same way in tests/live/test_oss_cluster.py. One job serves every test here.
 """
@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from cluster import Cluster, run_login
+from cluster import UNHURRIED_LOGIN, Cluster, run_login
 from cpu_cap import CpuCap
 from jobs import REPO, Job, start_job
 from app.model.codec import snapshot_from_json
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
 
-SCRIPT = REPO / "tests" / "ddp_train.py"
+SCRIPT = REPO / "tests" / "support" / "ddp_train.py"
 RUNS = 3  # consecutive runs that must all call the healthy job progressing (bench/oss_runs.py: 20 runs of real scripts)
 CLI_TIMEOUT = 180.0
 
@@ -54,7 +54,7 @@ def hangscope(cluster: Cluster, tmp_path: Path, *extra: str) -> tuple[str, Any, 
     """`hangscope HOSTS --print --snapshot F` as a user runs it: (stdout, snapshot, analysis)."""
     out = tmp_path / f"snap-{secrets.token_hex(3)}.json"
     res = run_login([sys.executable, "-m", "app", str(cluster.hosts_file(tmp_path)), "--print", "--snapshot",
-                     str(out), *extra], cluster, timeout=CLI_TIMEOUT, cwd=str(REPO))
+                     str(out), *UNHURRIED_LOGIN, *extra], cluster, timeout=CLI_TIMEOUT, cwd=str(REPO))
     assert out.exists(), f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))
     assert analysis is not None

@@ -1,6 +1,6 @@
 """Live scenarios: the real CLI (`hangscope HOSTS --snapshot out.json`) diagnoses each way a torch gloo job hangs.
 
-One torch job per scenario (tests/record_scenarios.py), each stopped before the next starts, on a 3-node
+One torch job per scenario (tests/support/record_scenarios.py), each stopped before the next starts, on a 3-node
 cluster of this module's own (the session cluster holds the shared hung job, whose ranks would mix in).
 The data-loader scenario is tests/live/test_e2e_snapshot.py's, against the shared hung job.
 """
@@ -18,7 +18,10 @@ from cluster import Cluster
 from jobs import RankLoc
 from record_scenarios import SCENARIOS, Diagnosis, diagnose, started
 
-pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support"),
+              # each scenario's job starts and stops inside its own fixture, used by one test; what the tests share is
+              # a 3-node cluster (sshd in namespaces), cheap to build once per xdist worker: the scenarios run in parallel
+              pytest.mark.per_worker_fixtures("a job per scenario, stopped before its fixture returns")]
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ def fsstall(run_case: Callable[[str], Case]) -> Case:
 
 
 def test_a_rank_reading_from_a_stalled_file_system_is_in_d_state_with_its_file(fsstall: Case) -> None:
-    """Rank 2 reads a data shard from a FUSE file system that never answers (tests/fuse_stall.py): state D.
+    """Rank 2 reads a data shard from a FUSE file system that never answers (tests/support/fuse_stall.py): state D.
     No blocking tool touches it; the headline names the state and the file."""
     d = fsstall.diagnosis
     assert_complete(fsstall, [0, 1, 2, 3])

@@ -18,7 +18,7 @@ from typing import Tuple
 from pytest import MonkeyPatch
 
 from analysis_snapshots import ALL_REDUCE, LOADING, frame, in_step, rank, snapshot
-from app import model
+from app.model import frames as model_frames
 from app.decode import replies as parse
 from app.analysis import analyze
 from app.model import Frame, Local, Snapshot, ThreadStack
@@ -140,9 +140,9 @@ def test_the_intern_tables_are_bounded_and_starting_over_changes_no_conclusion(m
     from app.model.memo import BoundedMemo
 
     for name in ("_PATHS", "_BARE"):
-        monkeypatch.setattr(model, name, BoundedMemo(6))
+        monkeypatch.setattr(model_frames, name, BoundedMemo(6))
     tight = snapshot(ranks(), locals=True)
-    assert len(model._PATHS) <= 2 and len(model._BARE) <= 6
+    assert len(model_frames._PATHS) <= 2 and len(model_frames._BARE) <= 6
     on_all_reduce = [r.threads[0].path for r in tight.ranks if r.rank in (0, 2, 4, 6)]
     assert len({id(p) for p in on_all_reduce}) > 1 and len(set(on_all_reduce)) == 1  # equal, not shared
     again = analyze(tight).to_dict()

@@ -1,5 +1,5 @@
 # A config file for nanoGPT's train.py, in nanoGPT's own format (configurator.py exec()s it in train.py's
-# globals, before the DDP set-up): DDP with gloo on CPU, a tiny model, the data set tests/oss_jobs.py writes.
+# globals, before the DDP set-up): DDP with gloo on CPU, a tiny model, the data set tests/support/oss_jobs.py writes.
 # Written by hangscope's tests; train.py, model.py and configurator.py beside it are nanoGPT's, unmodified.
 # Usage: cd tests/oss/nanogpt && torchrun ... train.py ../nanogpt_cpu_ddp.py --dataset=DIR --out_dir=DIR
 backend = 'gloo'

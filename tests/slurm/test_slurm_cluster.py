@@ -25,6 +25,7 @@ from app.session import Session, SessionOptions
 from app.slurm.resolve import host_specs, resolve_job
 from app.transport.srun import SrunOptions, SrunTransport
 from app.transport.base import WorkerConnection
+from workers import protocol
 from waiting import wait_until
 from jobs import JOB_SCRIPT, MARK, PYTHON, REPO, Job
 from slurm_cluster import SlurmCluster, build_slurm, slurm_problem
@@ -97,9 +98,20 @@ def sleeper(slurm: SlurmCluster) -> Iterator[str]:
     job_id = submit(slurm, "-N", "2", "--wrap", "sleep 3000")
     try:
         wait_state(slurm, job_id, "RUNNING")
+        # RUNNING is slurmctld's word; the batch step's processes (slurmstepd, the script, its sleep) start a moment
+        # later, on a busy machine after the first test's leak picture, which then counts them as its own
+        wait_until(lambda: any(_cmdline(p.host_pid) == b"sleep\x003000\x00" for n in slurm.computes
+                               for p in n.procs()), 60, f"job {job_id}'s batch script to run its sleep")
         yield job_id
     finally:
         slurm.run("scancel", job_id, check=False)
+
+
+def _cmdline(host_pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{host_pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def srun_processes() -> list[int]:
@@ -126,12 +138,12 @@ async def test_srun_transport_runs_a_worker_on_every_node_in_one_step(slurm: Slu
         assert [c.hello["hostname"] for c in conns] == slurm.compute_names
         assert len(srun_processes()) == 1  # both nodes share one step
         for conn in conns:
-            ranks = [item async for item in conn.request("discover", {"pids": None}, timeout=30)]
+            ranks = [item async for item in conn.request(protocol.DISCOVER({"pids": None}), timeout=30)]
             assert ranks == []  # `sleep` is no rank; the worker answers per node all the same
         # a 3 MB request and its reply cross the multiplexer intact, node by node
         data = os.urandom(3 << 20)
-        done = await conns[1].call("push_tool", {"name": "py-spy", "data_b64": base64.b64encode(data).decode(),
-                                                 "sha256": hashlib.sha256(data).hexdigest()}, timeout=60)
+        done = await conns[1].call(protocol.PUSH_TOOL({"name": "py-spy", "data_b64": base64.b64encode(data).decode(),
+                                                       "sha256": hashlib.sha256(data).hexdigest()}), timeout=60)
         assert done["name"] == "py-spy"
     finally:
         await asyncio.gather(*(c.close() for c in conns))
@@ -146,9 +158,9 @@ async def test_srun_transport_one_dead_worker_fails_only_its_node(slurm: SlurmCl
         assert b.pid is not None
         slurm.computes[1].run(["kill", "-9", str(b.pid)])
         with pytest.raises(TransportError) as err:
-            await b.call("discover", {"pids": None}, timeout=30)
+            await b.call(protocol.DISCOVER({"pids": None}), timeout=30)
         assert err.value.code == "worker_crashed" and slurm.compute_names[1] in str(err.value)
-        assert await a.call("discover", {"pids": None}, timeout=30) is not None  # the other node goes on
+        assert await a.call(protocol.DISCOVER({"pids": None}), timeout=30) is not None  # the other node goes on
         # the session reopens a dead node's worker: a step of its own, beside the first
         again = await transport.open(slurm.compute_names[1])
         assert again.hello["hostname"] == slurm.compute_names[1] and len(srun_processes()) == 2
@@ -296,8 +308,8 @@ async def test_gpu_test_workers_open_in_the_allocation_over_srun(slurm: SlurmClu
     conns, errors = await open_workers(host_specs(job, "srun"), SessionOptions(srun=srun))
     try:
         assert errors == {} and list(conns) == slurm.compute_names
-        done = await conns[slurm.compute_names[0]].call("gpu_ports", {"count": 2, "exclude": [], "low": 20000,
-                                                                      "high": 30000}, timeout=30)
+        done = await conns[slurm.compute_names[0]].call(protocol.GPU_PORTS({"count": 2, "exclude": [], "low": 20000,
+                                                                            "high": 30000}), timeout=30)
         assert len(done["ports"]) == 2
     finally:
         await close_workers(conns)

@@ -16,9 +16,10 @@ import pytest
 from app.errors import TransportError
 from app.transport.login_tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
+from workers import protocol
 
 import cluster as cluster_mod
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -56,7 +57,7 @@ async def test_hello_from_every_node_with_the_users_own_ssh_config(ssh_cluster, 
     try:
         assert [w.hello["hostname"] for w in workers] == c.names
         for w in workers:
-            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True
             assert {"connect", "login", "start"} <= set(w.timings)
             assert w.pid in c[w.name].pids()
     finally:
@@ -192,7 +193,7 @@ async def test_sshd_killed_mid_session_is_lost(ssh_cluster) -> None:
         node.kill_sshd(sessions=True)
         with pytest.raises(TransportError) as err:
             for _ in range(100):  # the loss is noticed at the latest by the next request
-                await w.call("ping", timeout=10)
+                await w.call(protocol.PING({}), timeout=10)
         assert err.value.code == "lost" and "node03" in err.value.message
     finally:
         await w.close(kill=True)
@@ -205,9 +206,14 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
     config = tmp_path / "sshd_config_throttled"
     config.write_text((node.dir / "sshd_config").read_text()
                       .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
-                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}"))
-    sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL)
+                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
+                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))  # VERBOSE: sshd logs each connection it drops
+    log = tmp_path / "sshd2.log"
+    with open(log, "wb") as out:
+        sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
+
+    def drops() -> int:
+        return log.read_text(errors="replace").count("past MaxStartups")
     holder = None
     try:
         wait_until(lambda: node.listening(2222), 10, "the throttled sshd to listen")
@@ -217,9 +223,13 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
         with pytest.raises(TransportError) as err:
             await SshTransport(_opts(c, throttle_retries=2)).open("node02", port=2222)
         assert err.value.code == "throttled" and "node02" in err.value.message
-        t = SshTransport(_opts(c, throttle_retries=6))
+        # retries and a deadline that outlast sshd freeing the slot once the holder goes (its pre-auth child must
+        # see the close and exit: seconds on a busy machine); the first drop is awaited below, not slept for
+        t = SshTransport(_opts(c, throttle_retries=10, connect_timeout=float(cluster_mod.UNHURRIED_LOGIN[1])))
+        dropped = drops()
         opening = asyncio.ensure_future(t.open("node02", port=2222))
-        await asyncio.sleep(0.3)  # let it be dropped at least once, then free the slot
+        # let it be dropped at least once (sshd says so in its log), then free the slot
+        await wait_until_async(lambda: drops() > dropped or opening.done(), 30, "sshd to drop the connection")
         holder.close()
         holder = None
         w = await opening
@@ -274,7 +284,7 @@ async def test_network_cut_mid_session_is_lost_within_the_keepalive_deadline(ssh
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(TransportError) as err:
-            await w.call("ping", timeout=30)  # the request itself never gets an answer: keepalives decide
+            await w.call(protocol.PING({}), timeout=30)  # the request itself never gets an answer: keepalives decide
         assert err.value.code == "lost" and "node01" in err.value.message
         assert loop.time() - t0 < 5
     finally:
@@ -291,7 +301,7 @@ async def test_config_cannot_give_the_worker_a_pty_an_agent_or_our_environment(s
                       + c.ssh_config.read_text())
     w = await SshTransport(_opts(c, config_paths=(str(config),))).open("node02")
     try:
-        assert (await w.call("ping", timeout=10))["pong"] is True  # a pty would have mangled the protocol
+        assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True  # a pty would have mangled the protocol
         environ = Path(f"/proc/{c['node02'].host_pid(w.pid)}/environ").read_bytes().split(b"\0")
         names = {e.split(b"=", 1)[0] for e in environ}
         assert b"HANGSCOPE_TEST_SECRET" not in names and b"SSH_AUTH_SOCK" not in names
@@ -401,7 +411,7 @@ async def test_a_chatty_login_shell_does_not_break_the_protocol(ssh_cluster) -> 
     try:
         w = await SshTransport(_opts(c)).open("node03")
         try:
-            assert (await w.call("ping", timeout=10))["pong"] is True
+            assert (await w.call(protocol.PING({}), timeout=10))["pong"] is True
             assert any("Welcome to node03" in x for x in w.warnings), w.warnings
         finally:
             await w.close()

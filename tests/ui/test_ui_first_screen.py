@@ -55,7 +55,7 @@ async def test_a_small_job_gets_a_small_grid_and_the_evidence_beside_it(size):
         assert grid.region.height == 2 + 1 + 2  # two nodes, the header, the border
         assert grid.region.width <= size[0] * 0.35
         text = screen_text(app)
-        assert "1. rank 2 is 1 iteration ahead (step=4 vs 3) at job.py:188" in text
+        assert "1. rank 2 is 1 iteration ahead (step=4 vs 3) in `all_reduce`, at job.py:188" in text
         assert "evidence: rank 2 against the majority" in text
         line_with(text, "rank 2 (node02 pid 14)", "rank 0 (node01 pid 16)")  # the two sides' heads
         line_with(text, "step = 4", "step = 3")  # the loop counter, side by side

@@ -259,10 +259,10 @@ def test_reachability_table_and_remote_text_shown_literally() -> None:
 
 async def test_gpus_held_by_the_job_are_shown_and_nothing_runs_without_a_yes() -> None:
     # Busy GPUs cannot be produced on this CPU-only machine: the holders come from nvidia-smi's own output.
-    inv = node_inventory("gpu01", {
-        "source": "nvidia-smi", "gpu_fields": "index,uuid,name,memory.used,memory.total",
+    inv = node_inventory("gpu01", {"smi": {
+        "status": "ok", "via": "nvidia-smi", "gpu_fields": "index,uuid,name,memory.used,memory.total",
         "gpus_csv": "0, GPU-5f1b, NVIDIA H100 80GB HBM3, 79213, 81559\n",
-        "app_fields": "pid,gpu_uuid,used_memory,process_name", "apps_csv": "2812731, GPU-5f1b, 79190, python3\n"})
+        "app_fields": "pid,gpu_uuid,used_memory,process_name", "apps_csv": "2812731, GPU-5f1b, 79190, python3\n"}})
     app = HangscopeApp(LocalGpuSource(GpuTestOptions()))
     answers: list = []
 

@@ -170,6 +170,15 @@ def test_sudo_for_other_users_processes_needs_sudo(tmp_path) -> None:
         assert any("sudo is not on this node" in n for n in done["notes"])
 
 
+def _image(pid: int) -> tuple:
+    """The process image as the worker's cache tells it (its start time and procinfo.exec_key)."""
+    try:
+        fields = procinfo.stat_fields(pid)
+        return fields[21], procinfo.exec_key(fields)
+    except (OSError, IndexError, procinfo.Gone):
+        return ()
+
+
 class CountingSource:
     """The /proc reader, counting full reads: what a refresh with the worker's cache must not repeat."""
 
@@ -179,9 +188,18 @@ class CountingSource:
         self.inner = procinfo.ProcfsSource()
         self.reads: list = []
         self.listed: list = []  # the pids of each scan
+        self.images: list = []  # pid -> (start time, executable) at each scan
+
+    def changed(self) -> set:
+        """The pids of the last scan that are new since the one before, or run another image now."""
+        before, now = self.images[-2], self.images[-1]
+        return {pid for pid, image in now.items() if before.get(pid) != image}
 
     def pids(self) -> list:
         self.listed.append(set(self.inner.pids()))
+        # each process's image as listed: other work on the machine (another xdist worker's jobs, other users)
+        # execs processes between two scans, and a new image is a new process to the cache (read again, rightly)
+        self.images.append({pid: _image(pid) for pid in self.listed[-1]})
         return sorted(self.listed[-1])
 
     def read(self, pid: int, with_environ: bool = True, stat=None):  # type: ignore[no-untyped-def]
@@ -203,7 +221,7 @@ def test_a_refresh_reads_only_new_processes_in_full_and_sees_ranks_come_and_go()
         again = scan()
         # only processes that did not exist at the first scan are read in full (this machine starts others
         # meanwhile); everything that was there comes from the cache
-        assert set(src.reads) <= src.listed[-1] - src.listed[-2], "a known process was read again"
+        assert set(src.reads) <= src.changed(), "a known process was read again"
         assert t0.pid not in src.reads
         volatile = {"cpu_time", "rss", "state", "wchan", "num_threads"}
         assert {k: v for k, v in again[t0.pid].items() if k not in volatile} == \

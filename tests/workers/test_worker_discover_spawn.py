@@ -1,25 +1,22 @@
 """Discovery without a rank environment, on real processes of this machine: torch.multiprocessing.spawn ranks
-(tests/spawn_job.py) are found as spawn children with torch loaded (not the launcher, not its resource
+(tests/support/spawn_job.py) are found as spawn children with torch loaded (not the launcher, not its resource
 tracker, not a data-loader worker they spawn), and with no rank at all, python processes with torch loaded are
 listed as candidates with how to pick one. The scans see only the processes of each test (a source that lists
 just those pids, everything else read from the real /proc), so other jobs on this machine cannot interfere."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from jobs import SpawnJob
 from waiting import wait_until
 from workers import discover, procinfo, pstate
 
 pytestmark = pytest.mark.torch
-SPAWN_JOB = Path(__file__).resolve().parents[1] / "spawn_job.py"
 
 
 class OnlyThese(procinfo.ProcfsSource):
@@ -43,29 +40,19 @@ class OnlyThese(procinfo.ProcfsSource):
         return sorted(out)
 
 
-def test_spawned_ranks_are_found_by_what_they_are(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    ready = tmp_path / "ready.jsonl"
-    port = 20000 + os.getpid() % 20000
-    launcher = subprocess.Popen([sys.executable, str(SPAWN_JOB), "2", str(port), str(ready)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_until(lambda: ready.exists() and len(ready.read_text().splitlines()) == 2, 120, "spawned ranks ready")
-        pids = {d["rank"]: d["pid"] for d in map(json.loads, ready.read_text().splitlines())}
-        scan = discover.Scan(OnlyThese([launcher.pid]), me=-1)
-        found = {r["pid"]: r for r in scan.ranks()}
-        assert sorted(found) == sorted(pids.values()), "the ranks only: not the launcher nor the resource tracker"
-        tree = OnlyThese([launcher.pid]).pids()
-        assert len(tree) >= 4  # launcher, resource tracker, 2 ranks: the others were really there and left out
-        for pid in pids.values():
-            r = found[pid]
-            assert r["found_by"] == "multiprocessing spawn child with torch loaded"
-            assert r["rank"] is None and r["rank_evidence"] == ""  # not invented: read from locals later
-            assert r["launcher_pid"] == launcher.pid
-        assert any("torch.multiprocessing.spawn" in n and "--locals" in n for n in scan.notes), scan.notes
-    finally:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
+def test_spawned_ranks_are_found_by_what_they_are(local_spawn_job: SpawnJob) -> None:
+    launcher, pids = local_spawn_job.launcher, local_spawn_job.ranks
+    scan = discover.Scan(OnlyThese([launcher.pid]), me=-1)
+    found = {r["pid"]: r for r in scan.ranks()}
+    assert sorted(found) == sorted(pids.values()), "the ranks only: not the launcher nor the resource tracker"
+    tree = OnlyThese([launcher.pid]).pids()
+    assert len(tree) >= 4  # launcher, resource tracker, 2 ranks: the others were really there and left out
+    for pid in pids.values():
+        r = found[pid]
+        assert r["found_by"] == "multiprocessing spawn child with torch loaded"
+        assert r["rank"] is None and r["rank_evidence"] == ""  # not invented: read from locals later
+        assert r["launcher_pid"] == launcher.pid
+    assert any("torch.multiprocessing.spawn" in n and "--locals" in n for n in scan.notes), scan.notes
 
 
 def test_with_no_rank_the_python_processes_with_torch_are_listed_as_candidates() -> None:

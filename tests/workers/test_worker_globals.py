@@ -1,5 +1,5 @@
 """Module globals read from a rank's memory (workers/collect/pyglobals.py) on real processes whose loop runs at
-module level (tests/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
+module level (tests/support/globals_target_prog.py): the counter as it moves, under every CPython found here; a str's
 text never; a held process never; the layout probe run once per interpreter binary, and as the rank's user
 under a root worker; and through the worker's dump op, as `global` locals of the `<module>` frame."""
 
@@ -20,12 +20,12 @@ import pytest
 import testenv
 from waiting import wait_until
 from worker_client import WorkerProc
-from worker_targets import Target, proc_state, untouched, wait_blocked
+from worker_targets import Target, proc_state, readable_copy, untouched, wait_blocked
 from workers import procinfo
 from workers.collect import pyglobals
 from workers.request import Request, Worker
 
-PROG = str(Path(__file__).resolve().parents[1] / "globals_target_prog.py")
+PROG = str(Path(__file__).resolve().parents[1] / "support" / "globals_target_prog.py")
 SECRET = "S3cr3t" * 6  # the text of the target's hf_token global
 
 
@@ -161,8 +161,9 @@ def test_a_root_worker_runs_the_probe_as_the_rank_user_never_as_root() -> None:
     if not os.access(system_python, os.X_OK):
         pytest.skip("no /usr/bin/python3")
     nobody = 65534
-    with Target(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", system_python, PROG,
-                 "block"]) as t:
+    # a copy of the program that user nobody can read: the checkout may sit in a folder only root may enter
+    with readable_copy(PROG) as prog, Target(["setpriv", f"--reuid={nobody}", f"--regid={nobody}",
+                                             "--clear-groups", system_python, prog, "block"]) as t:
         pid = int(t.ready[0])
         wait_blocked(pid)
         assert procinfo.status_field(pid, "Uid").split()[0] == str(nobody)

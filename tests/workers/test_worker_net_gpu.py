@@ -73,7 +73,9 @@ def test_gpus_of_a_rank_from_nvidia_smi(tmp_path) -> None:
                 % (APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
         bindir = fake_nvidia_smi(tmp_path, body)
         with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
-            items, done = w.call("discover")
+            # the test's own rank: other processes on this machine (a session's shared spawn job, other users'
+            # jobs) bring discovery notes of their own
+            items, done = w.call("discover", {"pids": [t.pid]})
             rank = {i["pid"]: i for i in items}[t.pid]
             assert rank["gpus"] == [{"index": 0, "uuid": "GPU-1f2e3d4c-0000-1111-2222-333344445555",
                                      "name": "NVIDIA H100 80GB HBM3", "used_mib": 8123}]
@@ -89,12 +91,13 @@ def test_nvidia_smi_runs_again_only_when_the_ranks_change(tmp_path) -> None:
                 'esac\n' % (runs, APPS.format(pid=t.pid).replace("\n", "\\n"), GPUS.replace("\n", "\\n")))
         bindir = fake_nvidia_smi(tmp_path, body)
         with WorkerProc(env={"PATH": bindir + ":" + os.environ["PATH"]}) as w:
+            # the test's own ranks (other work on the machine starts and ends ranks, and with them the GPU query)
             for _ in range(3):
-                items, _ = w.call("discover")
+                items, _ = w.call("discover", {"pids": [t.pid]})
                 assert {i["pid"]: i for i in items}[t.pid]["gpus"][0]["used_mib"] == 8123
             assert runs.read_text().count("x") == 2, "one query (two nvidia-smi runs) for three refreshes"
             with start_rank(1) as t1:
-                items, _ = w.call("discover")
+                items, _ = w.call("discover", {"pids": [t.pid, t1.pid]})
                 assert t1.pid in {i["pid"] for i in items}
                 assert runs.read_text().count("x") == 4, "a new rank: asked again"
 

@@ -1,5 +1,5 @@
 """The worker's store_ranks op (workers/collect/pgstore.py) against a real job's TCPStore: a 2-rank gloo job
-started by torch.multiprocessing.spawn on this machine (tests/spawn_job.py, no RANK in any environment). The
+started by torch.multiprocessing.spawn on this machine (tests/support/spawn_job.py, no RANK in any environment). The
 store names each rank's gloo listener with its rank, by LIST_KEYS or, as on a torch without it, by CHECK; the
 store's keys and values are the same after the reads as before (torch's own client says so); an endpoint that is
 not a TCPStore, one that never answers, one that refuses, and a rank in another network namespace each end in a
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,11 +21,11 @@ import pytest
 
 import testenv  # noqa: F401 (the interpreter and py-spy the worker uses)
 from waiting import wait_until
+from jobs import SpawnJob
 from worker_client import WorkerProc
 from workers.collect import sockets
 
 pytestmark = pytest.mark.torch
-SPAWN_JOB = Path(__file__).resolve().parents[1] / "spawn_job.py"
 # torch's own client: every key the store lists, with a digest of its value (GETNUMKEYS, LIST_KEYS, GET)
 _STORE_CONTENT = """
 import datetime, hashlib, json, sys
@@ -39,23 +38,9 @@ print(json.dumps({"num_keys": s.num_keys(), "keys": {k: hashlib.sha256(s.get(k))
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict[int, int]]]:
-    """(the store's port, rank -> pid) of a hung 2-rank mp.spawn job on this machine."""
-    pytest.importorskip("torch")
-    tmp = tmp_path_factory.mktemp("pgstore")
-    ready = tmp / "ready.jsonl"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    launcher = subprocess.Popen([sys.executable, str(SPAWN_JOB), "2", str(port), str(ready)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        wait_until(lambda: ready.exists() and len(ready.read_text().splitlines()) == 2, 120, "spawned ranks ready")
-        yield port, {d["rank"]: d["pid"] for d in map(json.loads, ready.read_text().splitlines())}
-    finally:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
+def job(local_spawn_job: SpawnJob) -> tuple[int, dict[int, int]]:
+    """(the store's port, rank -> pid) of the session's hung 2-rank mp.spawn job on this machine (read only)."""
+    return local_spawn_job.port, local_spawn_job.ranks
 
 
 def _listeners(pid: int) -> list[str]:

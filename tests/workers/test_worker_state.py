@@ -1,6 +1,6 @@
 """State first, tools second, through the real worker on stand-in ranks: a SIGSTOPped rank, a rank frozen by a
 real cgroup v2 `cgroup.freeze`, one frozen by a real v1 freezer cgroup (where this machine mounts one), and one in
-real uninterruptible sleep (D) reading a file of a FUSE file system that never answers (tests/fuse_stall.py).
+real uninterruptible sleep (D) reading a file of a FUSE file system that never answers (tests/support/fuse_stall.py).
 Each is read before any tool, dumped without ptrace within the short held deadline, never claimed resumed, and
 left in exactly the state it was in; strace and gdb refuse it at once instead of spending their timeout."""
 
@@ -148,7 +148,7 @@ def test_reading_the_state_of_a_running_process_attaches_nothing() -> None:
         assert proc_state(t.pid) == "S" and tracer_pid(t.pid) == 0
 
 
-FUSE_STALL = Path(__file__).resolve().parents[1] / "fuse_stall.py"
+FUSE_STALL = Path(__file__).resolve().parents[1] / "support" / "fuse_stall.py"
 
 
 @contextlib.contextmanager

@@ -74,15 +74,15 @@ def query(req: Request, notes: List[str]) -> Dict[int, List[Dict[str, Any]]]:
     tool, _ = req.worker.tools.find("nvidia-smi")
     if tool is None:
         return {}
-    from workers.collect import gpu_evidence  # never waits on an nvidia-smi stuck in the driver
+    from workers.collect import nvidia  # never waits on an nvidia-smi stuck in the driver
 
     texts = []
     for query_args in (["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
                        ["--query-gpu=index,uuid,name", "--format=csv,noheader"]):
-        res = gpu_evidence.run_bounded(req, [tool.path] + query_args, _TIMEOUT, 1 << 20)
+        res = nvidia.run_bounded(req, [tool.path] + query_args, _TIMEOUT, 1 << 20)
         if res["timed_out"] or res["rc"] != 0:
             if res["timed_out"]:
-                gpu_evidence.note_smi_timeout(_TIMEOUT, res["stuck"])
+                nvidia.note_smi_timeout(_TIMEOUT, res["stuck"])
             why = "timed out after %.0fs" % _TIMEOUT if res["timed_out"] else \
                 res["stderr"].strip()[:200] or res["stdout"][:200]
             notes.append("nvidia-smi failed, GPU use not shown: %s" % why)

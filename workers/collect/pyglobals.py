@@ -126,7 +126,7 @@ def collect(req: Request, pid: int, names: List[str], other_ns: bool = False,
     before (pstate.read()), when known."""
     out: Dict[str, Any] = {"values": {}, "absent": [], "actions": [], "error": ""}
     names = probe.valid_names(names)
-    why = _refusal(pid, process or {}, other_ns)
+    why = memory_refusal(pid, process or {}, other_ns)
     if why or not names:
         out["error"] = why or "no valid names"
         return out
@@ -156,9 +156,11 @@ def collect(req: Request, pid: int, names: List[str], other_ns: bool = False,
     return out
 
 
-def _refusal(pid: int, process: Dict[str, Any], other_ns: bool) -> str:
+def memory_refusal(pid: int, process: Dict[str, Any], other_ns: bool) -> str:
     """Why the process's memory must not be read now ("" when it may). process: what held it before py-spy ran
-    (the dump's pstate.read()), checked again by its state letter now; read in full when not given."""
+    (the dump's pstate.read()), checked again by its state letter now; read in full when not given. other_ns:
+    refuse a process in another namespace (this module starts its interpreter binary; workers/collect/kwait.py,
+    which only reads memory, passes False)."""
     if other_ns:
         return ("it runs in another mount or pid namespace (a container); its interpreter is not started from "
                 "outside")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import loops as loopinfo
 from workers import pstate
-from workers.collect import guard, procfs, pyglobals, runas
+from workers.collect import guard, kwait, procfs, pyglobals, runas
 from workers.collect.guard import CollectError
 from workers.procinfo import ns_id
 from workers.protocol import error_dict, pyspy_flags
@@ -143,6 +143,7 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
             item["state_before"], item["procfs"] = guard.state(pid), procfs.collect(pid)
             item["process"] = pstate.read(pid)
             item["actions"].append("read /proc only (another tracer holds it)")
+            _kernel_waits(req, pid, item)
         raise
     # State first, tools second: what holds the process decides which tools may touch it (/proc and cgroupfs
     # only are read until then; the thread states /proc gave are reused).
@@ -151,8 +152,9 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     item["actions"].append("read /proc")
     info = item["process"] = guard.hold(pid, [(t["tid"], t["state"]) for t in item["procfs"]["threads"]
                                               if isinstance(t, dict) and "tid" in t and "state" in t])
+    _kernel_waits(req, pid, item)
     if info["kind"] == "sleeping":  # a thread asleep writing to a full pipe: who holds its read end (/proc only)
-        piped = pstate.pipe_wait(pid, item["procfs"]["threads"])
+        piped = pstate.pipe_wait(pid, item["procfs"]["threads"], req.shared)
         if piped is not None:
             info["pipe"] = piped
             item["actions"].append("searched /proc/*/fd for the pipe's readers")
@@ -225,6 +227,19 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     if opts.locals:  # the module-level loop counters py-spy cannot show: globals of __main__ (after the dump)
         for local in pyglobals.add(req, pid, traces, item, other_ns):
             _redact_local(local)
+
+
+def _kernel_waits(req: Request, pid: int, item: DumpItem) -> None:
+    """What each blocked thread waits on and who is at the other end (workers/collect/kwait.py: /proc only, and
+    memory only of a process nothing holds), before any tool touches the process."""
+    try:
+        action = kwait.annotate(req.shared, pid, item["procfs"]["threads"], item.get("process"))
+    except Exception as exc:  # a bug there must not fail the dump
+        item["notes"].append("what the blocked threads wait on was not read: %s: %s" % (type(exc).__name__,
+                                                                                    str(exc)[:300]))
+        return
+    if action:
+        item["actions"].append(action)
 
 
 def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool, flags: List[str],

@@ -1,4 +1,4 @@
-"""Who waits for whom (app/analysis/waits.py): per job, the culprit at the root of the wait graph, what to run
+"""Who waits for whom (app/analysis/graph.py): per job, the culprit at the root of the wait graph, what to run
 next, every "A waits for B" with its evidence and strength, and what each process in the graph is doing.
 
 Data down: the screen gets the analysis's graphs. Result up: Enter dismisses it with the culprit's first rank,
@@ -16,7 +16,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.analysis.waits import WaitGraph, display_names
+from app.analysis.graph import WaitGraph
+from app.analysis.prose.graph import display_names
 from app.model import RankKey
 from app.ui.safe import literal
 from app.ui.screens.too_small import WatchesSize
@@ -81,25 +82,18 @@ def waits_text(graphs: Sequence[WaitGraph]) -> Text:
     return out
 
 
-def culprit_rank(graphs: Sequence[WaitGraph]) -> Optional[RankKey]:
-    """The first rank of the first job's root (what Enter goes to), None when the root holds no rank."""
-    for g in graphs:
-        for vid in g.root:
-            v = g.vertex(vid)
-            if v is not None and v.ranks:
-                return v.ranks[0]
-    return None
-
-
 class WaitsScreen(WatchesSize, Screen[Optional[RankKey]]):
     BINDINGS: ClassVar[List[BindingType]] = [
         Binding("escape,q", "dismiss_none", "back"),
         Binding("enter", "go_to_culprit", "go to the culprit"),
     ]
 
-    def __init__(self, graphs: Sequence[WaitGraph]) -> None:
+    def __init__(self, graphs: Sequence[WaitGraph], culprit: Optional[RankKey] = None) -> None:
+        """`culprit`: the analysis's culprit rank (Analysis.culprit), where Enter goes; the screen never picks one
+        of its own."""
         super().__init__()
         self.graphs = tuple(graphs)
+        self.culprit = culprit
 
     def compose(self) -> ComposeResult:
         yield Static(Text.assemble(("who waits for whom", "bold"),
@@ -116,7 +110,7 @@ class WaitsScreen(WatchesSize, Screen[Optional[RankKey]]):
         self.dismiss(None)
 
     def action_go_to_culprit(self) -> None:
-        key = culprit_rank(self.graphs)
+        key = self.culprit
         if key is None:
             self.notify("the culprit is not a rank in the grid (a host, a missing rank or a launcher)", timeout=3)
             return

@@ -1,0 +1,309 @@
+"""The headline: who, in what state, in which blocking operation (and where in the job's code), waiting for
+what, released by whom, why the others wait, and what to run or change next.
+
+Written from the culprit (app/analysis/culprit.py) and the fact at the wait graph's root. Where the culprit's
+own thread names a wait (a future, a socket, a child, a lock...), the sentence is that chain of waits; where the
+evidence is a position or a state (an iteration ahead, another collective, stopped), the fact's own sentence
+says it, with the thread's wait added when it names one. A culprit whose mechanism no wait site knows is said
+with the facts in hand (its system call and kernel wait) and what to check. Never a bare location.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Optional, Sequence
+
+from app.analysis.blocking import ThreadWait
+from app.analysis.culprit import Culprit
+from app.analysis.facts import Fact
+from app.analysis.findings import Finding
+from app.analysis.fold import count_phrase, fold_nodes
+from app.analysis.frames import clean, named
+from app.analysis.graph import WaitGraph
+from app.analysis.health import StateEvidence
+from app.analysis.locks import LockEvidence
+from app.analysis.prose.graph import display_names, short
+from app.analysis.prose.graph import evidence as edge_evidence
+from app.analysis.prose.state import resume_command
+from app.analysis.prose.threads import thread_label, thread_where
+from app.analysis.prose.waits import chain_text, where
+from app.analysis.prose.words import where as class_where
+from app.analysis.prose.words import who_short
+from app.analysis.release import Link
+from app.analysis.suspects import WaitEvidence, informative
+from app.analysis.tree import StackClass
+
+
+def _others(c: Culprit, total: int) -> str:
+    """`the other 7 ranks wait for it in `all_reduce``."""
+    d = c.others
+    n = total - len(c.who.keys)
+    if d is None or n <= 0:
+        return ""
+    at = f"in `{d.collective}`" if d.collective else class_where(d)
+    them = "it" if len(c.who.keys) <= 1 else "them"
+    return f"the other {count_phrase(n)} wait for {them} {at}"
+
+
+def _wait_sentence(c: Culprit, total: int) -> str:
+    r = c.rank
+    assert r is not None
+    who = f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
+    head = f"{who} (pid {r.pid} on {clean(r.node, 60)}) is {chain_text(c.links, r)}"
+    others = _others(c, total)
+    return f"{head}; {others}" if others else head
+
+
+# Facts that say where a rank is (its stack, its iteration, its sequence numbers), not what it waits for: the
+# culprit's own wait adds that
+_POSITIONAL = ("minority_stack", "different_collective", "iteration_split", "collective_lag", "still_running")
+
+
+def culprit_sentence(c: Culprit, title: str, total: int) -> str:
+    """The verdict's sentence for a culprit: its chain of waits, or the root fact's sentence (`title`) with the
+    thread's wait added when it names one the sentence does not."""
+    if c.fact.kind == "blocked" and c.rank is not None and c.links:
+        return _wait_sentence(c, total)
+    if c.links and c.rank is not None and informative(c.links[0].wait) and c.fact.kind in _POSITIONAL:
+        return f"{title}; its main thread is {chain_text(c.links, c.rank)}"
+    if c.links and c.rank is not None and c.fact.kind in ("minority_stack", "different_collective"):
+        w = c.links[0].wait
+        if w.state in ("running", "spinning"):
+            return f"{title}; {running_text(w)}"
+        if not w.known:
+            return f"{title}; {unknown_wait(w)}"
+    return title
+
+
+def running_text(w: ThreadWait) -> str:
+    """A thread on a CPU: where, how much CPU, and the loop it is in (what it would wait for is its condition)."""
+    cpu = f", {w.cpu:.0%} of a CPU between samples" if w.cpu is not None else ""
+    loop = (f", in the loop `{clean(w.poll.header.strip().rstrip(':'), 80)}`" if w.poll is not None else "")
+    spin = " and does not wait: it spins" if w.state == "spinning" else ""
+    return f"its main thread is running (state R){cpu}{where(w)}{loop}{spin}"
+
+
+def unknown_wait(w: ThreadWait) -> str:
+    """The facts in hand about a wait no site names, and that the mechanism is not known."""
+    inner = w.frame
+    at = f" in {named(inner)}" if inner is not None and inner is not w.caller else ""
+    if not w.syscall and not w.wchan:
+        return (f"what its main thread waits in{at} is not known: no wait site names the call and the kernel's "
+                "state of the thread was not read")
+    kernel = f"`{clean(w.syscall, 30)}`" if w.syscall else "a kernel wait"
+    chan = f" (kernel wait `{clean(w.wchan, 40)}`)" if w.wchan else ""
+    cpu = f", using {w.cpu:.0%} of a CPU" if w.cpu is not None else ""
+    return (f"its main thread sleeps{at} in {kernel}{chan}{cpu}; no wait site names that call, so the mechanism "
+            "is not known")
+
+
+def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
+    """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
+    if c is not None and c.links and c.rank is not None and (
+            c.fact.kind == "blocked" or (c.fact.kind in _POSITIONAL and informative(c.links[0].wait))):
+        step = _wait_next(c.links, c)
+        if step:
+            return step
+    root = graph.vertex(graph.root[0]) if graph.root and not graph.deadlock else None
+    if root is not None and root.kind == "process" and root.pid is not None:  # a child the culprit waits on
+        node = clean(root.nodes[0], 60) if root.nodes else "its node"
+        if root.state == "stopped":
+            return f"`kill -CONT {root.pid}` on {node} resumes it; hangscope left it as it was"
+        return f"see what it does: `py-spy dump --pid {root.pid}` on {node}"
+    k = best.kind
+    e = best.data
+    who = who_short(c.who) if c is not None else who_short(best.who)
+    key = c.who.keys[0] if c is not None and len(c.who.keys) == 1 else None
+    at = f" on {clean(key[0], 60)}" if key else ""
+    pid = str(key[1]) if key else "PID"
+    if graph.deadlock and k == "lock_wait":
+        return "take the locks in one order on every thread (or never wait while holding one)"
+    if graph.deadlock or k == "p2p_wait":
+        return ("make each send meet its recv: order the pairs by rank (the lower rank sends first) or post them "
+                "together with batch_isend_irecv")
+    if k == "stopped" and isinstance(e, StateEvidence) and e.traced and len(e.traced) == len(e.ranks):
+        return "detach the tracer (quit the debugger) to resume it; hangscope left it as it was"
+    if k in ("stopped", "frozen") and isinstance(e, StateEvidence):
+        todo = resume_command(e)
+        if k == "frozen" and not any(r.hold is not None and r.hold.thaw for r in e.ranks):
+            todo = (f"thaw its cgroup from the host (`cat /proc/{pid}/cgroup` there names it; the node's own view "
+                    "does not show the freezer's cgroup)")
+        return clean((todo + (" resumes it" if k == "stopped" and todo else "")) if todo else
+                     "resume it (SIGCONT, or thaw its cgroup)", 300) + "; hangscope left it as it was"
+    if k == "exited" or (k == "missing_ranks" and best.culprit):
+        return f"find why {who} exited: its log, and `dmesg` on its node for the OOM killer; then restart the job"
+    if k == "uninterruptible":
+        return (f"look at what it waits on: `cat /proc/{pid}/stack`{at}; the file system or driver named there "
+                "is what to fix")
+    if k == "lock_wait" and isinstance(e, LockEvidence) and e.edge is not None:
+        holder = (f"its {thread_label(e.edge.holder)} ({thread_where(e.edge.holder)})" if e.edge.holder is not None
+                  else "the thread that took it")
+        return clean(f"see why {holder} does not finish; do not hold `{e.edge.waiter.key[1]}` while waiting", 300)
+    if k == "lock_wait":
+        return "see why the thread holding the lock does not finish; do not hold a lock while waiting"
+    if k == "collective_lag":
+        return f"see what {who} does instead of that collective: `py-spy dump --locals --pid {pid}`{at}"
+    if k == "iteration_split":
+        if getattr(e, "order", None) is not None:
+            return "iterate in one order on every rank (sorted(), not a set's or a dict's order)"
+        return (f"find the branch under which {who} skipped or repeated a collective (one that depends on the "
+                "rank, its data or the clock)")
+    if k in ("minority_stack", "different_collective"):
+        if getattr(e, "case", "") == "left_loop":
+            return ("give every rank the same number of batches (DistributedSampler(drop_last=True), equal "
+                    "shards) or let DDP's join() cover the ranks that finish first")
+        if k == "different_collective":
+            return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
+                    "do not (or where they call one it skipped)")
+        return (f"see why {who} does not return from there: `py-spy dump --native --locals --pid {pid}`{at}; "
+                f"`cat /proc/{pid}/stack` shows the kernel side")
+    if k == "launch_differs":
+        return "start every rank with the same training flags"
+    if k == "launch_incomplete":
+        return "start the missing node's launcher (same rendezvous, its --node-rank), or find why it exited"
+    if k == "outside_peer":
+        return "add that node to the hosts list and run hangscope again to see what its ranks do"
+    if k == "network_stall":
+        return f"check {fold_nodes(best.who.nodes) or 'that node'}'s link: `ss -tinpo` there, and `ping` it from the " \
+            "other nodes"
+    if k == "slow_node":
+        return f"look at {fold_nodes(best.who.nodes) or 'that node'}'s CPU limit (cgroup cpu.max) and load"
+    if k == "still_running":
+        return f"see what {who} keeps doing: take more samples (--samples 5) with --locals"
+    if k == "node_failed":
+        return "fix access to the failed node(s) and run again: the culprit may be there"
+    if k in ("native_call", "gil_held"):
+        return f"see the C frames: `py-spy dump --native --pid {pid}`{at} (hangscope --native), or `gdb -p {pid}`"
+    if k == "pipe_write":
+        return "make the pipe's reader read (or send the rank's output to a file)"
+    if k in ("gpu_fault", "nccl_ras"):
+        return "see the GPU evidence below: the node's kernel log (`dmesg -T | grep -i xid`) and nvidia-smi"
+    return "see the first finding's detail"
+
+
+def _wait_next(links: Sequence[Link], c: Culprit) -> str:
+    """What to do about the end of a chain of waits."""
+    last = links[-1]
+    w: ThreadWait = last.wait
+    r = c.rank
+    assert r is not None
+    node = clean(r.node, 60)
+    rel = last.release
+    first = rel.parties[0] if rel.parties else None
+    if first is not None and first.kind == "process" and first.pid is not None:
+        if first.state == "stopped":
+            return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"
+        if first.state == "zombie":
+            return (f"pid {first.pid} has exited{' (' + clean(first.exit, 60) + ')' if first.exit else ''}: find why "
+                    "(its log, `dmesg` for the OOM killer) and let the waiting code notice a dead child")
+        return (f"see what pid {first.pid} does: `py-spy dump --pid {first.pid}` or `cat /proc/{first.pid}/stack` "
+                f"on {node}; end it or give the wait a timeout")
+    if first is not None and first.kind == "host":
+        return (f"check {clean(first.address, 60)}: is the service up and reachable from {node} (`ss -tnp` there)? "
+                "Give the call a timeout so that a missing answer fails instead of hanging")
+    if first is not None and first.same:
+        return "use an RLock, or do not call the code that takes the lock again while holding it"
+    res = w.resource
+    if res == "debugger":
+        return ("a debugger stopped this rank: attach to its terminal and continue (`c`) or quit, and remove the "
+                "breakpoint() / set_trace() from the code (PYTHONBREAKPOINT=0 disables them)")
+    if res == "terminal":
+        return "it reads its standard input: give it input, or start the job with stdin from /dev/null"
+    if res == "shutdown":
+        return ("its main program ended (see its error output below): fix that error, and make the helper threads "
+                "daemon threads or join them with a timeout so the process can exit")
+    if res == "store_key":
+        key = w.detail("key") or w.detail("argument")
+        return (f"find which rank should set {clean(key, 60) or 'the key'} in the store and why it did not (a "
+                "different key name, a branch that skipped it); give store.wait a timeout")
+    if res == "cpu":
+        return "the loop never exits: fix its condition, and make it wait (an Event, a sleep) instead of spinning"
+    if res == "timer" and w.poll is not None:
+        return ("the loop polls for something that does not happen: find why its condition never turns true, and "
+                "give it a deadline")
+    if res in ("event", "condition", "semaphore", "barrier", "queue", "process_queue", "future", "pool", "thread"):
+        if rel.nobody:
+            return ("nothing is left to release it: find the thread or process that should have (its exception in "
+                    "the rank's error output?), and give the wait a timeout")
+        return "see why the thread (or process) that should release it does not; give the wait a timeout"
+    if res == "lock":
+        return "see why the thread holding the lock does not release it; do not hold a lock while waiting"
+    if res in ("child",):
+        return f"see what the child does (`ps --ppid {r.pid}` on {node}); end it or give the wait a timeout"
+    if res == "file_lock":
+        return "see which process holds the file lock (`cat /proc/locks`, `fuser FILE`) and why it keeps it"
+    if res in ("socket", "http"):
+        return f"see which peer it waits for: `ss -tnp` on {node} (pid {r.pid}); give the call a timeout"
+    if res == "device":
+        return "check the GPU: `nvidia-smi`, and the kernel log for Xid errors (`dmesg -T | grep -i xid`)"
+    if res == "native":
+        return f"see the C frames: `py-spy dump --native --pid {r.pid}` on {node} (hangscope --native), or `gdb`"
+    return f"`py-spy dump --native --locals --pid {r.pid}` and `cat /proc/{r.pid}/stack` on {node} show more"
+
+
+def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Finding],
+            slow: Sequence[Finding], total: int, next_text: str) -> str:
+    """The one plain sentence the summary starts with."""
+    if top is None or top_finding is None:
+        return "Nothing stands out."
+    title = top_finding.title[:1].upper() + top_finding.title[1:]
+    if top.kind == "progressing":
+        return f"{title}; " + "; ".join(f.title for f in slow) + "." if slow else f"{title}."
+    if not top.culprit or c is None:
+        if top.kind == "dump_failed":
+            return f"No culprit found, and the picture is incomplete: {top_finding.title}."
+        return f"{title}."
+    sentence = culprit_sentence(c, top_finding.title, total)
+    command = re.search(r"`[^`]* [^`]*`", next_text)  # a command line (it has arguments), not a name
+    # the sentence already says what to run (a held rank's sentence always names what resumes it)
+    said = (command is not None and command.group() in sentence) or (top.kind in ("stopped", "frozen") and
+                                                                      sentence == top_finding.title)
+    tail = f" Next: {next_text}." if next_text and not said else ""
+    if top.strength == "high":
+        return f"{sentence[:1].upper() + sentence[1:]}.{tail}"
+    if top.strength == "medium":
+        return f"Likely lead: {sentence}.{tail}"
+    return f"No clear culprit; the best lead: {sentence}.{tail}"
+
+
+def graph_headline(c: Optional[Culprit], graph: WaitGraph, facts: Sequence[Fact], classes: Sequence[StackClass],
+                   title: str, total: int) -> str:
+    """The graph's own headline (the waits screen): who is at the root and what it is doing, who waits for it,
+    and each step of the chain to it."""
+    if graph.progressing:
+        return "nobody: the job is progressing between samples"
+    if c is None or not graph.root:
+        return ""
+    vs = {v.id: v for v in graph.vertices}
+    names = display_names(graph.vertices)
+    if graph.deadlock:
+        ring = [e for e in graph.edges if e.waiter in graph.root and e.waited in graph.root and e.strength != "low"]
+        return clean("a deadlock: " + "; ".join(f"{names[e.waiter]} waits for {names[e.waited]} ({e.evidence})"
+                                               for e in ring), 600)
+    v = vs[graph.root[0]]
+    what = v.state or v.doing
+    who = f"{v.label}{' is ' + what if v.state else (', ' + what if what else '')}"
+    chain = graph.chain
+    first = chain[0] if chain else graph.root[0]
+    evidence: dict = {}
+    for e in graph.edges:
+        if e.waited == first and e.waiter not in chain and e.waiter not in graph.root:
+            evidence.setdefault(e.waiter, []).append(e.evidence)
+    it = "it" if len(chain) <= 1 else short(vs[first])
+    why = "; ".join(f"{short(vs[w])} wait{'s' if len(vs[w].ranks) == 1 else ''} for {it} ({'; '.join(ev[:3])})"
+                    for w, ev in list(evidence.items())[:3])
+    steps = "; ".join(f"{names[e.waiter]} waits for {names[e.waited]} ({e.evidence})"
+                      for a, z in zip(chain, chain[1:]) for e in graph.edges if e.waiter == a and e.waited == z)
+    return clean("; ".join(p for p in (who, why, steps) if p), 600)
+
+
+def with_texts(graph: WaitGraph, headline: str, next_text: str) -> WaitGraph:
+    return replace(graph, headline=headline, next=next_text)
+
+
+def evidence_of(f: Fact, classes: Sequence[StackClass]) -> str:
+    return edge_evidence(f, classes)
+
+
+__all__ = ["verdict", "next_step", "culprit_sentence", "graph_headline", "with_texts", "WaitEvidence"]

@@ -1,0 +1,190 @@
+"""Sentences for facts about the job as a whole: ranks launched with other flags, launchers without ranks, ranks
+not found, nodes not inspected, addresses outside the hosts list, stalled sockets, the Flight Recorder's
+sequence numbers, thread counts, dumps that failed, several jobs in one snapshot, nothing to analyse."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from app.analysis.facts import Fact
+from app.analysis.frames import clean
+from app.analysis.launch import LaunchEvidence
+from app.analysis.prose.words import who_label, who_short
+
+Text = Tuple[str, str, str]
+MAX_KEYS = 4  # differing flags named in one sentence
+
+
+def flag_value(v: str) -> str:
+    return "unset" if v == "(not given)" else ("set" if v == "(set)" else f"`{clean(v, 60)}`")
+
+
+def flags_shown(e: LaunchEvidence) -> str:
+    shown = ", ".join(f"{clean(k, 60)} {flag_value(mine)} where the others have {flag_value(theirs)}"
+                      for k, mine, theirs in e.diff[:MAX_KEYS])
+    more = f" and {len(e.diff) - MAX_KEYS} more" if len(e.diff) > MAX_KEYS else ""
+    return shown + more
+
+
+def launch_text(f: Fact) -> Text:
+    e = f.data
+    assert isinstance(e, LaunchEvidence)
+    label = who_label(f.who)
+    shown = flags_shown(e)
+    n = len(e.diff)
+    return (clean(f"{label} run with other flags than the other {e.total - len(f.who.keys)} ranks: {shown}", 300),
+            f"command lines differ in {n} flag{'s' if n != 1 else ''}: {shown}. Ranks launched with other training "
+            "settings (accumulation steps, batch size, model options) issue another number or order of collectives, "
+            "and the job hangs where they part: launch every node with the same flags.",
+            "the same job's ranks normally run one command line; these few run another" if e.few else
+            "many ranks differ: the launch may set some flags per node on purpose")
+
+
+def outside_text(f: Fact) -> Text:
+    from app.analysis.fold import fold_ints, fold_nodes
+    from app.analysis.peers import MAX_PEERS, OutsideEvidence
+
+    e = f.data
+    assert isinstance(e, OutsideEvidence)
+    peers = e.peers
+    shown = peers[:MAX_PEERS]
+    where = ", ".join(p.text() for p in shown) + (f" and {len(peers) - len(shown)} more" if len(peers) > len(shown)
+                                                  else "")
+    numbers = list(e.numbers)
+    who = (f"rank{'s' if len(numbers) != 1 else ''} {fold_ints(numbers)}" if numbers
+           else f"{len(e.holders)} process{'es' if len(e.holders) != 1 else ''}")
+    hold = (f"{who} on {fold_nodes(k[0] for k in e.holders)} hold {e.connections} "
+            f"connection{'s' if e.connections != 1 else ''}")
+    named = [p for p in shown if p.name]
+    how = "; ".join(f"{clean(p.address, 60)} is {clean(p.name, 80)} by the {p.how}" for p in named)
+    add = fold_nodes(p.name for p in named) if named and len(named) == len(shown) else ""
+    hint = (f"add {add} to the hosts list" if add else
+            "add the node(s) at these addresses to the hosts list (`getent hosts ADDRESS` names them)")
+    if e.missing is not None:
+        label, job = e.missing_label, e.job
+        one = label.startswith("rank ")
+        title = f"{label} {'is' if one else 'are'} not in the snapshot: the job runs on {where} too, which the hosts " \
+            "list leaves out"
+        detail = (f"{hold} to {where}, which no inspected node has: that is where {label} run{'s' if one else ''}, "
+                  f"and the inspected ranks wait for them. {hint[:1].upper() + hint[1:]} to see what they do{job}.")
+        reason = ("ranks are missing and the inspected ranks talk to addresses no inspected node has; which of the "
+                  "missing ranks holds the others up is not known")
+    else:
+        title = f"the job's ranks talk to {where}, which the hosts list leaves out"
+        detail = (f"{hold} to {where}, which no inspected node has: if the job runs there too, {hint} "
+                  f"(every rank was found, so this may also be a service the ranks use).")
+        reason = "every expected rank was found; the address may be a service, not a node of the job"
+    if how:
+        detail += f" Names: {how}."
+    return clean(title, 300), detail, reason
+
+
+def network_text(f: Fact) -> Text:
+    from app.analysis.fold import fold_nodes
+    from app.analysis.network import MAX_EVIDENCE, NetworkEvidence, host_of
+
+    e = f.data
+    assert isinstance(e, NetworkEvidence)
+    stalls = e.stalls
+    evidence = "; ".join(s.text() for s in stalls[:MAX_EVIDENCE])
+    if len(stalls) > MAX_EVIDENCE:
+        evidence += f"; and {len(stalls) - MAX_EVIDENCE} more"
+    suspect = e.suspect[0]
+    if e.shape == "outgoing":
+        peers = fold_nodes({s.peer_node or host_of(s.peer) for s in stalls})
+        title = f"{suspect}'s sockets to {peers} stall: {suspect} (or its link) has lost the network"
+    elif e.shape == "incoming":
+        title = f"sockets on {fold_nodes({s.node for s in stalls})} towards {suspect} stall: {suspect} (or the path " \
+            "to it) does not answer"
+    elif e.shape == "involves":
+        title = f"every stalled socket involves {suspect}: {suspect} (or its link) is the problem"
+    elif e.shape == "link":
+        title = f"the link between {e.suspect[0]} and {e.suspect[1]} stalls"
+    else:
+        title = f"sockets stall on {fold_nodes(e.nodes)}; {suspect} is involved most ({e.top_count} of {len(stalls)})"
+    reason = {"silent": "no retransmissions, only a peer that has been silent much longer than the others",
+              "same_place": "every rank waits at the same place and the stalled sockets all lead to one place",
+              "same_stack": "every rank waits on the same line, and every stalled socket retransmits towards one node",
+              "one_place": "the stalled sockets lead to one place", "single": "a single stalled socket",
+              "spread": "stalls are spread over several nodes"}[e.case]
+    if e.unacked_only:
+        reason += "; the evidence is unacknowledged bytes only"
+    return clean(title, 300), f"evidence: {evidence}.", reason
+
+
+def flight_text(f: Fact) -> Text:
+    from app.analysis.flight import FlightEvidence
+    from app.analysis.fold import count_phrase
+
+    e = f.data
+    assert isinstance(e, FlightEvidence)
+    n = len(f.who.keys)
+    names = dict(e.names)
+    title = (f"{who_short(f.who)} {'is' if n == 1 else 'are'} behind in process group {clean(e.pg, 40)}: last "
+             f"collective issued #{e.issued} where {count_phrase(e.others, 'other')} "
+             f"{'is' if e.others == 1 else 'are'} at #{e.usual}")
+    parts = [f"{'behind' if v < u else 'ahead'} in pg {clean(p, 40)}: #{v} vs #{u}"
+             + (f" ({clean(names[p], 60)})" if p in names else "") for p, v, u in e.devs]
+    detail = ("Flight recorder: " + "; ".join(parts) + ". A rank behind in a group has not issued the "
+              "collective the others of the group wait in")
+    if n == e.others:
+        reason = "as many ranks are behind as ahead: either side may be the odd one"
+    elif n * 3 <= e.others:
+        reason = "the recorder's own sequence numbers put these few ranks behind the rest"
+    else:
+        reason = "the recorder's sequence numbers differ between groups of similar size"
+    return title, detail + ".", reason
+
+
+def launchers_text(f: Fact) -> Text:
+    from app.analysis.fold import fold_ints, fold_nodes
+    from app.analysis.processes import LaunchersEvidence, doing
+
+    e = f.data
+    assert isinstance(e, LaunchersEvidence)
+    procs = e.launchers
+    job = clean(e.job or "unidentified", 120)
+    nodes = sorted({p.node for p in procs})
+    if f.kind == "launch_incomplete":
+        if e.absent:
+            missing = f"node rank{'s' if len(e.absent) != 1 else ''} {fold_ints(e.absent)}"
+        else:
+            extra = (e.nnodes or 0) - len(nodes)
+            missing = f"{extra} more node{'s' if extra != 1 else ''}"
+        where = f" ({fold_nodes(e.idle_nodes)}, in the hosts list, runs no launcher of the job)" if e.idle_nodes else ""
+        title = (f"job {job} never started: its launchers were told --nnodes {e.nnodes} and run as node rank"
+                 f"{'s' if len(e.node_ranks) != 1 else ''} {fold_ints(e.node_ranks)}, so the rendezvous waits for "
+                 f"{missing}{where}, whose launcher is not running")
+        detail = (f"{len(procs)} launcher{'s' if len(procs) != 1 else ''} on {fold_nodes(nodes)} wait in the "
+                  f"rendezvous{' at ' + clean(e.rendezvous, 80) if e.rendezvous else ''} for every node rank of "
+                  f"0..{(e.nnodes or 1) - 1} to join; no launcher says it is {missing}. Start the launcher there (with "
+                  f"--node-rank {fold_ints(e.absent) if e.absent else 'N'} and the same rendezvous), or check why it "
+                  "exited (the scheduler's log for that node, its output); the job's ranks start once every node has "
+                  "joined")
+        return (clean(title, 400), detail,
+                "the launchers' own --nnodes and --node-rank say which node rank has not joined" +
+                ("" if e.absent else "; which node rank is missing is not said (no --node-rank)"))
+    where = "; ".join(f"{p.kind} pid {p.pid} on {p.node}" + (f" {doing(p)}" if doing(p) else "") for p in procs[:4])
+    more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+    return (clean(f"job {job} has {len(procs)} launcher{'s' if len(procs) != 1 else ''} on {', '.join(nodes[:4])}"
+                  f"{'...' if len(nodes) > 4 else ''} and no rank yet", 300),
+            clean(where + more, 600),
+            "no rank process exists while its launchers run: a launcher waiting in its rendezvous waits for nodes "
+            "(or a store) that have not joined; check that every node of the job started its launcher and can "
+            "reach the rendezvous endpoint")
+
+
+def no_data_text(f: Fact) -> Text:
+    from app.analysis.processes import NoDataEvidence
+
+    e = f.data
+    assert isinstance(e, NoDataEvidence)
+    if not e.ranks:
+        why = f"; {e.failed} of {e.nodes} nodes failed" if e.failed else ""
+        return (f"no rank processes were found{why}",
+                "hangscope looks for processes with RANK/LOCAL_RANK in their environment and for multiprocessing "
+                "spawn children with torch loaded; check the hosts list, that the job runs as a user whose processes "
+                "you can read, and the nodes' notes, which list python processes with torch loaded: pick ranks with "
+                "--match REGEX (their command line, on every node) or --pid", "nothing to analyse")
+    return (f"no stacks were collected from any of the {e.ranks} ranks", "see why in the dump failures above",
+            "nothing to merge")

@@ -1,0 +1,226 @@
+"""Sentences for what threads of one rank wait for: locks (and deadlocks), the GIL held in native code, a native
+call that does not return, a write to a full pipe, point-to-point calls."""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+from app.analysis.facts import Fact
+from app.analysis.fold import fold_nodes, short_keys
+from app.analysis.frames import clean, is_library, named
+from app.analysis.locks import LockEvidence, LockEdge, blocked, held_name
+from app.model import Frame, PipeReader, RankSnapshot, ThreadStack
+
+Text = Tuple[str, str, str]
+
+
+def thread_label(t: ThreadStack) -> str:
+    if t.is_main:
+        return "main thread"
+    return f"thread `{clean(t.name, 60)}`" if t.name else f"thread {t.tid}"
+
+
+def _python(frames: Sequence[Frame]) -> list:
+    return [f for f in frames if not f.native]
+
+
+def thread_where(t: ThreadStack) -> str:
+    """Where a thread is, in the job's own code: `save` (job.py:130), in `Event.wait` when it is in a library."""
+    frames = _python(t.frames)
+    if not frames:
+        return f"`{clean(t.frames[0].function, 80)}`" if t.frames else "an unknown place"
+    own = next((f for f in frames if not is_library(f)), None)
+    if own is None or own is frames[0]:
+        return named(frames[0])
+    # the outermost library frame below the job's code names the call it made (Event.wait, Queue.get, ...)
+    calls = frames[:frames.index(own)]
+    return f"{named(own)}, in `{clean(calls[-1].function, 80)}`"
+
+
+def rank_name(r: RankSnapshot) -> str:
+    return f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
+
+
+def lock_text(f: Fact) -> Text:
+    e = f.data
+    assert isinstance(e, LockEvidence)
+    r = e.rank
+    who = rank_name(r)
+    if e.cycle:
+        cycle = list(e.cycle)
+        parts = [f"{thread_label(x.waiter.thread)} holds `{clean(held_name(x, cycle), 80)}` and waits for "
+                 f"`{clean(x.waiter.key[1], 80)}` ({x.waiter.frame.location})" for x in cycle]
+        names = " and ".join(thread_label(x.waiter.thread) for x in cycle)
+        return (clean(f"{who} is deadlocked: its {names} wait for each other's locks", 300),
+                "; ".join(parts) + ". Neither can go on; the rank never reaches its next collective, so the others "
+                "wait for it. Fix the lock order (always take them in one order).",
+                "a cycle of threads each waiting for a lock another holds, from their stacks and source")
+    edge = e.edge
+    assert edge is not None
+    w = edge.waiter
+    where = f"`{clean(w.header, 120)}` ({w.frame.location})"
+    if edge.holder is not None:
+        holder_at = thread_where(edge.holder)
+        title = (f"{who}'s {thread_label(w.thread)} waits for `{clean(w.key[1], 80)}`, which its "
+                 f"{thread_label(edge.holder)} holds while it is in {holder_at}")
+        detail = (f"{thread_label(w.thread)} is blocked entering {where}; {thread_label(edge.holder)} is inside a "
+                  f"`with {clean(w.key[1], 80)}:` block and {'waits' if blocked(edge.holder) else 'runs'} in "
+                  f"{holder_at}, so the lock is not released")
+        if e.odd:
+            detail += "; this is why the rank is not where the others are, and they wait for it"
+        detail += ". Check why that thread does not finish (what it waits for), or do not hold the lock " \
+                  "while waiting."
+        if f.strength == "high":
+            reason = ("the rank the stacks single out is blocked on a lock another of its threads holds while it "
+                      "waits itself")
+        elif blocked(edge.holder):
+            reason = "a thread waits for a lock another blocked thread holds"
+        else:
+            reason = "the holder is running: it may release the lock soon"
+        return clean(title, 300), detail, reason
+    title = f"{who}'s {thread_label(w.thread)} waits to enter {where}, and no thread of it is in that block"
+    detail = ("no stack of the rank is inside a `with " + clean(w.key[1], 80) + ":` block: the lock was "
+              "taken with acquire() elsewhere, or by a thread that is gone without releasing it.")
+    return clean(title, 300), detail, "the holder is not visible in the stacks"
+
+
+def edge_label(e: LockEdge) -> str:
+    return f"`{clean(e.waiter.key[1], 60)}` at {e.waiter.frame.location}"
+
+
+def pipe_reader(r: RankSnapshot) -> Tuple[str, str]:
+    """(who holds the pipe's read end, in a few words; the detail on every reader) from the node's search of
+    /proc (ProcessHold.pipe_readers); ("", "") when it was not searched, ("", why) when nobody was found."""
+    hold = r.hold
+    if hold is None or not hold.pipe:
+        return "", ""
+    readers = hold.pipe_readers
+    if not readers:
+        if not hold.pipe_search_complete:
+            return "", (f"The node's /proc was searched for the other end of {clean(hold.pipe, 40)} within its "
+                        "limits and no reader was found; `ls -l /proc/*/fd | grep` the inode to look further.")
+        return "", (f"No process holds {clean(hold.pipe, 40)} open for reading: its reader has exited and the "
+                    "write should fail with EPIPE; a reader in another PID namespace is not visible from the node.")
+
+    def one(p: PipeReader) -> str:
+        what = " ".join(p.cmdline) or p.comm
+        if p.pid == r.pid:
+            return f"{short_keys(((r.node, r.pid),), (r.rank,))} itself"
+        rel = " (its child)" if p.ppid == r.pid else (" (its parent)" if p.ppid is not None and p.pid == r.ppid
+                                                     else "")
+        return f"pid {p.pid} `{clean(what, 80)}`{rel}"
+
+    def doing(p: PipeReader) -> str:
+        state = READER_STATES.get(p.state)
+        if state:
+            return state
+        return f"asleep in {clean(p.wchan, 60)}" if p.wchan else "asleep"
+
+    first = readers[0]
+    short = one(first) + (f" (and {len(readers) - 1} more)" if len(readers) > 1 else "")
+    detail = "; ".join(f"{one(p)} holds the read end of {clean(hold.pipe, 40)} and is {doing(p)}" for p in readers)
+    detail += (": it never drains the pipe. Make it read (or end it and let the rank see EPIPE), or send the "
+               "rank's output to a file instead of a pipe.")
+    return clean(short, 200), detail
+
+
+READER_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep (D)",
+                 "Z": "a zombie", "R": "running"}
+
+
+def nodes_of(r: RankSnapshot) -> str:
+    return fold_nodes([r.node])
+
+
+def _line_text(f: Frame) -> str:
+    text = next((src for n, src in f.source if n == f.line), "")
+    return f" `{clean(text.strip(), 100)}`" if text.strip() else ""
+
+
+def _single_reason(odd: bool, why: str) -> str:
+    return why + ("; and the stacks single this rank out" if odd else
+                  "; but the stacks do not single this rank out, so it may not be what the others wait for")
+
+
+def native_text(f: Fact) -> Text:
+    from app.analysis.native import NativeEvidence
+
+    e = f.data
+    assert isinstance(e, NativeEvidence)
+    r, t, frame = e.rank, e.thread, e.frame
+    who = short_keys(((r.node, r.pid),), (r.rank,))
+    node = clean(r.node, 60)
+    if f.kind == "gil_held":
+        assert frame is not None
+        others = e.others
+        if len(others) == 1:
+            stuck = f"; its other Python thread, {thread_label(others[0])}, cannot run"
+        elif others:
+            stuck = (f"; its {len(others)} other Python threads ({', '.join(thread_label(o) for o in others[:3])}"
+                     f"{', ...' if len(others) > 3 else ''}) cannot run")
+        else:
+            stuck = ""
+        title = (f"{who}'s {thread_label(t)} holds the GIL while blocked in native code called from {named(frame)}: "
+                 f"it sleeps in `{clean(t.syscall, 40)}`{stuck}")
+        detail = (f"{who} on {node}: py-spy says its {thread_label(t)} owns the GIL, and /proc says it "
+                  f"sleeps in the kernel in `{clean(t.syscall, 40)}` (wchan {clean(t.wchan or '?', 60)}), called from "
+                  f"{named(frame)}{_line_text(frame)}. CPython releases the GIL around its own blocking calls, so this "
+                  f"is native code that kept it (a ctypes.PyDLL call, or a C extension without "
+                  f"Py_BEGIN_ALLOW_THREADS); no other thread of the process can run Python until it returns. "
+                  f"`py-spy dump --native --pid {r.pid}` on {node} shows the C frames")
+        return title, detail, _single_reason(
+            e.odd, "the thread owns the GIL and sleeps in the kernel, which CPython's own calls never do")
+    if f.kind == "native_call":
+        assert frame is not None
+        title = (f"{who}'s main thread is inside a native call that does not return, made at {named(frame)}: it "
+                 f"sleeps in `{clean(t.syscall, 40)}` with the GIL released")
+        detail = (f"{who} on {node}: its innermost Python frame is the job's own {named(frame)}{_line_text(frame)}, "
+                  f"with no Python wait below it, and /proc says the thread sleeps in the kernel in "
+                  f"`{clean(t.syscall, 40)}` (wchan {clean(t.wchan or '?', 60)}): a C function (a ctypes call, a C "
+                  f"extension) that waits for something that does not come. `py-spy dump --native --pid {r.pid}` or "
+                  f"`gdb -p {r.pid}` on {node} (hangscope --native / --gdb) shows which")
+        return title, detail, _single_reason(
+            e.odd, f"the main thread sleeps in `{clean(t.syscall, 40)}` right below the job's own code")
+    at = f" in {named(frame)}" if frame is not None else ""
+    reader, reader_detail = pipe_reader(r)
+    title = (f"{who}'s {thread_label(t)} is blocked writing to a full pipe{at}: "
+             + (f"{reader}, which holds its read end, does not read" if reader else
+                "the process reading the other end has stopped reading"))
+    detail = (f"{who} on {node}: its {thread_label(t)} sleeps in `{clean(t.syscall, 40)}` with the kernel "
+              f"in {clean(t.wchan, 60)}: the pipe's buffer is full and nothing drains it"
+              f"{' (from ' + named(frame) + _line_text(frame) + ')' if frame is not None else ''}. " + (reader_detail or
+              f"Find the reader with `ls -l /proc/{r.pid}/fd` (the pipe:[inode]) and the process holding that "
+              f"pipe's read end; a log shipper, a `| tee` or a parent that never reads the rank's stdout is the "
+              f"usual one"))
+    return title, detail, _single_reason(e.odd, "the thread sleeps in write() on a pipe whose buffer is full")
+
+
+def p2p_text(f: Fact) -> Text:
+    from app.analysis.p2p import P2PCall, P2PEvidence
+    from app.analysis.prose.words import where
+
+    e = f.data
+    assert isinstance(e, P2PEvidence)
+
+    def who(c: P2PCall) -> str:
+        return f"rank {c.rank}" if c.rank is not None else f"pid {c.key[1]}"
+
+    if e.ring:
+        ring = e.ring
+        parts = [f"{who(c)} waits in {named(c.frame)} for rank {c.peer} ({clean(c.argument, 40)})" for c in ring]
+        names = " and ".join(who(c) for c in ring)
+        return (clean(f"{names} are deadlocked in point-to-point calls: each waits for the other", 300),
+                "; ".join(parts) + ". Neither call can complete: every send needs the peer's matching recv. Make the "
+                "pairs match (one side sends while the other receives: order them by rank, or use batch_isend_irecv)",
+                "a cycle of ranks each blocked in send/recv towards the next, read from the calls' arguments")
+    c = e.call
+    assert c is not None and e.peer_class is not None
+    pc = e.peer_class
+    elsewhere = f"in `{pc.collective}`" if pc.collective else where(pc)
+    return (clean(f"{who(c)} waits in {named(c.frame)} for rank {c.peer} ({clean(c.argument, 40)}), which is "
+                  f"{elsewhere}", 300),
+            f"{who(c)}'s {c.op} names rank {c.peer} as its peer ({clean(c.argument, 40)}), and rank {c.peer} is not in "
+            f"a matching {'recv' if c.op == 'send' else 'send'}: it is {elsewhere}. The two ranks disagree on what "
+            "comes next (a send or recv one of them skipped, or a collective issued between them)",
+            "the call's own argument names the peer, and the peer's stack shows it elsewhere; which of the two took "
+            "the wrong path is not known")

@@ -1,0 +1,290 @@
+"""Sentences for what a thread waits for and who can release it (blocking.py, release.py): the "blocked" facts
+and the middle of the headline. Every remote string (names, command lines, paths, keys) is cleaned here."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from app.analysis.blocking import ThreadWait
+from app.analysis.facts import Fact
+from app.analysis.frames import clean, named
+from app.analysis.release import Link, Party, Release
+from app.analysis.suspects import WaitEvidence
+from app.model import RankSnapshot
+
+Text = Tuple[str, str, str]
+
+
+def _q(text: str, limit: int = 80) -> str:
+    """Remote text inside backquotes, printable and bounded."""
+    return f"`{clean(text, limit).replace('`', chr(39))}`"
+
+
+def where(w: ThreadWait) -> str:
+    """`(upload_checkpoint, train.py:88)`: where in the job's code the wait is, when that is known."""
+    at = w.caller
+    if at is None:
+        return ""
+    line = next((src for n, src in at.source if n == at.line), "").strip()
+    code = f": {_q(line, 100)}" if line and len(line) <= 100 else ""
+    return f" at {named(at)}{code}"
+
+
+def operation(w: ThreadWait) -> str:
+    """`blocked in `Future.result``, `spinning`, `sleeping in `time.sleep``, `blocked in a system call (futex)`."""
+    if w.state == "spinning":
+        return "spinning on a CPU"
+    if w.state == "running":
+        return "running"
+    if w.state in ("stopped", "frozen", "traced", "exited"):
+        return {"stopped": "stopped", "frozen": "frozen by the cgroup freezer", "traced": "stopped by a tracer",
+                "exited": "exited"}[w.state]
+    if w.state == "disk":
+        return f"in uninterruptible sleep (D) in {_q(w.syscall or 'a kernel call', 40)}"
+    if w.known and w.operation:
+        verb = "sleeping in" if w.resource == "timer" else "blocked in"
+        return f"{verb} {_q(w.operation, 60)}"
+    kernel = f"{_q(w.syscall, 40)}" if w.syscall else "the kernel"
+    return f"blocked in a system call ({kernel}{', kernel wait ' + _q(w.wchan, 40) if w.wchan else ''})"
+
+
+def _detail(w: ThreadWait, name: str) -> str:
+    return w.detail(name)
+
+
+def _obj(w: ThreadWait) -> str:
+    obj = _detail(w, "object")
+    return f" {_q(obj, 60)}" if obj else ""
+
+
+def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
+    """What the wait is for, from its resource kind and its identities: `waiting for the lock `_m``."""
+    r = w.resource
+    obj = _obj(w)
+    if r == "lock":
+        return f"waiting for the lock{obj}"
+    if r == "condition":
+        return f"waiting for a notify() on the condition{obj}"
+    if r == "event":
+        return f"waiting for the event{obj} to be set"
+    if r == "semaphore":
+        return f"waiting for a permit of the semaphore{obj}"
+    if r == "barrier":
+        return f"waiting for the other parties of the barrier{obj}"
+    if r == "thread":
+        return "waiting for a thread to end"
+    if r == "future":
+        return f"waiting for the result of a future{obj} that an executor runs"
+    if r == "queue":
+        if w.release == "consumer":
+            return f"waiting for room in the full queue{obj}"
+        if w.operation == "executor worker idle":
+            return "idle, waiting for work"
+        return f"waiting for an item in the queue{obj}"
+    if r == "process_queue":
+        return f"waiting for data from another process{obj}"
+    if r == "pool":
+        return "waiting for the results of a process pool"
+    if r in ("socket", "http"):
+        peer = _detail(w, "peer")
+        what = "an HTTP response" if r == "http" else "data"
+        if "accept" in w.operation:
+            return "waiting for a client to connect" + (f" to {_q(_detail(w, 'local'), 60)}" if _detail(w, "local") else "")
+        if "connect" in w.operation:
+            return "waiting for the server to accept the connection" + (f" ({_q(peer, 60)})" if peer else "")
+        if "send" in w.operation:
+            return "waiting for its peer to read (the socket's send buffer is full)"
+        return f"waiting for {what}" + (f" from {_q(peer, 60)}" if peer else " from its peer")
+    if r == "pipe":
+        target = _detail(w, "target")
+        on = f" ({_q(target, 40)})" if target else ""
+        if w.release == "reader":
+            return f"waiting for the reader of a full pipe{on}"
+        return f"waiting for data on a pipe or file{on}"
+    if r == "terminal":
+        target = _detail(w, "target")
+        return "waiting for input on its standard input" + (f" ({_q(target, 40)})" if target else "")
+    if r == "child":
+        child = _detail(w, "child")
+        arg = _detail(w, "argument")
+        return "waiting for a child process to exit" + (f" (pid {child})" if child.isdigit() else
+                                                       (f" ({_q(arg, 60)})" if arg else ""))
+    if r == "file_lock":
+        path = _detail(w, "path") or _detail(w, "target") or _detail(w, "argument")
+        return "waiting for a lock on a file" + (f" ({_q(path, 80)})" if path else "")
+    if r == "file":
+        path = _detail(w, "path")
+        return "in a file system call that has not returned" + (f" ({_q(path, 80)})" if path else "")
+    if r == "store_key":
+        key = _detail(w, "key") or _detail(w, "argument")
+        return f"waiting for the key {_q(key, 60)} in the job's store" if key else "waiting in the job's store"
+    if r == "device":
+        return "waiting for the GPU to finish its queued work"
+    if r == "timer":
+        if w.poll is not None:
+            return f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}: it sleeps and checks again"
+        arg = _detail(w, "argument")
+        return f"sleeping{' (' + _q(arg, 30) + ')' if arg else ''}"
+    if r == "cpu":
+        if w.poll is not None:
+            return f"in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}, which does not wait: it burns a core"
+        return "computing"
+    if r == "debugger":
+        return "stopped at a debugger's prompt, waiting for a command on its terminal"
+    if r == "shutdown":
+        return "its main program has ended; the interpreter waits for its non-daemon threads to end before it exits"
+    if r == "event_loop":
+        return "its asyncio event loop waits for a task or I/O that does not come"
+    if r == "signal":
+        return "waiting for a signal"
+    if r == "native":
+        return f"inside a native call that does not return (it sleeps in {_q(w.syscall or '?', 30)})"
+    if r == "gil":
+        return "holding the GIL in native code"
+    return "the mechanism is not known"
+
+
+def party(p: Party, rank: Optional[RankSnapshot] = None) -> str:
+    """`its thread `upload_0``, `pid 812 `sleep 1000``, `10.0.0.9:443 (no node of the snapshot)`, `someone at its
+    terminal`."""
+    if p.kind == "thread":
+        if rank is not None and p.pid == rank.pid and p.node == rank.node:
+            if p.same:
+                return "itself, lower on its own stack"
+            return "its main thread" if p.main else (f"its thread {_q(p.name, 60)}" if p.name else f"its thread {p.tid}")
+        who = f"rank {p.rank}" if p.rank is not None else f"pid {p.pid}"
+        return f"{who}'s thread {_q(p.name, 60)}" if p.name else f"{who}'s thread {p.tid}"
+    if p.kind == "process":
+        state = f", {p.state}" + (f" ({clean(p.exit, 60)})" if p.exit else "") if p.state else ""
+        mine = " (its own process)" if rank is not None and p.pid == rank.pid else ""
+        return f"pid {p.pid} {_q(p.name, 80)}{mine}{state}"
+    if p.kind == "rank":
+        return f"rank {p.rank} on {clean(p.node, 60)}" if p.rank is not None else f"pid {p.pid} on {clean(p.node, 60)}"
+    if p.kind == "host":
+        if p.node:
+            return f"{clean(p.node, 60)} ({clean(p.address, 60)})"
+        return f"{_q(p.address, 60)}, which no inspected node has (outside the job, or a node the hosts list leaves out)"
+    if p.kind == "person":
+        return "someone at its terminal"
+    if p.kind == "time":
+        return "time: the sleep ends by itself"
+    if p.kind == "itself":
+        return "its own loop's condition"
+    if p.kind == "kernel":
+        return "the kernel (a file system, a device or a driver)"
+    if p.kind == "device":
+        return "the GPU"
+    return "unknown"
+
+
+def _doing(p: Party) -> str:
+    w = p.wait
+    if w is None:
+        return ""
+    text = operation(w) + where(w)
+    return text
+
+
+_NONE = {
+    "no_other_thread": "no other thread of the process runs Python: nothing can release it",
+    "no_holder": "no thread is inside a block of that lock: it was taken with acquire() elsewhere, or by a thread "
+                 "that is gone",
+    "no_writer": "no process holds the other end open for writing: nothing will come",
+    "no_reader": "no process holds its read end",
+    "no_worker": "no worker thread or process is alive to run it",
+    "workers_idle": "its executor's workers are all idle: the call is not running",
+    "no_child": "no child process of it was found",
+    "no_holder_process": "no process was found holding it",
+    "not_read": "",
+    "search_incomplete": "the node's search for the other end was cut short by its bounds",
+    "unknown_rule": "",
+}
+
+
+def release(link: Link, rank: Optional[RankSnapshot]) -> str:
+    """Who can release one wait: `, which its thread `w` holds` / `; nothing can release it: ...`."""
+    rel = link.release
+    w = link.wait
+    if not rel.parties:
+        text = _NONE.get(rel.none, "")
+        return f"; {text}" if text else ""
+    first = rel.parties[0]
+    who = party(first, rank)
+    if w.release == "holder":
+        if first.same:
+            return (", which it already holds itself lower on its own stack: a non-reentrant lock taken twice by "
+                    "the same thread can never be released")
+        return f", which {who} holds"
+    if w.release == "joined":
+        return f": {who}"
+    if w.release == "worker":
+        return f", which {who} runs" + ("" if len(rel.parties) == 1 else f" (and {len(rel.parties) - 1} more workers)")
+    if w.release in ("notifier", "producer", "consumer", "threads"):
+        names = ", ".join(party(p, rank) for p in rel.parties[:3])
+        role = {"notifier": "could set it", "producer": "could put into it", "consumer": "could take from it",
+                "threads": "it waits for"}[w.release]
+        return f"; the threads that {role}: {names}" + (" ..." if len(rel.parties) > 3 else "")
+    if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
+        role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
+                "peer": "its peer is"}[w.release]
+        more = f" (and {len(rel.parties) - 1} more)" if len(rel.parties) > 1 else ""
+        return f"; {role} {who}{more}"
+    if w.release == "person":
+        return "; someone at its terminal must type (or the program must not stop there)"
+    if w.release == "time":
+        return ""
+    return f"; {who}"
+
+
+def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
+    """The chain from the culprit's thread to the root: each step's wait, then who can release it."""
+    parts: List[str] = []
+    for i, link in enumerate(links):
+        w = link.wait
+        if i == 0:
+            parts.append(f"{operation(w)}{where(w)}, {resource(w, link.release)}{release(link, rank)}")
+            continue
+        if link.release.parties and link.release.parties[0].role == "cycle":
+            parts.append("which waits for the first: a deadlock")
+            break
+        parts.append(f"that one is {operation(w)}{where(w)}, {resource(w, link.release)}{release(link, rank)}")
+    return "; ".join(parts)
+
+
+def rank_name(r: RankSnapshot) -> str:
+    return f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
+
+
+def blocked_text(f: Fact) -> Text:
+    e = f.data
+    assert isinstance(e, WaitEvidence)
+    r = e.rank
+    who = rank_name(r)
+    if e.whole:
+        subject = f"all {e.size} ranks (like {who} on {clean(r.node, 60)}) are"
+    else:
+        subject = f"{who}'s main thread is"
+    title = f"{subject} {chain_text(e.links, r)}"
+    w = e.wait
+    detail_parts = [f"{who} on {clean(r.node, 60)}, pid {r.pid}"]
+    if w.site is not None:
+        detail_parts.append(f"{_q(w.operation, 60)} {clean(w.site.reason, 200)}")
+    elif w.reason:
+        detail_parts.append(clean(w.reason, 200))
+    if w.how:
+        detail_parts.append(f"it waits inside {_q(w.how, 60)}")
+    if w.syscall:
+        detail_parts.append(f"the kernel: {_q(w.syscall, 30)}" + (f" in {_q(w.wchan, 40)}" if w.wchan else ""))
+    if w.handler is not None:
+        detail_parts.append(f"it runs in a signal handler{' for ' + w.signal if w.signal else ''} "
+                            f"({named(w.handler)}) on top of {named(w.interrupted) if w.interrupted else 'its code'}")
+    detail = "; ".join(detail_parts) + "."
+    if e.odd and e.links[-1].release.nobody:
+        reason = "the stacks single this rank out, and nothing can release what it waits for"
+    elif e.odd:
+        reason = "the stacks single this rank out, and its own stack says what it waits for"
+    elif e.whole:
+        reason = "every rank waits the same way, outside any collective"
+    else:
+        reason = "its stack says what it waits for; but the stacks do not single this rank out"
+    return clean(title, 600), detail, reason

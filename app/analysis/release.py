@@ -1,0 +1,374 @@
+"""Who can end a wait: for each ThreadWait, the threads, processes, ranks, hosts or people that could release it.
+
+Each wait site names a rule (sites.Release); this module follows it over what the snapshot holds:
+
+- holder: the thread of the same process inside a `with` block of the same lock (locks.held), which can be the
+  waiter itself lower on its own stack (a self-deadlock: a non-reentrant lock taken twice);
+- notifier / producer / consumer: the other threads of the process that run Python (none: nobody can);
+- joined: the joined thread, matched by the Thread object's address in both stacks;
+- worker: the executor's or pool's workers (threads in concurrent.futures' `_worker` running a call, or child
+  processes), busy ones first (all idle, or none alive: nobody runs the call);
+- children: the process's children (Snapshot.processes), with their state and their own stacks;
+- peer: the socket's other end, from what the node read of the call's file descriptor (ThreadStack.waits): a
+  rank of the job, a process on the same node, or a host outside the job;
+- writer / reader / lock_holder: the processes the node found holding the pipe's other end or the file lock;
+- person: a debugger or a terminal waits for someone to type;
+- time / itself: a sleep ends by itself (in a loop, what the loop polls for decides); a spin, by its condition.
+
+Collectives and point-to-point calls are the wait graph's (the ranks not in the collective; the p2p peer).
+Everything is bounded: at most MAX_PARTIES parties a wait, chains at most MAX_CHAIN long.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
+
+from app.analysis.blocking import Motion, ThreadWait, innermost_own, thread_wait
+from app.analysis.frames import is_library
+from app.analysis.locks import LockKey, held
+from app.model import JobProcess, OtherEnd, RankSnapshot, ThreadStack
+
+PartyKind = Literal["thread", "process", "rank", "host", "person", "time", "itself", "kernel", "device", "ranks"]
+# Why a wait has no party: the answer itself ("nobody can"), or what was not known
+NoneReason = Literal[
+    "", "no_other_thread", "no_holder", "no_writer", "no_reader", "no_worker", "workers_idle", "no_child",
+    "no_holder_process", "not_read", "search_incomplete", "unknown_rule",
+]
+MAX_PARTIES = 6
+MAX_CHAIN = 6
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+@dataclass(frozen=True)
+class Party:
+    """Someone who can end a wait, and what it does itself."""
+
+    kind: PartyKind
+    node: str = ""
+    pid: Optional[int] = None
+    tid: Optional[int] = None
+    rank: Optional[int] = None
+    name: str = ""  # a thread's name, a process's command (remote text: the text layer cleans it)
+    address: str = ""  # a socket peer's address
+    role: str = ""  # holder, worker, child, writer, reader, listener, peer, lock_holder, joined, thread, person
+    state: str = ""  # what holds it: stopped, frozen, zombie, disk, traced ("" when nothing does)
+    exit: str = ""  # a zombie's end: "killed by SIGKILL", "exited with 1"
+    main: bool = False  # the main thread of its process
+    wait: Optional[ThreadWait] = None  # what it waits for itself, when its stack is known
+    same: bool = False  # the waiter itself (a self-deadlock)
+    what: str = ""  # a process's kind beside the ranks: "data-loader worker", "subprocess"
+
+
+@dataclass(frozen=True)
+class Release:
+    """Who can end one wait: parties (busiest and surest first), or none and why."""
+
+    parties: Tuple[Party, ...] = ()
+    none: NoneReason = ""
+    complete: bool = True  # False: the search was bounded before its end
+
+    @property
+    def nobody(self) -> bool:
+        """It was looked for and no one can: the answer itself."""
+        return not self.parties and self.none in ("no_other_thread", "no_holder", "no_writer", "no_reader",
+                                                  "no_worker", "workers_idle", "no_child", "no_holder_process")
+
+
+@dataclass
+class Context:
+    """What release rules read beyond the thread itself: its process, the processes beside the ranks, the job's
+    ranks by address, and how each thread moved between samples."""
+
+    rank: RankSnapshot
+    processes: Sequence[JobProcess] = ()
+    rank_at: Dict[str, RankSnapshot] = field(default_factory=dict)  # "ip:port" a rank uses -> that rank
+    node_of: Dict[str, str] = field(default_factory=dict)  # ip -> node, for peers that are nodes of the snapshot
+    motion: Callable[[ThreadStack], Optional[Motion]] = lambda t: None
+    _waits: Dict[int, ThreadWait] = field(default_factory=dict)
+
+    def wait_of(self, t: ThreadStack) -> ThreadWait:
+        w = self._waits.get(t.tid)
+        if w is None:
+            w = self._waits[t.tid] = thread_wait(t, self.rank.hold, self.motion(t))
+        return w
+
+
+def _python_thread(t: ThreadStack) -> bool:
+    return any(not f.native for f in t.frames)
+
+
+def _thread_party(ctx: Context, t: ThreadStack, role: str, same: bool = False) -> Party:
+    r = ctx.rank
+    return Party("thread", r.node, r.pid, t.tid, r.rank, t.name, role=role, main=t.is_main,
+                 wait=None if same else ctx.wait_of(t), same=same)
+
+
+def _busy(p: Party) -> bool:
+    """A party that is itself stuck or working (not idle waiting for work)."""
+    return p.wait is not None and p.wait.operation not in ("executor worker idle", "process pool worker idle",
+                                                         "pool worker idle")
+
+
+def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """Who can end this wait of `thread` (a thread of ctx.rank)."""
+    rule = wait.release
+    if rule == "holder":
+        return _holder(wait, thread, ctx)
+    if rule in ("notifier", "producer", "consumer"):
+        if wait.resource in ("process_queue", "pool"):
+            return _children(ctx, wait, role="producer")
+        return _other_threads(thread, ctx, role=rule)
+    if rule == "threads":
+        return _other_threads(thread, ctx, role="thread", non_daemon=True)
+    if rule == "joined":
+        return _joined(wait, thread, ctx)
+    if rule == "worker":
+        return _workers(wait, thread, ctx)
+    if rule == "children":
+        # the node's own read of the wait (the pid it waits for, zombies with their signal) first, then the
+        # children discovery found beside the ranks (with their stacks)
+        found = _children(ctx, wait, role="child")
+        kernel = _other_end(wait, thread, ctx, "children") if thread.waits is not None else Release(none="not_read")
+        if kernel.parties and (not found.parties or any(p.state for p in kernel.parties)):
+            stacks = {p.pid: p for p in found.parties}
+            return Release(tuple(replace(p, wait=stacks[p.pid].wait, what=stacks[p.pid].what) if p.pid in stacks
+                                 else p for p in kernel.parties), complete=kernel.complete)
+        return found if found.parties else kernel
+    if rule in ("peer", "writer", "reader", "lock_holder"):
+        return _other_end(wait, thread, ctx, rule)
+    if rule == "person":
+        return Release((Party("person", role="person"),))
+    if rule == "time":
+        return Release((Party("time", role="time"),))
+    if rule == "itself":
+        return Release((Party("itself", ctx.rank.node, ctx.rank.pid, thread.tid, ctx.rank.rank, thread.name,
+                              role="itself", main=thread.is_main),))
+    if rule == "kernel":
+        return Release((Party("kernel", ctx.rank.node, role="kernel"),))
+    if rule == "device":
+        return Release((Party("device", ctx.rank.node, role="device"),))
+    return Release(none="unknown_rule")
+
+
+def _lock_key(wait: ThreadWait) -> Optional[LockKey]:
+    obj = wait.detail("object")
+    at = wait.frame if wait.site is not None and wait.site.operation == "with-statement lock" else wait.caller
+    if not obj or at is None:
+        return None
+    return (at.filename, obj)
+
+
+def _holder(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    key = _lock_key(wait)
+    if key is None:
+        return Release(none="no_holder")
+    parties = []
+    if key in held(thread):
+        parties.append(_thread_party(ctx, thread, "holder", same=True))
+    for t in ctx.rank.threads:
+        if t.tid != thread.tid and key in held(t):
+            parties.append(_thread_party(ctx, t, "holder"))
+    return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
+
+
+def _other_threads(thread: ThreadStack, ctx: Context, role: str, non_daemon: bool = False) -> Release:
+    """The other threads of the process that run Python, busy ones first. `non_daemon`: the interpreter's
+    shutdown waits only for non-daemon threads; daemon-ness is not in a stack, so every Python thread that is
+    not the runtime's own (gloo's, the pin-memory thread, executor workers idle) counts."""
+    others = [t for t in ctx.rank.threads if t.tid != thread.tid and _python_thread(t)]
+    parties = [_thread_party(ctx, t, role) for t in others]
+    if non_daemon:
+        parties = [p for p in parties if p.wait is None or p.wait.caller is not None]
+    parties.sort(key=lambda p: (not _busy(p), not (p.wait is not None and p.wait.caller is not None)))
+    if not parties:
+        return Release(none="no_other_thread")
+    return Release(tuple(parties[:MAX_PARTIES]))
+
+
+def _joined(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """The thread whose Thread object the join's `self` names (the same address in its own bootstrap frame)."""
+    frame = wait.frame
+    me = next((loc.repr for loc in frame.locals if loc.name == "self"), "") if frame is not None else ""
+    address = _ADDRESS.search(me)
+    for t in ctx.rank.threads:
+        if t.tid == thread.tid or address is None:
+            continue
+        for f in reversed(t.frames):  # the bootstrap frames are outermost
+            if f.filename.endswith("threading.py") and any(loc.name == "self" and address.group() in loc.repr
+                                                            for loc in f.locals):
+                return Release((_thread_party(ctx, t, "joined"),))
+    return _other_threads(thread, ctx, role="joined")
+
+
+# The threads that run a pool's or a loader's work inside the process: (file suffix, function) of a frame on them
+_WORKER_THREADS = (("concurrent/futures/thread.py", "_worker"),  # ThreadPoolExecutor's workers
+                   ("torch/utils/data/_utils/pin_memory.py", "_pin_memory_loop"),  # DataLoader's pin-memory thread
+                   ("multiprocessing/pool.py", "worker"))  # multiprocessing.pool.ThreadPool's workers
+
+
+def _worker_thread(t: ThreadStack) -> bool:
+    return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
+               for f in t.frames for suffix, name in _WORKER_THREADS)
+
+
+def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """Executor, pool or loader workers: the threads that run their work (busy ones first: running a call), else
+    the process's children (a process pool, DataLoader workers). A thread that is neither is never taken for one:
+    with no worker alive, nobody runs the call."""
+    workers = [t for t in ctx.rank.threads if t.tid != thread.tid and _worker_thread(t)]
+    if workers:
+        parties = [_thread_party(ctx, t, "worker") for t in workers]
+        busy = [p for p in parties if _busy(p)]
+        if not busy:
+            return Release(tuple(parties[:MAX_PARTIES]), "workers_idle")
+        return Release(tuple(busy[:MAX_PARTIES]))
+    kids = _children(ctx, wait, role="worker")
+    if kids.parties or kids.none != "no_child":
+        return kids
+    return Release(none="no_worker")
+
+
+def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:
+    main = next((t for t in p.threads if t.is_main), p.threads[0] if p.threads else None)
+    state = ""
+    if p.hold is not None and p.hold.kind in ("stopped", "traced", "frozen"):
+        state = p.hold.kind
+    elif p.state in ("Z", "X"):
+        state = "zombie"
+    elif p.state in ("T", "t"):
+        state = "stopped"
+    elif p.state == "D":
+        state = "disk"
+    wait = thread_wait(main, p.hold) if main is not None and main.frames else None
+    return Party("process", p.node, p.pid, None, None, " ".join(p.cmdline) or p.kind, role=role, state=state,
+                 wait=wait, what=p.kind)
+
+
+def _children(ctx: Context, wait: ThreadWait, role: str) -> Release:
+    r = ctx.rank
+    kids = [p for p in ctx.processes if p.role == "child" and p.node == r.node and r.pid in p.of]
+    want = wait.detail("child")
+    if want.isdigit():
+        kids = [p for p in kids if p.pid == int(want)] or kids
+    parties = [_process_party(p, role, ctx) for p in kids[:MAX_PARTIES * 4]]
+    parties.sort(key=lambda p: (not p.state, p.wait is None))
+    if not parties:
+        return Release(none="no_child" if ctx.processes else "not_read")
+    return Release(tuple(parties[:MAX_PARTIES]))
+
+
+def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, rule: str) -> Release:
+    """The other end of the call's file descriptor, as the node found it (ThreadStack.waits): the processes
+    holding a pipe's or FIFO's other end, a file lock's holder, a socket's peer (a process on the node, a rank of
+    the job, a host), a waited-for child."""
+    kw = thread.waits if thread is not None else None
+    if kw is None:
+        return Release(none="not_read")
+    parties: List[Party] = []
+    for o in kw.others[:MAX_PARTIES * 2]:
+        if o.own and o.role in ("writer", "reader", "peer") and rule != "children":
+            # the thread's own process holds the other end (a socketpair, a pipe to itself): its other threads
+            parties.append(Party("process", ctx.rank.node, o.pid, None, ctx.rank.rank, _name(o), role=o.role,
+                                 state=_state_word(o.state)))
+            continue
+        parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
+                             state=_state_word(o.state), exit=_exit(o)))
+    complete = all(f.complete for f in kw.fds) and kw.children_complete
+    sockets = [f for f in kw.fds if f.kind == "socket" and f.peer]
+    if not parties and sockets:
+        f = sockets[0]
+        r = ctx.rank_at.get(f.peer)
+        host = f.peer.rsplit(":", 1)[0].strip("[]")
+        if r is not None:
+            parties.append(Party("rank", r.node, r.pid, None, r.rank, address=f.peer, role="peer"))
+        else:
+            parties.append(Party("host", ctx.node_of.get(host, ""), address=f.peer, role="peer"))
+    parties.sort(key=lambda p: (not p.state, p.role == "peer" and p.kind == "process" and p.pid == ctx.rank.pid))
+    if not parties:
+        nobody = any(f.nobody for f in kw.fds)
+        none: NoneReason = {"writer": "no_writer", "reader": "no_reader", "lock_holder": "no_holder_process",
+                            "children": "no_child"}.get(rule, "no_holder_process")  # type: ignore[assignment]
+        if nobody or (complete and rule in ("writer", "reader", "lock_holder")):
+            return Release(none=none)
+        return Release(none="search_incomplete" if not complete else "not_read", complete=complete)
+    return Release(tuple(parties[:MAX_PARTIES]), complete=complete)
+
+
+def _name(o: OtherEnd) -> str:
+    return " ".join(o.cmdline) or o.comm
+
+
+def _exit(o: OtherEnd) -> str:
+    if o.exit_signal:
+        return f"killed by {o.exit_signal}" + (" (core dumped)" if o.core_dumped else "")
+    if o.exit_code is not None:
+        return f"exited with {o.exit_code}"
+    return ""
+
+
+def _state_word(letter: str) -> str:
+    return {"T": "stopped", "t": "traced", "Z": "zombie", "X": "zombie", "D": "disk"}.get(letter, "")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One step of a chain of waits: `who` waits (`wait`), and `release` says who can end it."""
+
+    who: Party
+    wait: ThreadWait
+    release: Release
+
+
+_CERTAIN_ROLES = ("holder", "joined", "writer", "reader", "lock_holder", "child", "peer", "listener", "cycle",
+                  "person")
+
+
+def certain(wait: ThreadWait, rel: Release) -> bool:
+    """Whether who can release a wait is known for sure (a lock's holder, a pipe's writer, a socket's peer, the
+    one busy worker of an executor), as opposed to candidates (the threads that might set an event)."""
+    if not rel.parties:
+        return False
+    if wait.release in ("notifier", "producer", "consumer", "threads"):
+        return False
+    if wait.release == "worker":
+        return len(rel.parties) == 1
+    return rel.parties[0].role in _CERTAIN_ROLES or wait.release in ("children", "time", "person", "kernel")
+
+
+def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None) -> Tuple[Link, ...]:
+    """From a thread's wait to the root: each step follows the party that surely can release it and waits
+    itself, until a party that does not (a host, a person, time, a held process), candidates only (which thread
+    would set an event is not in a stack), a cycle (a deadlock), or MAX_CHAIN steps."""
+    r = ctx.rank
+    wait = first or ctx.wait_of(thread)
+    who = Party("thread", r.node, r.pid, thread.tid, r.rank, thread.name, role="self", main=thread.is_main, wait=wait)
+    links: List[Link] = []
+    seen: Set[Tuple[str, Optional[int], Optional[int]]] = {(r.node, r.pid, thread.tid)}
+    at: Optional[ThreadStack] = thread
+    while at is not None and len(links) < MAX_CHAIN:
+        rel = release(wait, at, ctx)
+        links.append(Link(who, wait, rel))
+        if not certain(wait, rel):
+            break
+        nxt = next((p for p in rel.parties if p.wait is not None and not p.same), None)
+        if nxt is None or nxt.wait is None:
+            break
+        ident = (nxt.node, nxt.pid, nxt.tid)
+        if ident in seen:
+            links.append(Link(nxt, nxt.wait, Release((Party("thread", nxt.node, nxt.pid, nxt.tid, nxt.rank,
+                                                            role="cycle"),))))
+            break
+        seen.add(ident)
+        if nxt.kind != "thread" or nxt.pid != r.pid:
+            links.append(Link(nxt, nxt.wait, Release()))  # another process: its own release is not followed here
+            break
+        at = next((t for t in r.threads if t.tid == nxt.tid), None)
+        who, wait = nxt, nxt.wait
+    return tuple(links)
+
+
+def job_code(t: ThreadStack) -> bool:
+    """Whether a thread runs the job's own code anywhere on its stack."""
+    return innermost_own(t.frames) is not None and any(not is_library(f) for f in t.frames if not f.native)

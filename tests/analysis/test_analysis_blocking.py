@@ -1,0 +1,272 @@
+"""The wait model (app/analysis/blocking.py, sites.py, release.py): for each family of the wait-site table, the
+blocking operation, the resource and who can release it, read from a thread's frames, its kernel state and what
+the node found at the call's file descriptor; and the chain of waits to the root.
+
+Stacks are built the way py-spy reports them (innermost first, qualified names, the standard library's paths),
+so each case is the table's entry applied to a stack, not a scenario."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import pytest
+
+from app.analysis.blocking import ThreadWait, call_site, calls, real_syscall, thread_wait
+from app.analysis.release import Context, chain, release
+from app.analysis.sites import CALL_SITES, FRAME_SITES, RESOURCES, frame_site, kernel_site
+from app.model import Frame, JobProcess, KernelWait, Local, LoopInfo, OtherEnd, ProcessHold, RankSnapshot
+from app.model import ThreadStack, WaitFd, WithInfo
+
+LIB = "/usr/lib/python3.11"
+JOB = "/home/alice/train.py"
+
+
+def job(function: str, line: int, code: str = "", locals_: Sequence[Tuple[str, str]] = (), **kw: object) -> Frame:
+    source = ((line, code),) if code else ()
+    return Frame(function, JOB, line, locals=tuple(Local(n, v, True) for n, v in locals_), source=source, **kw)  # type: ignore[arg-type]
+
+
+def lib(path: str, function: str, line: int = 100, locals_: Sequence[Tuple[str, str]] = ()) -> Frame:
+    return Frame(function, f"{LIB}/{path}", line, locals=tuple(Local(n, v, True) for n, v in locals_))
+
+
+def thread(*frames: Frame, tid: int = 1, name: str = "MainThread", syscall: str = "futex", wchan: str = "futex_do_wait",
+           state: str = "S", main: bool = True, waits: Optional[KernelWait] = None) -> ThreadStack:
+    return ThreadStack(tid, name, False, False, tuple(frames), state, wchan, syscall, (), main, waits=waits)
+
+
+def rank(*threads: ThreadStack, pid: int = 100, hold: Optional[ProcessHold] = None) -> RankSnapshot:
+    return RankSnapshot(node="node01", pid=pid, start_time=1, rank=3, threads=tuple(threads), hold=hold)
+
+
+def wait_of(t: ThreadStack, hold: Optional[ProcessHold] = None) -> ThreadWait:
+    return thread_wait(t, hold)
+
+
+# --- the table ----------------------------------------------------------------------------------------------
+
+
+def test_every_entry_names_a_known_resource_and_a_reason() -> None:
+    for site in FRAME_SITES + CALL_SITES:
+        assert site.resource in RESOURCES and site.reason and site.operation and site.functions, site
+    assert all(site.files for site in FRAME_SITES) and not any(site.files for site in CALL_SITES)
+
+
+def test_a_qualified_name_picks_its_own_site_before_a_bare_one() -> None:
+    assert frame_site("Queue.get", f"{LIB}/multiprocessing/queues.py").operation == "multiprocessing Queue.get"  # type: ignore[union-attr]
+    assert frame_site("Queue.get", f"{LIB}/queue.py").operation == "queue.Queue.get"  # type: ignore[union-attr]
+    assert frame_site("get", f"{LIB}/queue.py").operation == "queue.Queue.get"  # type: ignore[union-attr]  (old py-spy)
+    assert frame_site("helper", f"{LIB}/queue.py") is None
+    assert frame_site("Future.result", "/opt/venv/lib/python3.11/concurrent/futures/_base.py") is not None
+
+
+def test_kernel_sites_match_a_wait_channel_by_its_prefix_only() -> None:
+    assert kernel_site("futex", "futex_do_wait")[2] == "native"  # type: ignore[index]  (not do_wait: a child)
+    assert kernel_site("wait4", "do_wait")[2] == "child"  # type: ignore[index]
+    assert kernel_site("read", "fuse_wait_answer")[2] == "file"  # type: ignore[index]
+    assert kernel_site("clock_nanosleep", "get_signal")[4] == "frozen"  # type: ignore[index]  (cgroup v2's trap)
+    assert kernel_site("", "__refrigerator")[4] == "frozen"  # type: ignore[index]
+
+
+def test_a_restarted_call_is_named_after_what_the_thread_sleeps_in() -> None:
+    """A ptrace attach (py-spy's, a sample earlier) or a signal makes a poll or a sleep resume as restart_syscall."""
+    assert real_syscall("restart_syscall", "poll_schedule_timeout.constprop.0") == "poll"
+    assert real_syscall("restart_syscall", "hrtimer_nanosleep") == "clock_nanosleep"
+    assert real_syscall("read", "pipe_read") == "read"
+    w = wait_of(thread(job("step", 10, "time.sleep(1)"), syscall="restart_syscall", wchan="hrtimer_nanosleep"))
+    assert w.operation == "time.sleep" and w.syscall == "clock_nanosleep"
+
+
+def test_calls_on_a_line_are_read_with_their_receivers() -> None:
+    got = [(c.receiver, c.name) for c in calls("    n = self._sock.recv_into(view[got:])")]
+    assert got == [("self._sock", "recv_into")]
+    assert [(c.receiver, c.name) for c in calls("x = store.wait([f'k_{r}'])")] == [("store", "wait")]
+
+
+# --- frame sites: the call the job made, not the lock it waits in -------------------------------------------
+
+
+@pytest.mark.parametrize("frames, operation, resource, rule", [
+    ((lib("threading.py", "Condition.wait", 320), lib("concurrent/futures/_base.py", "Future.result", 456),
+      job("upload", 80, "fut.result()")), "Future.result", "future", "worker"),
+    ((lib("threading.py", "Condition.wait", 320), lib("threading.py", "Event.wait", 629),
+      job("get_batch", 20, "self.ready.wait()")), "Event.wait", "event", "notifier"),
+    ((lib("threading.py", "Condition.wait", 320), lib("queue.py", "Queue.get", 171), job("next", 5, "q.get()")),
+     "queue.Queue.get", "queue", "producer"),
+    ((lib("multiprocessing/connection.py", "_recv", 430), lib("multiprocessing/queues.py", "Queue.get", 103),
+      job("next", 5)), "multiprocessing Queue.get", "process_queue", "producer"),
+    ((lib("subprocess.py", "Popen._try_wait", 2011), lib("subprocess.py", "Popen._wait", 2053),
+      lib("subprocess.py", "Popen.wait", 1264), lib("subprocess.py", "run", 550), job("sync", 9, "subprocess.run(cmd)")),
+     "subprocess.run", "child", "children"),
+    ((lib("selectors.py", "EpollSelector.select", 468), lib("asyncio/base_events.py", "BaseEventLoop._run_once", 1898),
+      lib("asyncio/base_events.py", "BaseEventLoop.run_forever", 607),
+      lib("asyncio/base_events.py", "BaseEventLoop.run_until_complete", 640), lib("asyncio/runners.py", "Runner.run", 118),
+      lib("asyncio/runners.py", "run", 190), job("fetch", 30)), "asyncio.run", "event_loop", "tasks"),
+    ((lib("cmd.py", "Cmd.cmdloop", 126), lib("pdb.py", "Pdb._cmdloop", 322), lib("pdb.py", "Pdb.interaction", 426),
+      lib("pdb.py", "Pdb.user_line", 257), lib("bdb.py", "Bdb.dispatch_line", 90), lib("bdb.py", "Bdb.trace_dispatch", 70),
+      job("on_nan", 44)), "pdb prompt", "debugger", "person"),
+    ((lib("socket.py", "SocketIO.readinto", 706), lib("http/client.py", "HTTPResponse._read_status", 286),
+      lib("http/client.py", "HTTPResponse.begin", 325), lib("http/client.py", "HTTPConnection.getresponse", 1375),
+      job("put", 70)), "HTTP response", "http", "peer"),
+])
+def test_the_outermost_site_below_the_jobs_code_is_the_operation(frames: tuple, operation: str, resource: str,
+                                                                  rule: str) -> None:
+    w = wait_of(thread(*frames))
+    assert (w.operation, w.resource, w.release, w.by) == (operation, resource, rule, "frame")
+    assert w.caller is not None and w.caller.filename == JOB
+
+
+def test_the_interpreter_shutting_down_waits_for_its_threads() -> None:
+    main = thread(lib("threading.py", "_wait_for_tstate_lock", 1132), lib("threading.py", "_shutdown", 1583))
+    w = wait_of(main)
+    assert (w.operation, w.resource, w.release) == ("interpreter shutdown", "shutdown", "threads")
+    flusher = thread(lib("threading.py", "Condition.wait", 320), lib("queue.py", "Queue.get", 171),
+                     job("flush", 12, "item = q.get()"), lib("threading.py", "Thread.run", 982), tid=2,
+                     name="metrics-flusher", main=False)
+    rel = release(w, main, Context(rank(main, flusher)))
+    assert [p.name for p in rel.parties] == ["metrics-flusher"] and rel.parties[0].wait.operation == "queue.Queue.get"  # type: ignore[union-attr]
+
+
+# --- calls into C from a Python line --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, locals_, syscall, operation, resource", [
+    ("data = conn.recv(4096)", (("conn", "<socket at 0x7f1>"),), "recvfrom", "socket.recv", "socket"),
+    ("time.sleep(5)", (), "clock_nanosleep", "time.sleep", "timer"),
+    ('answer = input("overwrite? ")', (), "read", "input()", "terminal"),
+    ("lock.acquire()", (("lock", "<_thread.lock at 0x7f2>"),), "futex", "Lock.acquire", "lock"),
+    ("fcntl.flock(f, fcntl.LOCK_EX)", (), "flock", "fcntl.flock", "file_lock"),
+    ('store.wait(["ckpt/ready"])', (("store", "<torch._C._distributed_c10d.TCPStore at 0x7f3>"),), "recvfrom",
+     "store.wait", "store_key"),
+    ("os.waitpid(pid, 0)", (), "wait4", "os.waitpid", "child"),
+])
+def test_a_c_call_is_read_from_the_line_and_checked_against_the_kernel(code: str, locals_: tuple, syscall: str,
+                                                                        operation: str, resource: str) -> None:
+    w = wait_of(thread(job("step", 10, code, locals_), syscall=syscall, wchan=""))
+    assert (w.operation, w.resource, w.by) == (operation, resource, "call"), w
+
+
+def test_a_call_the_kernel_contradicts_is_not_taken() -> None:
+    """`store.wait(...)` on a line, but the thread sleeps in clock_nanosleep: not a store wait."""
+    t = thread(job("step", 10, 'store.wait(["k"])', (("store", "<TCPStore at 0x1>"),)), syscall="clock_nanosleep",
+               wchan="hrtimer_nanosleep")
+    assert call_site(t.frames[0], t.syscall) is None
+    assert wait_of(t).operation != "store.wait"
+
+
+def test_a_store_key_is_read_from_the_call() -> None:
+    w = wait_of(thread(job("eval", 7, 'store.wait(["ckpt/step3/path"])', (("store", "<TCPStore at 0x1>"),)),
+                       syscall="recvfrom", wchan="sk_wait_data"))
+    assert w.detail("key") == '"ckpt/step3/path"'
+
+
+# --- locks: holders, the waiter itself, signal handlers -------------------------------------------------------
+
+
+def _with(line: int, item: str, entering: bool) -> Tuple[WithInfo, ...]:
+    return (WithInfo(line, line + 3, f"with {item}:", (item,), entering),)
+
+
+def test_a_non_reentrant_lock_taken_twice_by_one_thread_is_its_own_holder() -> None:
+    inner = job("flush", 20, "with _stats_lock:", withs=_with(20, "_stats_lock", True))
+    outer = job("restart_window", 40, "self.flush()", withs=_with(38, "_stats_lock", False))
+    t = thread(inner, outer)
+    w = wait_of(t)
+    assert (w.operation, w.resource) == ("with _stats_lock", "lock")
+    rel = release(w, t, Context(rank(t)))
+    assert [p.same for p in rel.parties] == [True]
+
+
+def test_a_signal_handler_runs_on_top_of_the_frame_it_interrupted() -> None:
+    handler = job("on_sigusr1", 60, "with _ckpt_lock:", (("signum", "10"), ("frame", "<frame at 0x1>")),
+                  withs=_with(60, "_ckpt_lock", True))
+    interrupted = job("save", 30, "time.sleep(1)", withs=_with(28, "_ckpt_lock", False))
+    t = thread(handler, interrupted)
+    w = wait_of(t)
+    assert w.handler is handler and w.interrupted is interrupted and w.signal == "SIGUSR1"
+    assert w.resource == "lock"
+    assert release(w, t, Context(rank(t))).parties[0].same  # the interrupted frame holds it
+
+
+def test_a_lock_held_by_another_thread_leads_to_that_thread_and_what_it_does() -> None:
+    waiter = thread(job("log_metrics", 206, "with _metrics_lock:", withs=_with(206, "_metrics_lock", True)))
+    holder = thread(lib("threading.py", "Condition.wait", 320), lib("threading.py", "Event.wait", 629),
+                    job("save", 202, "self.done.wait()", withs=_with(197, "_metrics_lock", False)), tid=2,
+                    name="checkpoint-writer", main=False)
+    links = chain(waiter, Context(rank(waiter, holder)))
+    assert [link.wait.operation for link in links] == ["with _metrics_lock", "Event.wait"]
+    assert links[0].release.parties[0].name == "checkpoint-writer"
+
+
+# --- what the node read of the call: the other end ------------------------------------------------------------
+
+
+def test_a_fifo_open_with_nobody_at_the_other_end_is_said_so() -> None:
+    fifo = WaitFd(None, "/run/ctl.fifo", "fifo", "read")
+    t = thread(job("control", 77, "with open(path) as f:"), syscall="openat", wchan="wait_for_partner",
+               waits=KernelWait("openat", "open", fds=(fifo,), path="/run/ctl.fifo"))
+    w = wait_of(t)
+    assert (w.operation, w.resource, w.release) == ("open() of a FIFO", "pipe", "writer")
+    rel = release(w, t, Context(rank(t)))
+    assert not rel.parties and rel.nobody
+
+
+def test_a_file_lock_names_its_holder() -> None:
+    holder = OtherEnd("holder", 4242, "compact", "S", cmdline=("compact-metrics", "--every", "60"),
+                      lock="FLOCK WRITE 0-EOF")
+    t = thread(job("write_metrics", 12, "fcntl.flock(f, fcntl.LOCK_EX)"), syscall="flock", wchan="locks_lock_inode_wait",
+               waits=KernelWait("flock", "lock", fd=5, fds=(WaitFd(5, "/var/run/m.lock", "file", "lock",
+                                                                   others=(holder,)),),
+                                path="/var/run/m.lock", lock_type="FLOCK", lock_mode="WRITE"))
+    w = wait_of(t)
+    assert (w.operation, w.resource) == ("fcntl.flock", "file_lock")
+    rel = release(w, t, Context(rank(t)))
+    assert [(p.kind, p.pid, p.name) for p in rel.parties] == [("process", 4242, "compact-metrics --every 60")]
+
+
+def test_a_child_killed_by_a_signal_is_a_zombie_with_its_signal() -> None:
+    zombie = OtherEnd("child", 314, "python3", "Z", ppid=100, exit_signal="SIGSEGV", core_dumped=True)
+    t = thread(job("wait_worker", 5, "os.waitpid(pid, 0)"), syscall="wait4", wchan="do_wait",
+               waits=KernelWait("wait4", "wait", child_pid=314, children=(zombie,)))
+    w = wait_of(t)
+    rel = release(w, t, Context(rank(t)))
+    assert rel.parties[0].state == "zombie" and rel.parties[0].exit == "killed by SIGSEGV (core dumped)"
+
+
+def test_a_socket_peer_outside_the_job_is_a_host() -> None:
+    sock = WaitFd(7, "socket:[9]", "socket", "read", "tcp", "10.0.0.1:40000", "10.9.9.9:443", "ESTABLISHED")
+    t = thread(job("put", 70, "reply = conn.recv(16)", (("conn", "<socket at 0x1>"),)), syscall="recvfrom",
+               wchan="sk_wait_data", waits=KernelWait("recvfrom", "fd", fd=7, fds=(sock,)))
+    w = wait_of(t)
+    rel = release(w, t, Context(rank(t)))
+    assert [(p.kind, p.address) for p in rel.parties] == [("host", "10.9.9.9:443")]
+    assert w.detail("peer") == "10.9.9.9:443"
+
+
+def test_a_dataloader_waits_for_its_worker_processes_and_their_own_waits() -> None:
+    main = thread(lib("multiprocessing/connection.py", "_poll", 440),
+                  Frame("_MultiProcessingDataLoaderIter._try_get_data",
+                        "/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1133),
+                  Frame("_MultiProcessingDataLoaderIter._next_data",
+                        "/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1295),
+                  job("train", 50, "for batch in loader:"))
+    worker_main = thread(job("wait_for_shard", 33, "time.sleep(0.5)",
+                             loops=(LoopInfo("while", 31, 34, "while os.path.exists(lock):"),)),
+                         syscall="clock_nanosleep", wchan="hrtimer_nanosleep")
+    worker = JobProcess("node01", 812, 1, "child", "data-loader worker", of=(100,), threads=(worker_main,))
+    links = chain(main, Context(rank(main), processes=(worker,)))
+    assert links[0].wait.operation == "DataLoader next batch"
+    assert links[0].release.parties[0].pid == 812
+    assert links[1].wait.operation == "time.sleep" and links[1].wait.poll is not None
+
+
+# --- states ---------------------------------------------------------------------------------------------------
+
+
+def test_a_process_state_outranks_any_stack() -> None:
+    t = thread(job("step", 10, "time.sleep(1)"), syscall="clock_nanosleep", wchan="do_signal_stop", state="T")
+    assert wait_of(t, ProcessHold(kind="stopped")).state == "stopped"
+    frozen = thread(job("step", 10, "x = 1"), syscall="clock_nanosleep", wchan="get_signal", state="S")
+    assert wait_of(frozen).state == "frozen"  # the cgroup v2 freezer's trap, with no hold read
+    d = thread(job("read_shard", 4, "data = f.read()"), syscall="read", wchan="fuse_wait_answer", state="D")
+    assert (wait_of(d).state, wait_of(d).resource) == ("disk", "file")

@@ -1,0 +1,324 @@
+"""What a thread blocked in a system call waits on, and who is at the other end, read from /proc on real processes
+(tests/support/kwait_target_prog.py: each blocks in one call and says `ready` through its stdout pipe): a pipe, a FIFO,
+stdin, a pty, TCP to a local server and to no local host, poll, epoll, unix sockets, wait4, flock and fcntl locks,
+and a spinning thread's CPU time. Each is read by workers/collect/kwait.py as the dump does and decoded into the
+model (app/decode/kwait.py); a few go through the real worker's dump. Every process is killed in `finally`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+import pytest
+
+from app.decode import replies as parse
+from app.decode.kwait import kernel_wait
+from app.model import KernelWait, RankSnapshot
+from waiting import wait_until
+from worker_client import WorkerProc
+from worker_targets import Target, proc_state, tracer_pid
+from workers import procinfo, pstate
+from workers.collect import kwait, procfs
+
+PROG = str(Path(__file__).resolve().parents[1] / "support" / "kwait_target_prog.py")
+
+
+@contextlib.contextmanager
+def target(mode: str, *args: str) -> Iterator[Target]:
+    t = Target([sys.executable, PROG, mode, *args])
+    try:
+        yield t
+    finally:
+        t.kill()
+
+
+def in_call(pid: int, names: Sequence[str], tid: int = 0) -> Dict[str, Any]:
+    """The thread (pid's main thread by default) once it sleeps in one of these calls: its procfs dict."""
+    def blocked() -> Any:
+        t = procfs.thread(pid, tid or pid)
+        return t if t is not None and t["state"] == "S" and t["syscall"] in names else None
+
+    return wait_until(blocked, 20, f"pid {pid} to sleep in {'/'.join(names)}", interval=0.01)
+
+
+def waits(pid: int, names: Sequence[str], tid: int = 0) -> Tuple[Dict[str, Any], KernelWait]:
+    """What the dump reads: the threads, what holds the process, then kwait.annotate; (the raw dict, decoded)."""
+    in_call(pid, names, tid)
+    threads = procfs.collect(pid)["threads"]
+    kwait.annotate({}, pid, threads, pstate.read(pid, [(t["tid"], t["state"]) for t in threads]))
+    raw = next(t for t in threads if t["tid"] == (tid or pid))["waits"]
+    decoded = kernel_wait(raw)
+    assert decoded is not None, raw
+    return raw, decoded
+
+
+def accepted(server: Target) -> None:
+    """The server took the connection (accept returned; it sleeps now)."""
+    in_call(server.pid, ["clock_nanosleep", "nanosleep"])
+
+
+def stat_of(pid: int) -> List[str]:
+    return procinfo.stat_fields(pid)
+
+
+def test_reading_a_pipe_names_its_writer_a_sleeping_child() -> None:
+    with target("pipe") as t:
+        writer = int(t.ready[1])
+        _, w = waits(t.pid, ["read"])
+        assert (w.syscall, w.family, w.fd) == ("read", "fd", w.fds[0].fd)
+        (fd,) = w.fds
+        assert fd.kind == "pipe" and fd.access == "read" and fd.target.startswith("pipe:[") and fd.complete
+        (end,) = fd.others
+        assert (end.role, end.pid, end.comm, end.ppid, end.own) == ("writer", writer, "sleep", t.pid, False)
+        assert end.state == "S" and end.cmdline == ("sleep", "86400") and end.wchan
+        assert not fd.nobody
+
+
+def test_opening_a_fifo_nobody_opens_for_writing_names_the_path_and_nobody(tmp_path: Path) -> None:
+    path = str(tmp_path / "ctl.fifo")
+    with target("fifo", path) as t:
+        raw, w = waits(t.pid, ["open", "openat"])
+        assert w.family == "open" and w.path == path, raw
+        (fd,) = w.fds
+        assert (fd.kind, fd.access, fd.target, fd.fd) == ("fifo", "read", path, None)
+        assert fd.others == () and fd.complete and fd.nobody  # nobody holds it: the open waits for ever
+        assert proc_state(t.pid) == "S" and tracer_pid(t.pid) == 0  # its memory was read, it never stopped
+
+
+def test_reading_stdin_a_pipe_from_the_parent_names_the_parent() -> None:
+    with target("stdin") as t:
+        child = int(t.ready[1])
+        _, w = waits(child, ["read"])
+        (fd,) = w.fds
+        assert fd.fd == 0 and fd.kind == "pipe" and fd.access == "read"
+        (end,) = fd.others
+        assert (end.role, end.pid, end.own) == ("writer", t.pid, False) and stat_of(child)[3] == str(t.pid)
+
+
+def test_reading_a_pty_says_a_terminal_and_whether_it_is_the_controlling_one() -> None:
+    with target("pty") as t:
+        _, w = waits(t.pid, ["read"])
+        (fd,) = w.fds
+        assert fd.kind == "tty" and fd.target == t.ready[1] and fd.controlling is False and fd.foreground is None
+    with target("pty", "--ctty") as t:
+        _, w = waits(t.pid, ["read"])
+        (fd,) = w.fds
+        assert stat_of(t.pid)[6] != "0"  # it acquired the terminal
+        assert fd.kind == "tty" and fd.controlling is True and fd.foreground is True  # no SIGTTIN for it
+
+
+def test_recv_from_a_local_server_that_never_answers_names_the_server() -> None:
+    with target("server") as srv:
+        port = srv.ready[1]
+        with target("recv", f"127.0.0.1:{port}") as t:
+            accepted(srv)
+            raw, w = waits(t.pid, ["recvfrom", "read", "recvmsg"])
+            (fd,) = w.fds
+            assert (fd.kind, fd.proto, fd.state, fd.access) == ("socket", "tcp", "ESTABLISHED", "read")
+            assert fd.peer == f"127.0.0.1:{port}" and fd.local == f"127.0.0.1:{t.ready[1]}"
+            (end,) = fd.others
+            assert (end.role, end.pid, end.own) == ("peer", srv.pid, False), raw
+            assert "server" in end.cmdline and end.comm.startswith("python")
+
+
+def test_a_connection_the_server_never_accepted_names_the_listener() -> None:
+    with target("server", "--no-accept") as srv:
+        port = srv.ready[1]
+        in_call(srv.pid, ["clock_nanosleep", "nanosleep"])
+        with target("recv", f"127.0.0.1:{port}") as t:
+            raw, w = waits(t.pid, ["recvfrom", "read", "recvmsg"])
+            (fd,) = w.fds
+            assert [(o.role, o.pid) for o in fd.others] == [("listener", srv.pid)], raw
+            assert any("accept queue" in n for n in fd.notes)
+
+
+def test_recv_from_a_host_that_is_not_local_gives_only_the_peer_address() -> None:
+    with target("udp") as t:
+        _, w = waits(t.pid, ["recvfrom", "read", "recvmsg"])
+        (fd,) = w.fds
+        assert (fd.kind, fd.proto, fd.peer, fd.state) == ("socket", "udp", "192.0.2.1:9", "connected")
+        assert fd.others == ()
+
+
+def test_a_socket_with_a_timeout_polls_it_and_the_poll_names_the_socket_and_its_peer() -> None:
+    with target("server") as srv:
+        port = srv.ready[1]
+        with target("recv", f"127.0.0.1:{port}", "--timeout") as t:
+            accepted(srv)
+            raw, w = waits(t.pid, ["poll", "ppoll"])
+            assert w.family == "poll" and w.fds_total == 1 and w.timeout == pytest.approx(1000.0), raw
+            (fd,) = w.fds
+            assert (fd.kind, fd.proto, fd.access) == ("socket", "tcp", "read")
+            assert [(o.role, o.pid) for o in fd.others] == [("peer", srv.pid)]
+
+
+def test_asyncio_waits_in_epoll_on_its_connection_and_names_the_server() -> None:
+    with target("server") as srv:
+        port = srv.ready[1]
+        with target("asyncio", f"127.0.0.1:{port}") as t:
+            accepted(srv)
+            raw, w = waits(t.pid, ["epoll_wait", "epoll_pwait", "epoll_pwait2"])
+            assert w.family == "epoll" and w.timeout == -1 and w.fd is not None
+            tcp = [f for f in w.fds if f.proto == "tcp"]
+            assert w.fds_total == len(w.fds) >= 2, raw  # the loop's self-pipe (a socketpair) and the connection
+            (conn,) = tcp
+            assert conn.peer == f"127.0.0.1:{port}" and [(o.role, o.pid) for o in conn.others] == [("peer", srv.pid)]
+            assert any(f.proto == "unix" for f in w.fds)
+
+
+def test_a_unix_socketpair_names_the_process_holding_the_other_end() -> None:
+    with target("unix") as t:
+        child = int(t.ready[1])
+        raw, w = waits(child, ["recvfrom", "read", "recvmsg"])
+        (fd,) = w.fds
+        assert (fd.kind, fd.proto, fd.state) == ("socket", "unix", "ESTABLISHED"), raw
+        assert [(o.role, o.pid) for o in fd.others] == [("peer", t.pid)]
+
+
+def test_wait4_on_a_sleeping_child_and_a_zombie_killed_by_sigkill() -> None:
+    with target("wait") as t:
+        sleeper, victim = int(t.ready[1]), int(t.ready[2])
+        _, w = waits(t.pid, ["wait4", "waitid"])
+        assert w.family == "wait" and w.child_pid == sleeper and w.children_complete
+        first, second = w.children  # the one it waits for first
+        assert (first.role, first.pid, first.comm, first.state) == ("child", sleeper, "sleep", "S")
+        assert first.exit_signal == "" and first.exit_code is None
+        assert (second.pid, second.state, second.exit_signal, second.exit_code) == (victim, "Z", "SIGKILL", None)
+
+
+def test_wait4_on_any_child_lists_them() -> None:
+    with target("wait_any") as t:
+        kids = sorted(int(p) for p in t.ready[1:])
+        _, w = waits(t.pid, ["wait4", "waitid"])
+        assert w.child_pid == -1 and sorted(c.pid for c in w.children) == kids
+        assert all(c.role == "child" and c.comm == "sleep" for c in w.children)
+
+
+@pytest.mark.parametrize("how, call, lock_type", [("flock", "flock", "FLOCK"), ("posix", "fcntl", "POSIX"),
+                                                   ("ofd", "fcntl", "OFDLCK")])
+def test_a_lock_held_by_another_process_names_the_holder(tmp_path: Path, how: str, call: str, lock_type: str) -> None:
+    path = str(tmp_path / "ckpt.lock")
+    with target("holder", how, path) as holder, target("waiter", how, path) as t:
+        raw, w = waits(t.pid, [call])
+        assert (w.family, w.lock_type, w.lock_mode, w.path) == ("lock", lock_type, "WRITE", path), raw
+        (fd,) = w.fds
+        assert fd.access == "lock" and fd.kind == "file" and fd.complete
+        (end,) = fd.others  # an OFD lock has no owning pid: the one other process holding the file open
+        assert (end.role, end.pid, end.own) == ("holder", holder.pid, False)
+        assert end.lock.startswith(f"{lock_type} WRITE") if how != "ofd" else "holding the file open" in end.lock
+
+
+def test_a_spinning_thread_gains_cpu_time_and_the_blocked_one_does_not() -> None:
+    with target("spin") as t:
+        spinner = int(t.ready[1])
+        in_call(t.pid, ["read"])
+
+        def cpu() -> Dict[int, float]:
+            return {th["tid"]: th["cpu_time"] for th in procfs.collect(t.pid)["threads"]}
+
+        before = cpu()
+        wait_until(lambda: cpu()[spinner] >= before[spinner] + 0.2, 30, "the spinner to use 0.2 s of CPU")
+        after = cpu()
+        assert after[t.pid] == before[t.pid]  # asleep in read: no CPU
+        threads = procfs.collect(t.pid)["threads"]
+        kwait.annotate({}, t.pid, threads, pstate.read(t.pid))
+        spinning = next(th for th in threads if th["tid"] == spinner)
+        assert "waits" not in spinning  # running: nothing to wait on, and nothing read for it
+
+
+def test_the_dump_carries_the_waits_and_the_model_reads_them(tmp_path: Path) -> None:
+    """Through the real worker: a rank reading a pipe from a sleeping child and a rank opening a FIFO, dumped
+    together (one /proc/*/fd scan for both); the waits reach ThreadStack.waits, the CPU time ThreadStack.cpu_time,
+    and the dump records what it read. Nothing is stopped or traced."""
+    fifo = str(tmp_path / "in.fifo")
+    with target("pipe") as a, target("fifo", fifo) as b, WorkerProc() as w:
+        in_call(a.pid, ["read"])
+        in_call(b.pid, ["open", "openat"])
+        items, done = w.call("dump", {"targets": [{"pid": p, "start_time": procinfo.start_time(p)}
+                                                  for p in (a.pid, b.pid)]}, timeout=60)
+        assert done["type"] == "done", done
+        by_pid = {i["pid"]: i for i in items}
+        for pid in (a.pid, b.pid):
+            assert any(x.startswith("read what 1 blocked thread waits on (/proc") for x in by_pid[pid]["actions"])
+        rank = parse.apply_dump(RankSnapshot(node="n", pid=a.pid, start_time=0), by_pid[a.pid])
+        main = next(th for th in rank.threads if th.tid == a.pid)
+        assert main.waits is not None and main.waits.fds[0].others[0].pid == int(a.ready[1])
+        assert main.cpu_time is not None and main.cpu_time >= 0
+        opener = parse.apply_dump(RankSnapshot(node="n", pid=b.pid, start_time=0), by_pid[b.pid])
+        assert next(th for th in opener.threads if th.tid == b.pid).waits == kernel_wait(
+            next(th for th in by_pid[b.pid]["procfs"]["threads"] if th["tid"] == b.pid)["waits"])
+        assert all(tracer_pid(p) == 0 and proc_state(p) == "S" for p in (a.pid, b.pid))
+
+
+def test_a_stopped_process_is_not_read_in_memory_and_says_so(tmp_path: Path) -> None:
+    path = str(tmp_path / "x.fifo")
+    with target("fifo", path) as t:
+        in_call(t.pid, ["open", "openat"])
+        os.kill(t.pid, 19)  # SIGSTOP
+        wait_until(lambda: proc_state(t.pid) == "T", what="the target stopped")
+        threads = procfs.collect(t.pid)["threads"]
+        main = next(th for th in threads if th["tid"] == t.pid)
+        main["state"] = "S"  # what it was in when read a moment earlier: the hold decides, not the letter
+        kwait.annotate({}, t.pid, threads, pstate.read(t.pid))
+        w = kernel_wait(main["waits"])
+        assert w is not None and w.path == "" and any("memory was not read: the process is stopped" in n
+                                                      for n in w.notes)
+        assert proc_state(t.pid) == "T"  # left as it was
+
+
+def test_many_blocked_ranks_share_one_scan() -> None:
+    cache: Dict[str, Any] = {}
+    with target("pipe") as a, target("pipe") as b:
+        for t in (a, b):
+            in_call(t.pid, ["read"])
+        started = time.monotonic()
+        for t in (a, b):
+            threads = procfs.collect(t.pid)["threads"]
+            kwait.annotate(cache, t.pid, threads, pstate.read(t.pid))
+            assert threads[0]["waits"]["fds"][0]["others"][0]["pid"] == int(t.ready[1])
+        assert cache["fd_index"].scanned > 0 and time.monotonic() - started < 5
+        scanned = cache["fd_index"].scanned
+        threads = procfs.collect(a.pid)["threads"]
+        kwait.annotate(cache, a.pid, threads, pstate.read(a.pid))
+        assert cache["fd_index"].scanned == scanned  # built once per request
+
+
+def test_socket_helpers_bound_what_they_return() -> None:
+    # a socket whose inode is in no table (a netlink socket of this test) says so instead of raising
+    nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+    try:
+        from workers.collect import fdindex, kwait_net
+
+        inode = os.fstat(nl.fileno()).st_ino
+        got = kwait_net.endpoint({}, fdindex.FdIndex(), os.getpid(), inode)
+        assert "proto" not in got and "in none of its namespace's" in got["notes"][0]
+    finally:
+        nl.close()
+
+
+def test_in_a_container_the_waited_pid_is_its_own_namespaces_and_the_children_are_named(tmp_path: Path) -> None:
+    """A rank in its own pid and mount namespaces waits for a child by the pid it knows (its namespace's); the
+    worker, outside, names the children by its own pids and puts the waited one first; its pipe's writer is found
+    by the same /proc/*/fd scan."""
+    if os.getuid() != 0 or not os.path.exists("/usr/bin/unshare"):
+        pytest.skip("needs root and unshare for new pid and mount namespaces")
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    with Target([*prefix, sys.executable, PROG, "wait"]) as t:
+        assert t.ready[0] == "1"
+        inner = int(Path(f"/proc/{t.pid}/task/{t.pid}/children").read_text().split()[0])
+        raw, w = waits(inner, ["wait4", "waitid"])
+        assert w.child_pid == int(t.ready[1]) and w.child_pid < 10, raw  # the pid as the rank knows it
+        sleeper, zombie = w.children
+        assert procinfo.ns_id(sleeper.pid) == w.child_pid and sleeper.comm == "sleep"
+        assert procinfo.ns_id(zombie.pid) == int(t.ready[2]) and zombie.exit_signal == "SIGKILL"
+        assert any("own pid namespace" in n for n in w.notes)
+    with Target([*prefix, sys.executable, PROG, "pipe"]) as t:
+        inner = int(Path(f"/proc/{t.pid}/task/{t.pid}/children").read_text().split()[0])
+        _, w = waits(inner, ["read"])
+        (end,) = w.fds[0].others
+        assert end.role == "writer" and procinfo.ns_id(end.pid) == int(t.ready[1]) and end.comm == "sleep"
