@@ -48,7 +48,8 @@ class Kind:
     def range(self) -> str:
         """The range as --help and the messages state it: `1-100`, `0-60 s`, `over 0 and below 1`."""
         unit = f" {self.unit}" if self.unit else ""
-        lo, hi = (_size_text(int(self.lo)), _size_text(int(self.hi))) if self.sizes else (f"{self.lo:g}", f"{self.hi:g}")
+        lo, hi = (_size_text(int(self.lo)), _size_text(int(self.hi))) if self.sizes else \
+            (_number_text(self.lo), _number_text(self.hi))
         if self.lo_open or self.hi_open:
             low = f"over {lo}" if self.lo_open else f"from {lo}"
             high = f"below {hi}" if self.hi_open else f"up to {hi}"
@@ -133,6 +134,11 @@ def add_number(group: Any, *flags: str, kind: Kind, help: str, default: Any = No
         f"; default {default}"
     group.add_argument(*flags, type=kind.arg(flags[-1] if flags[-1].startswith("--") else flags[0]),
                        default=default, help=f"{help} ({kind.range}{default_text})", **kw)
+
+
+def _number_text(n: Number) -> str:
+    """4194304 as 4194304 (not 4.1943e+06), 0.1 as 0.1, 600.0 as 600."""
+    return str(int(n)) if float(n).is_integer() else f"{n:g}"
 
 
 def _size_text(n: int) -> str:
