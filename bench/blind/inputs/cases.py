@@ -160,7 +160,7 @@ hosts("proc-status", None, "reject", "HOSTS is /proc/self/status (a /proc file, 
 hosts("proc-environ", None, "reject", "HOSTS is /proc/self/environ (NUL-separated)", path="/proc/self/environ",
       mention=["environ", "/proc", "line", "regular"])
 case("hosts-empty-path", "hosts-file", [""] + H, "reject", "HOSTS is the empty string", mention=["hosts", "empty", "''"])
-case("hosts-dashdash-option", "hosts-file", ["--", "-oProxyCommand=touch {S}/pwned"] + H, "reject",
+case("hosts-dashdash-option", "hosts-file", H + ["--", "-oProxyCommand=touch {S}/pwned"], "reject",
      "a HOSTS file named like an ssh option (after --): just a missing file", mention=["ProxyCommand", "no such", "not found", "exist"],
      checks={"pwned": PWNED})
 
