@@ -8,7 +8,7 @@ import dataclasses
 import sys
 from typing import List, Optional, Sequence, TextIO
 
-from app.cli.run import WriteError, write_private  # noqa: F401 (WriteError: re-exported, what --snapshot raises)
+from app.cli.run import WriteError, write_private
 from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
 from app.errors import InputError
 from app.model import CollectOptions, Snapshot, rank_key
@@ -187,7 +187,13 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     snap = load_snapshot(path)
     if job:
         snap, _ = pick_job(snap, (), job)
-    report(snap, export=export, force=force, tar=tar, inputs=[path] if path != "-" else [])
+    from app.inputs.paths import UnwritableOutputError
+    from app.report.writer import BundleWriteError
+
+    try:
+        report(snap, export=export, force=force, tar=tar, inputs=[path] if path != "-" else [])
+    except (WriteError, BundleWriteError) as exc:
+        raise UnwritableOutputError(str(exc)) from None
     return EXIT_OK
 
 

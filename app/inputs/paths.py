@@ -54,6 +54,14 @@ class WriteError(HangscopeError):
         self.errno = errno_
 
 
+class UnwritableOutputError(InputError):
+    """With --load nothing is collected: an output that cannot be written is all the command was asked to do,
+    so it is bad input (exit 2), like a path refused up front."""
+
+    title = "could not write"
+    hint = "choose another path, or free space"
+
+
 def write_reason(exc: OSError) -> str:
     """Why a write failed, in the words of a one-line message."""
     if exc.errno == errno.ENOSPC:
@@ -109,11 +117,33 @@ def check_dir(path: str, *, flag: str = "", force: bool, marker: str, names: Col
             _check_existing_file(target, inner, flag=flag, force=True, inputs=inputs)
 
 
+def check_room(directory: str, sizes: Iterable[int], *, shown: str) -> None:
+    """Refuse, before its first byte, a write the file system of `directory` has no room for: each file takes
+    whole blocks, and a full disk found half-way leaves a partial bundle behind. A WriteError (a disk that
+    fills meanwhile still fails in the write itself, which leaves the earlier file as it was)."""
+    try:
+        vfs = os.statvfs(directory)
+    except OSError:
+        return  # the write itself will say why
+    block = vfs.f_frsize or vfs.f_bsize or 4096
+    need = sum(-(-size // block) for size in sizes) * block
+    free = (vfs.f_bfree if os.geteuid() == 0 else vfs.f_bavail) * block
+    if vfs.f_blocks and need > free:
+        raise WriteError(f"cannot write {shown}: no space left on the device (needs {_kib(need)}, "
+                         f"{_kib(free)} free); nothing was written", errno_=errno.ENOSPC)
+
+
+def _kib(size: int) -> str:
+    return f"{-(-size // 1024)} KiB"
+
+
 def write_file(path: str, data: bytes, *, flag: str = "", force: bool, inputs: Sequence[str] = ()) -> None:
     """Write `data` to `path` (0600) by create-and-rename, after checking it once more (it may have changed
-    since the up-front check); UnsafeOutputError/OutputExistsError (exit 2) or WriteError (exit 1)."""
+    since the up-front check) and that it fits; UnsafeOutputError/OutputExistsError (exit 2) or WriteError
+    (exit 1)."""
     check_file(path, flag=flag, force=force, inputs=inputs)
     parent = os.path.dirname(path) or "."
+    check_room(parent, [len(data)], shown=path)
     try:
         dfd = os.open(parent, _OPEN_DIR)
     except OSError as exc:

@@ -21,7 +21,8 @@ from app.report.html_report import render_html
 from app.report.manifest import build_manifest
 from app.report.redact import Redactor, channel_counts
 from app.report.summary_md import render_summary
-from app.report.writer import (MANIFEST, BundleWriteError, check_destination, write_files, write_tarball)
+from app.report.writer import (MANIFEST, BundleWriteError, check_destination, check_room, tar_bytes, write_files,
+                               write_tarball)
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
@@ -70,6 +71,11 @@ def write_bundle(bundle: Bundle, out_dir: str, *, force: bool = False, tar: bool
     out_dir = os.path.normpath(out_dir)
     check_destination(out_dir, force=force, tar=tar)
     try:
+        sizes = [len(data) for data in bundle.files.values()]
+        if tar:  # the tarball is measured with the files: a bundle is not written for a tarball that cannot be
+            sizes.append(len(tar_bytes(os.path.basename(out_dir) or "hangscope-report", bundle.files,
+                                       bundle.taken_at)))
+        check_room(out_dir, sizes, pending=bundle.files)
         paths: List[str] = write_files(out_dir, bundle.files, force=force)
         tarball = write_tarball(out_dir, bundle.files, mtime=bundle.taken_at, force=force) if tar else None
     except BundleWriteError as exc:

@@ -76,6 +76,7 @@ def write_files(out_dir: str, files: Mapping[str, bytes], *, force: bool) -> Lis
         if not name or "/" in name or name.startswith(".") or "\0" in name:
             raise ValueError(f"bad bundle file name {name!r}")
     paths.check_dir(out_dir, force=force, marker=MANIFEST, names=files)
+    check_room(out_dir, [len(data) for data in files.values()], pending=files)
     written: List[str] = []
     try:
         dfd = _open_dir(out_dir)
@@ -149,6 +150,16 @@ def _open_dir(out_dir: str) -> int:
         os.close(dfd)
         raise
     return dfd
+
+
+def check_room(out_dir: str, sizes: Sequence[int], *, pending: Mapping[str, bytes]) -> None:
+    """The whole bundle is measured before its first file: a disk without room for it is a message, never a
+    partial bundle (an existing directory is where it goes, a new one is made in its parent)."""
+    where = out_dir if os.path.isdir(out_dir) else (os.path.dirname(out_dir) or ".")
+    try:
+        paths.check_room(where, sizes, shown=out_dir)
+    except paths.WriteError as exc:
+        raise BundleWriteError(str(exc), written=[], pending=pending, errno_=exc.errno) from None
 
 
 def _write_error(path: str, exc: OSError, written: Sequence[str], pending: Mapping[str, bytes]) -> BundleWriteError:

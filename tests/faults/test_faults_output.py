@@ -1,10 +1,12 @@
-"""Issue 25, lose nothing: a disk that fills while the output is written (it had room at the up-front check).
+"""Issue 25, lose nothing: a disk without room for the output (it was not full at the up-front check).
 
 Through the real CLI, in a private mount namespace holding a 64 KiB tmpfs with an earlier output on it and 8 KiB
-still free: the up-front check passes (the file system is neither full nor read-only), the write runs out of
-space. What the user relies on: exit 1 with one line naming the path and "no space left", the data still printed
-on stdout, the earlier file at that path unchanged (create-and-rename: a half-written file never carries the
-final name) and no temporary file left behind.
+still free: the up-front check passes (the file system is neither full nor read-only); the output is measured
+before its first byte and refused. What the user relies on: one line naming the path, "no space left" and what
+it needs; exit 1 after a collection, with the data printed on stdout, and exit 2 with --load (nothing was
+collected: the output was all there was to do); the earlier file at that path unchanged, no partial bundle, no
+temporary file. A disk that fills during the write itself (after the measure) is the writer's: the earlier file
+is unchanged and no temporary file is left (create-and-rename).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def full(tmp_path: Path) -> Path:
     return d
 
 
-def test_a_disk_that_fills_during_the_snapshot_write_keeps_the_old_file_and_prints_the_data(full: Path) -> None:
+def test_a_snapshot_without_room_keeps_the_old_file_and_prints_the_data(full: Path) -> None:
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         res = _in_a_nearly_full_tmpfs(full, ["--pid", str(target.pid), "--print", "--no-locals",
@@ -73,18 +75,31 @@ def test_a_disk_that_fills_during_the_snapshot_write_keeps_the_old_file_and_prin
     assert names == ["filler", "out.json"]  # no temporary file left
 
 
-def test_a_disk_that_fills_during_an_export_names_the_file_and_prints_the_data(full: Path) -> None:
+def test_an_export_without_room_writes_nothing_and_with_load_is_exit_2(full: Path) -> None:
     res = _in_a_nearly_full_tmpfs(full, ["--load", str(SNAPSHOT), "--export", f"{full}/bundle", "--tar"])
     free, code, names, bundle, old, own = _outcome(res)
     assert 0 < free < 16 and SNAPSHOT.stat().st_size > 16 * 1024, res.stderr
-    assert code == 1, res.stderr
+    assert code == 2, res.stderr
     errors = [line for line in own if line.startswith("hangscope:")]
-    assert len(errors) == 1 and f"{full}/bundle/" in errors[0] and "no space left" in errors[0], own
+    assert len(errors) == 1 and f"{full}/bundle" in errors[0] and "no space left" in errors[0], own
+    assert "KiB free" in errors[0] and "nothing was written" in errors[0]
     assert "Traceback" not in res.stderr
     assert "Who waits for whom" in res.stdout  # the diagnosis is printed all the same
     assert old == "old"
-    assert "bundle.tar.gz" not in names  # the tarball comes after the bundle: never a partial one
-    assert bundle and not [n for n in bundle if n.startswith(".")], bundle  # no temporary file left
-    failed = errors[0].split("cannot write ", 1)[1].split(":", 1)[0]
-    assert os.path.basename(failed) not in bundle  # the file that did not fit is absent, not half there
-    assert f"{len(bundle)} file(s) were written before it" in errors[0], (bundle, errors[0])  # says how far it got
+    assert names == ["filler", "out.json"] and bundle == []  # no partial bundle, no tarball, no directory
+
+
+def test_a_disk_that_fills_during_the_write_leaves_the_earlier_file_and_no_temporary(full: Path) -> None:
+    """The writer itself, past the measure (as when another process fills the disk meanwhile): 64 KiB into the
+    8 KiB left fails with ENOSPC at the write or the fsync, and the final name still holds the earlier file."""
+    code = (f"import errno, os, sys; sys.path.insert(0, {str(REPO)!r}); from app.inputs import paths\n"
+            f"dfd = os.open({str(full)!r}, os.O_RDONLY | os.O_DIRECTORY)\n"
+            f"try:\n paths.write_at(dfd, 'out.json', b'x' * 65536, replace=True)\n"
+            f"except OSError as exc:\n print(errno.errorcode[exc.errno], file=sys.stderr)")
+    script = (f"mount -t tmpfs -o size=64k tmpfs {full} && printf old > {full}/out.json && "
+              f"dd if=/dev/zero of={full}/filler bs=4k count=13 2>/dev/null && "
+              f"{sys.executable} -c \"$CODE\"; ls -A {full}; cat {full}/out.json")
+    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, CODE=code))
+    assert res.stderr.strip() == "ENOSPC", res.stderr
+    assert res.stdout.split() == ["filler", "out.json", "old"], res.stdout
