@@ -46,6 +46,8 @@ class Rule:
     modes: FrozenSet[Mode]
     needs: Optional[Callable[[argparse.Namespace], Optional[str]]] = None  # returns what is missing, or None
     why: str = ""  # said instead of WHY[mode] when the flag does nothing in a mode
+    tests: FrozenSet[str] = frozenset()  # the --test kinds it applies to (empty: every kind)
+    positional: bool = False  # named by its value too: a positional argument has no flag the user typed
 
 
 def _remote(args: argparse.Namespace) -> Optional[str]:
@@ -73,7 +75,7 @@ def _slurm(args: argparse.Namespace) -> Optional[str]:
 
 
 RULES: dict = {
-    "hosts": Rule("HOSTS", SSH), "nodelist": Rule("-w", SSH), "slurm": Rule("--slurm", SSH),
+    "hosts": Rule("HOSTS", SSH, positional=True), "nodelist": Rule("-w", SSH), "slurm": Rule("--slurm", SSH),
     "transport": Rule("--transport", SSH, _slurm),
     "print_summary": Rule("--print", _modes("headless", "load", "test")),
     "snapshot": Rule("--snapshot", _modes("headless")),
@@ -94,14 +96,19 @@ RULES: dict = {
     "refresh_interval": Rule("--refresh", _modes("tui")), "fps": Rule("--fps", _modes("tui", "load-tui")),
     "test": Rule("--test", _modes("test")),
     "json_path": Rule("--json", _modes("test")),
-    **{dest: Rule(flag, TESTS, why="without --test (GPU-test flags apply to --test, and to the TUI's G key)")
-       for dest, flag in (("backend", "--backend"), ("test_timeout", "--test-timeout"),
-                          ("startup_timeout", "--startup-timeout"), ("sizes", "--sizes"), ("iters", "--iters"),
-                          ("warmup", "--warmup"), ("procs_per_node", "--procs-per-node"),
-                          ("pair_size", "--pair-size"), ("slow_ratio", "--slow-ratio"), ("min_busbw", "--min-busbw"),
-                          ("all_pairs", "--all-pairs"), ("no_gpu_pairs", "--no-gpu-pairs"),
-                          ("no_nccl_debug", "--no-nccl-debug"), ("nccl_env", "--nccl-env"), ("target", "--target"),
-                          ("master_addr", "--master-addr"), ("allow_busy_gpus", "--allow-busy-gpus"))},
+    # GPU-test flags, with the tests that read them (app/gpu/runner.py): bench sizes, the timed iterations of
+    # sanity and bench (pairs time their own), the pair search's knobs, and net's reachability target
+    **{dest: Rule(flag, TESTS, why="without --test (GPU-test flags apply to --test, and to the TUI's G key)",
+                  tests=frozenset(tests))
+       for dest, flag, tests in (
+           ("backend", "--backend", ()), ("test_timeout", "--test-timeout", ()),
+           ("startup_timeout", "--startup-timeout", ()), ("sizes", "--sizes", ("bench",)),
+           ("iters", "--iters", ("sanity", "bench")), ("warmup", "--warmup", ("sanity", "bench")),
+           ("procs_per_node", "--procs-per-node", ()), ("pair_size", "--pair-size", ("pairs",)),
+           ("slow_ratio", "--slow-ratio", ("pairs",)), ("min_busbw", "--min-busbw", ("pairs",)),
+           ("all_pairs", "--all-pairs", ("pairs",)), ("no_gpu_pairs", "--no-gpu-pairs", ("pairs",)),
+           ("no_nccl_debug", "--no-nccl-debug", ()), ("nccl_env", "--nccl-env", ()), ("target", "--target", ("net",)),
+           ("master_addr", "--master-addr", ()), ("allow_busy_gpus", "--allow-busy-gpus", ()))},
 }
 
 def mode_of(args: argparse.Namespace) -> Mode:
@@ -127,10 +134,14 @@ def check_modes(args: argparse.Namespace, given: set) -> Mode:
     for dest, rule in RULES.items():
         if dest not in given:
             continue
+        flag = f"{rule.flag} {getattr(args, dest)}" if rule.positional else rule.flag
         if mode not in rule.modes:
             why = rule.why if rule.why and mode != "test" and "test" in rule.modes else WHY[mode]
-            raise InputError(f"{rule.flag} does nothing {why}; leave it out")
+            raise InputError(f"{flag} does nothing {why}; leave it out")
+        if mode == "test" and rule.tests and args.test not in rule.tests:
+            raise InputError(f"{flag} does nothing with --test {args.test} (it applies to --test "
+                             f"{' and '.join(sorted(rule.tests))}); leave it out")
         missing = rule.needs(args) if rule.needs is not None else None
         if missing:
-            raise InputError(f"{rule.flag} does nothing {missing}; leave it out")
+            raise InputError(f"{flag} does nothing {missing}; leave it out")
     return mode

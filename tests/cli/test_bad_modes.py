@@ -57,6 +57,16 @@ def test_collection_ssh_and_test_flags_do_nothing_with_load(capsys, extra: list)
     (["-w", "nodeA", "--test", "sanity", "--snapshot", "x.json"], "--snapshot", "with --test"),
     (["-w", "nodeA", "--test", "sanity", "--strace", "1"], "--strace", "with --test"),
     (["-w", "nodeA", "--test", "sanity", "--export", "d"], "--export", "with --test"),
+    # a GPU-test flag read by other tests than the one run
+    (["-w", "nodeA", "--test", "pairs", "--sizes", "1M"], "--sizes", "with --test pairs (it applies to --test bench)"),
+    (["-w", "nodeA", "--test", "pairs", "--warmup", "1"], "--warmup", "with --test pairs"),
+    (["-w", "nodeA", "--test", "bench", "--all-pairs"], "--all-pairs", "with --test bench"),
+    (["-w", "nodeA", "--test", "net", "--pair-size", "1M"], "--pair-size", "it applies to --test pairs"),
+    (["-w", "nodeA", "--test", "bench", "--target", "n1:29500"], "--target", "it applies to --test net"),
+    # a positional argument is named by its value: the user typed no flag
+    ([*LOAD, "some-hosts-file"], "HOSTS some-hosts-file", "with --load"),
+    (["some-hosts-file", "--slurm", "12", "--print"], "HOSTS some-hosts-file", "--slurm finds the job's nodes"),
+    (["-w", "gpu[1-2]", "--slurm", "12", "--print"], "-w gpu[1-2]", "--slurm finds the job's nodes"),
 ])
 def test_a_flag_that_does_nothing_in_its_mode_is_named(capsys, argv: list, flag: str, why: str) -> None:
     line = _refused(capsys, argv)
@@ -79,3 +89,17 @@ def test_flags_that_do_something_are_still_accepted(capsys, tmp_path: Path, argv
     assert code in (0, 2)
     if code == 2:  # --job may name no job of this snapshot: a different refusal, not "does nothing"
         assert "does nothing" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["-w", "nodeA", "--test", "bench", "--sizes", "1K", "--iters", "2", "--warmup", "0", "--backend", "gloo"],
+    ["-w", "nodeA", "--test", "sanity", "--iters", "2", "--warmup", "0", "--nccl-env", "NCCL_P2P_DISABLE=1"],
+    ["-w", "nodeA", "--test", "pairs", "--pair-size", "1K", "--slow-ratio", "0.4", "--all-pairs", "--no-gpu-pairs",
+     "--min-busbw", "3"],
+    ["-w", "nodeA", "--test", "net", "--target", "127.0.0.1:1", "--test-timeout", "5"],
+])
+def test_gpu_test_flags_pass_with_the_tests_that_read_them(argv: list) -> None:
+    from app.cli import build_parser
+    from app.cli.modes import check_modes, explicit_flags
+
+    assert check_modes(build_parser().parse_args(argv), explicit_flags(build_parser, argv)) == "test"
