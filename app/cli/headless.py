@@ -101,9 +101,10 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
 
 def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: Optional[str] = None,
            force: bool = False, export: Optional[str] = None, tar: bool = False, out: Optional[TextIO] = None,
-           inputs: Sequence[str] = ()) -> int:
+           inputs: Sequence[str] = (), summary_last: bool = False) -> int:
     """Analyse, print the summary, write the snapshot file and the report bundle; the exit code says how
-    complete the data is."""
+    complete the data is. After a collection the summary comes first (a write that fails loses nothing); with
+    summary_last (--load: the file stays where it is) the outputs come first, so a refusal is the only line."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
     from app.report.redact import Redactor
@@ -113,8 +114,9 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
     # written here too, and a snapshot loaded from a file written by an older hangscope.
     red = Redactor()
     out = sys.stdout if out is None else out  # the stream of the moment, not the one at import
-    out.write(red.text(summary_text(snap, analysis)) + "\n")
-    out.flush()
+    if not summary_last:
+        out.write(red.text(summary_text(snap, analysis)) + "\n")
+        out.flush()
     if snapshot_path:
         write_private(snapshot_path, snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict())), force=force,
                       inputs=inputs)
@@ -127,6 +129,9 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
         print(f"hangscope: report bundle written to {result.directory} ({len(result.paths)} files, "
               f"{redacted} value(s) redacted)" + (f"; {result.tarball}" if result.tarball else ""),
               file=sys.stderr)
+    if summary_last:
+        out.write(red.text(summary_text(snap, analysis)) + "\n")
+        out.flush()
     code, why = exit_status(snap, analysis)
     if why:
         print(f"hangscope: {why}", file=sys.stderr)
@@ -191,7 +196,7 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     from app.report.writer import BundleWriteError
 
     try:
-        report(snap, export=export, force=force, tar=tar, inputs=[path] if path != "-" else [])
+        report(snap, export=export, force=force, tar=tar, inputs=[path] if path != "-" else [], summary_last=True)
     except (WriteError, BundleWriteError) as exc:
         raise UnwritableOutputError(str(exc)) from None
     return EXIT_OK
