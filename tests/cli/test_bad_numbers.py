@@ -71,7 +71,8 @@ def test_the_refusal_states_the_range_that_help_states(capsys) -> None:
 
 @pytest.mark.parametrize("argv", [["--test", "bench", "--sizes", ""], ["--test", "bench", "--sizes", ","],
                                   ["--test", "bench", "--sizes", "1G:1K"], ["--test", "bench", "--sizes", "1:2:3:4"],
-                                  ["--test", "bench", "--sizes", "1K:1G:1"], ["--test", "bench", "--sizes", "1K:16G:2"],
+                                  ["--test", "bench", "--sizes", "1K:1G:1"], ["--test", "bench", "--sizes", "1K:32G:2"],
+                                  ["--test", "bench", "--sizes", ",".join(["1K"] * 65)],
                                   ["--test", "pairs", "--pair-size", ""], ["--test", "pairs", "--pair-size", "64T"]])
 def test_bad_gpu_test_sizes_are_refused(capsys, argv: list) -> None:
     line = _refused(capsys, ["-w", "nodeA", *argv])
