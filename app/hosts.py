@@ -18,14 +18,21 @@ to hand to ssh as a host argument. One entry per line; a line may also hold comm
 So a port is only ever `user@host:PORT`, `[host]:PORT` or `port=PORT`. Entries with the same user, host and
 port are kept once (first place wins, with a warning naming both places). Anything else is a HostsError naming
 the source, the line and the text, raised before anything connects.
+
+Every parse here is linear in the input's length: node lists are read by a scanner (one pass, no regular
+expression that can backtrack), counted from their text before anything is expanded (the count stops growing
+past --max-hosts, so `a[1-2]` 20,000 times is a message, not a 6,000-digit number), and only a list within the
+limit is handed to ClusterShell's NodeSet to expand. A bad list is refused naming the character where it goes
+wrong (an unclosed `[`, a zero-width space, ...). Regular expressions left here match bounded text (a line of at
+most MAX_LINE_CHARS, a name of at most 253 characters) and have no nested repeats.
 """
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import re
 import sys
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import BinaryIO, Callable, Iterator, Literal, NoReturn
@@ -33,6 +40,7 @@ from typing import BinaryIO, Callable, Iterator, Literal, NoReturn
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from app.errors import HostsError
+from app.inputs.files import InputFileError, open_input, stdin_problem
 
 DEFAULT_MAX_HOSTS = 10000
 # Hosts input is read bounded: `hangscope /dev/zero` or `yes node1 | hangscope -` must end in a message, not
@@ -54,16 +62,13 @@ _PLAIN = re.compile(rf"({_LABEL}(?:\.{_LABEL})*)(?:[ \t]+slots[ \t]*=[ \t]*([0-9
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _NUMBER = re.compile(r"[0-9]{1,9}", re.ASCII)  # bounded: int() of a megabyte of digits is slow
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+", re.ASCII)
-_NODELIST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[^\[\]]*\])+", re.ASCII)
-_BRACKET = re.compile(r"\[([^\[\]]*)\]")
-_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9})(?:/([0-9]{1,9}))?)?", re.ASCII)
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_DIGITS = frozenset("0123456789")
+MAX_COUNT = 10 ** 18  # a node list's count stops growing here: `a[1-2]` 20,000 times is not a 6,000-digit number
+MAX_ENTRIES = 1_000_000  # names all node lists of one input may expand to, repeats included (10 x --max-hosts)
+MAX_RANGE_DIGITS = 9  # a node number of more digits is not a node number (and int() of thousands is slow)
 TransportKind = Literal["ssh", "srun", "auto", "local"]
-_EQUALS = re.compile(r"[ \t]*=[ \t]*")
-_COMMA_SPACES = re.compile(r"\s*,\s*")
-_TOP_COMMA = re.compile(r",(?![^\[\]]*\])")  # a comma not inside [...] (node lists do not nest)
 _ZONE = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
-_OS_REASONS = {errno.ENOENT: "no such file", errno.EISDIR: "is a directory, not a hosts file",
-               errno.EACCES: "permission denied"}
 _COLON_RULE = ("host:N means N slots (MPI hostfile style); for a port write user@host:PORT, [host]:PORT "
                "or port=PORT")
 
@@ -118,6 +123,8 @@ class _Collector:
         self.seen: dict[tuple[str | None, str, int | None], HostSpec] = {}
         self.warnings: list[str] = []
         self.more_duplicates = 0
+        self.entries = 0  # node-list names produced, duplicates included (bounded by MAX_ENTRIES)
+        self.lists: dict[tuple[str, str | None, int | None, int | None], str] = {}  # node list -> where first
 
     def add(self, spec: HostSpec, key: tuple[str | None, str, int | None] | None = None) -> None:
         key = key or spec.key
@@ -143,9 +150,7 @@ class _Collector:
 
 
 def _too_many(source: str, line: int | None, what: str, limit: int) -> NoReturn:
-    err = HostsError(source, line, "", f"{what}; the limit is {limit}, raise it with --max-hosts N")
-    err.hint = f"pass --max-hosts N with N of at least the number of nodes (now {limit})"
-    raise err
+    raise HostsError(source, line, "", f"{what}; the limit is {limit}, raise it with --max-hosts N")
 
 
 def _clip(text: str) -> str:
@@ -154,7 +159,9 @@ def _clip(text: str) -> str:
 
 def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:
     """Parse a hosts file's contents; raises HostsError on the first bad line, or when it lists no host."""
-    lines = (data.count(b"\n") if isinstance(data, bytes) else data.count("\n")) + 1
+    # lines as a text editor counts them: a final newline ends the last line, it does not start another
+    ends = data.endswith(b"\n") if isinstance(data, bytes) else data.endswith("\n")
+    lines = (data.count(b"\n") if isinstance(data, bytes) else data.count("\n")) + (0 if ends or not data else 1)
     if len(data) > MAX_INPUT_BYTES or lines > MAX_LINES:
         what = f"more than {MAX_INPUT_BYTES >> 20} MiB" if len(data) > MAX_INPUT_BYTES else f"more than {MAX_LINES} lines"
         raise HostsError(source, None, "", f"{what}: larger than any hosts input (the limits are {MAX_INPUT_BYTES >> 20} "
@@ -189,23 +196,32 @@ def parse_hosts(data: bytes | str, source: str, *, max_hosts: int | None = DEFAU
         slots = int(plain[2]) if plain and plain[2] else None
         if plain and slots != 0 and (slots is None or slots <= MAX_SLOTS) and len(plain[1]) <= 253 and not _DOTTED_NUMBERS.fullmatch(plain[1]):
             host = plain[1]
-            out.add(HostSpec(host, host, None, None, slots, source, lineno), (None, host.lower(), None))
+            key = (None, host.lower(), None)
+            if key in out.seen and len(out.warnings) >= MAX_WARNINGS:
+                out.more_duplicates += 1  # a million repeated lines: counted, not each built and warned about
+                continue
+            out.add(HostSpec(host, host, None, None, slots, source, lineno), key)
         else:
             _parse_line(content, source, lineno, out)
     return out.result(source, "no hosts in this file (only blank lines and comments)")
 
 
 def read_hosts(path: str, *, stdin: BinaryIO | None = None, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:
-    """Read and parse a hosts file; "-" reads stdin (source "<stdin>")."""
+    """Read and parse a hosts file; "-" reads stdin (source "<stdin>"). Only a regular file is opened (a FIFO
+    with no writer would block for ever, a device never ends): anything else is a HostsError naming its type."""
     if path == "-":
-        stream = stdin if stdin is not None else sys.stdin.buffer
+        problem = stdin_problem() if stdin is None else None
+        stream = stdin if stdin is not None else sys.stdin.buffer if sys.stdin is not None and not problem else None
+        if stream is None:
+            raise HostsError("<stdin>", None, "", problem or "stdin is closed")
         return parse_hosts(_read_bounded(stream), "<stdin>", max_hosts=max_hosts)
     try:
-        with open(path, "rb") as f:
+        with open_input(path, what="hosts file", stdin_ok=True) as f:
             data = _read_bounded(f)
-    except OSError as e:
-        reason = _OS_REASONS.get(e.errno or 0, f"cannot read: {e.strerror or e}")
-        raise HostsError(path, None, "", reason) from None
+    except InputFileError as exc:
+        raise HostsError(path, None, "", exc.reason) from None
+    except OSError as exc:
+        raise HostsError(path, None, "", f"cannot read: {exc.strerror or exc}") from None
     return parse_hosts(data, path, max_hosts=max_hosts)
 
 
@@ -228,10 +244,23 @@ def parse_nodelist(arg: str, source: str = "-w", *, max_hosts: int | None = DEFA
     bad = _CONTROL.search(arg)
     if bad:
         raise HostsError(source, None, _clip(arg), f"control character U+{ord(bad.group()):04X}")
+    _check_ascii(arg, lambda reason, text=arg: HostsError(source, None, _clip(text), reason))
     out = _Collector(max_hosts)
     if arg.strip():  # spaces around commas are a common way to write -w "a, b": allowed there only
-        _parse_line(_COMMA_SPACES.sub(",", arg.strip()), source, None, out, options_allowed=False)
+        joined = ",".join(part.strip() for part in arg.strip().split(","))  # linear, unlike a \s*,\s* regex
+        _parse_line(joined, source, None, out, options_allowed=False)
     return out.result(source, "no hosts given")
+
+
+def _check_ascii(text: str, fail: Fail) -> None:
+    """Host names and node lists are ASCII: name the first character that is not, and where it is (a
+    zero-width space or a non-breaking space pasted from a web page cannot be seen)."""
+    if text.isascii():
+        return
+    i = next(i for i, ch in enumerate(text) if ord(ch) > 127)
+    name = unicodedata.name(text[i], "").lower()
+    raise fail(f"not a valid host name: character {i + 1} is U+{ord(text[i]):04X}{f' ({name})' if name else ''}; "
+               "host names and node lists are ASCII")
 
 
 def merge(*lists: HostList, max_hosts: int | None = None) -> HostList:
@@ -257,7 +286,8 @@ def _parse_line(content: str, source: str, line: int | None, out: _Collector, op
     meta = _META.search(content)
     if meta:
         raise fail(f"shell metacharacter {meta.group()!r} is not allowed")
-    fields = _EQUALS.sub("=", content).split() if "=" in content else content.split()
+    _check_ascii(content, fail)
+    fields = _join_equals(content).split() if "=" in content else content.split()
     opts: dict[str, str] = {}
     for field in fields[1:]:
         key, eq, value = field.partition("=")
@@ -282,9 +312,26 @@ def _parse_line(content: str, source: str, line: int | None, out: _Collector, op
         _parse_item(item, slots, port, user, source, line, out, fail)
 
 
+def _join_equals(content: str) -> str:
+    """`slots = 8` as `slots=8`: the blanks around each `=` removed, in one pass."""
+    parts = content.split("=")
+    return "=".join([parts[0].rstrip(" \t")] + [p.strip(" \t") for p in parts[1:-1]] + [parts[-1].lstrip(" \t")])
+
+
 def _split_commas(text: str, fail: Fail) -> list[str]:
-    """Split on commas outside brackets: `gpu[1,3],login1` is two entries."""
-    items = _TOP_COMMA.split(text) if "," in text else [text]
+    """Split on commas outside brackets: `gpu[1,3],login1` is two entries (one pass; brackets do not nest)."""
+    if "," not in text:
+        return [text]
+    items, start, depth = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
     if "" in items:
         raise fail("empty entry between commas")
     return items
@@ -332,32 +379,93 @@ def _parse_item(item: str, slots: int | None, port: int | None, user: str | None
         raise fail("port given twice", item)
     port = item_port if item_port is not None else port
     slots = item_slots if item_slots is not None else slots
-    names = _expand(host, out.max_hosts, source, line, fail) if "[" in host else [host]
+    if "[" in host:
+        where = f"{source}{'' if line is None else f':{line}'}"
+        first = out.lists.get((host, user, port, slots))
+        if first is not None:  # the same node list again: all its names are repeats, no need to expand them
+            if len(out.warnings) < MAX_WARNINGS:
+                out.warnings.append(f"{where}: {_clip(host)} is listed again (first at {first}); ignored")
+            else:
+                out.more_duplicates += 1
+            return
+        names = _expand(host, out, source, line, fail)
+        out.lists[(host, user, port, slots)] = where
+    else:
+        names = [host]
     for name in names:
         _check_host(name, fail)
         out.add(HostSpec(name, name, user, port, slots, source, line))
 
 
-def _expand(nodes: str, max_hosts: int | None, source: str, line: int | None, fail: Fail) -> list[str]:
-    """Expand a node list with NodeSet, after counting it from the text so a huge range never materialises."""
-    if not _NODELIST.fullmatch(nodes):
-        raise fail("malformed node list (expected e.g. gpu[001-004,010])", nodes)
-    count = 1
-    for ranges in _BRACKET.findall(nodes):
-        size = 0
-        for part in ranges.split(","):
-            m = _RANGE.fullmatch(part)
-            if not m:
-                raise fail(f"malformed range {part!r} in node list", nodes)
-            lo, hi, step = int(m[1]), int(m[2] or m[1]), int(m[3] or 1)
-            size += max(0, (hi - lo) // step + 1) if step else 0
-        count *= size
+def _expand(nodes: str, out: _Collector, source: str, line: int | None, fail: Fail) -> list[str]:
+    """Expand a node list with NodeSet, after checking and counting it from its text in one pass, so that a
+    malformed list is named where it goes wrong and a huge one never materialises; names produced in all,
+    duplicates included, are bounded by MAX_ENTRIES (overlapping lists on a million lines would be hours)."""
+    count = _count_nodes(nodes, fail)
+    max_hosts = out.max_hosts
     if max_hosts is not None and count > max_hosts:
-        _too_many(source, line, f"{nodes} expands to {count} hosts", max_hosts)
+        many = f"{count}" if count < MAX_COUNT else f"more than {MAX_COUNT}"
+        _too_many(source, line, f"{_clip(nodes)} expands to {many} hosts", max_hosts)
+    out.entries += count
+    limit = min(MAX_ENTRIES, max(100_000, 10 * (max_hosts or DEFAULT_MAX_HOSTS)))
+    if out.entries > limit:
+        raise fail(f"the node lists so far expand to more than {limit} names, repeats included (10 x --max-hosts): "
+                   "larger than any hosts input", nodes)
     try:
         return list(NodeSet(nodes, resolver=RESOLVER_NOGROUP))
     except NodeSetException as e:
         raise fail(f"malformed node list: {e}", nodes) from None
+
+
+def _count_nodes(nodes: str, fail: Fail) -> int:
+    """How many names `nodes` (e.g. `gpu[001-004,010]-ib`) expands to, capped at MAX_COUNT; a HostsError
+    naming the character where the list goes wrong. One pass over the text."""
+    count, i, n = 1, 0, len(nodes)
+    while i < n:
+        ch = nodes[i]
+        if ch in _NAME_CHARS:
+            i += 1
+        elif ch == "[":
+            close = nodes.find("]", i + 1)
+            inner = nodes[i + 1:close] if close >= 0 else nodes[i + 1:]
+            nested = inner.find("[")
+            if nested >= 0:
+                raise fail("malformed node list: " f"'[' at character {i + 1} is followed by another '[' (at {i + 2 + nested}) before its "
+                           "']': node lists do not nest", nodes)
+            if close < 0:
+                raise fail("malformed node list: " f"the '[' at character {i + 1} is never closed (a missing ']')", nodes)
+            count = min(count * _count_ranges(inner, i + 2, nodes, fail), MAX_COUNT)
+            i = close + 1
+        elif ch == "]":
+            raise fail("malformed node list: " f"']' at character {i + 1} closes no '['", nodes)
+        else:
+            raise fail("malformed node list: " f"{ch!r} at character {i + 1} cannot be in a node list (expected e.g. gpu[001-004,010])",
+                       nodes)
+    return count
+
+
+def _count_ranges(ranges: str, at: int, nodes: str, fail: Fail) -> int:
+    """The size of a bracket's range list (`001-004,010`, `0-30/2`); `at`: where it starts in `nodes`."""
+    size = 0
+    for part in ranges.split(","):
+        where = f"at character {at}"
+        at += len(part) + 1
+        if not part:
+            raise fail("malformed node list: " f"an empty range {where} (in [{_clip(ranges)}])", nodes)
+        lo_text, dash, rest = part.partition("-")
+        hi_text, slash, step_text = rest.partition("/")
+        numbers = [lo_text] + ([hi_text] if dash else []) + ([step_text] if slash else [])
+        if not all(t and set(t) <= _DIGITS for t in numbers):
+            raise fail("malformed node list: " f"malformed range {_clip(part)!r} {where}: expected N, N-M or N-M/STEP in ASCII digits", nodes)
+        if any(len(t) > MAX_RANGE_DIGITS for t in numbers):
+            raise fail("malformed node list: " f"a number of more than {MAX_RANGE_DIGITS} digits in range {_clip(part)!r} {where}", nodes)
+        lo, hi, step = int(lo_text), int(hi_text) if dash else int(lo_text), int(step_text) if slash else 1
+        if hi < lo:
+            raise fail("malformed node list: " f"range {part!r} {where} runs backwards", nodes)
+        if step < 1:
+            raise fail("malformed node list: " f"range {part!r} {where} has a step of 0", nodes)
+        size += (hi - lo) // step + 1
+    return size
 
 
 def _check_host(host: str, fail: Fail) -> None:

@@ -40,3 +40,15 @@ def clean(text: object, limit: Optional[int] = NAME_LIMIT) -> str:
         s = s[: max(limit - 1, 0)] + "\u2026"
     s = s.replace("\t", "    ")
     return CONTROL.sub(picture, s)
+
+
+def clock(ts: float, fmt: str = "%H:%M:%S", *, utc: bool = False) -> str:
+    """A time stamp (seconds since 1970) as text, or "?" when the platform cannot show it: a snapshot file may
+    hold a time far outside the calendar (9e14 is the year 28 million), which must not end a screen or a report
+    in a traceback."""
+    import time
+
+    try:
+        return time.strftime(fmt, time.gmtime(ts) if utc else time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "?"

@@ -18,6 +18,7 @@ waiting for a rendezvous) is listed on its own, so a job that has not started it
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import procinfo
 from workers.procinfo import Gone, Proc
+from workers.patterns import MATCH_BUDGET
 from workers.protocol import MATCH_LIMIT
 from workers.redact import redact_argv, redact_env_value
 
@@ -472,10 +474,21 @@ class Scan:
         return False
 
     def _matching(self, match: Pattern[str]) -> List[int]:
-        # (hangscope's own command line holds the pattern: never a match)
-        found = {pid for pid, p in self.procs.items()
-                 if is_python(p) and match.search(" ".join(p.cmdline)[:MATCH_CMDLINE]) is not None
-                 and not _asks_for(p.cmdline, match.pattern)}
+        # (hangscope's own command line holds the pattern: never a match). The pattern passed
+        # workers.patterns' rules, so each search is polynomial over at most MATCH_CMDLINE characters; the
+        # budget bounds the whole scan too, and says which pattern ran out of it.
+        found = set()
+        deadline = time.monotonic() + MATCH_BUDGET
+        python = [(pid, p) for pid, p in self.procs.items() if is_python(p)]
+        for i, (pid, p) in enumerate(python):
+            if time.monotonic() > deadline:
+                self.notes.append("--match %s: stopped after %.0f s of matching, %d of %d python command lines "
+                                  "searched: the pattern is too slow; simplify it"
+                                  % (match.pattern[:MATCH_LIMIT], MATCH_BUDGET, i, len(python)))
+                break
+            if match.search(" ".join(p.cmdline)[:MATCH_CMDLINE]) is not None and not _asks_for(p.cmdline,
+                                                                                                   match.pattern):
+                found.add(pid)
         picked = sorted(found - self._ancestors(found))
         if not picked:
             self.notes.append("no python process here has a command line matching --match %s"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import compact as compaction
 from workers import discover as discovery
-from workers import procinfo, pstate
+from workers import patterns, procinfo, pstate
 from workers.collect import flight, gpu_evidence, gpus, output, pgstore, pgtimeout, progress, pyspy, runas, sockets
 from workers.collect import traced
 from workers.hello import cpu_count
@@ -66,10 +66,10 @@ def _discover(req: Request, emit: Callable[[Dict[str, Any]], None]) -> DiscoverD
         if not isinstance(match, str) or not 0 < len(match) <= MATCH_LIMIT:
             raise OpError("bad_request", "discover: match must be a regular expression of 1 to %d characters"
                           % MATCH_LIMIT)
-        try:
-            pattern = re.compile(match)
-        except re.error as exc:
-            raise OpError("bad_request", "discover: --match %r is not a regular expression: %s" % (match, exc))
+        why = patterns.problem(match)  # the login side refused these already; a request is checked here too
+        if why is not None:
+            raise OpError("bad_request", "discover: " + why)
+        pattern = re.compile(match)
     notes: list = []
     read_denied = (lambda denied: runas.read_environs(req, denied, notes)) if req.sudo else None
     worker = req.worker

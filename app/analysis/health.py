@@ -13,7 +13,7 @@ from app.analysis.columns import Facts, facts
 from app.analysis.facts import Confidence, Evidence, Fact, Who, nodes_who, ranks_who
 from app.analysis.fold import _span as _fold_span
 from app.analysis.fold import keys_of
-from app.model import RankSnapshot, Snapshot
+from app.model import ErrorInfo, RankSnapshot, Snapshot
 
 JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, WORLD_SIZE)
 
@@ -90,16 +90,19 @@ def failed_nodes(snapshot: Snapshot) -> List[Fact]:
     """Nodes that could not be inspected (or only partly), aggregated by the kind of failure."""
     groups: Dict[Tuple[str, str], List[str]] = defaultdict(list)
     messages: Dict[Tuple[str, str], List[str]] = defaultdict(list)
+    first_error: Dict[Tuple[str, str], ErrorInfo] = {}  # one pass: a search per group is quadratic in nodes
     for n in snapshot.nodes:
         if n.state not in ("failed", "partial"):
             continue
         code = n.error.code if n.error else "unknown"
         groups[(n.state, code)].append(n.name)
-        if n.error and n.error.message:
-            messages[(n.state, code)].append(n.error.message)
+        if n.error:
+            first_error.setdefault((n.state, code), n.error)
+            if n.error.message:
+                messages[(n.state, code)].append(n.error.message)
     out = []
     for (state, code), names in sorted(groups.items()):
-        err = next((n.error for n in snapshot.nodes if n.name in names and n.error), None)
+        err = first_error.get((state, code))
         # A lead rather than a note: when the ranks that were seen tell nothing, the unseen ones are next.
         out.append(Fact("node_failed", nodes_who(names), "low",
                         NodeEvidence(state, code, tuple(messages[(state, code)][:3]), err.hint if err else ""),

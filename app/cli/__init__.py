@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import textwrap
 from typing import Optional, Sequence
 
 from app import __version__
-from app.cli.run import run_interruptible  # noqa: F401 (re-exported: the modes run through it)
+from app.cli.run import OneLineParser, run_interruptible  # noqa: F401 (re-exported: the modes run through it)
 from app.errors import HangscopeError, InputError
+from app.inputs import numbers
+from app.inputs.text import python_command, text_arg
 
 EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -46,28 +46,48 @@ time: each node's connect and login (TCP, banner, key exchange, authentication, 
 """
 
 
+# Ranges of the numeric flags, stated in --help (app.inputs.numbers: one parser per kind of number).
+DUMP_TIMEOUT = numbers.seconds(0.1, 600)
+SAMPLES = numbers.count(1, 100)
+INTERVAL = numbers.seconds(0, 3600)
+STRACE = numbers.seconds(0, 60)  # a rank is traced (slowed) for this long: bounded, whatever was typed
+PID = numbers.count(1, 4194304, "a process id")  # PID_MAX_LIMIT on 64-bit Linux
+FANOUT = numbers.count(1, 4096)
+CONNECT_TIMEOUT = numbers.seconds(0.1, 600)
+MAX_HOSTS = numbers.count(1, 100000)
+REFRESH = numbers.seconds(0.5, 3600)
+FPS = numbers.count(1, 120)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="hangscope",
         description="Investigate a hung multi-node PyTorch job while it is still hung: connect to every "
         "node over SSH, find the ranks, dump their stacks and show which rank is the odd one out.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("hosts", nargs="?", metavar="HOSTS",
-                   help="hosts file ('-' for stdin); without HOSTS or -w, this machine is investigated")
+    p.add_argument("hosts", nargs="?", metavar="HOSTS", type=text_arg("HOSTS"),
+                   help="hosts file ('-' for stdin; a regular file, never a FIFO or a device); without HOSTS or "
+                   "-w, this machine is investigated")
     p.add_argument("-w", dest="nodelist", action="append", default=[], metavar="NODELIST",
                    help="comma-separated nodes or node lists, e.g. 'gpu[001-004],login1' (repeatable)")
     p.add_argument("--version", action="store_true", help="print versions of hangscope and its tools")
-    mode = p.add_argument_group("headless modes")
+    mode = p.add_argument_group("headless modes (output paths: a new or regular file, never a symlink, FIFO or "
+                                "device, never in /proc, /sys or /dev, never an input of the same command)")
     mode.add_argument("--print", dest="print_summary", action="store_true",
                       help="collect, print the summary and exit (no TUI)")
-    mode.add_argument("--snapshot", metavar="FILE", help="collect, print the summary, write the snapshot JSON")
-    mode.add_argument("--load", metavar="FILE", help="read a snapshot JSON instead of collecting")
-    mode.add_argument("--export", metavar="DIR",
+    mode.add_argument("--snapshot", metavar="FILE", type=text_arg("--snapshot"),
+                      help="collect, print the summary, write the snapshot JSON")
+    mode.add_argument("--load", metavar="FILE", type=text_arg("--load"),
+                      help="read a snapshot JSON instead of collecting ('-' for stdin); collection, SSH and GPU-test "
+                      "flags are refused with it")
+    mode.add_argument("--export", metavar="DIR", type=text_arg("--export"),
                       help="write a report bundle (summary.md, report.html, snapshot.json, ...) to DIR")
     mode.add_argument("--tar", action="store_true", help="with --export, also write DIR.tar.gz")
-    mode.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file or --export DIR")
+    mode.add_argument("--force", action="store_true",
+                      help="replace an existing --snapshot or --json file (a regular file only) or an earlier --export "
+                      "bundle")
     mode.add_argument("--raw", action="store_true",
                       help="with --snapshot or --print: values as collected (only what the pattern rules catch is "
                       "masked, as in the TUI) instead of default-deny in the snapshot file and in the error output "
@@ -80,24 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="include native (C/C++) frames (py-spy --native; pauses each rank ~0.5 s)")
     col.add_argument("--nonblocking", action="store_true",
                      help="sample without pausing the ranks (py-spy --nonblocking; not with --native)")
-    col.add_argument("--strace", type=float, metavar="SECONDS", default=0.0,
-                     help="also strace every rank for SECONDS (traces the rank; capped output)")
+    numbers.add_number(col, "--strace", kind=STRACE, default=0.0, metavar="SECONDS",
+                       help="also strace every rank for SECONDS (traces the rank; capped output; 0: no strace)")
     col.add_argument("--strace-data", action="store_true",
-                     help="with --strace, show the protocol verb (AUTH, GET, +OK) each call's bytes start with, "
-                     "never what follows it (by default only syscall, fd, size and result)")
+                     help="with --strace, keep the first bytes each call read or wrote (redacted on the node; "
+                     "by default only syscall, fd, size and result)")
     col.add_argument("--gdb", action="store_true",
                      help="also take a gdb backtrace of every rank (stops each rank ~3 s; opt-in)")
-    col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
-                     help="inspect only this process (repeatable; on every node, mostly for this machine)")
-    col.add_argument("--match", metavar="REGEX",
+    numbers.add_number(col, "--pid", kind=PID, dest="pids", action="append", metavar="PID",
+                       help="inspect only this process (repeatable; on every node, mostly for this machine)")
+    col.add_argument("--match", metavar="REGEX", type=text_arg("--match"),
                      help="inspect only the python processes whose command line matches this regular expression, "
                      "on every node, rank environment or not (a launcher above a matching process is left out): "
-                     "picks the ranks where discovery finds none or too many, e.g. --match 'train\\.py'")
+                     "picks the ranks where discovery finds none or too many, e.g. --match 'train\\.py'; at most "
+                     "200 characters, and patterns that backtrack without bound (nested or overlapping "
+                     "repeats such as (a+)+) are refused")
     col.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
                      help="for ranks whose process carries no rank number (mp.spawn, multiprocessing), read it "
                      "from the job's TCPStore (read-only queries, one connection; on by default); --no-store to "
                      "leave the store alone")
-    col.add_argument("--job", metavar="JOB",
+    col.add_argument("--job", metavar="JOB", type=text_arg("--job", max_len=1024),
                      help="analyse only this job of the snapshot: its name as the summary prints it, or a part "
                      "of it that names one job (e.g. the master port 29500)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
@@ -105,28 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
                      help="GPU-side evidence per node (Xid lines, ECC/row-remap counts, nvidia-smi, NCCL RAS): "
                      "auto collects it for NCCL/CUDA jobs (a rank maps libnccl or libcuda), on (the flag alone) "
                      "always, off never")
-    col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline (30)")
-    col.add_argument("--samples", type=int, default=2, metavar="N",
-                     help="headless: take N snapshots --interval apart to tell stuck ranks from progressing "
-                     "ones (2; 1 = a single snapshot)")
-    col.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (1)")
-    ssh = p.add_argument_group("ssh")
-    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE",
+    numbers.add_number(col, "--timeout", kind=DUMP_TIMEOUT, default=30.0, metavar="S", help="per-rank dump deadline")
+    numbers.add_number(col, "--samples", kind=SAMPLES, default=2, metavar="N",
+                       help="headless: take N snapshots --interval apart to tell stuck ranks from progressing "
+                       "ones (1 = a single snapshot)")
+    numbers.add_number(col, "--interval", kind=INTERVAL, default=1.0, metavar="S",
+                       help="headless: seconds between samples")
+    ssh = p.add_argument_group("ssh (config, identity and known_hosts files must be regular files)")
+    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE", type=text_arg("-F"),
                      help="ssh config file(s) instead of ~/.ssh/config and /etc/ssh/ssh_config")
-    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", help="identity file")
+    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", type=text_arg("-i"),
+                     help="identity file")
     ssh.add_argument("--accept-new-host-keys", action="store_true",
                      help="add UNKNOWN host keys to ~/.ssh/known_hosts (a CHANGED key is always refused)")
-    ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
-    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
-                     help="deadline for each node's whole connect and login: TCP (and any ProxyJump), sshd's "
-                     "banner, key exchange, authentication and MaxStartups retries (10)")
-    ssh.add_argument("--python", metavar="PATH", help="the nodes' python3, flags allowed (default: \"python3 -S\": the worker is stdlib-only)")
-    ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
+    numbers.add_number(ssh, "--fanout", kind=FANOUT, default=64, metavar="N", help="nodes connected at once")
+    numbers.add_number(ssh, "--connect-timeout", kind=CONNECT_TIMEOUT, default=10.0, metavar="S",
+                       help="deadline for each node's whole connect and login: TCP (and any ProxyJump), sshd's "
+                       "banner, key exchange, authentication and MaxStartups retries")
+    ssh.add_argument("--python", metavar="PATH", type=python_command,
+                     help="the nodes' python3, flags allowed (default: \"python3 -S\": the worker is stdlib-only)")
+    numbers.add_number(ssh, "--max-hosts", kind=MAX_HOSTS, default=10000, metavar="N", help="refuse more hosts")
     tui = p.add_argument_group("TUI")
-    tui.add_argument("--refresh", dest="refresh_interval", type=float, default=None, metavar="S",
-                     help="refresh automatically every S seconds (non-blocking sampling)")
-    tui.add_argument("--fps", type=int, default=None, metavar="N",
-                     help="limit screen updates to N per second (slow links); below 30 also no animations")
+    numbers.add_number(tui, "--refresh", kind=REFRESH, dest="refresh_interval", metavar="S",
+                       help="refresh automatically every S seconds (non-blocking sampling)")
+    numbers.add_number(tui, "--fps", kind=FPS, metavar="N",
+                       help="limit screen updates to N per second (slow links); below 30 also no animations")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node progress on stderr")
     from app.cli.gpu import add_test_arguments
     from app.slurm.cli import add_slurm_arguments
@@ -154,79 +179,114 @@ def versions_text() -> str:
 
 
 def _check_match(pattern: str) -> None:
-    """A --match pattern the nodes can use, checked here before any connection (python's re on both sides)."""
+    """A --match pattern the nodes can search in bounded time, checked before any connection (the worker
+    applies the same rules, workers.patterns)."""
+    from workers.patterns import problem
     from workers.protocol import MATCH_LIMIT
 
     if not 0 < len(pattern) <= MATCH_LIMIT:
-        raise InputError(f"--match takes a regular expression of 1 to {MATCH_LIMIT} characters")
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise InputError(f"--match {pattern!r} is not a regular expression: {exc}") from None
+        raise InputError(f"--match takes a regular expression of 1 to {MATCH_LIMIT} characters, not {len(pattern)}")
+    why = problem(pattern)
+    if why is not None:
+        raise InputError(why)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["watch"]:
-        from app.cli.watch import watch_main
-
-        return watch_main(args_list[1:], read_hosts=_read_hosts, report=_error, check_match=_check_match)
-    if args_list[:1] == ["demo"]:
-        from app.cli.demo import demo_main
-
-        return demo_main(args_list[1:], build_parser())
-    parser = build_parser()
-    args = parser.parse_args(args_list)
-    if args.version:
-        print(versions_text())
-        return EXIT_OK
+    """The `hangscope` command; returns its exit code. Every refusal is one line on stderr; Ctrl+C at any point
+    (even while the arguments are parsed) is exit 130 without a traceback."""
     try:
-        return _run(args)
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("hangscope: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args_list: list) -> int:
+    try:
+        if args_list[:1] == ["watch"]:
+            from app.cli.watch import watch_main
+
+            return watch_main(args_list[1:], read_hosts=_read_hosts, report=_error, check_match=_check_match)
+        if args_list[:1] == ["demo"]:
+            from app.cli.demo import demo_main
+
+            return demo_main(args_list[1:], build_parser())
+        args = build_parser().parse_args(args_list)
+        if args.version:
+            print(versions_text())
+            return EXIT_OK
+        from app.cli.modes import check_modes, explicit_flags
+
+        mode = check_modes(args, explicit_flags(build_parser, args_list))
+        return _run(args, mode)
     except InputError as exc:
         _error(exc)
         return EXIT_INPUT
     except HangscopeError as exc:
         _error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("hangscope: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
 
 def _error(exc: HangscopeError) -> None:
-    print(f"hangscope: {exc.title}: {exc}", file=sys.stderr)
-    if exc.hint:
-        print(textwrap.indent(textwrap.fill(exc.hint, 96), "  hint: "), file=sys.stderr)
+    """One line, whatever the error: the title, the message and the hint after a semicolon."""
+    hint = f"; hint: {exc.hint}" if exc.hint and exc.hint not in str(exc) else ""
+    line = f"hangscope: {exc.title}: {exc}{hint}"
+    print(" ".join(line.split()), file=sys.stderr)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _inputs(args: argparse.Namespace) -> list:
+    """The files this command reads: an output must never be one of them."""
+    files = [args.hosts, args.load, *(args.ssh_config or []), *(args.identity or [])]
+    return [f for f in files if f and f != "-"]
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path, before anything is read from the network: the same checks as at write time, and
+    that its directory is writable and not full (found now, not after the collection)."""
+    from app.inputs.paths import check_file
+
+    inputs = _inputs(args)
+    if args.snapshot:
+        check_file(args.snapshot, flag="--snapshot", force=args.force, inputs=inputs, writable=True)
+    if getattr(args, "json_path", None):
+        check_file(args.json_path, flag="--json", force=args.force, inputs=inputs, writable=True)
+    if args.export:
+        from app.report.bundle import BUNDLE_NAMES
+        from app.report.writer import check_destination
+
+        check_destination(args.export, force=args.force, tar=args.tar, names=BUNDLE_NAMES, inputs=inputs,
+                          flag="--export", writable=True)
+    if args.snapshot and args.export:
+        from app.inputs.files import identity
+
+        if os.path.normpath(os.path.dirname(os.path.abspath(args.snapshot))) == os.path.abspath(args.export) \
+                or identity(args.snapshot) is not None and identity(args.snapshot) == identity(args.export):
+            raise InputError(f"--snapshot {args.snapshot} is inside --export {args.export}; write it elsewhere")
+
+
+def _run(args: argparse.Namespace, mode: str) -> int:
     from app.cli import headless
 
-    headless_mode = bool(args.print_summary or args.snapshot or args.export)
-    if getattr(args, "raw", False) and not (args.snapshot or args.print_summary):
-        raise InputError("--raw applies to --snapshot FILE and --print (an --export bundle is always default-deny)")
-    if args.load:
-        if args.hosts or args.nodelist:
-            raise InputError("--load reads a saved snapshot; do not also give hosts")
-        if headless_mode:
+    if args.nonblocking and args.native:
+        raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
+    if args.match is not None:
+        _check_match(args.match)
+    _check_outputs(args)
+    if mode in ("load", "load-tui"):
+        if mode == "load":
             return headless.show_loaded(args.load, export=args.export, force=args.force, tar=args.tar,
-                                        job=args.job, raw=getattr(args, "raw", False))
+                                        job=args.job, raw=args.raw)
         snap = headless.load_snapshot(args.load)
         _require_terminal()
         from app.ui import run_tui
         from app.ui.source import loaded_source
 
         return run_tui(loaded_source(snap), fps=args.fps, title=args.load)
-    if args.refresh_interval is not None and args.refresh_interval <= 0 or args.fps is not None and args.fps < 1:
-        raise InputError("--refresh and --fps must be positive")
-    if args.nonblocking and args.native:
-        raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
-    if args.fanout < 1 or args.timeout <= 0 or args.connect_timeout <= 0 or args.strace < 0:
-        raise InputError("--fanout, --timeout and --connect-timeout must be positive, --strace >= 0")
-    if args.samples < 1 or args.interval < 0:
-        raise InputError("--samples must be at least 1 and --interval not negative")
-    if getattr(args, "match", None) is not None:
-        _check_match(args.match)
+    gpu_options = None
+    if mode in ("test", "tui"):
+        from app.cli.gpu import options_from_args
+
+        gpu_options = options_from_args(args)  # checked now: the TUI's G key runs tests with them
     if args.slurm is not None:  # the job's nodes from SLURM, reached over --transport
         from app.slurm.cli import slurm_hosts
 
@@ -236,33 +296,36 @@ def _run(args: argparse.Namespace) -> int:
 
         check_transport(args)
         hosts = _read_hosts(args)
-    if args.test:
-        from app.cli.gpu import options_from_args, run_tests_headless
+    if hosts is not None:
+        from app.transport.files import check_ssh_files
 
-        _, code = run_tests_headless(hosts, args.test, options_from_args(args),
+        check_ssh_files(args.ssh_config, args.identity)
+    if mode == "tui":
+        _require_terminal()  # before anything connects
+    if args.test:
+        from app.cli.gpu import run_tests_headless
+
+        assert gpu_options is not None
+        _, code = run_tests_headless(hosts, args.test, gpu_options,
                                      session_options=headless.session_options(args),
-                                     json_path=args.json_path, force=args.force, quiet=args.quiet)
+                                     json_path=args.json_path, force=args.force, quiet=args.quiet,
+                                     inputs=_inputs(args))
         return code
-    if args.snapshot and os.path.lexists(args.snapshot) and not args.force:
-        raise InputError(f"{args.snapshot} exists; pass --force to overwrite it")
-    if headless_mode:
-        return headless.collect_and_report(hosts, args)
-    _require_terminal()
+    if mode == "headless":
+        return headless.collect_and_report(hosts, args, inputs=_inputs(args))
     from app.ui import run_tui
     from app.ui.source import LiveSource
 
     title = getattr(args, "slurm_title", "") or args.hosts or ",".join(args.nodelist) or "this machine"
-    from app.cli.gpu import options_from_args
-
     # the GPU-test flags (--test-timeout, --nccl-env, ...) also apply to tests started from the TUI
-    source = LiveSource(hosts, headless.session_options(args), gpu_options=options_from_args(args))
+    source = LiveSource(hosts, headless.session_options(args), gpu_options=gpu_options)
     return run_tui(source, fps=args.fps, title=title,
                    interval=args.refresh_interval)
 
 
 def _require_terminal() -> None:
     """The TUI needs a terminal on stdin and stdout; in a pipe or a batch job, say how to run headless."""
-    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+    if not (sys.stdout is not None and sys.stdout.isatty() and sys.stdin is not None and sys.stdin.isatty()):
         raise InputError("stdout or stdin is not a terminal, so the TUI cannot start",
                          hint="use headless mode: --print (summary), --snapshot FILE or --export DIR")
 
@@ -273,7 +336,8 @@ def _read_hosts(args: argparse.Namespace):
 
     lists = []
     if args.hosts:
-        lists.append(read_hosts(args.hosts, stdin=sys.stdin.buffer, max_hosts=args.max_hosts))
+        stdin = sys.stdin.buffer if sys.stdin is not None else None
+        lists.append(read_hosts(args.hosts, stdin=stdin, max_hosts=args.max_hosts))
     for nl in args.nodelist:
         lists.append(parse_nodelist(nl, max_hosts=args.max_hosts))
     if not lists:

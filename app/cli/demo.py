@@ -8,6 +8,11 @@ import signal
 import sys
 from typing import Sequence
 
+from app.cli.run import OneLineParser
+from app.inputs import numbers
+
+NPROC = numbers.count(2, 32)
+WAIT = numbers.seconds(1, 3600)
 # scenario -> what the culprit does (app/demo/job.py). netcut, fsstall and gpu_xid need a cluster, a stalled
 # file system or a GPU fault: they are the test cluster's (tests/support/record_scenarios.py), not the demo's
 SCENARIOS = {
@@ -43,24 +48,20 @@ SCENARIOS = {
 
 def demo_main(argv: Sequence[str], hangscope_parser: argparse.ArgumentParser) -> int:
     """`hangscope_parser` is the command line's own (app.cli.build_parser), for the investigation's options."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hangscope demo",
         description="Start a local torch.distributed (gloo, CPU) training job that hangs, then investigate it "
         "with hangscope. The job is stopped when hangscope exits.")
     parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="skip", metavar="SCENARIO",
                         help="; ".join(f"{name}: {what}" for name, what in SCENARIOS.items()))
-    parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the hang (240)")
+    numbers.add_number(parser, "--nproc", kind=NPROC, default=4, help="ranks")
+    numbers.add_number(parser, "--timeout", kind=WAIT, default=240.0, help="seconds to wait for the hang")
     parser.add_argument("--print", dest="print_summary", action="store_true",
                         help="print the summary instead of opening the TUI (also when not in a terminal)")
     args = parser.parse_args(list(argv))
     if importlib.util.find_spec("torch") is None:
-        print("hangscope demo needs PyTorch in this Python environment to run the demo job:\n"
-              "  pip install torch==2.13.0\n(a CPU build is enough; the job uses the gloo backend)",
-              file=sys.stderr)
-        return 2
-    if args.nproc < 2:
-        print("hangscope demo: --nproc must be at least 2", file=sys.stderr)
+        print("hangscope demo: needs PyTorch in this Python environment to run the demo job: pip install "
+              "torch==2.13.0 (a CPU build is enough; the job uses the gloo backend)", file=sys.stderr)
         return 2
 
     from app.demo.runner import JobFailed, start_local_job

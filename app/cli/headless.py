@@ -8,7 +8,8 @@ import dataclasses
 import sys
 from typing import List, Optional, Sequence, TextIO
 
-from app.cli.run import WriteError, write_private  # noqa: F401 (WriteError: re-exported, what --snapshot raises)
+from app.cli.run import WriteError, write_private
+from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
 from app.errors import InputError
 from app.model import CollectOptions, Snapshot, rank_key
 from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_to_json
@@ -35,8 +36,9 @@ def session_options(args: argparse.Namespace):
     )
 
 
-def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> int:
-    """Run one collection over hosts (None = this machine) and report it; returns the exit code."""
+def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inputs: Sequence[str] = ()) -> int:
+    """Run one collection over hosts (None = this machine) and report it; returns the exit code. `inputs`:
+    the files the command read, which no output may replace."""
     from app.cli.run import run_interruptible
     from app.session import NodeUpdate, Session
 
@@ -49,45 +51,62 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace) -> i
     session = Session(hosts, session_options(args), on_event=on_event)
 
     history: List[Snapshot] = []
+    stop: List[asyncio.Event] = []  # set by the first Ctrl+C: ends the wait between samples at once
+
+    def cancel() -> None:
+        session.cancel()
+        for event in stop:
+            event.set()
 
     async def collect() -> Snapshot:
+        stop.append(asyncio.Event())
         try:
             snap = await session.snapshot()
             if args.samples > 1 and not args.native:
                 # later samples only tell stuck from progressing: take them without pausing the ranks
                 session.use(dataclasses.replace(session.options.collect, nonblocking=True))
             for _ in range(args.samples - 1):
-                if snap.interrupted:
+                if snap.interrupted or stop[0].is_set():
                     break
                 history.append(snap)
-                await asyncio.sleep(args.interval)
+                try:
+                    await asyncio.wait_for(stop[0].wait(), args.interval)
+                    break  # interrupted while waiting: what was collected is the answer
+                except asyncio.TimeoutError:
+                    pass
                 # a node that failed to connect in the first sample is not tried again: one deadline each
                 snap = await session.refresh(reconnect=False)
             wanted = [rank_key(r) for r in snap.ranks if r.collected]
+            if stop[0].is_set():
+                wanted = []
             if args.strace and wanted:
                 await session.strace(wanted, args.strace)
-            if args.gdb and wanted:
+            if args.gdb and wanted and not stop[0].is_set():
                 await session.gdb(wanted)
             if (args.strace or args.gdb) and wanted:
                 snap = session.current()
+            if stop[0].is_set() and not snap.interrupted:
+                snap = dataclasses.replace(snap, interrupted=True)
             return snap
         finally:
             await session.close()
 
-    snap = run_interruptible(collect, session.cancel)
+    snap = run_interruptible(collect, cancel)
     assert isinstance(snap, Snapshot)
     if getattr(args, "job", None):
         snap, history = pick_job(snap, history, args.job)
     return report(snap, history=history, snapshot_path=args.snapshot, force=args.force, export=args.export,
-                  tar=args.tar, raw=getattr(args, "raw", False))
+                  tar=args.tar, inputs=inputs, raw=getattr(args, "raw", False))
 
 
 def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: Optional[str] = None,
-           force: bool = False, export: Optional[str] = None, tar: bool = False, out: TextIO = sys.stdout,
-           raw: bool = False) -> int:
+           force: bool = False, export: Optional[str] = None, tar: bool = False, out: Optional[TextIO] = None,
+           inputs: Sequence[str] = (), summary_last: bool = False, raw: bool = False) -> int:
     """Analyse, print the summary, write the snapshot file and the report bundle; the exit code says how
-    complete the data is. The summary is for this terminal: the pattern net, as the TUI. The snapshot file
-    leaves it: default-deny (app/report/share.py) unless raw, which says so on stderr."""
+    complete the data is. After a collection the summary comes first (a write that fails loses nothing); with
+    summary_last (--load: the file stays where it is) the outputs come first, so a refusal is the only line.
+    The summary is for this terminal: the pattern net, as the TUI. The snapshot file leaves it: default-deny
+    (app/report/share.py) unless raw, which says so on stderr."""
     from app.analysis import analyze
     from app.analysis.text import summary_text
     from app.report.redact import Redactor
@@ -101,8 +120,10 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
     # The ranks' own error output is quoted, never acted on: --print shows it as it would be shared, so a pasted
     # summary carries no more of it than summary.md does (the rest, commands to run included, as on screen).
     printed = snap if raw else share_output(snap, share)
-    out.write(red.text(summary_text(printed, analysis)) + "\n")
-    out.flush()
+    out = sys.stdout if out is None else out  # the stream of the moment, not the one at import
+    if not summary_last:
+        out.write(red.text(summary_text(printed, analysis)) + "\n")
+        out.flush()
     if snapshot_path:
         if raw:
             print("hangscope: warning: --raw: the snapshot holds names, paths, command lines, locals and error "
@@ -111,16 +132,19 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
             text = snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict()), sharing=RAW)
         else:
             text = snapshot_to_json(share.snapshot(snap), share.tree(analysis.to_dict()), sharing=SHARING)
-        write_private(snapshot_path, text, force=force)
+        write_private(snapshot_path, text, force=force, inputs=inputs)
         print(f"hangscope: snapshot written to {snapshot_path}" + (" (raw)" if raw else ""), file=sys.stderr)
     if export:
         from app.report import export_bundle
 
-        result = export_bundle(snap, analysis, export, force=force, tar=tar, history=history)
+        result = export_bundle(snap, analysis, export, force=force, tar=tar, history=history, inputs=inputs)
         redacted = sum(result.redactions.values())
         print(f"hangscope: report bundle written to {result.directory} ({len(result.paths)} files, "
               f"{redacted} value(s) redacted)" + (f"; {result.tarball}" if result.tarball else ""),
               file=sys.stderr)
+    if summary_last:
+        out.write(red.text(summary_text(printed, analysis)) + "\n")
+        out.flush()
     code, why = exit_status(snap, analysis)
     if why:
         print(f"hangscope: {why}", file=sys.stderr)
@@ -181,24 +205,35 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     snap = load_snapshot(path)
     if job:
         snap, _ = pick_job(snap, (), job)
-    report(snap, export=export, force=force, tar=tar, raw=raw)
+    from app.inputs.paths import UnwritableOutputError
+    from app.report.writer import BundleWriteError
+
+    try:
+        report(snap, export=export, force=force, tar=tar, inputs=[path] if path != "-" else [], summary_last=True,
+               raw=raw)
+    except (WriteError, BundleWriteError) as exc:
+        raise UnwritableOutputError(str(exc)) from None
     return EXIT_OK
 
 
 def load_snapshot(path: str) -> Snapshot:
-    """Read a snapshot file; every way it can be wrong is an InputError naming the file."""
+    """Read a snapshot file ('-': stdin); every way it can be wrong is an InputError naming the file, and a
+    file that is not a regular file (a FIFO, a device, a directory) is refused before it is opened."""
     try:
-        with open(path, "rb") as f:  # bounded: /dev/zero or a FIFO must not fill the memory
-            data = bytearray()
-            while len(data) <= MAX_SNAPSHOT_BYTES:
-                chunk = f.read(min(16 << 20, MAX_SNAPSHOT_BYTES + 1 - len(data)))
-                if not chunk:
-                    break
-                if not data and chunk.lstrip()[:1] not in (b"{", b""):
-                    raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
-                data += chunk
+        if path == "-":
+            problem = stdin_problem()
+            if problem or sys.stdin is None:
+                raise InputError(f"--load -: {problem or 'stdin is closed'}")
+            data = read_bounded(sys.stdin.buffer, MAX_SNAPSHOT_BYTES)
+        else:
+            with open_input(path, what="snapshot", stdin_ok=True) as f:  # bounded: a 100 GB file must not fill the memory
+                data = read_bounded(f, MAX_SNAPSHOT_BYTES)
+    except InputFileError as exc:
+        raise InputError(f"--load {exc.path}: {exc.reason}") from None
     except OSError as exc:
         raise InputError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
+    if data.lstrip()[:1] not in (b"{", b""):
+        raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
     if len(data) > MAX_SNAPSHOT_BYTES:
         raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
     try:

@@ -6,45 +6,32 @@ import each other.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import sys
-import tempfile
-from typing import List
+from typing import List, NoReturn, Sequence
 
-from app.errors import HangscopeError, InputError
+from app.errors import InputError
+from app.inputs.paths import WriteError, write_file
+
+__all__ = ["OneLineParser", "WriteError", "write_private", "run_interruptible"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its complaints as one line (InputError: exit 2), not a usage block and a second line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{message} ({self.prog} --help lists the options)", title="usage")
 
 EXIT_INTERRUPTED = 130
 
 
-class WriteError(HangscopeError):
-    title = "could not write"
-    hint = "choose another path (the data is still printed above)"
-
-
-def write_private(path: str, text: str, *, force: bool = False) -> None:
-    """Write a file 0600 atomically (temp file + rename); never follow a symlink at the destination."""
-    if os.path.islink(path):
-        raise WriteError(f"{path} is a symlink; refusing to write through it")
-    if os.path.exists(path) and not force:
-        raise InputError(f"{path} exists; pass --force to overwrite it")
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".hangscope-", dir=directory)
-    except OSError as exc:
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence[str] = (), flag: str = "") -> None:
+    """Write a file 0600 by create-and-rename (app.inputs.paths: never through a symlink, FIFO or device,
+    never over one of `inputs`); lone surrogates a snapshot may carry are written as \\uXXXX escapes."""
+    write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
 def run_interruptible(coro_factory, on_first_interrupt) -> object:

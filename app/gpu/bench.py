@@ -8,17 +8,17 @@ iteration, averaged over the ranks (nccl-tests reports the same). Pure.
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 from app.errors import InputError
 from app.gpu.model import BenchRow
+from app.inputs import numbers
 
 GB = 1e9
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 MAX_SIZE = 16 << 30
+MAX_SIZES = 64  # sizes in one --sizes list or sweep
+SIZE = numbers.size(4, MAX_SIZE)  # app.inputs.numbers: the one parser of byte sizes
+FACTOR = numbers.count(2, 1024, "a step factor")
 
 
 def bus_factor(world_size: int) -> float:
@@ -55,28 +55,30 @@ def sweep(low: int, high: int, factor: int = 4) -> tuple[int, ...]:
     return tuple(out)
 
 
-def parse_size(text: str) -> int:
-    """"64M", "1GiB", "4096" -> bytes; InputError otherwise."""
-    m = _SIZE.match(text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise InputError(f"{text!r} is not a size (examples: 4096, 64K, 16M, 1G)")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if not 4 <= value <= MAX_SIZE:
-        raise InputError(f"size {text!r} is out of range (4 bytes to 16 GiB)")
-    return value
+def parse_size(text: str, flag: str = "--pair-size") -> int:
+    """"64M", "1GiB", "4096" -> bytes (4 bytes to 16 GiB); InputError (one line) otherwise."""
+    return int(SIZE.parse(text, flag))
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """"1K,1M,64M" or a range "1K:64M" (x4 steps) or "1K:64M:2" (x2 steps)."""
+def parse_sizes(text: str, flag: str = "--sizes") -> tuple[int, ...]:
+    """"1K,1M,64M" or a sweep "1K:64M" (x4 steps) or "1K:64M:2" (x2 steps): never empty, at most MAX_SIZES,
+    each size in range, a sweep never backwards."""
+    if not text.strip():
+        raise InputError(f"{flag} is empty; expected e.g. 1K,1M,64M or 1K:1G")
     if ":" in text:
         parts = text.split(":")
         if len(parts) not in (2, 3):
-            raise InputError(f"{text!r}: a range is LOW:HIGH or LOW:HIGH:FACTOR")
-        factor = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else 4
-        if factor < 2:
-            raise InputError(f"{text!r}: the step factor must be at least 2")
-        return sweep(parse_size(parts[0]), parse_size(parts[1]), factor)
-    return tuple(parse_size(p) for p in text.split(",") if p.strip())
+            raise InputError(f"{flag} {text!r}: a sweep is LOW:HIGH or LOW:HIGH:FACTOR")
+        low, high = parse_size(parts[0], flag), parse_size(parts[1], flag)
+        factor = int(FACTOR.parse(parts[2], f"{flag} (factor)")) if len(parts) == 3 else 4
+        if low > high:
+            raise InputError(f"{flag} {text!r}: the sweep runs backwards ({parts[0]} > {parts[1]})")
+        sizes = sweep(low, high, factor)
+    else:
+        sizes = tuple(parse_size(p, flag) for p in text.split(","))
+    if len(sizes) > MAX_SIZES:
+        raise InputError(f"{flag} {text!r}: {len(sizes)} sizes, more than {MAX_SIZES}")
+    return sizes
 
 
 def human_size(n: int) -> str:

@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import sys
 import typing
 from typing import Any, Literal, Optional, Tuple, Union
 
 from app.model import SCHEMA_NAME, SCHEMA_VERSION, Frame, Snapshot
+
+# Bounds on what a snapshot file may hold: a pid of 30 digits or a time of 1e999 is not data the model can
+# carry on to the analysis and the reports (which format times as dates and sizes as counts).
+MAX_INT = (1 << 63) - 1
+MAX_FLOAT = 1e15  # larger than any time (seconds since 1970), duration, rate or size a snapshot carries
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def to_dict(obj: Any) -> Any:
     """A dataclass tree as plain JSON-able data (tuples become lists)."""
@@ -81,12 +90,19 @@ def _convert(tp: Any, value: Any, frames: dict) -> Any:
         if vt is tp:
             return value
     elif tp is int:
+        if vt is float:
+            if not (math.isfinite(value) and abs(value) <= MAX_INT):
+                raise _Invalid(f"integer {_shown(value)} is out of range (more than 64 bits)")
+            if value.is_integer():  # JSON Schema's "integer" includes 1e12 and 3.0
+                value, vt = int(value), int
         if vt is int:
+            if not -MAX_INT <= value <= MAX_INT:
+                raise _Invalid(f"integer {_shown(value)} is out of range (more than 64 bits)")
             return value
-        if vt is float and value.is_integer():  # JSON Schema's "integer" includes 1e12 and 3.0
-            return int(value)
     elif tp is float:
         if vt is float or vt is int:
+            if not (math.isfinite(value) and abs(value) <= MAX_FLOAT):
+                raise _Invalid(f"number {_shown(value)} is out of range (finite, at most 1e15 in size)")
             return float(value)
     elif origin is Literal:
         if vt is str and value in typing.get_args(tp):
@@ -181,11 +197,32 @@ class SnapshotFormatError(ValueError):
     """A file that is not a hangscope snapshot, or of an unsupported version."""
 
 
+def _bounded_int(text: str) -> Any:
+    """JSON integers of more than 20 digits (a 30-digit pid, a 5000-digit number) are read as floats, never
+    converted to int (int() of thousands of digits is slow, and refused past 4300 since Python 3.11): no field
+    holds such a number, and the codec refuses it as out of range, naming the field."""
+    return int(text) if len(text) <= 20 else float(text)
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """JSON's \\udXXX escapes can make a string Python cannot encode as UTF-8 (a lone surrogate): each becomes
+    U+FFFD, in keys and values, so the snapshot can be printed, exported and written again."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    return value
+
+
 def snapshot_from_json(text: str) -> Tuple[Snapshot, Optional[dict]]:
     """Parse and check a snapshot file's text; every way it can be wrong is a SnapshotFormatError that says
     where. Types are those of docs/snapshot.schema.json (generated from this module's type hints)."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_int=_bounded_int)
+        if _SURROGATE_ESCAPE.search(text):
+            doc = _without_lone_surrogates(doc)
     except RecursionError:
         # the C decoder refuses nesting deeper than the interpreter's recursion limit; no snapshot comes close
         raise SnapshotFormatError(f"not a hangscope snapshot: JSON nested more than {sys.getrecursionlimit()} "

@@ -22,13 +22,15 @@ from app.report.manifest import build_manifest
 from app.report.redact import channel_counts
 from app.report.share import SHARING, Sharer
 from app.report.summary_md import render_summary
-from app.report.writer import (MANIFEST, BundleWriteError, check_destination, write_files, write_tarball)
+from app.report.writer import (MANIFEST, BundleWriteError, check_destination, check_room, tar_bytes, write_files,
+                               write_tarball)
 
 if TYPE_CHECKING:
     from app.analysis import Analysis
 
 SUMMARY, REPORT, SNAPSHOT = "summary.md", "report.html", "snapshot.json"
 SPEEDSCOPE, COLLAPSED, TESTS = "stacks.speedscope.json", "stacks.collapsed.txt", "tests.json"
+BUNDLE_NAMES = (MANIFEST, SUMMARY, REPORT, SNAPSHOT, SPEEDSCOPE, COLLAPSED, TESTS)  # every file a bundle may hold
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,15 @@ class ExportResult:
 
 
 def export_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], out_dir: str, *, force: bool = False,
-                  tar: bool = False, history: Sequence[Snapshot] = (), tests: Any = None) -> ExportResult:
+                  tar: bool = False, history: Sequence[Snapshot] = (), tests: Any = None,
+                  inputs: Sequence[str] = ()) -> ExportResult:
     """Render and write the bundle to out_dir (created 0700), and OUT_DIR.tar.gz too with tar=True.
 
     Raises BundleExistsError (an InputError) when out_dir exists without force, UnsafePathError for a
     symlink or a directory that is not a bundle, BundleWriteError when writing fails part-way: its
-    `bundle` attribute holds everything in memory for write_bundle() to another place."""
-    check_destination(out_dir, force=force, tar=tar)  # refuse before spending time rendering
+    `bundle` attribute holds everything in memory for write_bundle() to another place. `inputs`: files the
+    command reads (the --load snapshot), which the bundle must never replace."""
+    check_destination(out_dir, force=force, tar=tar, names=BUNDLE_NAMES, inputs=inputs)  # before rendering
     return write_bundle(build_bundle(snapshot, analysis, history=history, tests=tests), out_dir, force=force, tar=tar)
 
 
@@ -68,6 +72,11 @@ def write_bundle(bundle: Bundle, out_dir: str, *, force: bool = False, tar: bool
     out_dir = os.path.normpath(out_dir)
     check_destination(out_dir, force=force, tar=tar)
     try:
+        sizes = [len(data) for data in bundle.files.values()]
+        if tar:  # the tarball is measured with the files: a bundle is not written for a tarball that cannot be
+            sizes.append(len(tar_bytes(os.path.basename(out_dir) or "hangscope-report", bundle.files,
+                                       bundle.taken_at)))
+        check_room(out_dir, sizes, pending=bundle.files)
         paths: List[str] = write_files(out_dir, bundle.files, force=force)
         tarball = write_tarball(out_dir, bundle.files, mtime=bundle.taken_at, force=force) if tar else None
     except BundleWriteError as exc:

@@ -19,9 +19,14 @@ _LOGIN_PACKAGES = ("asyncssh", "textual", "psutil", "ClusterShell")
 
 
 def iso(ts: Optional[float]) -> Optional[str]:
+    """The time in ISO 8601 (UTC), None when there is none or it is outside the calendar (a loaded file may
+    say 9e14)."""
     if not ts:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def login_versions() -> Dict[str, str]:

@@ -1,9 +1,11 @@
 """Writing a bundle to disk: a 0700 directory of 0600 files, no symlink followed, nothing overwritten without
 force, and every write failure reported with what was and was not written (the data stays in memory).
 
-Every file is written to a temporary name with O_EXCL|O_NOFOLLOW relative to a directory fd opened with
-O_NOFOLLOW, then renamed over the final name: a rename replaces a symlink planted there instead of writing
-through it, and a half-written file never carries the final name.
+Which paths may be written is app.inputs.paths' one checker (the command line's --snapshot and --json use it
+too), and every file is written its way: a temporary name created O_EXCL|O_NOFOLLOW relative to the directory's
+descriptor (the bundle directory itself opened O_NOFOLLOW), fsync'd, then renamed over the final name: a rename
+replaces a symlink planted inside an earlier bundle instead of writing through it, and a half-written file never
+carries the final name.
 """
 
 from __future__ import annotations
@@ -11,15 +13,13 @@ from __future__ import annotations
 import errno
 import io
 import os
-import secrets
-import stat
 import tarfile
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from app.errors import HangscopeError, InputError
+from app.errors import HangscopeError
+from app.inputs import paths
 
 MANIFEST = "manifest.json"  # its presence marks a directory as an earlier bundle (safe to --force over)
-_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -29,18 +29,10 @@ class ExportError(HangscopeError):
     title = "export failed"
 
 
-class BundleExistsError(InputError):
-    """The export path exists and --force was not given."""
-
-    title = "export path exists"
-    hint = "pass --force to replace an earlier bundle there, or choose another directory"
-
-
-class UnsafePathError(ExportError):
-    """The export path is a symlink, not a directory, or a directory that is not a hangscope bundle."""
-
-    title = "unsafe export path"
-    hint = "choose a new directory: hangscope creates it (0700) and writes the bundle inside"
+# Refusals are the one path checker's (exit 2): an existing path without force, a symlink, a device or a FIFO,
+# a directory that is not a bundle, a system tree, an input of the same command.
+BundleExistsError = paths.OutputExistsError
+UnsafePathError = paths.UnsafeOutputError
 
 
 class BundleWriteError(ExportError):
@@ -59,12 +51,18 @@ class BundleWriteError(ExportError):
         self.bundle: object = None
 
 
-def check_destination(out_dir: str, *, force: bool, tar: bool) -> None:
-    """Refuse before anything is written: an existing path without force, a symlink, a non-bundle dir."""
+def check_destination(out_dir: str, *, force: bool, tar: bool, names: Collection[str] = (),
+                      inputs: Iterable[str] = (), flag: str = "", writable: bool = False) -> None:
+    """Refuse before anything is written: an existing path without force, a symlink, a device or FIFO, a
+    directory that is not a bundle, a file of `names` in it that is not a regular file or is one of `inputs`
+    (with writable, also an unwritable or full directory: the command line's check before collecting)."""
     out_dir = os.path.normpath(out_dir)  # "link/" would make lstat and O_NOFOLLOW follow the link
-    _check_dir(out_dir, force=force)
+    inputs = tuple(inputs)
+    paths.check_dir(out_dir, flag=flag, force=force, marker=MANIFEST, names=names, inputs=inputs,
+                    writable=writable)
     if tar:
-        _check_file(tarball_path(out_dir), force=force)
+        paths.check_file(tarball_path(out_dir), flag="--tar" if flag else "", force=force, inputs=inputs,
+                         writable=writable)
 
 
 def tarball_path(out_dir: str) -> str:
@@ -77,7 +75,8 @@ def write_files(out_dir: str, files: Mapping[str, bytes], *, force: bool) -> Lis
     for name in files:
         if not name or "/" in name or name.startswith(".") or "\0" in name:
             raise ValueError(f"bad bundle file name {name!r}")
-    _check_dir(out_dir, force=force)
+    paths.check_dir(out_dir, force=force, marker=MANIFEST, names=files)
+    check_room(out_dir, [len(data) for data in files.values()], pending=files)
     written: List[str] = []
     try:
         dfd = _open_dir(out_dir)
@@ -86,7 +85,8 @@ def write_files(out_dir: str, files: Mapping[str, bytes], *, force: bool) -> Lis
     try:
         for i, (name, data) in enumerate(files.items()):
             try:
-                _write_at(dfd, name, data)
+                paths.write_at(dfd, name, data, replace=True, replace_links=True,
+                               shown=os.path.join(out_dir, name))
             except OSError as exc:
                 raise _write_error(os.path.join(out_dir, name), exc, written,
                                    dict(list(files.items())[i:])) from exc
@@ -104,19 +104,12 @@ def write_tarball(out_dir: str, files: Mapping[str, bytes], *, mtime: float, for
     """The same files as OUT_DIR.tar.gz (entries under the directory's name, 0600, no owner names)."""
     out_dir = os.path.normpath(out_dir)
     path = tarball_path(out_dir)
-    _check_file(path, force=force)
     data = tar_bytes(os.path.basename(os.path.normpath(out_dir)) or "hangscope-report", files, mtime)
-    parent = os.path.dirname(os.path.abspath(path))
     try:
-        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _write_error(path, exc, [], {os.path.basename(path): data}) from exc
-    try:
-        _write_at(dfd, os.path.basename(path), data)
-    except OSError as exc:
-        raise _write_error(path, exc, [], {os.path.basename(path): data}) from exc
-    finally:
-        os.close(dfd)
+        paths.write_file(path, data, force=force)
+    except paths.WriteError as exc:
+        raise BundleWriteError(str(exc), written=[], pending={os.path.basename(path): data},
+                               errno_=exc.errno) from exc
     return path
 
 
@@ -135,42 +128,6 @@ def _tarinfo(name: str, kind: bytes, mode: int, size: int, mtime: float) -> tarf
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""  # the login user's name is not the recipient's business
     return ti
-
-
-def _check_dir(out_dir: str, *, force: bool) -> None:
-    try:
-        st = os.lstat(out_dir)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ExportError(f"cannot inspect {out_dir}: {exc.strerror or exc}") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(f"{out_dir} is a symlink; refusing to follow it")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{out_dir} exists and is not a directory")
-    if not force:
-        raise BundleExistsError(f"{out_dir} exists; pass --force to replace the bundle in it")
-    try:
-        entries = os.listdir(out_dir)
-    except OSError as exc:
-        raise ExportError(f"cannot read {out_dir}: {exc.strerror or exc}") from exc
-    if entries and MANIFEST not in entries:
-        # --force replaces an earlier bundle; it never scatters files into (and chmods) an unrelated directory
-        raise UnsafePathError(f"{out_dir} is not empty and holds no hangscope bundle ({MANIFEST}); "
-                              "refusing to write into it")
-
-
-def _check_file(path: str, *, force: bool) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(f"{path} is a symlink; refusing to follow it")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{path} exists and is not a regular file")
-    if not force:
-        raise BundleExistsError(f"{path} exists; pass --force to replace it")
 
 
 def _open_dir(out_dir: str) -> int:
@@ -195,34 +152,17 @@ def _open_dir(out_dir: str) -> int:
     return dfd
 
 
-def _write_at(dfd: int, name: str, data: bytes) -> None:
-    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, _OPEN_NEW, 0o600, dir_fd=dfd)
+def check_room(out_dir: str, sizes: Sequence[int], *, pending: Mapping[str, bytes]) -> None:
+    """The whole bundle is measured before its first file: a disk without room for it is a message, never a
+    partial bundle (an existing directory is where it goes, a new one is made in its parent)."""
+    where = out_dir if os.path.isdir(out_dir) else (os.path.dirname(out_dir) or ".")
     try:
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)  # a full disk can surface only here (delayed allocation); report it, not lose data
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+        paths.check_room(where, sizes, shown=out_dir)
+    except paths.WriteError as exc:
+        raise BundleWriteError(str(exc), written=[], pending=pending, errno_=exc.errno) from None
 
 
 def _write_error(path: str, exc: OSError, written: Sequence[str], pending: Mapping[str, bytes]) -> BundleWriteError:
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOSPC:
-        reason = "no space left on the device"
-    elif exc.errno == errno.EROFS:
-        reason = "the filesystem is read-only"
     done = f"; {len(written)} file(s) were written before it" if written else ""
-    return BundleWriteError(f"cannot write {path}: {reason}{done}", written=written, pending=pending,
-                            errno_=exc.errno)
+    return BundleWriteError(f"cannot write {path}: {paths.write_reason(exc)}{done}", written=written,
+                            pending=pending, errno_=exc.errno)

@@ -17,18 +17,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from app.analysis.peers import outside_peers
 from app.model import Snapshot
+from app.transport.files import DEFAULT_CONFIGS, usable
 
 T = TypeVar("T")
 DEADLINE_S = 2.0  # for all the lookups of one pass
 MAX_LOOKUPS = 64  # addresses resolved per pass; more stay unnamed
 MAX_CONFIG_BYTES = 1 << 20
-DEFAULT_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 
 
 def ssh_config_hosts(paths: Optional[Sequence[str]]) -> Dict[str, str]:
     """address -> the first plain `Host` alias (no wildcard) whose `HostName` is that address."""
     out: Dict[str, str] = {}
     for path in paths if paths is not None else DEFAULT_CONFIGS:
+        if not usable(os.path.expanduser(path)):
+            continue  # missing, or a FIFO or a device: opening it could block
         try:
             with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as f:
                 text = f.read(MAX_CONFIG_BYTES)

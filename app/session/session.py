@@ -526,6 +526,11 @@ class Session:
             self._node_failed(node, TransportError("cancelled", f"{node.name}: cancelled during {phase}",
                                                    phase=phase), timings)
         except TransportError as exc:
+            if phase == "discover" and exc.code == "timeout" and self.options.match:
+                # the pattern's own search is the likelier cause than the node (workers/patterns.py)
+                exc = TransportError("timeout", f"{exc.message}; searching the command lines for --match "
+                                     f"{self.options.match!r} may be what took so long: simplify the pattern",
+                                     phase=phase)
             self._node_failed(node, exc, timings, phase)
         except Exception as exc:  # a bug must not take the other nodes down: report it on this node
             self._node_failed(node, TransportError("internal", f"{node.name}: {type(exc).__name__}: {exc}",

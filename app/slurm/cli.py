@@ -28,7 +28,8 @@ def slurm_hosts(args: argparse.Namespace) -> list[HostSpec]:
     """Resolve --slurm into the job's nodes, each to be reached as --transport says; sets `args.srun` (the job
     for srun) and `args.slurm_title` (the TUI's title); InputError when the job cannot be used."""
     if args.hosts or args.nodelist:
-        raise InputError("--slurm finds the job's nodes itself; do not also give HOSTS or -w")
+        given = f"HOSTS {args.hosts}" if args.hosts else f"-w {args.nodelist[0]}"
+        raise InputError(f"--slurm finds the job's nodes itself; do not also give {given}")
     job = resolve_job(args.slurm or None, os.environ)
     if not args.quiet:
         print(f"hangscope: {job.summary()} (from {job.source})", file=sys.stderr)

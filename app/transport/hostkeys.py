@@ -15,6 +15,7 @@ from typing import Optional, Sequence, cast
 import asyncssh
 
 from app.errors import TransportError
+from app.transport.files import usable
 
 DEFAULT_USER_FILES = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_FILES = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -62,10 +63,12 @@ class KnownHostsCache:
         return known
 
     def _load(self, known: asyncssh.SSHKnownHosts, path: str) -> None:
+        if not usable(path):
+            return  # a missing or unreadable file trusts nothing, as with OpenSSH; a FIFO or a device is not read
         try:
             text = Path(path).read_text(encoding="utf-8", errors="replace")
         except OSError:
-            return  # a missing or unreadable file trusts nothing, as with OpenSSH
+            return
         try:
             known.load(text)
         except ValueError:

@@ -23,10 +23,10 @@ from app.errors import TransportError
 from app.transport import bootstrap
 from app.transport.auth import auth_failure
 from app.transport.base import ExitInfo, WorkerConnection
+from app.transport.files import DEFAULT_CONFIGS, usable
 from app.transport.hostkeys import HostKeyCheck, KnownHostsCache, known_hosts_paths
 from app.transport.push import ensure_pyspy
 
-DEFAULT_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 THROTTLE_BACKOFF = 0.25  # seconds before the first retry; doubled each time, with jitter
 
 
@@ -120,7 +120,8 @@ class SshTransport:
         self._sem: Optional[asyncio.Semaphore] = None
         self._known = KnownHostsCache()
         paths = DEFAULT_CONFIGS if options.config_paths is None else options.config_paths
-        self.config_paths = [p for p in (os.path.expanduser(x) for x in paths) if os.access(p, os.R_OK)]
+        # regular files only: a FIFO or a device here would block or never end (the CLI refused them already)
+        self.config_paths = [p for p in (os.path.expanduser(x) for x in paths) if usable(p)]
 
     def host_config(self, host: str, user: Optional[str], port: Optional[int]) -> asyncssh.config.SSHClientConfig:
         """The ssh config as it applies to this host (first value wins across files, as in OpenSSH)."""
@@ -166,6 +167,9 @@ class SshTransport:
             cfg = self.host_config(host, user, port)
         except (OSError, ValueError) as exc:
             raise TransportError("ssh_error", f"{name}: cannot read ssh config: {exc}", phase="connect") from None
+        except RecursionError:
+            raise TransportError("ssh_error", f"{name}: cannot read ssh config: its Includes loop",
+                                 phase="connect") from None
         known = self._known.get(known_hosts_paths(cfg, self.options.known_hosts))
         warnings = list(self._known.warnings)
         delay = THROTTLE_BACKOFF

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 from functools import partial
 from typing import List, Optional, Sequence
 
@@ -17,6 +16,7 @@ from textual.timer import Timer
 
 from app.errors import HangscopeError
 from app.model import CollectOptions
+from app.printable import clock
 from app.ui.core import HangscopeCore
 from app.model import RankKey
 from app.ui.safe import counted
@@ -204,7 +204,7 @@ class CollectMixin(HangscopeCore):
         if view is None:
             self.notify("nothing to export yet", severity="warning")
             return
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(view.snapshot.taken_at))
+        stamp = clock(view.snapshot.taken_at, "%Y%m%d-%H%M%S")
         self.push_screen(PathScreen("Export a report of this snapshot", f"hangscope-{stamp}",
                                     "A directory (created 0700): summary.md, report.html, snapshot.json, flame graphs "
                                     "and the last GPU test's results, safe to share: a value that is not a number, a name or a path of "

@@ -17,6 +17,7 @@ from app.analysis.processes import rank_family
 from app.errors import HangscopeError
 from app.gpu.model import GpuTestResults
 from app.model import NodeStatus, RankSnapshot, Snapshot
+from app.printable import clock
 from app.session import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
 from app.ui.grid_model import RankKey, rank_key
 from app.ui.safe import counted, literal
@@ -205,7 +206,7 @@ class HangscopeCore(App[int]):
         view = self.current_view
         if view is not None:
             snap = view.snapshot
-            taken = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
+            taken = clock(snap.taken_at)
             out.append(f"  {counted(len(snap.nodes), 'node')}  {counted(len(snap.ranks), 'rank')}  "
                        f"snapshot {self.position + 1}/"
                        f"{len(self.history)} at {taken}")

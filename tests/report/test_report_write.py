@@ -150,7 +150,9 @@ def test_a_full_disk_is_reported_and_the_bundle_kept_for_a_retry(tmp_path: Path,
     assert "no space left" in str(err) and "another directory" in err.hint
     assert err.bundle is bundle and err.pending  # what was not written, in memory
     assert set(err.pending) | {Path(p).name for p in err.written} == set(bundle.files)
-    assert not [n for n in os.listdir(small / "out") if n.startswith(".")]  # no half-written temp file left
+    # measured before the first file: nothing written, not even the directory (no partial bundle, no temp file)
+    assert err.written == () and set(err.pending) == set(bundle.files) and "nothing was written" in str(err)
+    assert not (small / "out").exists()
     retry = write_bundle(err.bundle, str(tmp_path / "elsewhere"))  # type: ignore[arg-type]
     for p in retry.paths:
         assert Path(p).read_bytes() == bundle.files[Path(p).name]
