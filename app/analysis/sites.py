@@ -319,8 +319,12 @@ CALL_SITES: Tuple[Site, ...] = (
           syscalls=("read", "select", "pselect6", "poll")),
     _site((), "acquire", "Lock.acquire", "lock", "holder", "waits for a lock another thread holds",
           receiver=r"lock|Lock|Semaphore|RLock|Condition", syscalls=("futex",), timeout="timeout"),
-    _site((), "flock lockf", "fcntl.flock", "file_lock", "lock_holder",
-          "waits for a lock on a file that another process holds", module="fcntl", syscalls=("flock", "fcntl")),
+    _site((), "flock", "fcntl.flock", "file_lock", "lock_holder",
+          "waits for a lock on a file that another process holds", module="fcntl", syscalls=("flock",)),
+    # lockf() is fcntl(F_SETLKW) underneath: a POSIX record lock, held per process (and dropped when it closes any
+    # fd of the file)
+    _site((), "lockf", "fcntl.lockf", "file_lock", "lock_holder",
+          "waits for a POSIX record lock on a file that another process holds", module="fcntl", syscalls=("fcntl",)),
     _site((), "wait get", "store.wait", "store_key", "key_setter",
           "waits in the job's store (TCPStore) until another rank sets the key", receiver=r"Store\b|Store at",
           syscalls=("recvfrom", "recvmsg", "read", "poll", "ppoll", "futex")),

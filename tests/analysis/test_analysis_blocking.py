@@ -136,6 +136,7 @@ def test_the_interpreter_shutting_down_waits_for_its_threads() -> None:
     ('answer = input("overwrite? ")', (), "read", "input()", "terminal"),
     ("lock.acquire()", (("lock", "<_thread.lock at 0x7f2>"),), "futex", "Lock.acquire", "lock"),
     ("fcntl.flock(f, fcntl.LOCK_EX)", (), "flock", "fcntl.flock", "file_lock"),
+    ("fcntl.lockf(fd, fcntl.LOCK_EX)", (), "fcntl", "fcntl.lockf", "file_lock"),  # F_SETLKW underneath
     ('store.wait(["ckpt/ready"])', (("store", "<torch._C._distributed_c10d.TCPStore at 0x7f3>"),), "recvfrom",
      "store.wait", "store_key"),
     ("os.waitpid(pid, 0)", (), "wait4", "os.waitpid", "child"),
