@@ -134,7 +134,9 @@ _HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bau
 # user:pw` (curl, wget). A number after -p is a port (`ssh -p 22`), a path a directory (`mkdir -p /x`).
 _SHORT_P = re.compile(r"(?<![\w\\/.-])-p(?P<sep>[ \t]+(?!-)|)(?P<val>(?P<q>\\?[\"'`])[^\s\"'`]+(?P=q)"
                       r"|[^\s\"'`,;&|)\]}<]+)")
-_USER_PAIR = re.compile(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)(?P<sep>[ \t]+|=)(?P<q>\\?[\"'`]?)"
+# (in a command list's repr, `'-u', 'user:pw'`: the flag's closing quote and the comma are its separator)
+_USER_PAIR = re.compile(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)"
+                        r"(?P<sep>[ \t]+|=|\\?[\"'`][ \t]*,[ \t]*)(?P<q>\\?[\"'`]?)"
                         r"(?P<user>[^\s:\"'`]+):(?P<val>[^\s\"'`]+)")
 
 # -- long high-entropy strings ---------------------------------------------------------------------------------
@@ -271,7 +273,7 @@ def _short_flags(text: str, hits: Optional[Dict[str, int]]) -> str:
         return "-p" + m.group("sep") + pre + MASK + post
 
     def u(m: "re.Match[str]") -> str:
-        if m.group("val") == MASK:
+        if m.group("val") == MASK or _is_number(m.group("val")):  # user:pw, never host:port
             return m.group(0)
         _count(hits, "secret-flag")
         return m.group(0)[:m.start("val") - m.start()] + MASK

@@ -61,7 +61,8 @@ def _export(args: argparse.Namespace) -> Optional[str]:
 
 
 def _strace(args: argparse.Namespace) -> Optional[str]:
-    return None if args.strace else "without --strace SECONDS"
+    # the TUI runs strace on a key press (app/ui/collect.py), with --strace-data's setting
+    return None if args.strace or mode_of(args) == "tui" else "without --strace SECONDS"
 
 
 def _output(args: argparse.Namespace) -> Optional[str]:
@@ -88,7 +89,8 @@ RULES: dict = {
     "export": Rule("--export", _modes("headless", "load")),
     "tar": Rule("--tar", _modes("headless", "load"), _export),
     "force": Rule("--force", _modes("headless", "load", "test"), _output),
-    "raw": Rule("--raw", _modes("headless", "load"), _raw),
+    # with --snapshot or --print only, in whatever mode: said as what it needs, the TUI's and --load's screens too
+    "raw": Rule("--raw", _modes("headless", "load", "tui", "load-tui"), _raw),
     "locals": Rule("--locals/--no-locals", LIVE), "native": Rule("--native", LIVE),
     "nonblocking": Rule("--nonblocking", LIVE), "strace": Rule("--strace", LIVE),
     "strace_data": Rule("--strace-data", LIVE, _strace), "gdb": Rule("--gdb", LIVE), "pids": Rule("--pid", LIVE),

@@ -103,3 +103,24 @@ def test_gpu_test_flags_pass_with_the_tests_that_read_them(argv: list) -> None:
     from app.cli.modes import check_modes, explicit_flags
 
     assert check_modes(build_parser().parse_args(argv), explicit_flags(build_parser, argv)) == "test"
+
+
+@pytest.mark.parametrize("argv,mode", [
+    (["-w", "nodeA", "--strace-data"], "tui"),  # the TUI runs strace on a key press, with this setting
+    (["--pid", "1", "--strace-data"], "tui"),
+    (["-w", "nodeA", "--print", "--raw"], "headless"),
+    (["--load", "x.json", "--print", "--raw"], "load"),
+])
+def test_flags_that_apply_in_a_mode_without_their_headless_companion_pass(argv: list, mode: str) -> None:
+    from app.cli import build_parser
+    from app.cli.modes import check_modes, explicit_flags
+
+    assert check_modes(build_parser().parse_args(argv), explicit_flags(build_parser, argv)) == mode
+
+
+@pytest.mark.parametrize("argv", [["--raw"], ["--raw", "--export", "rep"], ["--load", "x.json", "--raw"],
+                                  ["--load", "x.json", "--export", "rep", "--raw"]])
+def test_raw_needs_a_snapshot_file_or_print_whatever_the_mode(capsys, argv: list) -> None:
+    """--raw lifts default-deny from --snapshot and --print only; an export bundle is always safe to share."""
+    line = _refused(capsys, argv)
+    assert "--raw does nothing without --snapshot FILE or --print (an --export bundle is always default-deny)" in line

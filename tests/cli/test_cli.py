@@ -85,14 +85,6 @@ def test_native_with_nonblocking_is_refused():
     assert "--nonblocking" in res.stderr.decode()
 
 
-@pytest.mark.parametrize("args", [("--raw",), ("--raw", "--export", "rep"), ("--load", "x.json", "--raw")])
-def test_raw_without_a_snapshot_or_print_is_refused(args):
-    """--raw lifts default-deny from --snapshot and --print only; an export bundle is always safe to share."""
-    res = hangscope(*args)
-    assert res.returncode == 2
-    assert "--raw applies to --snapshot FILE and --print" in res.stderr.decode()
-
-
 def test_existing_snapshot_file_is_not_overwritten(tmp_path):
     out = tmp_path / "out.json"
     out.write_text("precious")

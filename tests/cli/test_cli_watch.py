@@ -89,7 +89,7 @@ def test_slurm_is_resolved_by_the_main_commands_rules_before_anything_is_written
     res = watch("--slurm", "12", "--out", str(tmp_path / "out"), env=env)
     assert res.returncode == 2 and "SLURM's scontrol is not on PATH" in res.stderr.decode(), res.stderr.decode()
     res = watch("--slurm", "12", "-w", "node01", "--out", str(tmp_path / "out"))
-    assert res.returncode == 2 and "do not also give HOSTS or -w" in res.stderr.decode(), res.stderr.decode()
+    assert res.returncode == 2 and "--slurm finds the job's nodes itself; do not also give -w node01" in res.stderr.decode(), res.stderr.decode()
     res = watch("-w", "node01", "--transport", "srun", "--out", str(tmp_path / "out"))
     assert res.returncode == 2 and "--transport srun needs --slurm" in res.stderr.decode(), res.stderr.decode()
     assert not (tmp_path / "out").exists()

@@ -237,10 +237,18 @@ def test_live_rank_with_world_size_1e9_is_bounded_with_a_clear_finding(tmp_path)
 
 # -- hosts input ------------------------------------------------------------------------------------------------
 
-def test_dev_zero_as_hosts_file_is_refused_with_a_message() -> None:
+def test_dev_zero_as_hosts_file_is_refused_with_a_message(tmp_path: Path) -> None:
+    # a device is refused before a byte is read; a regular file of zeros larger than any hosts input, at its bound
     res, elapsed = hangscope("/dev/zero", "--print", limit_memory=True, timeout=60)
     assert res.returncode == 2, res.stderr
-    assert "bad hosts input: /dev/zero: more than 32 MiB: larger than any hosts input" in res.stderr
+    assert "bad hosts input: /dev/zero: is a character device, not a regular file" in res.stderr
+    assert "Traceback" not in res.stderr and elapsed <= MARGIN
+    zeros = tmp_path / "hosts.txt"
+    with open(zeros, "wb") as f:
+        f.truncate(64 << 20)  # sparse: reads as 64 MiB of NUL bytes
+    res, elapsed = hangscope(str(zeros), "--print", limit_memory=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert f"bad hosts input: {zeros}: more than 32 MiB: larger than any hosts input" in res.stderr
     assert "Traceback" not in res.stderr and elapsed <= MARGIN
 
 
@@ -285,10 +293,17 @@ def test_slots_of_a_loaded_node_draw_a_bounded_number_of_cells() -> None:
 
 # -- snapshot files ---------------------------------------------------------------------------------------------
 
-def test_dev_zero_as_snapshot_is_refused_at_its_first_bytes() -> None:
+def test_dev_zero_as_snapshot_is_refused_at_its_first_bytes(tmp_path: Path) -> None:
     res, elapsed = hangscope("--load", "/dev/zero", "--print", limit_memory=True, timeout=60)
     assert res.returncode == 2, res.stderr
-    assert "bad input: /dev/zero is not a hangscope snapshot (not JSON" in res.stderr
+    assert "bad input: --load /dev/zero: is a character device, not a regular file" in res.stderr
+    assert "Traceback" not in res.stderr and elapsed <= MARGIN
+    zeros = tmp_path / "snap.json"
+    with open(zeros, "wb") as f:
+        f.truncate(64 << 20)
+    res, elapsed = hangscope("--load", str(zeros), "--print", limit_memory=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert f"bad input: {zeros} is not a hangscope snapshot (not JSON" in res.stderr
     assert "Traceback" not in res.stderr and elapsed <= MARGIN
 
 

@@ -65,8 +65,10 @@ def test_a_d_state_rank_is_named_with_its_wait_and_file_and_no_blocking_tool_run
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f"{cluster.names[0]}\n")
     out = tmp_path / "snap.json"
-    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--snapshot", str(out), "--samples", "1",
-                     "--timeout", "5", "--strace", "1", "--gdb"], cluster, timeout=240, cwd=str(REPO))
+    # --raw: the test reads back what was collected (the stalled file's path), not what a shared file may show
+    res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--snapshot", str(out),
+                     "--raw", "--samples", "1", "--timeout", "5", "--strace", "1", "--gdb"], cluster, timeout=240,
+                    cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     snap, analysis = snapshot_from_json(out.read_text())
     (rank,) = snap.ranks

@@ -85,7 +85,7 @@ def test_spawned_ranks_are_found_and_numbered_from_the_jobs_store(spawn_job, tmp
     # the analysis speaks of rank numbers, and names the one the others wait for
     # ... and why: its main thread blocked in `Event.wait` (nothing else in the process can set the event)
     assert re.match(rf"hangscope: Rank {WORLD - 1} \(pid \d+ on node0\d\) is blocked in `Event.wait` at "
-                    r"`demo_basic` \(spawn_job.py:\d+\)", stdout), stdout
+                    r"`demo_basic` \(spawn_job.py:\d+\)", " ".join(stdout.split())), stdout
 
 
 def test_without_the_store_the_number_comes_from_the_spawn_targets_rank_argument(spawn_job, tmp_path) -> None:

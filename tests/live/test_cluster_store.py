@@ -112,7 +112,7 @@ def test_every_rank_is_numbered_from_the_store_and_the_store_is_left_as_it_was(j
     assert not any("store" in a for r in found.values() if r is not host for a in r.actions)
     last = len(truth) - 1
     assert re.match(rf"hangscope: Rank {last} \(pid {truth[last]['pid']} on {truth[last]['node']}\) is blocked in "
-                    r"`Event.wait` at `main_worker` \(spawn_nodes_job.py:\d+\)", stdout), stdout
+                    r"`Event.wait` at `main_worker` \(spawn_nodes_job.py:\d+\)", " ".join(stdout.split())), stdout
     # the culprit's recent error output (its own stderr file), read on its node, redacted there (issue 16.5)
     err = f"{truth[last]['ready']}.rank{last}.err"
     section = stdout.split("Recent error output (read on the nodes, redacted):\n", 1)[1]

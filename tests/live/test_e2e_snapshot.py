@@ -20,7 +20,9 @@ pytestmark = pytest.mark.cluster
 
 
 def hangscope_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app", *UNHURRIED_LOGIN, *args]
+    """A collection gets the unhurried login deadline; --load connects to nothing, and refuses login flags."""
+    login = () if "--load" in args else UNHURRIED_LOGIN
+    return [sys.executable, "-m", "app", *login, *args]
 
 
 @pytest.fixture(scope="module")

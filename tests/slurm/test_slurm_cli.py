@@ -9,12 +9,12 @@ from app.cli import EXIT_INPUT, main
 
 def test_transport_srun_needs_a_job(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--transport", "srun", "-w", "node01", "--print"]) == EXIT_INPUT
-    assert "--transport srun needs --slurm" in capsys.readouterr().err
+    assert "--transport does nothing without --slurm" in capsys.readouterr().err
 
 
 def test_slurm_and_hosts_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--slurm", "12", "-w", "node01", "--print"]) == EXIT_INPUT
-    assert "do not also give HOSTS or -w" in capsys.readouterr().err
+    assert "--slurm finds the job's nodes itself; do not also give -w node01" in capsys.readouterr().err
 
 
 def test_slurm_without_slurm_installed_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path,

@@ -141,6 +141,18 @@ def test_short_flags_url_forms_and_netrc_lines(argv: list, expected: list) -> No
     assert redact_argv(argv) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    # a command list's repr (a local, a log line): the flag and its value are items of the list
+    ("['curl', '-u', 'ops:v3lvet7harbor', 'https://x']", "['curl', '-u', 'ops:***', 'https://x']"),
+    ('["wget", "--user", "ops:v3lvet7harbor"]', '["wget", "--user", "ops:***"]'),
+    ("curl -u ops:v3lvet7harbor https://x", "curl -u ops:*** https://x"),
+    # host:port and name:version stay
+    ("['psql', '-U', 'db:5432']", "['psql', '-U', 'db:5432']"), ("['pip', '--user', 'torch:2.1']", None),
+])
+def test_user_password_pairs_in_text_and_in_command_lists(text: str, expected: str) -> None:
+    assert redact_text(text) == (text if expected is None else expected)
+
+
 def _random_letter_tokens(n: int, length: int, seed: int) -> list:
     import random
     import string
