@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
     from workers.protocol import CollectDone, DetailDone, DiscoverDone, DumpDone, DumpItem, PingDone, PushToolDone
+    from workers.protocol import RetireDone
 
 from workers import compact as compaction
 from workers import discover as discovery
@@ -28,6 +30,39 @@ from workers.request import Cancelled, OpError, Request
 
 def ping(req: Request) -> PingDone:
     return {"pong": True, "time": time.time()}
+
+
+def retire(req: Request) -> RetireDone:
+    """End an earlier worker of this session whose connection was lost (a cut link never delivers its EOF, so it
+    would wait for requests until the node's sshd noticed, which may be never). Only a process of this worker's
+    user running this worker's very command line (the session's first stage, its options included) is ended:
+    never a rank, never another session's worker."""
+    pid = req.arg_int("pid", required=True) or 0
+    if pid <= 1 or pid == os.getpid():
+        return {"retired": False, "why": "not an earlier worker"}
+    try:
+        mine = procinfo.read_file("/proc/self/cmdline")
+        theirs = procinfo.read_file("/proc/%d/cmdline" % pid)
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return {"retired": False, "why": "gone"}
+    if uid != os.getuid() or not mine or theirs != mine:
+        return {"retired": False, "why": "not a worker of this session"}
+    try:
+        os.kill(pid, signal.SIGTERM)  # a worker has no handler: it ends; its tools die with their timeouts
+    except OSError as exc:
+        return {"retired": False, "why": str(exc)}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    return {"retired": True, "why": "ended with SIGTERM"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return procinfo.stat_fields(pid)[2] not in ("Z", "X")
+    except (procinfo.Gone, OSError, IndexError):
+        return False
 
 
 def push_tool(req: Request) -> PushToolDone:
@@ -388,6 +423,7 @@ HANDLERS: Dict[str, Callable[[Request], Mapping[str, Any]]] = {
     protocol.DISCOVER.name: discover,
     protocol.STORE_RANKS.name: store_ranks,
     protocol.PING.name: ping,
+    protocol.RETIRE.name: retire,
     protocol.PUSH_TOOL.name: push_tool,
     **__import__("workers.ops_gpu", fromlist=["HANDLERS"]).HANDLERS,  # GPU tests: workers/ops_gpu.py
 }

@@ -35,6 +35,10 @@ goes on. EOF on stdin: the worker kills everything it started and exits.
 
 Ops (args -> items / done):
     ping      {}                                  -> done {"pong": true, "time": float}
+    retire    {"pid": int}                        -> done {"retired": bool, "why": str}: ends an earlier worker of
+                                                     this session on the node (one whose connection was lost, so
+                                                     it never saw EOF), only if it runs as this worker's user with
+                                                     this worker's very command line
     discover  {"pids": [int] | None, "match": str, "timeouts": bool, "gpus": bool (default true: nvidia-smi's
                GPU use per rank)}
                                                   -> item per rank: RankInfo dict (see workers/discover.py),
@@ -300,6 +304,13 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
         pong: bool
         time: float
 
+    class RetireArgs(TypedDict):
+        pid: int  # the earlier worker (its hello's pid)
+
+    class RetireDone(TypedDict, total=False):
+        retired: bool
+        why: str  # why not, or how it ended
+
     class _Sudo(TypedDict, total=False):
         sudo: bool  # run tools (and read /proc) as root with `sudo -n` where the worker's user may not
 
@@ -544,6 +555,7 @@ class Op(_Typed[ArgsT, ItemT, DoneT]):
 
 # Every op, once: the worker's handlers are registered under these names (workers/ops.py, workers/server.py).
 PING: Op[NoArgs, NoItem, PingDone] = Op("ping")
+RETIRE: Op[RetireArgs, NoItem, RetireDone] = Op("retire")
 DISCOVER: Op[DiscoverArgs, RankInfo, DiscoverDone] = Op("discover")
 DUMP: Op[DumpArgs, DumpItem, DumpDone] = Op("dump")
 COLLECT: Op[CollectArgs, CollectItem, CollectDone] = Op("collect")
@@ -562,7 +574,7 @@ NET_PROBE: Op[NetProbeArgs, NoItem, NetProbeDone] = Op("net_probe")
 GPU_PYTHON: Op[GpuPythonArgs, NoItem, GpuPythonDone] = Op("gpu_python")
 GPU_INVENTORY: Op[NoArgs, NoItem, GpuReading] = Op("gpu_inventory")
 OPS: Dict[str, Op[Any, Any, Any]] = {op.name: op for op in (
-    PING, DISCOVER, DUMP, COLLECT, STRACE, GDB, DETAIL, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH,
+    PING, RETIRE, DISCOVER, DUMP, COLLECT, STRACE, GDB, DETAIL, STORE_RANKS, PUSH_TOOL, GO, CANCEL, SHUTDOWN, GPU_LAUNCH,
     GPU_STOP, GPU_PORTS, NET_PROBE, GPU_PYTHON, GPU_INVENTORY)}
 COLLECT_ITEM_KEYS: Tuple[CollectItemKey, ...] = ("rank", "discovered", "dump", "process_dump", "gpu_evidence",
                                                  "stacks")

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a 
                                   DumpOptions, GdbArgs, GdbDone, RankInfo, StraceArgs, StraceDone)
 
 DISCOVER_TIMEOUT = 30.0
+RETIRE_TIMEOUT = 5.0  # the new worker ending the one of a lost connection (workers/ops.py retire)
 SOURCE_CONTEXT = 3  # source lines shown either side of a frame's current line
 STRACE_MAX_LINES = 20000
 KEEP_WORKER_ENV = "HANGSCOPE_KEEP_WORKER"  # debug: a directory on each node to keep the worker's sources in
@@ -66,6 +67,8 @@ class _Node:
     # the node's clock minus the login side's, estimated when discovery answered (within the link's one-way
     # latency): dump times are given on the login clock so that nodes compare
     clock_offset: float = 0.0
+    # the worker of a connection that was lost (a cut link never delivers its EOF): the next worker ends it
+    orphan: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -574,6 +577,17 @@ class Session:
             node.conn = conn
             timings.update({k: v for k, v in conn.timings.items() if k != "total"})
             self._update(node, info=replies.node_info(conn.hello), warnings=tuple(conn.warnings))
+            if node.orphan is not None:
+                await self._retire(node, conn, node.orphan)
+
+    async def _retire(self, node: _Node, conn: WorkerConnection, pid: int) -> None:
+        """End the worker of the node's lost connection through the new one (workers/ops.py retire: only that
+        worker, by its pid, user and command line); bounded, and never a reason to fail the pass."""
+        node.orphan = None
+        try:
+            await conn.request(protocol.RETIRE({"pid": pid}), timeout=RETIRE_TIMEOUT).collect()
+        except TransportError:
+            pass  # the lost worker ends when its sshd notices, as before
 
     async def _open(self, node: _Node) -> WorkerConnection:
         if self._connector is None:
@@ -628,6 +642,8 @@ class Session:
         conn = node.conn
         if conn is not None and (conn.closed or conn.error is not None):
             node.conn = None  # the worker is gone: the next pass starts a new one
+            if conn.pid is not None and exc.code == "lost":  # unreachable, maybe still running there
+                node.orphan = conn.pid
             self._spawn_close(conn)
         # Ranks found but not dumped keep what arrived, marked partial with the node's reason.
         for pid, rank in list(node.ranks.items()):

@@ -23,6 +23,7 @@ ARG_METHODS = {"arg_int", "arg_float", "arg_bool", "arg_str", "arg_list"}
 # Where the worker reads a request's arguments, and whose arguments they are (a TypedDict of workers/protocol.py).
 # A new place that reads arguments must be added here: it says which op's arguments it reads.
 READS: Dict[Tuple[str, str], str] = {
+    ("workers/ops.py", "retire"): "RetireArgs",
     ("workers/ops.py", "push_tool"): "PushToolArgs",
     ("workers/ops.py", "_discover"): "DiscoverArgs",
     ("workers/ops.py", "dump"): "DumpArgs",

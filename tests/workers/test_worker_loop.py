@@ -51,6 +51,32 @@ def test_ping_unknown_op_and_cancel_of_nothing_keep_the_worker_running() -> None
         assert w.close() == 0
 
 
+def test_retire_ends_the_worker_of_a_lost_connection_and_nothing_else() -> None:
+    """A cut link never delivers EOF to the worker at its end: the session's next worker on the node ends it by
+    its pid. Only a process of the same user running the very same command line is ended."""
+    import subprocess
+    import time
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with WorkerProc() as lost, WorkerProc() as new:
+            _, done = new.call("retire", {"pid": other.pid})  # not a worker: left alone
+            assert done["data"] == {"retired": False, "why": "not a worker of this session"}
+            assert other.poll() is None
+            _, done = new.call("retire", {"pid": new.proc.pid})
+            assert done["data"]["retired"] is False
+            _, done = new.call("retire", {"pid": lost.proc.pid})
+            assert done["data"] == {"retired": True, "why": "ended with SIGTERM"}
+            deadline = time.monotonic() + 5
+            while lost.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert lost.proc.poll() is not None, "the lost connection's worker still runs"
+            _, done = new.call("ping")  # the new one goes on
+            assert done["type"] == "done"
+    finally:
+        other.kill()
+        other.wait()
+
 @pytest.mark.parametrize("line", [b"not json\n", b"[1, 2]\n", b'{"op": "ping"}\n', b'{"id": 1}\n',
                                   b'{"id": true, "op": "ping"}\n', b'{"id": 1, "op": "ping", "args": 3}\n'])
 def test_malformed_line_is_answered_then_the_worker_exits(line: bytes) -> None:
