@@ -81,8 +81,9 @@ def hangscope(cluster: Cluster, tmp: Path, *flags: str) -> tuple[str, object]:
     hosts = tmp / "hosts.txt"
     hosts.write_text("".join(f"{n}\n" for n in cluster.names))
     out = tmp / "snap.json"
+    # --raw: the tests read back what was collected (the ranks' stderr paths), not what a shared file may show
     res = run_login([sys.executable, "-m", "app", str(hosts), *UNHURRIED_LOGIN, "--print", "--force", "--samples", "1",
-                     "--snapshot", str(out), *flags], cluster, timeout=240, cwd=str(REPO))
+                     "--snapshot", str(out), "--raw", *flags], cluster, timeout=240, cwd=str(REPO))
     assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     return res.stdout, snapshot_from_json(out.read_text())[0]
 
