@@ -46,6 +46,7 @@ for _p in (str(REPO), str(SUPPORT)):  # as a script: the repo (app) and the test
 
 from cluster import UNHURRIED_LOGIN, Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import JOB_SCRIPT, MARK, PYTHON, Job, RankLoc, _finish, _free_port, _launch, _main_thread, start_job  # noqa: E402
+from cpu_cap import CpuCap  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from app.model import Snapshot, ThreadStack  # noqa: E402
@@ -292,56 +293,6 @@ def freeze(pid: int, version: int = 0) -> Any:
         thaw()
         raise
     return thaw
-
-
-class CpuCap:
-    """A cgroup that caps its processes to `share` of one CPU: v2 cpu.max where the cpu controller is on the
-    unified hierarchy, else v1 cpu.cfs_quota_us. Created here, emptied and removed on exit."""
-
-    PERIOD_US = 100_000
-
-    def __init__(self, share: float) -> None:
-        self.quota = int(self.PERIOD_US * share)
-        name = f"hangscope-slow-{os.urandom(3).hex()}"
-        v2 = Path("/sys/fs/cgroup")
-        if "cpu" in _read(v2 / "cgroup.controllers").split():
-            self.root, self.v2 = v2, True
-        else:
-            self.root, self.v2 = Path("/sys/fs/cgroup/cpu"), False
-        self.path = self.root / name
-
-    def __enter__(self) -> "CpuCap":
-        self.path.mkdir()
-        if self.v2:
-            (self.path / "cpu.max").write_text(f"{self.quota} {self.PERIOD_US}")
-        else:
-            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(self.quota))
-        return self
-
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def __exit__(self, *exc: object) -> None:
-        for line in _read(self.path / "cgroup.procs").split():
-            with contextlib.suppress(OSError):
-                (self.root / "cgroup.procs").write_text(line)  # back to the root: uncapped
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def start_spawn(cluster: Cluster, scenario: Scenario, timeout: float) -> Job:
