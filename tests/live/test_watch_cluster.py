@@ -38,6 +38,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("t
 
 DDP = Path(jobs_mod.__file__).resolve().parent / "ddp_train.py"  # beside jobs.py (tests/ or tests/support/)
 EVERY, STALL = 2.0, 12.0
+# The job trains on a small share of the CPU (its step a few ms of compute, then a sleep), so the other tests on
+# this 2-core machine keep theirs; a rank capped to 3 % of a CPU still takes several times its step.
+LIGHT = ("--width", "96", "--batch", "8", "--step-delay", "0.1")
 LOGIN = ("--connect-timeout", "30")  # a loaded machine's key exchange is not what these tests are about
 
 
@@ -113,7 +116,8 @@ def cluster(cluster_factory: Callable[..., Cluster]) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def training(cluster: Cluster) -> Iterator[Job]:
     """One healthy DDP job (tests/ddp_train.py) shared by the tests that leave it training."""
-    job = start_job(cluster, "ddp-train", nodes=4, ranks_per_node=2, script=DDP, wait=False, timeout=240)
+    job = start_job(cluster, "ddp-train", nodes=4, ranks_per_node=2, script=DDP, wait=False, timeout=240,
+                    extra_args=LIGHT)
     try:
         yield job
     finally:

@@ -5,7 +5,7 @@ tests/live/test_oss_cluster.py); this stand-in writes ready lines and takes flag
 matters to hangscope is kept from nanoGPT: DDP (gloo here) whose gradient all_reduce runs inside
 `loss.backward()`, gradient accumulation that syncs only on the last micro step, and the training loop at module
 level (`while True:`) with its counters (`iter_num`) as module globals, which py-spy's --locals does not show.
-Runs under torchrun: `torchrun ... tests/support/ddp_train.py [--accum N] [--batch N] [--width N]`.
+Runs under torchrun: `torchrun ... tests/support/ddp_train.py [--accum N] [--batch N] [--width N] [--step-delay S]`.
 With env HANGSCOPE_READY_FILE set, each rank appends its ready line (like app/demo/job.py) after a few steps.
 """
 
@@ -25,6 +25,9 @@ parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--width", type=int, default=192)
 parser.add_argument("--log-interval", type=int, default=10)
 parser.add_argument("--max-iters", type=int, default=10**9)
+parser.add_argument("--step-delay", type=float, default=0.0,
+                    help="seconds each rank sleeps after an optimizer step (a job that trains on a small share of "
+                         "the CPU, as one waiting on its input pipeline does; 0: as fast as it can)")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -63,6 +66,8 @@ while True:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
+    if args.step_delay:
+        time.sleep(args.step_delay)
     if iter_num % args.log_interval == 0 and rank == 0:
         t1 = time.time()
         print(f"iter {iter_num}: loss {loss.item() * args.accum:.4f}, {args.log_interval / (t1 - t0):.1f} it/s",
