@@ -271,6 +271,11 @@ class Session:
             await asyncio.gather(*(one(n, by_node[n.name]) for n in self._nodes if n.name in by_node))
             return self.current()
 
+    def locals_trimmed(self) -> bool:
+        """Whether a pass keeps per rank only the locals the analysis reads (collected with locals, past
+        ALL_LOCALS_NODES nodes): then detail() fetches a rank's others from its node."""
+        return self.options.collect.locals and len(self._nodes) > ALL_LOCALS_NODES
+
     async def detail(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
         """These ranks with every local of their last dump: a pass keeps per rank only the locals the analysis
         reads (the compact protocol), the node keeps the rest for this (the TUI's rank view). A rank whose node

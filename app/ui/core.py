@@ -283,3 +283,34 @@ class HangscopeCore(App[int]):
                 if rank is not None:
                     screen.update(rank, self.drill_summary(rank), view.snapshot.options.locals,
                                   rank_family(view.snapshot, rank))
+                    self.fetch_detail(screen.key)
+
+    def fetch_detail(self, key: RankKey) -> None:
+        """A large job's pass carries only the locals the analysis reads; the rank view asks the rank's node for
+        the rest of its last dump (Session.detail) and shows them when they come. Never during a collection."""
+        if not self.source.live or self.collecting or not self.source.locals_trimmed():
+            return
+        for screen in self.screen_stack:
+            if isinstance(screen, DrillScreen) and screen.key == key:
+                screen.set_locals_note("only the locals the analysis reads so far; the rest are being read from "
+                                       f"{screen.rank.node}")
+        self.run_worker(self._detail(key), group=f"detail-{key[0]}-{key[1]}", exclusive=True, exit_on_error=False)
+
+    async def _detail(self, key: RankKey) -> None:
+        try:
+            found = await self.source.detail([key])
+        except Exception as exc:  # shown, never fatal: the trimmed locals stay on screen
+            found = []
+            self.show_error(exc, title="reading every local failed")
+        full = next((r for r in found if rank_key(r) == key), None)
+        view = self.current_view
+        for screen in self.screen_stack:
+            if isinstance(screen, DrillScreen) and screen.key == key:
+                if full is None or full == screen.rank:
+                    screen.set_locals_note("the node sent no other locals for this rank (it had none, or its dump "
+                                           "was replaced by a newer pass): press r to dump it again")
+                    continue
+                screen.set_locals_note("")
+                screen.update(full, self.drill_summary(full),
+                              view.snapshot.options.locals if view is not None else None,
+                              rank_family(view.snapshot, full) if view is not None else None)

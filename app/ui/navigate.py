@@ -50,6 +50,7 @@ class NavigateMixin(HangscopeCore):
         self.push_screen(DrillScreen(rank, self.drill_summary(rank),
                                      view is not None and view.snapshot.options.locals,
                                      rank_family(view.snapshot, rank) if view is not None else ()))
+        self.fetch_detail(rank_key(rank))
 
     # -- diff and tree ---------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from app.analysis.output import age_text
 from app.model import Frame, RankSnapshot, ThreadStack
-from app.ui.safe import NAME_LIMIT, VALUE_LIMIT, clean, lines, literal
+from app.ui.safe import NAME_LIMIT, VALUE_LIMIT, clean, gdb_lines, lines, literal, run_name
 
 DIM = "dim"
 HEAD = "bold"
@@ -39,7 +39,7 @@ def thread_header(t: ThreadStack) -> Text:
     out.append(f"thread {t.tid}", style=HEAD)
     if t.name:
         out.append(" ")
-        out.append_text(literal(t.name, 60))
+        out.append_text(literal(run_name(t.name), 60))
     flags = [f for f, on in (("main", t.is_main), ("active", t.active), ("holds GIL", t.owns_gil)) if on]
     if flags:
         out.append(f"  ({', '.join(flags)})", style=DIM)
@@ -144,7 +144,7 @@ def strace_text(rank: RankSnapshot) -> Text:
 def gdb_text(rank: RankSnapshot) -> Text:
     if rank.gdb is None:
         return Text("Not collected. Press g for a gdb backtrace of this rank (stops it ~3 s).", style=DIM)
-    return lines(rank.gdb)
+    return gdb_lines(rank.gdb)
 
 
 def proc_text(rank: RankSnapshot, family: Sequence[str] = ()) -> Text:

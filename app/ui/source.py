@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from app.gpu.options import GpuTestOptions
 from app.hosts import HostSpec
@@ -49,6 +49,14 @@ class SessionSource(Protocol):
     async def strace(self, ranks: Sequence[RankKey], seconds: float) -> Snapshot: ...
 
     async def gdb(self, ranks: Sequence[RankKey]) -> Snapshot: ...
+
+    def locals_trimmed(self) -> bool:
+        """Whether the ranks carry only the locals the analysis reads (a large job): detail() has the rest."""
+        ...
+
+    async def detail(self, ranks: Sequence[RankKey]) -> List[RankSnapshot]:
+        """These ranks with every local of their last dump, read from their nodes (the rank view's Locals)."""
+        ...
 
     def cancel(self) -> None: ...
 
@@ -113,6 +121,12 @@ class LiveSource:
         await self.session.gdb(list(ranks))
         return self.session.current()
 
+    def locals_trimmed(self) -> bool:
+        return self.session.locals_trimmed()
+
+    async def detail(self, ranks: Sequence[RankKey]) -> List[RankSnapshot]:
+        return await self.session.detail(list(ranks))
+
     def cancel(self) -> None:
         self.session.cancel()
 
@@ -127,11 +141,15 @@ class ReplaySource:
     """Replays recorded snapshots through the Session's events: each snapshot()/refresh() emits the next one
     (nodes, then ranks, then SnapshotDone); the last one repeats. strace/gdb answer from the recording."""
 
-    def __init__(self, snapshots: Sequence[Snapshot], *, live: bool = True) -> None:
+    def __init__(self, snapshots: Sequence[Snapshot], *, live: bool = True,
+                 details: Optional[Dict[RankKey, RankSnapshot]] = None) -> None:
         if not snapshots:
             raise ValueError("ReplaySource needs at least one snapshot")
         self.snapshots: List[Snapshot] = list(snapshots)
         self.live = live
+        # what detail() answers: ranks with every local, as a node keeps them for a large job (trimmed then)
+        self.details: Dict[RankKey, RankSnapshot] = dict(details or {})
+        self.trimmed = bool(self.details)
         self.options = snapshots[0].options
         self.calls: List[Tuple[str, object]] = []  # what the UI asked for, in order (tests read it)
         self.cancelled = 0
@@ -197,6 +215,22 @@ class ReplaySource:
         recorded = {rank_key(r): r for s in self.snapshots for r in s.ranks if r.gdb is not None}
         return await self._tool("gdb", ranks, lambda r: dataclasses.replace(
             r, gdb=recorded[rank_key(r)].gdb) if rank_key(r) in recorded else r)
+
+    def locals_trimmed(self) -> bool:
+        return self.trimmed
+
+    async def detail(self, ranks: Sequence[RankKey]) -> List[RankSnapshot]:
+        """The recorded full ranks (`details`) for those asked about, else the rank as the last snapshot has it."""
+        self.calls.append(("detail", tuple(ranks)))
+        current = {rank_key(r): r for r in self._current.ranks} if self._current is not None else {}
+        out = []
+        for key in ranks:
+            rank = self.details.get(key) or current.get(key)
+            if rank is not None:
+                if key in self.details:
+                    self._emit(RankUpdate(rank))
+                out.append(rank)
+        return out
 
     def cancel(self) -> None:
         self.cancelled += 1

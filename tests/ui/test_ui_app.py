@@ -429,3 +429,55 @@ async def test_d_in_the_drill_down_diffs_against_the_majority():
         await pilot.press("enter")
         await pilot.pause()
         assert app.main.query_one("#filter").has_class("-shown")
+
+
+def _with_local(rank, name: str, value: str):
+    """The rank with one more local in its main thread's `train` frame (what the node kept back in a large job)."""
+    from app.model import Local
+    threads = []
+    for t in rank.threads:
+        frames = tuple(dataclasses.replace(f, locals=f.locals + (Local(name, value),)) if f.function == "train" else f
+                       for f in t.frames)
+        threads.append(dataclasses.replace(t, frames=frames))
+    return dataclasses.replace(rank, threads=tuple(threads))
+
+
+async def test_a_large_jobs_rank_view_reads_every_local_from_the_node():
+    """Past 64 nodes a pass carries only the locals the analysis reads; drilling into a rank asks its node for the
+    rest (Session.detail) and the Locals tab shows them, saying so while they are read."""
+    from app.model import CollectOptions
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
+    snap = dataclasses.replace(snap, options=CollectOptions(locals=True))
+    rank = snap.rank_by_number(3)
+    full = _with_local(rank, "grad_norm_history", "[0.91, 0.88, 0.87]")
+    source = ReplaySource([snap], details={rank_key(rank): full})
+    app = HangscopeApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        at_rank(app, 3)
+        await pilot.press("enter", "2")
+        await until(pilot, lambda: "grad_norm_history" in screen_text(app), "the locals read from the node")
+        assert ("detail", (rank_key(rank),)) in source.calls
+        text = screen_text(app)
+        assert "grad_norm_history = [0.91, 0.88, 0.87]" in text and re.search(r"step +=  ?6", text), text
+        assert "being read from" not in text  # the note goes once they are there
+        await pilot.press("escape")
+        at_rank(app, 2)
+        other = app.current_rank()
+        await pilot.press("enter", "2")
+        await until(pilot, lambda: ("detail", (rank_key(other),)) in source.calls, "the second rank's detail")
+        await settle(pilot)
+        assert "the node sent no other locals for this rank" in screen_text(app)  # nothing more: said, not hidden
+
+
+async def test_a_small_jobs_rank_view_asks_no_node_for_locals():
+    snap = build_snapshot(nodes=2, per_node=2, culprit=3)
+    source = ReplaySource([snap])  # every local travelled with the pass
+    app = HangscopeApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        at_rank(app, 3)
+        await pilot.press("enter", "2")
+        await settle(pilot)
+        assert "step   = 6" in screen_text(app)
+        assert not [c for c in source.calls if c[0] == "detail"]

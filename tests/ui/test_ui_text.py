@@ -89,3 +89,48 @@ def test_locals_tab_and_report_mark_module_globals_read_from_memory():
     assert any(line.strip().startswith("x") and line.endswith("= 1") for line in shown), shown
     html = frames_table((step, module))
     assert "iter_num (global) = 41" in html and "x = 1" in html
+
+
+# -- names the job chose at run time: on screen by the default-deny rule of what is shared ---------------------
+
+READABLE = ["MainThread", "pt_autograd_0", "Thread-3 (_worker)", "python3", "metrics-uploader", "ProcessGroupGloo",
+            "dataloader_worker-2"]
+
+
+def _random_names(n: int = 60, length: int = 15) -> list:
+    """OS thread names of random letters alone (no digit, no case change): nothing in them says secret."""
+    import random
+    rnd = random.Random(25)
+    return ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length)) for _ in range(n)]
+
+
+def _gdb_rank(names: list):
+    import dataclasses
+    rank = build_snapshot(nodes=1, per_node=1, gdb=True).rank_by_number(0)
+    head = "\n".join(f'Thread {i + 2} (Thread 0x7f00{i:04x} (LWP {100 + i}) "{n}"):\n'
+                     f'#0  0x00007f3a in __futex_abstimed_wait_common () from /lib/libc.so.6' for i, n in enumerate(names))
+    listing = "\n".join(f'* {i + 1}    Thread 0x7f00{i:04x} (LWP {100 + i}) "{n}" 0x00007f3a in epoll_wait ()'
+                        for i, n in enumerate(names))
+    threads = tuple(dataclasses.replace(rank.threads[0], tid=100 + i, name=n) for i, n in enumerate(names))
+    return dataclasses.replace(rank, gdb=f"{head}\n{listing}\n#1  0x00007f3b in recv (buf=<21 bytes>)", threads=threads)
+
+
+def test_thread_names_a_job_chose_show_when_they_read_like_names_and_hashed_otherwise():
+    from workers.cleartext import clear_word
+    randoms = _random_names()
+    rank = _gdb_rank(READABLE + randoms)
+    screens = {"gdb": rank_text.gdb_text(rank).plain, "threads": rank_text.threads_text(rank).plain,
+               "proc": rank_text.proc_text(rank).plain}
+    for tab, shown in screens.items():
+        for name in READABLE:
+            assert name in shown, (tab, name)
+        hidden = [n for n in randoms if n not in shown]
+        # the screen follows the shared files' rule exactly: a random name that happens to read like a name stays
+        assert hidden == [n for n in randoms if not clear_word(n)], tab
+        assert len(hidden) >= 50, f"{tab}: only {len(hidden)} of {len(randoms)} random names hidden"
+    gdb = screens["gdb"]
+    assert gdb.count("len=15 #") >= 2 * 50  # each hidden name as its length and a hash, in both header shapes
+    one = next(n for n in randoms if not clear_word(n))
+    tokens = {line[line.index('"<'):line.index('>"') + 2] for line in gdb.splitlines() if f"(LWP {100 + len(READABLE) + randoms.index(one)})" in line}
+    assert len(tokens) == 1, f"the same name hashes the same in every header: {tokens}"
+    assert "#1  0x00007f3b in recv (buf=<21 bytes>)" in gdb  # lines that are not thread headers stay as they were

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
@@ -59,10 +60,21 @@ class DrillScreen(WatchesSize, Screen[None]):
         self.summary = summary
         self.locals_collected = locals_collected  # the Locals tab says so rather than advise collecting them
         self.family = tuple(family)  # the Process tab's "place in the job": launchers above, children below
+        self.locals_note = ""  # a large job: the Locals tab says it shows only some while the rest are read
+
+    def set_locals_note(self, note: str) -> None:
+        self.locals_note = note
+        try:
+            self.query_one("#body-locals", Static).update(self._tab_text("locals", rank_text.locals_text, self.rank))
+        except NoMatches:  # not mounted yet: on_mount() shows it
+            pass
 
     def _tab_text(self, tab_id: str, render: Callable[[RankSnapshot], Text], rank: RankSnapshot) -> Text:
         if tab_id == "locals":
-            return rank_text.locals_text(rank, self.locals_collected)
+            text = rank_text.locals_text(rank, self.locals_collected)
+            if self.locals_note:
+                text = Text.assemble(Text(self.locals_note + "\n\n", style="italic dim"), text)
+            return text
         if tab_id == "proc":
             return rank_text.proc_text(rank, self.family)
         return render(rank)
@@ -81,6 +93,10 @@ class DrillScreen(WatchesSize, Screen[None]):
                                      classes="drill-body")
         yield Footer()
 
+    def on_mount(self) -> None:
+        # what changed between compose() and the widgets' mounting (a rank's locals read from its node)
+        self._show()
+
     def _title(self) -> Text:
         title = rank_text.rank_title(self.rank)
         if self.summary:
@@ -96,9 +112,16 @@ class DrillScreen(WatchesSize, Screen[None]):
             self.family = tuple(family)
         if locals_collected is not None:
             self.locals_collected = locals_collected
-        self.query_one("#drill-title", Static).update(self._title())
-        for tab_id, _, render in TABS:
-            self.query_one(f"#body-{tab_id}", Static).update(self._tab_text(tab_id, render, rank))
+        self._show()
+
+    def _show(self) -> None:
+        """Every tab from the state above; before the widgets are mounted, on_mount() does it."""
+        try:
+            self.query_one("#drill-title", Static).update(self._title())
+            for tab_id, _, render in TABS:
+                self.query_one(f"#body-{tab_id}", Static).update(self._tab_text(tab_id, render, self.rank))
+        except NoMatches:
+            pass
 
     def action_show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
