@@ -5,6 +5,7 @@ hanging in the dataloader scenario (rank 7 blocks reading its next batch, the ot
   headline names the culprit; the job is still followed after, and when it ends the watch ends (exit 0);
 - --on-hang gets the bundle's path, and a script named with shell metacharacters (in the frames, and so in the
   headline the hook gets in its environment) runs nothing.
+One job serves both (test_cli_watch.py and the SLURM cluster's test cover --once).
 """
 
 from __future__ import annotations
@@ -49,32 +50,15 @@ def _hung_at(job: Job) -> float:
     return job.ready_file.stat().st_mtime
 
 
-def test_a_job_that_hangs_is_captured_in_time_and_its_end_ends_the_watch(watching, cluster: Cluster) -> None:  # noqa: F811
-    job = _hang_job(cluster)
-    try:
-        run = watching("--every", str(EVERY), "--stall", str(STALL), "--wait-start", "240")
-        hung = _hung_at(job)
-        run.wait_for(r"captured \(hang\)", STALL + 180, "the capture")
-        stalled = next(s for s in run.history() if any(j["status"] == "stalled" for j in s["jobs"].values()))
-        detected = stalled["t"] - hung
-        (bundle,) = run.captures()
-        doc = json.loads((bundle / "watch.json").read_text())
-        print(f"\nhang to detection {detected:.1f} s (limit {STALL + EVERY:g} s + the sample's own time); "
-              f"the capture took {doc['took']:.1f} s")
-        assert detected <= STALL + EVERY + 3.0, f"detected {detected:.1f} s after the hang"
-        assert "Rank 7" in doc["headline"] and "_recv_exact" in doc["headline"], doc["headline"]
-        assert run.proc.poll() is None, "a hung job is still followed after its capture"
-    finally:
-        job.stop()
-    run.wait_for(r"has ended", 60, "the job's end")
-    assert run.wait_exit(30) == 0
+def test_a_job_that_hangs_is_captured_in_time_on_hang_runs_and_its_end_ends_the_watch(
+        watching, cluster: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    """One hanging job serves both halves (each job start is a dozen torch interpreters on this 2-core machine):
 
-
-def test_on_hang_gets_the_bundle_and_remote_text_runs_nothing(watching, cluster: Cluster,  # noqa: F811
-                                                              tmp_path: Path) -> None:
-    """The job's script is named with shell metacharacters: its frames, and so the headline the hook gets in its
-    environment, carry them; the hook (a shell of the user's, quoting its variables) is executed without a
-    shell of hangscope's, so nothing in them runs."""
+    - the hang is captured within --stall + one interval, the capture's headline names the culprit, the job is
+      still followed after it, and when the job ends the watch ends (exit 0);
+    - --on-hang gets the bundle's path and the headline; the job's script is named with shell metacharacters, so
+      its frames, and so the headline the hook gets in its environment, carry them; the hook (a shell of the
+      user's, quoting its variables) is executed without a shell of hangscope's, so nothing in them runs."""
     trap = tmp_path / "trap"
     trap.mkdir()
     script = trap / "hang $(touch PWNED1) `touch PWNED2`; touch PWNED3 | touch PWNED4.py"
@@ -85,17 +69,26 @@ def test_on_hang_gets_the_bundle_and_remote_text_runs_nothing(watching, cluster:
     try:
         hook = (f"sh -c 'printf \"%s\\n%s\\n\" \"$HANGSCOPE_BUNDLE\" \"$HANGSCOPE_HEADLINE\" > {seen}' "
                 f"--ignored-arg")
-        run = watching("--every", str(EVERY), "--stall", str(STALL), "--wait-start", "240", "--once",
-                       "--on-hang", hook)
-        _hung_at(job)
-        assert run.wait_exit(STALL + 240) == 0, run.text()
-        assert "captured (hang)" in run.text(), "a hang is captured as a hang"
+        run = watching("--every", str(EVERY), "--stall", str(STALL), "--wait-start", "240", "--on-hang", hook)
+        hung = _hung_at(job)
+        run.wait_for(r"captured \(hang\)", STALL + 180, "the capture")
+        stalled = next(s for s in run.history() if any(j["status"] == "stalled" for j in s["jobs"].values()))
+        detected = stalled["t"] - hung
+        (bundle,) = run.captures()
+        doc = json.loads((bundle / "watch.json").read_text())
+        print(f"\nhang to detection {detected:.1f} s (limit {STALL + EVERY:g} s + the sample's own time); "
+              f"the capture took {doc['took']:.1f} s")
+        assert detected <= STALL + EVERY + 3.0, f"detected {detected:.1f} s after the hang"
+        assert "Rank 7" in doc["headline"] and "_recv_exact" in doc["headline"], doc["headline"]
         run.wait_for(r"--on-hang sh exited 0", 30, "the hook's end")
+        assert run.proc.poll() is None, "a hung job is still followed after its capture"
     finally:
         job.stop()
-    bundle, headline = seen.read_text().split("\n", 1)
-    (capture,) = run.captures()
-    assert bundle == str(capture)
+    run.wait_for(r"has ended", 60, "the job's end")
+    assert run.wait_exit(30) == 0
+    assert "captured (hang)" in run.text() and len(run.captures()) == 1
+    got_bundle, headline = seen.read_text().split("\n", 1)
+    assert got_bundle == str(bundle)
     assert "PWNED" in headline, f"the script's name is in the headline: {headline}"
     for where in (trap, tmp_path, REPO, Path("/")):
         assert not list(where.glob("PWNED*")), f"a command from remote text ran in {where}"
