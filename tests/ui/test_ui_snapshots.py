@@ -24,10 +24,14 @@ size_ids = pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}"
 
 @pytest.fixture(autouse=True)
 def pinned():
-    """Baselines hold for one Textual version and one time zone (snapshot times are shown in local time)."""
+    """Baselines hold for one Textual version, one time zone (snapshot times are shown in local time) and one
+    screen hash key."""
     assert textual.__version__ == TEXTUAL_VERSION, "baselines are pinned to one Textual version"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TZ", "UTC")
+        # the hash a name that reads like no name is shown with is keyed per TUI session (app/ui/safe.py): one
+        # key for every baseline
+        mp.setattr("app.ui.safe._SESSION_KEY", b"baseline-key-16b")
         time.tzset()
         yield
     time.tzset()

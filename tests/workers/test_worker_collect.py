@@ -53,7 +53,9 @@ def test_dump_shows_where_each_thread_blocks_with_locals_loops_and_source() -> N
         assert str(train["line"] - 2) in src and str(train["line"] + 2) in src
         threads = item["procfs"]["threads"]
         assert len(threads) == 2 and all(th["syscall"] == "read" and th["state"] == "S" for th in threads)
-        assert item["state_before"] == "S" and item["state_after"] == "S" and item["resumed"] is False
+        # left as it was, not stopped: right after py-spy detaches, the thread it woke may still be runnable (R)
+        # on a busy machine before it blocks in read again
+        assert item["state_before"] == "S" and item["state_after"] in ("S", "R") and item["resumed"] is False
         assert untouched(t.pid)
 
 
