@@ -178,10 +178,30 @@ def pipe_wait(pid: int, threads: List[Dict[str, Any]], cache: Optional[Dict[str,
     return None
 
 
+OWN_TOOL_DEPTH = 3  # worker -> tool, worker -> sudo -> tool, worker -> sudo -> setpriv -> tool
+
+
+def ours(tracer: int) -> bool:
+    """Whether a tracer is a tool this worker started (py-spy, strace, gdb; through sudo or setpriv): its
+    thread group descends from this process within OWN_TOOL_DEPTH generations. A tracer's pid in TracerPid is
+    the tracing thread's; its Tgid names the process."""
+    me = os.getpid()
+    tgid = procinfo.status_field(tracer, "Tgid")
+    pid = int(tgid) if tgid.isdigit() else tracer
+    for _ in range(OWN_TOOL_DEPTH):
+        parent = procinfo.status_field(pid, "PPid")
+        if not parent.isdigit() or int(parent) <= 1:
+            return False
+        if int(parent) == me:
+            return True
+        pid = int(parent)
+    return False
+
+
 def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
     """What holds the process (see the module doc). Keys: state (its letter), kind (running, sleeping,
     stopped, traced, frozen, disk_sleep, zombie, exiting, gone), stopped_by (signal, tracer or ""), tracer_pid,
-    tracer, tty (it has a controlling terminal: job control can stop it), freezer (freezer()), wchan, syscall,
+    tracer, tracer_ours (present and true when the tracer is a tool this worker started: ours()), tty (it has a controlling terminal: job control can stop it), freezer (freezer()), wchan, syscall,
     waits_on, d_threads (threads in D). threads: (tid, state letter) already read (procfs.collect), else read."""
     out = {"state": "", "kind": "gone", "stopped_by": "", "tracer_pid": 0, "tracer": "", "tty": False,
            "freezer": None, "wchan": "", "syscall": "", "waits_on": "", "d_threads": []}  # type: Dict[str, Any]
@@ -196,6 +216,8 @@ def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str,
     out["tracer_pid"] = int(tracer) if tracer.isdigit() else 0
     if out["tracer_pid"]:
         out["tracer"] = _read("/proc/%d/comm" % out["tracer_pid"], 256).strip() or "?"
+        if ours(out["tracer_pid"]):
+            out["tracer_ours"] = True
     if state in ("Z", "X"):
         out["kind"] = "zombie"
         return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -225,3 +226,55 @@ def test_a_rank_blocked_writing_to_a_full_pipe_names_the_process_holding_its_rea
 
 def _fd_of(pid: int, target: str) -> int:
     return next(int(fd) for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}") == target)
+
+
+def _pyspy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not os.path.exists(found):
+        pytest.skip("py-spy not installed")
+    return found
+
+
+def test_a_rank_traced_by_a_dump_of_our_own_is_not_held_by_a_debugger() -> None:
+    """A --nonblocking dump may run beside this worker's own blocking py-spy on the same rank (guard.Shared); the
+    rank is then in a tracing stop with our py-spy as its tracer. That is not a debugger holding it: hold() waits
+    for our tool to let go and reads the state then. A tracer that is not ours is still reported as one."""
+    from workers.collect import guard
+    spy = _pyspy()
+    t = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"])
+    try:
+        wait_until(lambda: proc_state(t.pid) in ("S", "R") and "time" in Path(f"/proc/{t.pid}/cmdline").read_text(),
+                   20, "the target to start")
+        time.sleep(0.3)  # past the interpreter's start-up
+        stop = time.monotonic() + 4
+        ours_seen = 0
+        kinds = set()
+        tools = []
+        while time.monotonic() < stop:
+            if not tools or tools[-1].poll() is not None:  # a blocking dump of ours, one after another
+                tools.append(subprocess.Popen([spy, "dump", "--pid", str(t.pid)], stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL))
+            ours_seen += bool(pstate.read(t.pid).get("tracer_ours"))
+            kinds.add(guard.hold(t.pid)["kind"])
+        for tool in tools:
+            tool.wait(timeout=30)
+        assert ours_seen, "the premise: our own py-spy was seen tracing the rank"
+        assert kinds <= {"running", "sleeping"}, kinds
+
+        # a tracer that does not descend from this process (strace, reparented away from us): reported as it is
+        if not shutil.which("strace"):
+            return
+        subprocess.run(["sh", "-c", f"strace -p {t.pid} -o /dev/null >/dev/null 2>&1 &"], check=True)
+        try:
+            wait_until(lambda: tracer_pid(t.pid) != 0, 20, "strace to attach")
+            info = pstate.read(t.pid)
+            assert info["tracer_pid"] and not info.get("tracer_ours"), info
+        finally:
+            tracer = tracer_pid(t.pid)
+            if tracer:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(procinfo.status_field(tracer, "Tgid") or tracer), signal.SIGKILL)
+            wait_until(lambda: tracer_pid(t.pid) == 0, 20, "strace to let go")
+    finally:
+        t.kill()
+        t.wait()

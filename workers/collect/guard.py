@@ -20,6 +20,7 @@ from workers import procinfo, pstate
 
 # A D state seen once may be a disk read that ends a moment later: it counts when it is still there this much later.
 D_RECHECK = 0.05
+OWN_TOOL_WAIT = 10.0  # seconds a tool of our own may keep a process traced before hold() reports it as it is
 
 
 class CollectError(Exception):
@@ -64,7 +65,7 @@ def check_before(pid: int, start_time: Optional[int], allow_tracer: bool = False
         raise CollectError("target_exited", "pid %d has exited (zombie)" % pid)
     if not allow_tracer:
         tracer = tracer_pid(pid)
-        if tracer:
+        if tracer and not pstate.ours(tracer):  # a tool of ours: the per-pid lock waits for it
             raise CollectError("already_traced", "pid %d is already traced by PID %d (%s)"
                               % (pid, tracer, comm(tracer)))
     return fields[2]
@@ -98,12 +99,26 @@ def check_after(pid: int, before: str, tool_killed: bool = False) -> Tuple[str, 
 
 def hold(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
     """What holds the process (workers/pstate.py), with a D state checked twice: only a lasting one holds.
+    A process traced by a tool of this worker's own (a dump of it still running beside a --nonblocking one) is
+    not held by a debugger: its state is read again once that tool lets go (at most OWN_TOOL_WAIT seconds).
     threads: its threads' (tid, state) when already read."""
     info = pstate.read(pid, threads)
+    if info["kind"] == "traced" and _passing(info):
+        deadline = time.monotonic() + OWN_TOOL_WAIT
+        while info["kind"] == "traced" and _passing(info) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            info = pstate.read(pid)
     if info["kind"] == "disk_sleep":
         time.sleep(D_RECHECK)
         info = pstate.read(pid)  # the threads read afresh too
     return info
+
+
+def _passing(info: Dict[str, Any]) -> bool:
+    """A tracing stop that is ours or already over: the tracer is a tool of this worker's, or it has let go (or
+    gone) between the reads of the state letter and of TracerPid. A debugger's hold lasts; these do not."""
+    tracer = info.get("tracer_pid") or 0
+    return bool(info.get("tracer_ours")) or not tracer or not os.path.exists("/proc/%d" % tracer)
 
 
 def refuse_held(pid: int, tool: str) -> None:
