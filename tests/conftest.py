@@ -30,6 +30,14 @@ import xdist_groups
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml): one worker more than the cores this process may use, at least 2 and at most 6.
+    Much of a live test's time is spent waiting (a job's start-up sleeps, deadlines, the CLI's interval between
+    samples), which another worker fills; past 6, the torch jobs of parallel tests outgrow a small machine's
+    memory."""
+    return max(2, min(len(os.sched_getaffinity(0)) + 1, 6))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that share a fixture that starts torch jobs (hung_job, a module's jobs) run in one xdist worker

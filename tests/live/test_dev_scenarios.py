@@ -8,13 +8,13 @@ rank): the same judge as the recorded goldens (tests/analysis/test_golden.py). W
 scenario is judged wrong too, the analysis is known to be wrong there (test_golden.py's WRONG_NOW) and a wrong
 live headline is an expected failure; a live headline wrong where the golden is right fails.
 
-One job at a time on a 4-node cluster of this module's own (start-up needs four nodes: three launchers and the
-node that runs none); the two frozen scenarios share one healthy job, frozen and thawed in turn.
+One job at a time on a 4-node cluster of this module's own per xdist worker (start-up needs four nodes: three
+launchers and the node that runs none); the two frozen scenarios share one healthy job, frozen and thawed in turn,
+in test_dev_scenarios_frozen.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,11 +22,7 @@ from typing import Callable, Iterator
 import pytest
 
 from cluster import Cluster
-from jobs import Job, _main_thread, start_job
-from record_scenarios import (DEVELOPMENT, Diagnosis, Running, diagnose, freeze, hide_cgroups, others_still,
-                              started)
-from waiting import wait_until
-from worker_targets import proc_state, tracer_pid
+from record_scenarios import (DEVELOPMENT, Diagnosis, diagnose, started)
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "bench") not in sys.path:
@@ -36,7 +32,11 @@ from diagnose import TRUTH, judge, judge_parts, load, said  # noqa: E402
 
 from app.analysis import analyze  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support")]
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.usefixtures("torch_support"),
+              # each scenario's job starts and stops inside its test; the 4-node cluster is cheap to build once per
+              # xdist worker, and the scenarios spread over the workers (the frozen pair, which shares one healthy
+              # job, is in test_dev_scenarios_frozen.py)
+              pytest.mark.per_worker_fixtures("a job per scenario, stopped inside its test")]
 FROZEN = ("frozen_private", "frozen_private_v2")
 ONE_JOB_EACH = tuple(n for n in DEVELOPMENT if n not in FROZEN)
 GOLDEN = REPO / "tests" / "data" / "scenarios"
@@ -95,47 +95,3 @@ def test_the_headline_names_the_culprit_its_blocking_operation_and_what_it_waits
         if name == "shutdown":  # the error that ended its main program is in the snapshot, from its stderr file
             assert any("RuntimeError: mat1 and mat2 shapes cannot be multiplied" in o.text for o in culprit.output)
     assert_right(name, d)
-
-
-@pytest.fixture(scope="module")
-def healthy_job(dev_cluster: Cluster) -> Iterator[Job]:
-    job = start_job(dev_cluster, "healthy", nodes=2, ranks_per_node=2, extra_args=["--step-delay", "0.2"])
-    try:
-        yield job
-    finally:
-        job.stop()
-
-
-@contextlib.contextmanager
-def frozen_on_a_blind_node(job: Job, cluster: Cluster, name: str) -> Iterator[int]:
-    """The scenario's rank frozen by its freezer version from the host, its node's cgroup file systems hidden;
-    thawed, shown again and training once more afterwards."""
-    scenario = DEVELOPMENT[name]
-    assert scenario.culprit is not None
-    pid = job.ranks[scenario.culprit].host_pid
-    thaw = freeze(pid, scenario.freezer)
-    try:
-        show = hide_cgroups(cluster[job.ranks[scenario.culprit].node])
-        try:
-            others_still(job, scenario.culprit)
-            yield pid
-        finally:
-            show()
-    finally:
-        thaw()
-    before = {r: _main_thread(loc.host_pid) for r, loc in job.ranks.items()}
-    wait_until(lambda: all(_main_thread(loc.host_pid) != before[r] for r, loc in job.ranks.items()), 60,
-               "the job to train again")
-
-
-@pytest.mark.parametrize("name", FROZEN)
-def test_a_rank_frozen_on_a_node_that_cannot_see_its_cgroup_is_named_frozen_and_left_frozen(
-        name: str, healthy_job: Job, dev_cluster: Cluster, tmp_path: Path) -> None:
-    with frozen_on_a_blind_node(healthy_job, dev_cluster, name) as pid:
-        state = proc_state(pid)
-        d = diagnose(Running(DEVELOPMENT[name], healthy_job, dev_cluster), tmp_path)
-        print(f"\n{name}: hangscope took {d.seconds:.1f} s\n{d.stdout}")
-        held = next(r for r in d.snapshot.ranks if r.rank == DEVELOPMENT[name].culprit)
-        assert held.hold is None or not held.hold.cgroup, held.hold  # the node could not name the cgroup
-        assert proc_state(pid) == state and tracer_pid(pid) == 0 and not held.resumed  # left exactly as it was
-        assert_right(name, d)
