@@ -30,6 +30,7 @@ import xdist_groups
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when xdist is not loaded (-p no:xdist)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject.toml): one worker more than the cores this process may use, at least 2 and at most 6.
     Much of a live test's time is spent waiting (a job's start-up sleeps, deadlines, the CLI's interval between

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,40 @@ def test_cancelling_a_hung_dump_kills_the_tool_and_resumes_the_target() -> None:
         wait_until(lambda: proc_state(t.pid) == "S" and untouched(t.pid), what="target resumed")
         _, pong = w.call("ping", timeout=5)
         assert pong["type"] == "done"
+
+
+def _torn_pyspy(counter: str, failures: int) -> bytes:
+    """A FAKE py-spy, for a fault the real one shows only by chance: a --nonblocking read that comes out torn
+    because the interpreter changed its memory while it was read. Its first `failures` runs say what py-spy says
+    then and exit 1; later runs are the real py-spy."""
+    return (f"""#!/bin/sh
+n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}
+if [ "$n" -lt {failures} ]; then echo "Error: Failed to get stack traces" >&2; exit 1; fi
+exec {PYSPY} "$@"
+""").encode()
+
+
+def test_a_torn_nonblocking_read_of_a_running_rank_is_read_again(tmp_path) -> None:
+    """--nonblocking never pauses the rank, so a read may be torn; the worker reads again (at most 3 times,
+    within half the deadline) and says so; a failure that lasts is reported as it is, once."""
+    needs(PYSPY)
+    counter = str(tmp_path / "runs")
+    with start_rank(0) as t, WorkerProc() as w:
+        push(w, _torn_pyspy(counter, 2))
+        item = w.call("dump", {"targets": [target_of(t)], "nonblocking": True}, timeout=60)[0][0]
+        assert item["ok"], item["error"]
+        assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
+        assert "read 3 times" in " ".join(item["notes"]), item["notes"]
+        assert Path(counter).read_text().strip() == "3"
+
+        os.unlink(counter)
+        push(w, _torn_pyspy(counter, 99))
+        item = w.call("dump", {"targets": [target_of(t)], "nonblocking": True}, timeout=60)[0][0]
+        assert item["error"]["code"] == "tool_failed" and "Failed to get stack traces" in item["error"]["message"]
+        assert Path(counter).read_text().strip() == "3"  # bounded: three reads, then the failure as it is
+
+        os.unlink(counter)
+        push(w, _torn_pyspy(counter, 1))
+        item = w.call("dump", {"targets": [target_of(t)]}, timeout=60)[0][0]  # blocking: attached, never torn
+        assert item["error"]["code"] == "tool_failed" and Path(counter).read_text().strip() == "1"
+        assert untouched(t.pid)

@@ -66,6 +66,17 @@ def namespaces(pid: int) -> Tuple[bool, Optional[int]]:
     return other, ns_id(pid)
 
 
+NONBLOCKING_TRIES = 3  # reads of a running process by py-spy --nonblocking before its failure is reported
+
+
+def _torn(res: Any, pid: int) -> bool:
+    """A --nonblocking read that failed the way a torn read does: py-spy ran to its end and said no more than
+    that it could not read the stacks, and the process is still there and may be read."""
+    if res.timed_out or res.killed or res.returncode == 0 or not os.path.exists("/proc/%d" % pid):
+        return False
+    return classify(res.stderr.decode("utf-8", "replace"), pid)[0] == "tool_failed"
+
+
 def classify(stderr: str, pid: int) -> Tuple[str, str]:
     """(code, message) for a failed py-spy run, from its stderr (the Rust backtrace is skipped)."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
@@ -174,7 +185,19 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     with lock:
         res = None
         try:
+            first_try = time.monotonic()
             res = _run(req, tool, pid, nspid, other_ns, flags, opts, item)
+            tries = 1
+            # --nonblocking reads a running interpreter's memory as it changes: a read can come out torn ("Failed
+            # to get stack traces") although nothing is wrong. Read again, a few times, within the first half
+            # of the dump's deadline; a failure that lasts is reported as it is.
+            while (opts.nonblocking and tries < NONBLOCKING_TRIES and _torn(res, pid)
+                   and time.monotonic() - first_try < opts.timeout / 2):
+                tries += 1
+                res = _run(req, tool, pid, nspid, other_ns, flags, opts, item)
+            if tries > 1:
+                item["notes"].append("py-spy --nonblocking read the process while it changed; read %d times"
+                                     % tries)
         except OSError as exc:
             raise CollectError("tool_failed", "cannot run py-spy (%s): %s" % (tool.path, exc))
         finally:
