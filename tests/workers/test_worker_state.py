@@ -278,3 +278,36 @@ def test_a_rank_traced_by_a_dump_of_our_own_is_not_held_by_a_debugger() -> None:
     finally:
         t.kill()
         t.wait()
+
+
+def test_a_nonblocking_dump_beside_our_own_blocking_one_reports_no_thread_stopped() -> None:
+    """The dump code itself (pyspy.dump, --nonblocking, in this process as in the worker) while a blocking py-spy
+    of this process's own dumps the same rank in a loop: the letters it reads first may catch our tool's tracing
+    stop; what it reports (the state before, every thread's letter, what holds the process) never says stopped."""
+    from workers.collect import pyspy as pyspy_mod
+    from workers.request import Request, Worker
+    spy = _pyspy()
+    t = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"])
+    try:
+        wait_until(lambda: proc_state(t.pid) in ("S", "R"), 20, "the target to start")
+        time.sleep(0.3)
+        req = Request(Worker(lambda msg: None, {}), 1, "dump", {"nonblocking": True, "timeout": 10.0})
+        opts = pyspy_mod.DumpOptions(req)
+        stop = time.monotonic() + 6
+        tools, items = [], []
+        while time.monotonic() < stop:
+            if not tools or tools[-1].poll() is not None:
+                tools.append(subprocess.Popen([spy, "dump", "--pid", str(t.pid)], stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL))
+            items.append(pyspy_mod.dump(req, t.pid, procinfo.start_time(t.pid), opts))
+        for tool in tools:
+            tool.wait(timeout=30)
+        assert len(items) >= 5
+        for item in items:
+            letters = [th["state"] for th in item["procfs"]["threads"]]
+            assert item["state_before"] not in ("T", "t") and not set(letters) & {"T", "t"}, (item["state_before"],
+                                                                                          letters)
+            assert item["process"]["kind"] in ("running", "sleeping"), item["process"]
+    finally:
+        t.kill()
+        t.wait()

@@ -163,6 +163,11 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     item["actions"].append("read /proc")
     info = item["process"] = guard.hold(pid, [(t["tid"], t["state"]) for t in item["procfs"]["threads"]
                                               if isinstance(t, dict) and "tid" in t and "state" in t])
+    if info["kind"] not in ("stopped", "traced", "frozen") and _stop_letters(item):
+        # the letters read first caught a stop that hold() saw pass (a tool of this worker's own let go of it):
+        # read them again, so no thread of a running rank is reported stopped
+        item["state_before"] = guard.state(pid) or item["state_before"]
+        item["procfs"] = procfs.collect(pid, ns_tids=nspid is not None)
     _kernel_waits(req, pid, item)
     if info["kind"] == "sleeping":  # a thread asleep writing to a full pipe: who holds its read end (/proc only)
         piped = pstate.pipe_wait(pid, item["procfs"]["threads"], req.shared)
@@ -250,6 +255,13 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     if opts.locals:  # the module-level loop counters py-spy cannot show: globals of __main__ (after the dump)
         for local in pyglobals.add(req, pid, traces, item, other_ns):
             _redact_local(local)
+
+
+def _stop_letters(item: DumpItem) -> bool:
+    """The state letters read so far say stopped (T) or in a tracing stop (t), for the process or a thread."""
+    threads = item["procfs"].get("threads") or []
+    return item["state_before"] in ("T", "t") or any(isinstance(t, dict) and t.get("state") in ("T", "t")
+                                                     for t in threads)
 
 
 def _kernel_waits(req: Request, pid: int, item: DumpItem) -> None:
