@@ -21,6 +21,7 @@ safe one included), and the structure of a channel (strace payloads, gdb strings
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 
@@ -35,6 +36,13 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 # What an earlier pass already put in place of a value: the node's marker and the bundle's keyed-hash token.
 # Never judged again (a second pass over shared text changes nothing).
 HIDDEN = re.compile(r"\*\*\*|<(?:str|bytes|text) len=\d+ #[0-9a-f]{8}>")
+
+
+def keyed_token(key: bytes, kind: str, text: str) -> str:
+    """`<kind len=N #hash>`, what is shown for a word the rule does not let through: 8 hex digits of HMAC-SHA256
+    under `key` (the bundle's, the file's or the TUI session's), so equal texts give equal tokens under one key."""
+    digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:8]
+    return "<%s len=%d #%s>" % (kind, len(text), digest)
 
 WORD = re.compile(r"[A-Za-z0-9_.+\-]+")
 _PARTS = re.compile(r"[_.+\-]+")

@@ -22,13 +22,12 @@ The analysis may compare raw values; what it prints goes through text() here lik
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.model import Local, Snapshot, StraceResult
 from app.report.redact import Redactor
-from workers.cleartext import HIDDEN, clear_word, foreign, share_text, share_words
+from workers.cleartext import HIDDEN, clear_word, foreign, keyed_token, share_text, share_words
 from workers.codetext import Token, split_literal, tokens
 from workers.tooltext import gdb_text, strace_text
 
@@ -70,8 +69,7 @@ class Sharer:
     def hide(self, kind: str, text: str) -> str:
         """`<kind len=N #hash>`: what is shown for a value the rule does not let through."""
         self.counts[RULE] += 1
-        digest = hmac.new(self.key, text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:8]
-        return f"<{kind} len={len(text)} #{digest}>"
+        return keyed_token(self.key, kind, text)
 
     # -- kinds of text --------------------------------------------------------------------------------
     def whole(self, s: str) -> str:

@@ -8,7 +8,6 @@ replacements below stop a name like "\\x1b]0;x\\x07" from retitling the terminal
 
 from __future__ import annotations
 
-import hmac
 import re
 import secrets
 from typing import Optional
@@ -17,7 +16,7 @@ from rich.style import Style
 from rich.text import Text
 
 from app.printable import NAME_LIMIT, clean
-from workers.cleartext import share_text
+from workers.cleartext import keyed_token, share_text
 
 __all__ = ["NAME_LIMIT", "VALUE_LIMIT", "LINE_LIMIT", "clean", "literal", "lines", "counted", "run_name",
            "gdb_lines"]
@@ -54,8 +53,7 @@ _SESSION_KEY = secrets.token_bytes(16)
 
 
 def _hide(kind: str, text: str) -> str:
-    digest = hmac.new(_SESSION_KEY, text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:8]
-    return f"<{kind} len={len(text)} #{digest}>"
+    return keyed_token(_SESSION_KEY, kind, text)
 
 
 def run_name(text: str) -> str:
