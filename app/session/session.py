@@ -274,7 +274,11 @@ class Session:
     def locals_trimmed(self) -> bool:
         """Whether a pass keeps per rank only the locals the analysis reads (collected with locals, past
         ALL_LOCALS_NODES nodes): then detail() fetches a rank's others from its node."""
-        return self.options.collect.locals and len(self._nodes) > ALL_LOCALS_NODES
+        return self.options.collect.locals and not self._all_locals()
+
+    def _all_locals(self) -> bool:
+        """A small job (up to ALL_LOCALS_NODES nodes): every local of each thread travels with the pass."""
+        return len(self._nodes) <= ALL_LOCALS_NODES
 
     async def detail(self, ranks: Sequence[RankKey]) -> list[RankSnapshot]:
         """These ranks with every local of their last dump: a pass keeps per rank only the locals the analysis
@@ -619,7 +623,7 @@ class Session:
         # a small job keeps every local in every rank's reply, a large one only those the analysis reads
         return {**self._dump_options(), "pids": list(o.pids) if o.pids is not None else None, "match": o.match,
                 "gpu_evidence": c.gpu_evidence, "compact": True,
-                "all_locals": len(self._nodes) <= ALL_LOCALS_NODES}
+                "all_locals": self._all_locals()}
 
     def _apply_dump(self, node: _Node, item: DumpItem | replies.Dumped) -> None:
         dumped = item if isinstance(item, replies.Dumped) else replies.decode_dump(item)
