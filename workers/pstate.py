@@ -201,8 +201,9 @@ def ours(tracer: int) -> bool:
 def read(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str, Any]:
     """What holds the process (see the module doc). Keys: state (its letter), kind (running, sleeping,
     stopped, traced, frozen, disk_sleep, zombie, exiting, gone), stopped_by (signal, tracer or ""), tracer_pid,
-    tracer, tracer_ours (present and true when the tracer is a tool this worker started: ours()), tty (it has a controlling terminal: job control can stop it), freezer (freezer()), wchan, syscall,
-    waits_on, d_threads (threads in D). threads: (tid, state letter) already read (procfs.collect), else read."""
+    tracer, tracer_ours (present and true when the tracer is a tool this worker started: ours()), tty (it has a
+    controlling terminal: job control can stop it), freezer (freezer()), wchan, syscall, waits_on, d_threads
+    (threads in D). threads: (tid, state letter) already read (procfs.collect), else read."""
     out = {"state": "", "kind": "gone", "stopped_by": "", "tracer_pid": 0, "tracer": "", "tty": False,
            "freezer": None, "wchan": "", "syscall": "", "waits_on": "", "d_threads": []}  # type: Dict[str, Any]
     try:

@@ -103,11 +103,10 @@ def hold(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str,
     not held by a debugger: its state is read again once that tool lets go (at most OWN_TOOL_WAIT seconds).
     threads: its threads' (tid, state) when already read."""
     info = pstate.read(pid, threads)
-    if info["kind"] == "traced" and _passing(info):
-        deadline = time.monotonic() + OWN_TOOL_WAIT
-        while info["kind"] == "traced" and _passing(info) and time.monotonic() < deadline:
-            time.sleep(0.01)
-            info = pstate.read(pid)
+    deadline = time.monotonic() + OWN_TOOL_WAIT
+    while info["kind"] == "traced" and _passing(info) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        info = pstate.read(pid)
     if info["kind"] == "disk_sleep":
         time.sleep(D_RECHECK)
         info = pstate.read(pid)  # the threads read afresh too
