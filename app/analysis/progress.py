@@ -7,12 +7,24 @@ samples of it look alike. Between two samples a rank progresses when bytes moved
 peers (its store connection left out: a rank polling the store for a missing peer moves bytes and gets
 nowhere), when it wrote output or storage, or when its stack or loop iteration changed. CPU time and context
 switches alone say the rank works, not that it gets anywhere (a rank spinning in an endless loop works too).
+
+Things keep moving around a hung rank, and none of them is progress (`quiet`, shown but not counted):
+- control traffic: NCCL RAS keepalives and the status gathers a RAS query starts, an agent's heartbeat, a
+  monitor's polls carry well under BULK_RATE bytes a second; a job that gets anywhere moves its tensors;
+- storage written or read at less than BULK_RATE (a metrics line appended, a log flushed);
+- output the main thread did not write (its own task's write counter did not move): a logger thread, a progress
+  bar's timer, a warning a server thread prints when hangscope asks it for its Flight Recorder, another process
+  writing to the same file;
+- a thread's place is its Python frames and the native frames that name a function; inside a native wait the
+  tables name (cudaDeviceSynchronize, a TCPStore wait) the frames below it, and addresses without a symbol, are
+  the wait's own machinery: a driver polling the GPU is caught at another address in every sample.
 `stuck` means none of that moved and the stack has not changed for `stuck_samples` samples in a row.
 Old snapshots without counters (RankSnapshot.counters) fall back to the stacks and /proc's CPU time.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from statistics import median
@@ -23,7 +35,8 @@ from app.analysis.fold import count_phrase, short_keys
 from app.analysis.health import StateEvidence
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
 from app.analysis.options import AnalysisOptions, selector
-from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
+from app.analysis.sites import native_site
+from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
 
 # waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
 # but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
@@ -32,6 +45,11 @@ Activity = Literal["spinning", "sleeping", "busy", "unknown"]
 ProgressKey = Tuple[str, int, int]  # (node, pid, start_time)
 
 _signature_part = attrgetter("function", "filename", "line", "iteration")
+
+# bytes a second on a rank's connections to its peers (or to storage) below which they are control traffic, not
+# the job's data: NCCL RAS keepalives and status gathers, heartbeats, a monitor's polls move a few hundred bytes a
+# second; the smallest model the suite trains moves hundreds of kB a second
+BULK_RATE = 16_000
 
 THROTTLED_SHARE = 0.05  # a cgroup held back this share of the wall time or more is throttled
 RUN_WAIT_SHARE = 0.25  # runnable but waiting for a CPU this share of the time: the node is short of CPU
@@ -52,6 +70,7 @@ class RankProgress:
     activity: Activity = "unknown"
     # Between the last two samples, from the counters (None where they were not read):
     moved: Tuple[str, ...] = ()  # what moved, in words: "sockets 1.2 MB", "output 300 B", "stack"
+    quiet: Tuple[str, ...] = ()  # what moved that is not progress (the module doc): "sockets 848 B (control-sized)"
     net_bytes: Optional[int] = None  # bytes sent and received on its sockets to peers (not the store)
     store_bytes: Optional[int] = None  # ... on its connections to the job's store (MASTER_PORT)
     ctx_switches: Optional[int] = None
@@ -66,12 +85,34 @@ class RankProgress:
     held: str = ""  # stopped, frozen, traced or disk_sleep in the latest sample: what holds the rank (not a stack)
     waits_now: Optional[bool] = None  # its thread waits in a collective in the latest sample (None: no stack)
 
+    @property
+    def sockets_moved(self) -> bool:
+        """Its connections to its peers carried data between the last two samples, not only control traffic."""
+        return any(m.startswith("sockets") for m in self.moved)
+
 
 def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
     t = selector(options)(rank)
     if t is None or not t.frames:
         return None
-    return tuple(map(_signature_part, t.frames))
+    return tuple(map(_signature_part, place_frames(t.frames)))
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\?*|<unknown>")
+
+
+def place_frames(frames: Sequence[Frame]) -> Tuple[Frame, ...]:
+    """The frames (innermost first) that say where a thread is, for telling samples apart: the Python frames and
+    the native frames that name a function, from the outermost native wait the tables name inward (the frames
+    inside it are the wait's own: a driver polling the GPU, a spin loop); native frames without a symbol (an
+    address) never, since a thread polling inside a stripped library is caught at another one every time."""
+    start = 0
+    for i, f in enumerate(frames):
+        if not f.native:
+            break  # only the native frames innermost of the Python ones are the call in progress
+        if native_site(f.function) is not None:
+            start = i
+    return tuple(f for f in frames[start:] if not (f.native and _ADDRESS.fullmatch(f.function.strip())))
 
 
 def _port(endpoint: str) -> Optional[int]:
@@ -226,7 +267,8 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
         else:
             status = "unknown"  # not enough samples yet
         out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options),
-                                moved=moved, net_bytes=moves.get("net"), store_bytes=moves.get("store"),
+                                moved=moved, quiet=tuple(moves.get("quiet", ())),
+                                net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
                                 **_window([h[3] for h in history], options, flags),
                                 held=_held(rank)))
@@ -270,14 +312,27 @@ def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
     log = _diff(a.log_bytes, b.log_bytes)
     out["io"] = _sum(storage, log)
     out["net"], out["store"] = socket_bytes(before, after)
-    moved = []
+    moved: List[str] = []
+    quiet: List[str] = []
     if out["net"]:
-        moved.append(f"sockets {size_text(out['net'])}")
+        words = f"sockets {size_text(out['net'])}"
+        if out["net"] >= BULK_RATE * dt:
+            moved.append(words)
+        else:
+            quiet.append(words + " (control-sized)")
     if log:
-        moved.append(f"output {size_text(log)}")
+        main = _diff(a.main_wchar, b.main_wchar)
+        if main is None or main > 0:  # unknown (an older worker): the output counts, as it always did
+            moved.append(f"output {size_text(log)}")
+        else:
+            quiet.append(f"output {size_text(log)} (not by the main thread)")
     if storage:
-        moved.append(f"storage {size_text(storage)}")
-    out["moved"] = moved
+        words = f"storage {size_text(storage)}"
+        if storage >= BULK_RATE * dt:
+            moved.append(words)
+        else:
+            quiet.append(words + " (a trickle)")
+    out["moved"], out["quiet"] = moved, quiet
     return out
 
 

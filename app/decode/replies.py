@@ -134,7 +134,7 @@ def counters(raw: Any) -> ProgressCounters | None:
         nonvoluntary_ctxt=_count(raw.get("nonvoluntary_ctxt")), run_ns=_count(raw.get("run_ns")),
         wait_ns=_count(raw.get("wait_ns")), rchar=_count(raw.get("rchar")), wchar=_count(raw.get("wchar")),
         read_bytes=_count(raw.get("read_bytes")), write_bytes=_count(raw.get("write_bytes")),
-        log_bytes=_count(raw.get("log_bytes")), cgroup=cgroup)
+        log_bytes=_count(raw.get("log_bytes")), main_wchar=_count(raw.get("main_wchar")), cgroup=cgroup)
 
 
 def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:

@@ -99,6 +99,7 @@ class ProgressCounters:
     read_bytes: Optional[int] = None  # bytes fetched from / sent to storage
     write_bytes: Optional[int] = None
     log_bytes: Optional[int] = None  # offsets of stdout and stderr where they are regular files
+    main_wchar: Optional[int] = None  # /proc/PID/task/PID/io: bytes the main thread itself wrote (any fd)
     cgroup: Optional[CgroupCpu] = None
 
 

@@ -10,7 +10,7 @@ import pytest
 from analysis_snapshots import ALL_REDUCE, LOADING, in_step, job, rank, snapshot, stack
 from app.analysis import analyze
 from app.analysis.diff import diff_ranks, diff_vs_majority
-from app.analysis.progress import track
+from app.analysis.progress import BULK_RATE, place_frames, track
 from app.analysis.text import summary_text
 from app.model import CgroupCpu, Frame, Local, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 
@@ -114,7 +114,7 @@ BACKWARD = stack("_engine_run_backward (/opt/venv/lib/python3.11/site-packages/t
 
 def counted(at: float, rank_no: int, node: str, *, cpu: float, sent: int, store: int = 0, throttled_us: int = 0,
             nr_throttled: int = 0, quota: Optional[int] = None, wait_s: float = 0.0, state: str = "S",
-            frames: tuple = BACKWARD, log: int = 0) -> RankSnapshot:
+            frames: tuple = BACKWARD, log: int = 0, main: Optional[int] = None) -> RankSnapshot:
     """A rank of a 4-node job at time `at` whose counters read `cpu` seconds and `sent` bytes so far."""
     socks = (TcpSocket(f"10.0.0.{rank_no}:40{rank_no:02d}", "10.0.0.9:41000", "ESTABLISHED",
                        bytes_acked=sent, bytes_received=sent),
@@ -122,7 +122,8 @@ def counted(at: float, rank_no: int, node: str, *, cpu: float, sent: int, store:
                        bytes_acked=store, bytes_received=store))
     cg = CgroupCpu("v1", "/slow" if quota else "/", quota, 100000, 100, nr_throttled, throttled_us)
     c = ProgressCounters(at=at, state=state, utime=cpu, stime=0.0, voluntary_ctxt=int(at), nonvoluntary_ctxt=0,
-                         run_ns=int(cpu * 1e9), wait_ns=int(wait_s * 1e9), log_bytes=log, cgroup=cg)
+                         run_ns=int(cpu * 1e9), wait_ns=int(wait_s * 1e9), log_bytes=log, main_wchar=main,
+                         cgroup=cg)
     return rank(rank_no, node, frames, world=8, master_port=29500, sockets=socks, counters=c)
 
 
@@ -166,6 +167,60 @@ def test_output_written_is_progress() -> None:
     a = analyze(now, history=[before])
     assert {p.moved for p in a.progress} == {("output 300 B",)}
     assert a.findings[0].kind == "progressing"
+
+
+def test_output_the_main_thread_did_not_write_is_not_progress() -> None:
+    """A hung job still writes: a logger thread, a progress bar's timer, a warning a server thread prints when it is
+    asked for its record, another process on the same file. Output counts when the main thread wrote."""
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=0, log=100, frames=ALL_REDUCE, main=5_000)
+    now = ddp_sample(11.0, {}, cpu=1.0, sent=0, log=400, frames=ALL_REDUCE, main=5_000)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"stuck"}
+    assert {p.quiet for p in a.progress} == {("output 300 B (not by the main thread)",)}
+    assert not any(f.kind == "progressing" for f in a.findings)
+    wrote = ddp_sample(11.0, {}, cpu=1.0, sent=0, log=400, frames=ALL_REDUCE, main=5_300)
+    a = analyze(wrote, history=[before])
+    assert {p.moved for p in a.progress} == {("output 300 B",)}
+    assert a.findings[0].kind == "progressing"
+
+
+def test_control_sized_traffic_to_the_peers_is_not_progress() -> None:
+    """NCCL RAS keepalives and the gathers a RAS query starts, heartbeats, a monitor's polls: a few hundred bytes a
+    second on connections to the peers while every rank waits. Seen on an H100 (make gpu-check): 848 B a rank."""
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=10_000, frames=ALL_REDUCE)
+    now = ddp_sample(11.5, {}, cpu=1.0, sent=10_424, frames=ALL_REDUCE)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"stuck"}
+    assert {p.quiet for p in a.progress} == {("sockets 848 B (control-sized)",)}
+    assert all(p.net_bytes == 848 and not p.sockets_moved for p in a.progress)
+    assert not any(f.kind == "progressing" for f in a.findings)
+    # the job's data: BULK_RATE and more a second is progress
+    bulk = ddp_sample(11.5, {}, cpu=1.0, sent=10_000 + int(BULK_RATE * 1.5 / 2), frames=ALL_REDUCE)
+    a = analyze(bulk, history=[before])
+    assert {p.status for p in a.progress} == {"progressing"}
+
+
+def test_native_frames_inside_a_wait_and_bare_addresses_are_not_a_new_place() -> None:
+    """A rank in torch.cuda.synchronize: the driver polls the GPU, caught at another address in libcuda each
+    time (stripped: no symbols), under cudaDeviceSynchronize. Its place is the same in both samples."""
+    def polling(addr: str) -> tuple:
+        return (Frame(addr, "/usr/lib/libcuda.so.580", 0, "/usr/lib/libcuda.so.580", native=True),
+                Frame("sched_yield", "/usr/lib/libc.so.6", 0, "/usr/lib/libc.so.6", native=True),
+                Frame("cudaDeviceSynchronize", "/x/libcudart.so.13", 0, "/x/libcudart.so.13", native=True),
+                Frame("synchronize", "/x/site-packages/torch/cuda/__init__.py", 1162),
+                Frame("main", "train.py", 107))
+    first, second = polling("0x7f96c0bd36bd"), polling("0x7f96c0e14833")
+    assert place_frames(first) == place_frames(second) == first[2:]
+    assert [f.function for f in place_frames(first[1:])] == ["cudaDeviceSynchronize", "synchronize", "main"]
+    # an address outside any wait the tables name is dropped too; a named native function is a place
+    free = (Frame("0x1", "/lib/x.so", 0, native=True), Frame("compute_kernel", "/lib/x.so", 0, native=True),
+            Frame("main", "train.py", 5))
+    assert [f.function for f in place_frames(free)] == ["compute_kernel", "main"]
+    before = ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=first)
+    now = ddp_sample(11.0, {}, cpu=2.9, sent=0, frames=second)
+    a = analyze(now, history=[before])
+    assert {p.status for p in a.progress} == {"stuck"}
+    assert all("stack" not in p.moved for p in a.progress)
 
 
 def test_ranks_called_stuck_that_burn_cpu_weaken_the_still_running_lead() -> None:
@@ -297,11 +352,17 @@ def test_all_ranks_at_one_place_advice_follows_the_evidence() -> None:
                    history=[ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)])
     same = next(f for f in hung.findings if f.kind == "all_identical")
     assert same.confidence == "medium" and "check the links" in same.detail
-    moving = analyze(ddp_sample(11.0, {}, cpu=1.1, sent=5_000, frames=ALL_REDUCE),
+    moving = analyze(ddp_sample(11.0, {}, cpu=1.1, sent=50_000, frames=ALL_REDUCE),
                      history=[ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)])
     same = next(f for f in moving.findings if f.kind == "all_identical")
     assert "check the links" not in same.detail and "the links work" in same.detail
     assert same.confidence == "low"
+    # control traffic alone (a keepalive): the job is not moving, but the links carry bytes: no guess at them
+    control = analyze(ddp_sample(11.0, {}, cpu=1.1, sent=5_000, frames=ALL_REDUCE),
+                      history=[ddp_sample(10.0, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)])
+    assert {p.status for p in control.progress} == {"stuck"}
+    same = next(f for f in control.findings if f.kind == "all_identical")
+    assert "check the links" not in same.detail and "the links work" in same.detail
 
 
 def test_counters_of_old_snapshots_are_absent_and_the_stacks_decide() -> None:

@@ -42,7 +42,7 @@ class FakeSession:
     async def sample(self) -> Snapshot:
         self.samples += 1
         at = time.time()
-        sent = 1000 * min(self.samples, self.moving)
+        sent = 1_000_000 * min(self.samples, self.moving)  # a job's data: above control traffic (BULK_RATE)
         ranks = tuple(dataclasses.replace(r, threads=(), collected=False) for r in self._ranks(at, sent))
         return Snapshot(taken_at=at, nodes=self.base.nodes, ranks=ranks)
 
@@ -56,7 +56,7 @@ class FakeSession:
         self.options.collect = collect
 
     async def snapshot(self) -> Snapshot:
-        return dataclasses.replace(self.base, taken_at=time.time(), ranks=self._ranks(time.time(), 1000 * self.moving))
+        return dataclasses.replace(self.base, taken_at=time.time(), ranks=self._ranks(time.time(), 1_000_000 * self.moving))
 
     async def refresh(self, **_: Any) -> Snapshot:
         return await self.snapshot()

@@ -17,12 +17,15 @@ from app.watch.tracker import MAX_JOBS, POINTS, TrackOptions, Tracker
 
 JOB = "10.0.0.1:29500"
 NODES = ("n1", "n2")
+# the samples count bytes to the peers in kB: a job's data, above the control traffic (keepalives, status queries)
+# that app.analysis.progress.BULK_RATE leaves out
+KB = 1000
 
 
 def rank(node: str, i: int, at: float, sent: int, *, job: str = JOB, env: Sequence = (), log: int = 0
          ) -> RankSnapshot:
-    sock = TcpSocket(local=f"10.0.0.{i}:4000", peer="10.0.0.9:5000", state="ESTABLISHED", bytes_acked=sent,
-                     bytes_received=sent)
+    sock = TcpSocket(local=f"10.0.0.{i}:4000", peer="10.0.0.9:5000", state="ESTABLISHED", bytes_acked=sent * KB,
+                     bytes_received=sent * KB)
     return RankSnapshot(node=node, pid=100 + i, start_time=7, rank=i, job=job, master_port=29500,
                         sockets=(sock,), env=tuple(env),
                         counters=ProgressCounters(at=at, state="S", utime=at / 10, stime=0.0, log_bytes=log))
@@ -55,7 +58,7 @@ def test_a_healthy_job_is_followed_and_never_stalled_or_slow() -> None:
     assert [type(e) for e in events] == [JobFound]
     job = tracker.jobs[JOB]
     assert job.status == "progressing" and job.unit == "sockets"
-    assert job.rate is not None and abs(job.rate - 4 * 200) < 1e-6  # 2 x 1000 B per rank per 10 s, 4 ranks
+    assert job.rate is not None and abs(job.rate - 4 * 200 * KB) < 1e-6  # 2 x 1000 kB per rank per 10 s, 4 ranks
     assert set(job.node_rates) == {"n1", "n2"}
     assert not tracker.all_ended()
 

@@ -239,6 +239,14 @@ def collect(pid: int) -> Optional[Dict[str, Any]]:
         for key in ("rchar", "wchar", "read_bytes", "write_bytes"):
             if key in values:
                 out[key] = values[key]
+    # the main thread's own writes (its task's io): output that grew while the main thread wrote nothing was
+    # written by another thread (a logger, a progress bar's timer, a server thread) or another process sharing the
+    # file, which says nothing of whether the job's own loop moves
+    main = _read("/proc/%d/task/%d/io" % (pid, pid), 1024)
+    if main:
+        wchar = _keyed(main).get("wchar")
+        if wchar is not None:
+            out["main_wchar"] = wchar
     start = fields[21] if len(fields) > 21 else ""
     log = _log_pos(pid, start)
     if log is not None:

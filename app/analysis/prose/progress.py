@@ -34,7 +34,7 @@ def behind_phrase(behind: Sequence[RankProgress]) -> str:
 
 def moved_text(moving: Sequence[RankProgress]) -> str:
     """`sockets moved 2.1 MB on 8 ranks, 3 changed stack` for the progressing headline."""
-    net = [p.net_bytes for p in moving if p.net_bytes]
+    net = [p.net_bytes for p in moving if p.net_bytes and p.sockets_moved]
     parts = []
     if net:
         parts.append(f"sockets moved {size_text(sum(net))} on {len(net)}")
