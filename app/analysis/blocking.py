@@ -351,6 +351,9 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
 
     running = t.state == "R" or (t.active and t.state not in ("S", "D") and t.syscall in ("", "running"))
     if running:
+        polled = _polling_wait(py, caller, t)
+        if polled is not None:
+            return _replace(polled, cpu=cpu)
         return _running(t, caller, cpu, motion)
 
     found = _frame_sites(py, caller, t)
@@ -402,6 +405,35 @@ def thread_wait(t: ThreadStack, hold: Optional[ProcessHold] = None, motion: Opti
     return ThreadWait("blocked" if t.state == "S" else "unknown", "", "unknown", "unknown",
                       frame=py[0] if py else None, caller=caller, syscall=t.syscall, wchan=t.wchan, by="", cpu=cpu,
                       details=_kernel_details(t))
+
+
+# Waits that poll on a CPU instead of sleeping: a thread in one runs (state R, a core's worth of CPU) while it
+# waits, so its wait is the call, not a spin of the job's own. resource -> why it runs while it waits.
+POLLING_WAITS = {
+    "device": "the CUDA runtime polls the GPU on a CPU core while it waits (its default schedule spins when there "
+              "are more cores than GPUs)",
+}
+# native calls that busy-wait for the other ranks (NCCL polls its peers' progress on a CPU)
+POLLING_NATIVE = ("ncclCommInitRank", "ncclGroupEnd")
+
+
+def _polling_wait(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -> Optional[ThreadWait]:
+    """A running thread inside a wait that polls (POLLING_WAITS, POLLING_NATIVE): blocked in that wait."""
+    for f in t.frames:
+        if not f.native:
+            break
+        named = native_site(f.function)
+        if named is not None and (named[1] in POLLING_WAITS or named[3] in POLLING_NATIVE):
+            _, resource, rel, op, reason = named
+            why = POLLING_WAITS.get(resource, "NCCL polls the other ranks' progress on a CPU core while it waits")
+            return ThreadWait("blocked", op, resource, rel, frame=f, caller=caller, syscall=t.syscall, wchan=t.wchan,
+                              how="polling on a CPU", reason=f"{reason}; {why}", by="frame",
+                              details=_kernel_details(t), collective=op if resource == "collective" else "")
+    found = _frame_sites(py, caller, t)
+    if found is not None and found.resource in POLLING_WAITS:
+        return _replace(found, how=found.how or "polling on a CPU",
+                        reason=f"{found.reason}; {POLLING_WAITS[found.resource]}")
+    return None
 
 
 WITH_LOCK = Site((), frozenset({"__enter__"}), "with-statement lock", "lock", "holder",

@@ -307,3 +307,30 @@ def test_library_code_below_a_loops_body_line_computes_and_is_no_spin() -> None:
     """The same thread on its loop's body line, inside a library call: that call may be doing the work."""
     stayed = Motion(cpu=0.2, moved=True, moved_own=False, running_before=True)
     assert thread_wait(_polling((lib("json/decoder.py", "decode"),), line=41), motion=stayed).state == "running"
+
+
+# --- waits that poll on a CPU ---------------------------------------------------------------------------------
+
+
+def _native(function: str, lib_path: str = "/usr/lib/x86_64-linux-gnu/libcuda.so.580") -> Frame:
+    return Frame(function, lib_path, 0, lib_path, native=True)
+
+
+def test_a_thread_polling_the_gpu_in_a_synchronisation_waits_for_it_and_does_not_spin() -> None:
+    """The CUDA runtime polls the GPU on a core while the host waits (seen on an H100: a rank in
+    torch.cuda.synchronize at 1.9 cores, state R, was called spinning in its own loop)."""
+    at = job("main", 107, "sync()", loops=(LoopInfo("for", 93, 110, "for step in range(1, 1_000_000):"),))
+    frames = (_native("0x7f96c0bd36bd"), _native("cuCtxSynchronize_v2"),
+              _native("cudaDeviceSynchronize", "/x/nvidia/cu13/lib/libcudart.so.13"),
+              Frame("synchronize", "/x/site-packages/torch/cuda/__init__.py", 1162), at)
+    hot = Motion(cpu=1.9, running_before=True, moved_own=False)
+    w = thread_wait(thread(*frames, syscall="running", wchan="", state="R"), motion=hot)
+    assert (w.state, w.resource, w.operation) == ("blocked", "device", "cudaDeviceSynchronize")
+    assert w.how == "polling on a CPU" and "polls the GPU on a CPU core" in w.reason and w.caller == at
+    # without --native: the Python site says it
+    w = thread_wait(thread(*frames[3:], syscall="running", wchan="", state="R"), motion=hot)
+    assert (w.state, w.resource, w.operation) == ("blocked", "device", "torch.cuda.synchronize")
+    # a wait that sleeps does not poll: a thread on a CPU in its own loop still spins
+    spin = thread_wait(thread(job("main", 12, "while not done: pass", loops=(LoopInfo("while", 12, 12, "while not done:"),)),
+                              syscall="running", wchan="", state="R"), motion=hot)
+    assert spin.state == "spinning"

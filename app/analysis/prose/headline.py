@@ -31,8 +31,10 @@ from app.analysis.prose.waits import chain_text, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
 from app.analysis.release import Link
+from app.analysis.sites import frame_site, native_site
 from app.analysis.suspects import WaitEvidence, informative
 from app.analysis.tree import StackClass
+from app.model import Frame
 
 
 def _others(c: Culprit, total: int) -> str:
@@ -41,9 +43,30 @@ def _others(c: Culprit, total: int) -> str:
     n = total - len(c.who.keys)
     if d is None or n <= 0:
         return ""
-    at = f"in `{d.collective}`" if d.collective else class_where(d)
     them = "it" if len(c.who.keys) <= 1 else "them"
+    device = None if d.collective else device_wait(d.frames)
+    if device is not None:
+        at = class_where(d).replace("in ", "at ", 1)
+        return (f"the other {count_phrase(n)} wait for {them} in `{device}` {at}: the host waits for its GPU, "
+                f"where the collective it queued waits for {them}")
+    at = f"in `{d.collective}`" if d.collective else class_where(d)
     return f"the other {count_phrase(n)} wait for {them} {at}"
+
+
+def device_wait(frames: Sequence[Frame]) -> Optional[str]:
+    """The GPU synchronisation a path (outermost first) waits in, by the wait tables: the call the job made
+    (`torch.cuda.synchronize`), else the runtime's (`cudaDeviceSynchronize`); None when it waits in none."""
+    native = None
+    for f in frames:
+        if f.native:
+            hit = native_site(f.function)
+            if hit is not None and hit[1] == "device" and native is None:
+                native = hit[3]
+            continue
+        site = frame_site(f.function, f.filename)
+        if site is not None and site.resource == "device":
+            return site.operation
+    return native
 
 
 def _wait_sentence(c: Culprit, total: int) -> str:
