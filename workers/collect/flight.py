@@ -3,7 +3,8 @@
 Only for ranks whose environment enables the recorder (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0).
 With gloo nothing dumps it by itself, so the record comes from where the job made it reachable:
 - the rank's worker server (torch.distributed.elastic.control_plane.worker_main() with
-  TORCH_WORKER_SERVER_SOCKET): `POST /handler/fr_trace_json` on that unix socket, only after the rank is seen to
+  TORCH_WORKER_SERVER_SOCKET): `POST /handler/fr_trace_json` on that unix socket (and `dump_nccl_trace_json`,
+  NCCL's own recorder, where torch was built with CUDA: the two records merged), only after the rank is seen to
   listen on that path itself (one of its own fds), reached through /proc/PID/root (its mount namespace);
 - a dump file, TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE followed by the rank number: owned by the
   rank's user, written since the rank started, opened without following a link, JSON or a pickle of plain data
@@ -30,6 +31,9 @@ ENABLE_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"
 FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 HANDLER = "/handler/fr_trace_json"
+# NCCL's collectives are in a recorder of their own (FlightRecorder<CUDAEvent>), served by the handler that CUDA
+# builds of torch register beside it; CPU builds answer 404, and the record is fr_trace_json's alone
+NCCL_HANDLER = "/handler/dump_nccl_trace_json"
 TIMEOUT = 3.0  # seconds for the worker server to answer: its handler runs in the rank's own server thread
 MAX_BYTES = 16 << 20  # a 2000-entry record with stack frames is a few MB
 MAX_ENTRIES = 32  # the newest entries travel back; pg_status already holds every group's numbers
@@ -208,7 +212,40 @@ def _from_server(pid: int, path: str, timeout: float) -> Any:
     status, body = _request(pid, path, HANDLER, timeout, MAX_BYTES + 1)
     if status != 200:
         raise FlightError("HTTP %d from %s (torch too old for fr_trace_json?)" % (status, HANDLER))
-    return _decode(body)
+    record = _decode(body)
+    try:
+        status, body = _request(pid, path, NCCL_HANDLER, timeout, MAX_BYTES + 1)
+        if status == 200:
+            record = merge(record, _decode(body))
+    except FlightError:
+        pass  # no NCCL recorder: the CPU one's record stands
+    return record
+
+
+def merge(cpu: Any, nccl: Any) -> Any:
+    """One record of the two recorders a rank keeps: every group's status and config, the entries of both in the
+    order they were created (NCCL's status wins for a group both know)."""
+    if not isinstance(nccl, dict):
+        return cpu
+    if not isinstance(cpu, dict):
+        return nccl
+    out = dict(cpu)
+    for key in ("pg_status", "pg_config"):
+        a, b = cpu.get(key), nccl.get(key)
+        both = dict(a) if isinstance(a, dict) else {}
+        both.update(b if isinstance(b, dict) else {})
+        out[key] = both
+    entries = [e for part in (cpu.get("entries"), nccl.get("entries")) if isinstance(part, list)
+               for e in part if isinstance(e, dict)]
+    out["entries"] = sorted(entries, key=_created)
+    if not out.get("version"):
+        out["version"] = nccl.get("version", "")
+    return out
+
+
+def _created(entry: Dict[str, Any]) -> Tuple[int, int]:
+    t = entry.get("time_created_ns")
+    return (t if isinstance(t, int) else 0, _record_id(entry))
 
 
 def _request(pid: int, path: str, handler: str, timeout: float, limit: int) -> Tuple[int, bytes]:
@@ -321,7 +358,7 @@ def trim(record: Any) -> Dict[str, Any]:
         if pg not in have and len(have) < MAX_GROUPS:
             have.add(pg)
             newest.insert(0, e)
-    keep = sorted(newest, key=_record_id)
+    keep = sorted(newest, key=_created)  # one recorder's ids follow its creation times; two recorders' do not
     return {
         "version": _text(record.get("version", ""), 40),
         "pg_status": {_text(k, 40): {_text(n, 60): v for n, v in s.items() if isinstance(v, (int, str))}
