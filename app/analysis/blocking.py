@@ -427,12 +427,11 @@ def _polling_wait(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) 
             _, resource, rel, op, reason = named
             why = POLLING_WAITS.get(resource, "NCCL polls the other ranks' progress on a CPU core while it waits")
             return ThreadWait("blocked", op, resource, rel, frame=f, caller=caller, syscall=t.syscall, wchan=t.wchan,
-                              how="polling on a CPU", reason=f"{reason}; {why}", by="frame",
+                              reason=f"{reason}; {why}", by="frame",
                               details=_kernel_details(t), collective=op if resource == "collective" else "")
     found = _frame_sites(py, caller, t)
     if found is not None and found.resource in POLLING_WAITS:
-        return _replace(found, how=found.how or "polling on a CPU",
-                        reason=f"{found.reason}; {POLLING_WAITS[found.resource]}")
+        return _replace(found, reason=f"{found.reason}; {POLLING_WAITS[found.resource]}")
     return None
 
 

@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 from typing import Iterable, Literal, Optional, Sequence, Tuple
 
+from app.analysis.sites import native_site
 from app.model import Frame
 from app.printable import clean
 
@@ -170,11 +171,42 @@ def named(frame: Frame) -> str:
     return f"`{clean(frame.function, 80)}` ({location(frame)})"
 
 
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\?*|<unknown>")
+
+
+def unnamed(f: Frame) -> bool:
+    """A native frame without a symbol: an address inside a library (a stripped driver), not a place."""
+    return f.native and _ADDRESS.fullmatch(f.function.strip()) is not None
+
+
+def wait_end(frames: Sequence[Frame]) -> int:
+    """How many of the outermost-first frames say where the thread is: the innermost native frames from the
+    outermost native wait the tables name (cudaDeviceSynchronize, a TCPStore wait) inward are that wait's own
+    machinery (a driver polling the GPU, a spin loop), caught somewhere else in every sample and in every rank."""
+    end = len(frames)
+    for i in range(len(frames) - 1, -1, -1):
+        if not frames[i].native:
+            break  # only the native frames innermost of the Python ones are the call in progress
+        if native_site(frames[i].function) is not None:
+            end = i + 1
+    return end
+
+
+def place_frames(frames: Sequence[Frame]) -> Tuple[Frame, ...]:
+    """The frames (innermost first) that say where a thread is, for telling samples and ranks apart: Python
+    frames and named native frames, up to the native wait they are in (wait_end), never a bare address."""
+    outer = tuple(reversed(frames))
+    return tuple(f for f in reversed(outer[:wait_end(outer)]) if not unnamed(f))
+
+
 def fold_path(frames: Iterable[Frame], *, native: bool, fold_machinery: bool) -> Tuple[int, ...]:
-    """Indices (into the given outermost-first frames) of the frames the analysis keeps."""
+    """Indices (into the given outermost-first frames) of the frames the analysis keeps (native ones: as
+    place_frames keeps them)."""
+    frames = tuple(frames)
+    end = wait_end(frames) if native else len(frames)
     kept = []
-    for i, f in enumerate(frames):
-        if f.native and not native:
+    for i, f in enumerate(frames[:end]):
+        if f.native and (not native or unnamed(f)):
             continue
         if fold_machinery and is_machinery(f.function, f.filename):
             continue

@@ -24,7 +24,6 @@ Old snapshots without counters (RankSnapshot.counters) fall back to the stacks a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from statistics import median
@@ -33,10 +32,9 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
 from app.analysis.fold import count_phrase, short_keys
 from app.analysis.health import StateEvidence
-from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective
+from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective, place_frames
 from app.analysis.options import AnalysisOptions, selector
-from app.analysis.sites import native_site
-from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
+from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
 
 # waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
 # but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
@@ -96,23 +94,6 @@ def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
     if t is None or not t.frames:
         return None
     return tuple(map(_signature_part, place_frames(t.frames)))
-
-
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\?*|<unknown>")
-
-
-def place_frames(frames: Sequence[Frame]) -> Tuple[Frame, ...]:
-    """The frames (innermost first) that say where a thread is, for telling samples apart: the Python frames and
-    the native frames that name a function, from the outermost native wait the tables name inward (the frames
-    inside it are the wait's own: a driver polling the GPU, a spin loop); native frames without a symbol (an
-    address) never, since a thread polling inside a stripped library is caught at another one every time."""
-    start = 0
-    for i, f in enumerate(frames):
-        if not f.native:
-            break  # only the native frames innermost of the Python ones are the call in progress
-        if native_site(f.function) is not None:
-            start = i
-    return tuple(f for f in frames[start:] if not (f.native and _ADDRESS.fullmatch(f.function.strip())))
 
 
 def _port(endpoint: str) -> Optional[int]:

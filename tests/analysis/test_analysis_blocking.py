@@ -326,7 +326,7 @@ def test_a_thread_polling_the_gpu_in_a_synchronisation_waits_for_it_and_does_not
     hot = Motion(cpu=1.9, running_before=True, moved_own=False)
     w = thread_wait(thread(*frames, syscall="running", wchan="", state="R"), motion=hot)
     assert (w.state, w.resource, w.operation) == ("blocked", "device", "cudaDeviceSynchronize")
-    assert w.how == "polling on a CPU" and "polls the GPU on a CPU core" in w.reason and w.caller == at
+    assert "polls the GPU on a CPU core" in w.reason and w.caller == at
     # without --native: the Python site says it
     w = thread_wait(thread(*frames[3:], syscall="running", wchan="", state="R"), motion=hot)
     assert (w.state, w.resource, w.operation) == ("blocked", "device", "torch.cuda.synchronize")
