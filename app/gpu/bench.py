@@ -96,6 +96,9 @@ def table(rows: list[BenchRow]) -> str:
         lines.append(f"{r.size:>12} {r.count:>12} {r.dtype:>8} {'sum':>6} {r.time_us:>10.1f} {r.algbw:>12.3f} "
                      f"{r.busbw:>12.3f}")
     best = peak(rows)
-    if best is not None:
+    if best is not None and best.busbw <= 0:
+        lines.append("no bandwidth measured: one rank's all_reduce crosses no link between GPUs (busbw = algbw x "
+                     "2(n-1)/n is 0; it takes 2 ranks or more)")
+    elif best is not None:
         lines.append(f"peak busbw {best.busbw:.3f} GB/s at {human_size(best.size)}B")
     return "\n".join(lines)

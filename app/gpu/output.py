@@ -262,6 +262,9 @@ def run_message(run: TestRun, why: str = "") -> str:
     n = len(run.ranks)
     if run.status == "ok":
         extra = f", peak busbw {run.busbw:.3g} GB/s" if run.busbw is not None else ""
+        if run.busbw is not None and run.world_size < 2:  # 2(n-1)/n = 0: nothing crosses a link
+            extra = ("; no bandwidth measured: one rank's all_reduce crosses no link between GPUs (it takes 2 ranks "
+                     "or more)")
         return (f"{n} rank(s) on {len(run.nodes)} node(s) OK: all_reduce sum = world size {run.world_size}, "
                 f"barrier passed ({run.backend or 'backend ?'}){extra}")
     culprits = run.culprits or tuple(r for r in run.ranks if r.status != "ok")

@@ -251,7 +251,10 @@ def verdict(scope: str, faults: Sequence[Fault], unclear: Sequence[str], cells: 
         pairs = [c for c in cells if c.a != c.b]
         bws = [c.busbw for c in pairs if c.busbw]
         span = f" (busbw {min(bws):.3g}-{max(bws):.3g} GB/s)" if bws else ""
-        parts.append(f"no fault found: {len(pairs)} pair(s) ok{span}")
+        if not pairs and not untested:
+            parts.append(f"nothing tested: a pair takes two {what}s, and fewer were there to pair")
+        else:
+            parts.append(f"no fault found: {len(pairs)} pair(s) ok{span}")
         if untested:
             parts.append(f"{untested} pair(s) not tested (all-pairs mode tests every link)")
     prefix = "" if scope == "nodes" else f"{scope}: "

@@ -7,6 +7,7 @@ Xid lines, the NCCL_SOCKET_IFNAME suggestion, and the CLI options.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,9 @@ import pytest
 
 from app.errors import InputError
 from app.gpu import bench, inventory, netcheck
+from app.gpu import model as gpu_model
+from app.gpu.output import run_message
+from app.gpu.schedule import verdict
 from app.cli.gpu import add_test_arguments, options_from_args
 from app.gpu.table import printable
 
@@ -29,6 +33,27 @@ def test_busbw_is_algbw_times_2_n_minus_1_over_n() -> None:
     table = bench.table([bench.row(ev, 4)]).splitlines()
     assert table[0].split() == ["size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)"]
     assert table[1].split() == ["1048576", "262144", "float32", "sum", "2000.0", "0.524", "0.786"]
+
+
+def test_one_rank_measures_no_bandwidth_and_says_so() -> None:
+    """Seen on an H100 (make gpu-check, one GPU): `peak busbw 0 GB/s` read like a broken link; one rank's
+    all_reduce crosses none."""
+    ev = {"size": 1 << 26, "count": 1 << 24, "time_avg": 0.000017, "time_max": 0.000017, "iters": 5}
+    text = bench.table([bench.row(ev, 1)])
+    assert "no bandwidth measured: one rank's all_reduce crosses no link" in text and "peak busbw" not in text
+    run = gpu_model.TestRun("bench-1", "bench", ("vm",), "ok", backend="nccl", world_size=1,
+                  ranks=(gpu_model.RankResult("vm", 0, 0, "ok"),), bench=(bench.row(ev, 1),))
+    message = run_message(run)
+    assert "peak busbw" not in message and "no bandwidth measured" in message and "it takes 2 ranks" in message
+    two = dataclasses.replace(run, world_size=2, bench=(bench.row(ev, 2),))
+    assert "peak busbw" in run_message(two)
+
+
+def test_pairs_with_nothing_to_pair_say_so() -> None:
+    """One node (or one GPU): `no fault found: 0 pair(s) ok` claimed a test that never ran."""
+    assert verdict("nodes", (), (), (), 0, None) == ("nothing tested: a pair takes two nodes, and fewer were there "
+                                                     "to pair")
+    assert verdict("node01", (), (), (), 0, None).startswith("node01: nothing tested: a pair takes two GPUs")
 
 
 def test_sizes_lists_ranges_and_bad_input() -> None:
