@@ -191,16 +191,22 @@ class CountingSource:
         self.images: list = []  # pid -> (start time, executable) at each scan
 
     def changed(self) -> set:
-        """The pids of the last scan that are new since the one before, or run another image now."""
-        before, now = self.images[-2], self.images[-1]
-        return {pid for pid, image in now.items() if before.get(pid) != image}
+        """The pids of the last scan that are new since the one before, or ran another image at some moment of
+        the two scans (as each began and as each ended): a process that exec'd while a scan ran is a new process
+        to the cache too, whichever side of our own look at it the exec fell."""
+        looks = self.images[-4:]  # the scan before (begin, end), this one (begin, end)
+        return {pid for pid in self.listed[-1] if len({look.get(pid) for look in looks}) > 1}
 
     def pids(self) -> list:
         self.listed.append(set(self.inner.pids()))
         # each process's image as listed: other work on the machine (another xdist worker's jobs, other users)
         # execs processes between two scans, and a new image is a new process to the cache (read again, rightly)
-        self.images.append({pid: _image(pid) for pid in self.listed[-1]})
+        self.observe()
         return sorted(self.listed[-1])
+
+    def observe(self) -> None:
+        """The images of the listed processes now (at a scan's beginning, and again at its end)."""
+        self.images.append({pid: _image(pid) for pid in self.listed[-1]})
 
     def read(self, pid: int, with_environ: bool = True, stat=None):  # type: ignore[no-untyped-def]
         self.reads.append(pid)
@@ -213,7 +219,10 @@ def test_a_refresh_reads_only_new_processes_in_full_and_sees_ranks_come_and_go()
 
     def scan() -> dict:
         src.reads.clear()
-        return {r["pid"]: r for r in discover.Scan(src, me=-1, cache=cache).ranks()}
+        try:
+            return {r["pid"]: r for r in discover.Scan(src, me=-1, cache=cache).ranks()}
+        finally:
+            src.observe()
 
     with start_rank(0, ["--helper"]) as t0:
         first = scan()
