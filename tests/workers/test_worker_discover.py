@@ -189,16 +189,20 @@ class CountingSource:
         self.reads: list = []
         self.listed: list = []  # the pids of each scan
         self.images: list = []  # pid -> (start time, executable) at each scan
+        self.failed: list = []  # the pids each scan failed to read
 
     def changed(self) -> set:
         """The pids of the last scan that are new since the one before, or ran another image at some moment of
         the two scans (as each began and as each ended): a process that exec'd while a scan ran is a new process
         to the cache too, whichever side of our own look at it the exec fell."""
         looks = self.images[-4:]  # the scan before (begin, end), this one (begin, end)
-        return {pid for pid in self.listed[-1] if len({look.get(pid) for look in looks}) > 1}
+        new = {pid for pid in self.listed[-1] if len({look.get(pid) for look in looks}) > 1}
+        return new | self.failed[-2]  # a process the scan before could not read (it exited, or exec'd) is not known
+
 
     def pids(self) -> list:
         self.listed.append(set(self.inner.pids()))
+        self.failed.append(set())
         # each process's image as listed: other work on the machine (another xdist worker's jobs, other users)
         # execs processes between two scans, and a new image is a new process to the cache (read again, rightly)
         self.observe()
@@ -210,7 +214,11 @@ class CountingSource:
 
     def read(self, pid: int, with_environ: bool = True, stat=None):  # type: ignore[no-untyped-def]
         self.reads.append(pid)
-        return self.inner.read(pid, with_environ=with_environ, stat=stat)
+        try:
+            return self.inner.read(pid, with_environ=with_environ, stat=stat)
+        except Exception:
+            self.failed[-1].add(pid)
+            raise
 
 
 def test_a_refresh_reads_only_new_processes_in_full_and_sees_ranks_come_and_go() -> None:
