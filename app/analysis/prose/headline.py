@@ -18,6 +18,7 @@ from app.analysis.blocking import ThreadWait
 from app.analysis.culprit import Culprit
 from app.analysis.facts import Fact
 from app.analysis.findings import Finding
+from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.frames import clean, named
 from app.analysis.graph import WaitGraph
@@ -83,13 +84,22 @@ def _wait_sentence(c: Culprit, total: int) -> str:
 _POSITIONAL = ("minority_stack", "different_collective", "iteration_split", "collective_lag", "still_running")
 
 
+def _positional(f: Fact) -> bool:
+    """A fact that says where a rank is (its stack, its iteration, how many collectives it issued), not what it
+    waits for: NCCL RAS's counts of launched operations are one (the rank behind has not issued the collective)."""
+    return f.kind in _POSITIONAL or (f.kind == "nccl_ras" and isinstance(f.data, RasEvidence) and
+                                     f.data.what == "counts")
+
+
 def culprit_sentence(c: Culprit, title: str, total: int) -> str:
     """The verdict's sentence for a culprit: its chain of waits, or the root fact's sentence (`title`) with the
     thread's wait added when it names one the sentence does not."""
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
         return _wait_sentence(c, total)
-    if c.links and c.rank is not None and informative(c.links[0].wait) and c.fact.kind in _POSITIONAL:
-        return f"{title}; its main thread is {chain_text(c.links, c.rank)}"
+    if c.links and c.rank is not None and informative(c.links[0].wait) and _positional(c.fact):
+        # RAS's counts say nothing of where the others are (a stack fact's title does): say where they wait
+        others = _others(c, total) if c.fact.kind == "nccl_ras" else ""
+        return f"{title}; its main thread is {chain_text(c.links, c.rank)}" + (f"; {others}" if others else "")
     if c.links and c.rank is not None and c.fact.kind in ("minority_stack", "different_collective"):
         w = c.links[0].wait
         if w.state in ("running", "spinning"):
@@ -124,7 +134,7 @@ def unknown_wait(w: ThreadWait) -> str:
 def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
     if c is not None and c.links and c.rank is not None and (
-            c.fact.kind == "blocked" or (c.fact.kind in _POSITIONAL and informative(c.links[0].wait))):
+            c.fact.kind == "blocked" or (_positional(c.fact) and informative(c.links[0].wait))):
         step = _wait_next(c.links, c)
         if step:
             return step

@@ -1,0 +1,73 @@
+"""A real NCCL hang, recorded on an NVIDIA H100 by `make gpu-check` (tests/data/gpu/h100-nccl-hang.snapshot.json,
+as `--snapshot` writes it: default-deny): 3 ranks sharing the GPU as three NCCL hosts, NCCL 2.28.9 with RAS on,
+torch 2.11+cu130, the Flight Recorder on; rank 2 sleeps in a loop before its step's all_reduce, ranks 0-1 wait in
+torch.cuda.synchronize with the CUDA runtime polling the GPU (state R, ~1.9 cores), their innermost frames bare
+libcuda addresses. The first run of gpu-check called this job "progressing" [high].
+
+Analysed as the CLI analyses two samples: the recorded one, and the same ranks read again 1.5 s later with nothing
+moved but what a hung NCCL job moves (RAS keepalives, 848 B a rank) and the driver caught at other addresses."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from app.analysis import analyze
+from app.model import Snapshot
+from app.model.codec import snapshot_from_json
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h100-nccl-hang.snapshot.json"
+
+
+def _recorded() -> Snapshot:
+    snap, _ = snapshot_from_json(DATA.read_text(encoding="utf-8"))
+    return snap
+
+
+def _later(snap: Snapshot, seconds: float = 1.5) -> Snapshot:
+    """The same ranks `seconds` later: counters read again, RAS peers' sockets 424 B further on each, the driver
+    polling at another address, everything else as it was."""
+    ranks = []
+    for r in snap.ranks:
+        assert r.counters is not None
+        socks = tuple(replace(s, bytes_acked=s.bytes_acked + 212, bytes_received=s.bytes_received + 212)
+                      if s.state == "ESTABLISHED" and s.last_send_ms is not None and s.last_send_ms < 1000
+                      and s.bytes_acked is not None and s.bytes_received is not None and s.bytes_acked < 10_000
+                      else s for s in r.sockets)
+        threads = tuple(replace(t, frames=tuple(replace(f, function="0x7f00000" + f.function[-5:])
+                                                if f.native and f.function.startswith("0x") else f for f in t.frames))
+                        for t in r.threads)
+        ranks.append(replace(r, sockets=socks, threads=threads, cpu_time=r.cpu_time + seconds * 1.9,
+                             counters=replace(r.counters, at=r.counters.at + seconds)))
+    return replace(snap, taken_at=snap.taken_at + seconds, ranks=tuple(ranks))
+
+
+def test_the_recorded_nccl_hang_is_stuck_with_the_sleeping_rank_as_its_culprit() -> None:
+    first = _recorded()
+    now = _later(first)
+    a = analyze(now, history=[first])
+    assert {p.status for p in a.progress} == {"stuck"}, [(p.rank, p.moved) for p in a.progress]
+    assert not any(f.kind == "progressing" for f in a.findings)
+    assert all(not p.moved and any("control-sized" in q for q in p.quiet) for p in a.progress)
+    # who, in what state, where the others wait, and the evidence NCCL itself gives
+    assert a.verdict.startswith("NCCL RAS: rank 2 launched only 2 AllReduce operations") or \
+        a.verdict.startswith("Rank 2 (pid"), a.verdict
+    assert "sleeping in `time.sleep`" in a.verdict, a.verdict
+    lead = a.findings[0]
+    assert lead.confidence == "high" and all(k[1] == 542 for k in lead.ranks), lead
+    assert len(a.classes) == 2, "ranks 0-1 wait at one place, whatever address the driver was caught at"
+
+
+def test_the_waiting_ranks_wait_for_their_gpu_they_do_not_spin() -> None:
+    first = _recorded()
+    a = analyze(_later(first), history=[first])
+    assert "the other 2 ranks wait for it in `torch.cuda.synchronize` at `main` (gpu_hang_job.py:107): the host " \
+        "waits for its GPU" in " ".join(a.verdict.split()), a.verdict
+    assert not any("spinning" in f.title and 542 not in (k[1] for k in f.ranks) for f in a.findings), \
+        [f.title for f in a.findings]
+
+
+def test_the_flight_recorder_of_every_rank_holds_nccls_collectives() -> None:
+    snap = _recorded()
+    assert all(r.flight is not None and any("nccl:all_reduce" in e.profiling_name for e in r.flight.entries)
+               for r in snap.ranks), "dump_nccl_trace_json's entries, merged with fr_trace_json's"
