@@ -161,20 +161,35 @@ def marked_pids(token: str) -> List[int]:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
+                if needle in f.read().split(b"\0") and _alive(int(entry)):
                     found.append(int(entry))
         except OSError:
             continue
     return found
 
 
-def kill_marked(token: str) -> List[int]:
+def _alive(pid: int) -> bool:
+    """Not gone, and not a zombie or dead: a killed process is not left running while its parent reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def kill_marked(token: str, wait: float = 10.0) -> List[int]:
+    """SIGKILL every marked process, then wait (at most `wait` s) until they have exited: a process killed on a
+    loaded machine takes a while to go (its memory freed, its GPU context torn down)."""
     pids = marked_pids(token)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    deadline = time.monotonic() + wait
+    while pids and any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return pids
 
 
