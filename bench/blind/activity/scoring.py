@@ -55,10 +55,13 @@ def first_rank(text: str) -> Optional[int]:
 
 
 def high_culprit_finding(findings: Sequence[dict]) -> Optional[dict]:
-    """A finding of confidence high that is not itself a statement of progress."""
+    """A finding of confidence high that names a culprit (its `culprit` flag; where it has none, a kind that is not a
+    statement of progress)."""
     for f in findings:
-        kind = str(f.get("kind", ""))
-        if str(f.get("confidence", "")).lower() == "high" and not re.search(r"progress|healthy|running|ok\b", kind):
+        if str(f.get("confidence", "")).lower() != "high":
+            continue
+        flag = f.get("culprit")
+        if flag is True or (flag is None and not re.search(r"progress|healthy|running|ok\b", str(f.get("kind", "")))):
             return f
     return None
 
@@ -86,7 +89,8 @@ def judge(name: str, truth: dict, headline: str, analysis: Optional[dict], secon
     analysis = analysis or {}
     findings = list(analysis.get("findings") or [])
     first = findings[0] if findings else {}
-    first_desc = f"{first.get('kind', '-')} [{first.get('confidence', '-')}]" if first else "-"
+    first_desc = (f"{first.get('kind', '-')} [{first.get('confidence', '-')}]"
+                  f"{' culprit' if first.get('culprit') else ''}: {first.get('title', '')}" if first else "-")
     prog = analysis.get("progress")
     prog_desc = _progress_summary(prog)
     if error:
@@ -165,7 +169,7 @@ def details(scores: Sequence[Score]) -> str:
     out: List[str] = ["| scenario | first finding | analysis.progress | hangscope s |", "|---|---|---|---|"]
     for s in scores:
         secs = f"{s.seconds:.1f}" if s.seconds is not None else "-"
-        out.append(f"| {s.name} | {_cell(s.first_finding, 60)} | {_cell(s.progress, 80)} | {secs} |")
+        out.append(f"| {s.name} | {_cell(s.first_finding, 110)} | {_cell(s.progress, 80)} | {secs} |")
     return "\n".join(out)
 
 
