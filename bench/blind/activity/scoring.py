@@ -4,9 +4,11 @@ The verdict is the first paragraph `hangscope --print` prints (the headline); th
 findings (kind, confidence) and the per-rank progress it saw.
 
   verdict right, hung job:        the headline does not call the job progressing (healthy, making progress).
-  verdict right, progressing job: the headline does not call it hung (hung, stuck, deadlock, no progress, a rank
-                                  that the others "wait for"...) unless it also says it progresses, and no finding
-                                  of confidence "high" names a culprit.
+  verdict right, progressing job: the headline calls it progressing (healthy, making progress; not negated), does
+                                  not call it hung (hung, stuck, deadlock, no progress, a rank that the others "wait
+                                  for"...) unless it also says it progresses, and no finding of confidence "high"
+                                  names a culprit. (Tightened after the first run: the rule then did not require
+                                  the first condition; see FIRST-RUN.md.)
   culprit right (hung jobs only): the first rank the headline names ("Rank N") is the culprit; where the headline
                                   names no rank, the first finding's text does.
 """
@@ -102,9 +104,10 @@ def judge(name: str, truth: dict, headline: str, analysis: Optional[dict], secon
         if rank is None and first:
             rank = first_rank(finding_text(first))
         culprit: Optional[bool] = rank in truth["culprit"]
-    else:
+    else:  # it must say the job progresses: a headline that offers a "likely lead" and no word on progress is a
+        # hang diagnosis too (first run: long_compute's "all 8 ranks are spinning on a CPU", culprit [medium])
         says_hung = called_hung(headline) and not called_progressing(headline)
-        verdict = not says_hung and high_culprit_finding(findings) is None
+        verdict = called_progressing(headline) and not says_hung and high_culprit_finding(findings) is None
         culprit = None
     return Score(name, truth["kind"], headline, verdict, culprit, first_desc, prog_desc, seconds, "", state_note)
 
