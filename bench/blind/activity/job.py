@@ -162,7 +162,7 @@ def prefetch_loop(requests: "queue.Queue[int]", out: "queue.Queue[Tuple[torch.Te
 
 def status_server(port: int, rank: int, state: State) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = json.dumps({"rank": rank, "step": state.step, "loss": state.loss,
                                "since_step": round(time.time() - state.step_started, 3)}).encode()
             self.send_response(200)

@@ -42,7 +42,10 @@ def main() -> int:
             continue
         body = txt.read_text(encoding="utf-8").split("\n", 1)[1].split("\n--- stderr ---", 1)[0]
         snap = args.data / f"{name}.snapshot.json.gz"
-        analysis = json.load(gzip.open(snap)).get("analysis") or {} if snap.exists() else {}
+        analysis: dict = {}
+        if snap.exists():
+            with gzip.open(snap) as f:
+                analysis = json.load(f).get("analysis") or {}
         scores.append(judge(name, truth[name], printed_headline(body), analysis))
     print(table(scores, truth) + "\n\n" + details(scores) + "\n\n" + headlines(scores))
     return 0
