@@ -38,6 +38,10 @@ NATIVE_WAITS = frozenset({"pause", "futex", "rt_sigsuspend", "rt_sigtimedwait", 
                           "semtimedop", "msgrcv"})
 SPIN_CPU = 0.5  # a core's share between samples above which a thread that stays put spins
 SPIN_CPU_LOADED = 0.1  # ... at its own `while` loop: a spin on a busy machine still takes this much
+# A thread on a CPU at one line of a loop's body may spin there or compute a long step there (a matrix product
+# runs in C under one Python line): two samples a second apart cannot tell. It is said to spin when it tests its
+# loop's condition (it stands on the `while` header), or when it has stood at that line this long.
+SPIN_PROOF_S = 10.0
 MAX_LINE = 400  # characters of a source line read for the call it makes
 MAX_DETAIL = 200
 
@@ -94,6 +98,7 @@ class Motion:
     moved_own: bool = False  # its innermost frame of the job's own code changed (the function, file or line)
     rising: Tuple[str, ...] = field(default=())  # loop counters whose values rose
     running_before: bool = False  # it was on a CPU (state R) in the previous sample too
+    stayed_s: float = 0.0  # seconds its innermost own frame has stood where it is, over the samples
 
 
 def _python(frames: Sequence[Frame]) -> List[Frame]:
@@ -474,7 +479,9 @@ def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float], moti
     own_loop = loop is not None and loop.kind == "while" and at is not None and (
         not below or (at.line == loop.line and all(f.native or is_library(f) for f in below)))
     stayed = motion is not None and motion.running_before and not motion.moved_own
-    spinning = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (stayed or cpu is None or cpu >= SPIN_CPU_LOADED))
+    hot = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (stayed or cpu is None or cpu >= SPIN_CPU_LOADED))
+    at_condition = loop is not None and loop.kind == "while" and at is not None and at.line == loop.line
+    spinning = hot and (at_condition or (motion is not None and motion.stayed_s >= SPIN_PROOF_S))
     return ThreadWait("spinning" if spinning else "running", "running", "cpu", "itself", frame=at, caller=caller,
                       syscall=t.syscall, wchan=t.wchan, poll=loop, details=_loop_values(at, loop),
                       reason="on a CPU, not waiting: " + ("a core's worth of CPU between samples at the same place"

@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 
 import pytest
 
-from app.analysis.blocking import Motion, ThreadWait, call_site, calls, real_syscall, thread_wait
+from app.analysis.blocking import SPIN_PROOF_S, Motion, ThreadWait, call_site, calls, real_syscall, thread_wait
 from app.analysis.release import Context, chain, release
 from app.analysis.sites import CALL_SITES, FRAME_SITES, RESOURCES, frame_site, kernel_site
 from app.model import Frame, JobProcess, KernelWait, Local, LoopInfo, OtherEnd, ProcessHold, RankSnapshot
@@ -334,3 +334,25 @@ def test_a_thread_polling_the_gpu_in_a_synchronisation_waits_for_it_and_does_not
     spin = thread_wait(thread(job("main", 12, "while not done: pass", loops=(LoopInfo("while", 12, 12, "while not done:"),)),
                               syscall="running", wchan="", state="R"), motion=hot)
     assert spin.state == "spinning"
+
+
+def test_a_thread_on_a_cpu_in_a_loops_body_computes_until_it_has_stood_there_long() -> None:
+    """A matrix product runs in C under one Python line: a rank computing a long step and a rank spinning at that
+    line look alike over two samples a second apart. It spins when it tests its loop's condition (the `while`
+    header), or once it has stood at that line SPIN_PROOF_S; before that it runs (computing, or not yet known)."""
+    body = job("step", 318, "a = torch.tanh(a @ a * 0.01)",
+               loops=(LoopInfo("while", 317, 318, "while time.monotonic() < until:"),))
+    t = thread(body, syscall="running", wchan="", state="R")
+    short = thread_wait(t, motion=Motion(cpu=0.9, running_before=True, stayed_s=1.2))
+    assert short.state == "running" and "running Python or native code" in short.reason
+    long = thread_wait(t, motion=Motion(cpu=0.9, running_before=True, stayed_s=SPIN_PROOF_S + 1))
+    assert long.state == "spinning"
+    # at the loop's own condition it spins at once: a computation does not stand on a `while` header
+    header = job("wait_marker", 12, "while not os.path.exists(p):", loops=(LoopInfo("while", 12, 12,
+                                                                                     "while not os.path.exists(p):"),))
+    assert thread_wait(thread(header, syscall="running", wchan="", state="R"),
+                       motion=Motion(cpu=0.9, running_before=True, stayed_s=1.0)).state == "spinning"
+    # no loop: a long call, until it has stood there long enough to be something that does not end
+    plain = thread(job("main", 40, "model(x)"), syscall="running", wchan="", state="R")
+    assert thread_wait(plain, motion=Motion(cpu=1.0, running_before=True, stayed_s=2.0)).state == "running"
+    assert thread_wait(plain, motion=Motion(cpu=1.0, running_before=True, stayed_s=30.0)).state == "spinning"

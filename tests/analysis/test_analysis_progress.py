@@ -13,7 +13,7 @@ from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.frames import place_frames
 from app.analysis.progress import BULK_RATE, track
 from app.analysis.text import summary_text
-from app.model import CgroupCpu, Frame, Local, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
+from app.model import CgroupCpu, Frame, Local, LoopInfo, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 
 
 def sample(at: float, steps: dict, cpu: Optional[dict] = None, n: int = 8):  # type: ignore[no-untyped-def]
@@ -458,3 +458,24 @@ def test_recorded_job_diff_lists_only_real_differences() -> None:
     shown = [(v.name, v.left, v.right) for r in d.rows for v in r.iteration + r.locals]
     assert all(" at 0x" not in (left or "") for _, left, _ in shown), shown
     assert ("step", "4", "3") in shown
+
+
+def test_a_rank_computing_in_its_loop_is_not_called_spinning_until_it_has_stood_there_long() -> None:
+    """One rank computes a long step (a matrix product under one Python line of its loop) while the others wait
+    for it in all_reduce. Over two samples a second apart that is a straggler or a hang inside the computation:
+    the rank is named, computing, not 'spinning ... the loop never exits'. Over samples 12 s apart it spins."""
+    loop = (LoopInfo("while", 317, 318, "while time.monotonic() < until:"),)
+    body = (Frame("main", "job.py", 318, loops=loop, source=((318, "a = torch.tanh(a @ a * 0.01)"),)),
+            Frame("<module>", "job.py", 400))
+
+    def sample(at: float) -> Snapshot:
+        snap = ddp_sample(at, {3: {"frames": body, "state": "R", "cpu": at}}, cpu=1.0, sent=0, frames=ALL_REDUCE)
+        return replace(snap, ranks=tuple(replace(r, threads=(replace(r.threads[0], state="R"),)) if r.rank == 3
+                                         else r for r in snap.ranks))
+
+    a = analyze(sample(11.0), history=[sample(10.0)])
+    assert "Rank 3" in a.verdict and "spinning" not in a.verdict and "never exits" not in a.verdict, a.verdict
+    assert not any("spinning" in f.title for f in a.findings), [f.title for f in a.findings]
+    assert "see whether rank 3 finishes this step: sample again over a longer interval" in a.verdict, a.verdict
+    later = analyze(sample(22.0), history=[sample(10.0), sample(16.0)])
+    assert "Rank 3" in later.verdict and "spinning" in later.verdict, later.verdict

@@ -189,6 +189,11 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
+        if c is not None and c.links and c.links[0].wait.state == "running":
+            # on a CPU at one line over samples close together: a long step (a straggler) and a hang inside the
+            # computation look alike until it has stood there longer
+            return (f"see whether {who} finishes this step: sample again over a longer interval (`--samples 3 "
+                    f"--interval 5`); if it stays, `py-spy dump --native --pid {pid}`{at} shows where it computes")
         return (f"see why {who} does not return from there: `py-spy dump --native --locals --pid {pid}`{at}; "
                 f"`cat /proc/{pid}/stack` shows the kernel side")
     if k == "launch_differs":
