@@ -313,8 +313,30 @@ def _moves(before: RankSnapshot, after: RankSnapshot) -> dict:
             moved.append(words)
         else:
             quiet.append(words + " (a trickle)")
+    issued = collectives_issued(before, after)
+    if issued:
+        moved.append(f"{issued} collective{'s' if issued > 1 else ''} (Flight Recorder)")
     out["moved"], out["quiet"] = moved, quiet
     return out
+
+
+def collectives_issued(before: RankSnapshot, after: RankSnapshot) -> int:
+    """Collectives the rank issued or completed between two samples, by its Flight Recorder read live from its
+    worker server both times: the job's own count of its steps' communication, which moves whatever carries it
+    (NVLink and InfiniBand move no socket bytes); 0 when it did not move or was not read live both times."""
+    a, b = before.flight, after.flight
+    if a is None or b is None or a.source != "worker_server" or b.source != "worker_server":
+        return 0
+    old = {g.pg_id: g for g in a.groups}
+    most = 0
+    for g in b.groups:
+        o = old.get(g.pg_id)
+        if o is None:
+            continue
+        for now, then in ((g.last_enqueued, o.last_enqueued), (g.last_completed, o.last_completed)):
+            if now is not None and then is not None and now > then:
+                most = max(most, now - then)
+    return most
 
 
 def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,

@@ -13,7 +13,8 @@ from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.frames import place_frames
 from app.analysis.progress import BULK_RATE, track
 from app.analysis.text import summary_text
-from app.model import CgroupCpu, Frame, Local, LoopInfo, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
+from app.model import (CgroupCpu, FlightGroup, FlightRecord, Frame, Local, LoopInfo, ProgressCounters, RankSnapshot,
+                       Snapshot, TcpSocket)
 
 
 def sample(at: float, steps: dict, cpu: Optional[dict] = None, n: int = 8):  # type: ignore[no-untyped-def]
@@ -479,3 +480,22 @@ def test_a_rank_computing_in_its_loop_is_not_called_spinning_until_it_has_stood_
     assert "see whether rank 3 finishes this step: sample again over a longer interval" in a.verdict, a.verdict
     later = analyze(sample(22.0), history=[sample(10.0), sample(16.0)])
     assert "Rank 3" in later.verdict and "spinning" in later.verdict, later.verdict
+
+
+def test_collectives_the_flight_recorder_counts_are_progress_whatever_carries_them() -> None:
+    """NCCL over NVLink or InfiniBand moves no socket bytes, and a rank sampled twice inside one long GPU step
+    stands at one place: the job's own count of its collectives (the Flight Recorder, read live) says it moves.
+    A record that did not move, or one read from a dump file, says nothing."""
+    def sample(at: float, seq: int, source: str = "worker_server") -> Snapshot:
+        snap = ddp_sample(at, {}, cpu=1.0, sent=0, frames=ALL_REDUCE)
+        record = FlightRecord(source, groups=(FlightGroup("0", last_enqueued=seq, last_completed=seq - 1),))
+        return replace(snap, ranks=tuple(replace(r, flight=record) for r in snap.ranks))
+
+    a = analyze(sample(11.0, 7), history=[sample(10.0, 5)])
+    assert {p.status for p in a.progress} == {"progressing"}
+    assert {p.moved for p in a.progress} == {("2 collectives (Flight Recorder)",)}
+    assert a.verdict.startswith("The job is progressing: 8 of 8 ranks moved between samples (8 issued collectives "
+                                "(Flight Recorder))"), a.verdict
+    assert {p.status for p in analyze(sample(11.0, 5), history=[sample(10.0, 5)]).progress} == {"stuck"}
+    dumped = analyze(sample(11.0, 7, "dump_file"), history=[sample(10.0, 5, "dump_file")])
+    assert {p.status for p in dumped.progress} == {"stuck"}

@@ -41,6 +41,9 @@ def moved_text(moving: Sequence[RankProgress]) -> str:
     out = sum(1 for p in moving if any(m.startswith(("output", "storage")) for m in p.moved))
     if out:
         parts.append(f"{out} wrote output")
+    issued = sum(1 for p in moving if any(m.endswith("(Flight Recorder)") for m in p.moved))
+    if issued:
+        parts.append(f"{issued} issued collectives (Flight Recorder)")
     stack = sum(1 for p in moving if "stack" in p.moved)
     if stack:
         parts.append(f"{stack} changed stack")
