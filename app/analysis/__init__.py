@@ -364,20 +364,23 @@ def _motion(history: Sequence[Snapshot], options: AnalysisOptions) -> Callable[[
     worker read it), and whether its stack changed."""
     if not history:
         return lambda r, t: None
-    before = {(r.node, r.pid, r.start_time): r for r in history[-1].ranks}
     older = [{(r.node, r.pid, r.start_time): r for r in h.ranks} for h in reversed(history)]  # newest first
+    before = older[0]
+
+    def place(f: Optional[Frame]) -> Optional[Tuple[str, str, int]]:
+        return (f.function, f.filename, f.line) if f is not None else None
 
     def stayed(r: RankSnapshot, t: ThreadStack) -> float:
         """Seconds the thread's innermost own frame has stood where it is now, back over the samples."""
         own = innermost_own(t.frames)
         if own is None or r.counters is None:
             return 0.0
-        where, since = (own.function, own.filename, own.line), r.counters.at
+        where, since = place(own), r.counters.at
         for snap in older:
             old = snap.get((r.node, r.pid, r.start_time))
             prev = next((x for x in old.threads if x.tid == t.tid), None) if old is not None else None
             was = innermost_own(prev.frames) if prev is not None else None
-            if old is None or old.counters is None or was is None or (was.function, was.filename, was.line) != where:
+            if old is None or old.counters is None or was is None or place(was) != where:
                 break
             since = old.counters.at
         return max(0.0, r.counters.at - since)
@@ -398,8 +401,7 @@ def _motion(history: Sequence[Snapshot], options: AnalysisOptions) -> Callable[[
                       - (old.counters.stime or 0)) / dt
         moved = prev is not None and prev.path != t.path
         own, own_before = innermost_own(t.frames), innermost_own(prev.frames) if prev is not None else None
-        moved_own = prev is not None and (own is None or own_before is None or (own.function, own.filename, own.line)
-                                          != (own_before.function, own_before.filename, own_before.line))
+        moved_own = prev is not None and (own is None or own_before is None or place(own) != place(own_before))
         return Motion(cpu, moved, moved_own, running_before=prev is not None and prev.state == "R",
                       stayed_s=0.0 if moved_own else stayed(r, t))
 
