@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import attrgetter
+from bisect import bisect_left
 from statistics import median
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
@@ -493,6 +494,18 @@ STARVED_CPU = 0.5  # a rank runnable in every sample that got less than this sha
 STARVED_OTHERS = 0.25  # ... while the other nodes' ranks were runnable in at most this share of samples
 
 
+
+def median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of `ordered` (sorted, holding `value`) without one `value`: O(log n), so a figure for each node
+    against all the others stays linear in nodes."""
+    i = bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th of the list without index i
+        return ordered[k if k < i else k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
 def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
     """Nodes whose ranks are held back: their cgroup throttles them, they wait for a CPU far longer than the
     other nodes' ranks, they stay runnable yet get a fraction of a CPU (a cap the node could not report), or
@@ -514,6 +527,9 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
     running = {n: sum(p.running for p in rs) for n, rs in by_node.items()}
     total_in, total_all = sum(seen_in.values()), sum(seen_all.values())
     total_samples, total_running = sum(samples.values()), sum(running.values())
+    moving = {n: sum(p.status == "progressing" for p in rs) for n, rs in by_node.items()}
+    total_moving = sum(moving.values())
+    medians = sorted(wait_median.values())
     evidence: Dict[str, List[SlowReason]] = {}
     strong: Dict[str, int] = {}
     for node, ranks in by_node.items():
@@ -524,9 +540,8 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
             worst = max(throttled, key=lambda p: p.throttled or 0.0)
             why.append(SlowReason("throttled", worst.throttled or 0.0, cgroup=worst.cgroup))
             score += 2
-        others = [m for n, m in wait_median.items() if n != node]
-        if node in wait_median and others:
-            mine, theirs = wait_median[node], median(others)
+        if node in wait_median and len(medians) >= 2:
+            mine, theirs = wait_median[node], median_without(medians, wait_median[node])
             if mine >= RUN_WAIT_SHARE and mine >= RUN_WAIT_RATIO * max(theirs, 0.01):
                 why.append(SlowReason("run_wait", mine, theirs))
                 score += 2
@@ -538,7 +553,7 @@ def slow_nodes(progress: Sequence[RankProgress]) -> List[Fact]:
                    and p.cpu is not None and p.cpu < STARVED_CPU and not p.held]
         # ... and only in a job that moves (ranks off the node progress): in a stuck job a rank on a CPU that gets
         # little of it is a spin on a loaded machine, not a node held back
-        moving_elsewhere = any(p.status == "progressing" for n, rs in by_node.items() if n != node for p in rs)
+        moving_elsewhere = total_moving > moving[node]
         if (not throttled and starved and moving_elsewhere and len(starved) * 2 >= len(ranks) and other_r is not None
                 and other_r <= STARVED_OTHERS):
             why.append(SlowReason("starved", median(p.cpu or 0.0 for p in starved), other_r))

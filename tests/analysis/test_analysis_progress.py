@@ -499,3 +499,18 @@ def test_collectives_the_flight_recorder_counts_are_progress_whatever_carries_th
     assert {p.status for p in analyze(sample(11.0, 5), history=[sample(10.0, 5)]).progress} == {"stuck"}
     dumped = analyze(sample(11.0, 7, "dump_file"), history=[sample(10.0, 5, "dump_file")])
     assert {p.status for p in dumped.progress} == {"stuck"}
+
+
+def test_a_nodes_figure_against_all_the_others_is_the_median_without_it() -> None:
+    """The slow-node evidence compares each node with the median of every other node (kept linear in nodes:
+    12,500 nodes each against the 12,499 others must not take 12,500 sorts)."""
+    from statistics import median
+
+    from app.analysis.progress import median_without
+
+    cases = [[0.1, 0.2], [0.0, 0.0, 0.5], [0.1, 0.3, 0.3, 0.9], [1.0, 2.0, 3.0, 4.0, 5.0]]
+    for values in cases:
+        for v in values:
+            rest = list(values)
+            rest.remove(v)
+            assert median_without(sorted(values), v) == pytest.approx(median(rest))
