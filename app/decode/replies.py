@@ -30,24 +30,27 @@ if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds
     from workers.protocol import DumpItem, Hello, RankInfo
 
 
+# The readers below take what json.loads built: exact types (a bool is no int). `type(v) is int` is one check
+# where isinstance needed two, and these run ~60 times a rank (issue 27: 100k ranks a pass).
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int else None
 
 
 def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
+    return value if type(value) is str else ""
 
 
 def _float(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    return float(value) if type(value) is int or type(value) is float else 0.0
 
 
 def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
+    return value if type(value) is list else []
 
 
 def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
+    return value if type(value) is dict else {}
 
 
 def node_info(hello: Hello) -> NodeInfo:
@@ -86,12 +89,11 @@ def _socket(s: dict) -> TcpSocket:
 
 def _count(value: Any) -> int | None:
     """A counter: a non-negative integer, else unknown."""
-    v = _int(value)
-    return v if v is not None and v >= 0 else None
+    return value if type(value) is int and value >= 0 else None
 
 
 def _seconds(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+    return float(value) if (type(value) is int or type(value) is float) and value >= 0 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,16 +141,18 @@ def counters(raw: Any) -> ProgressCounters | None:
 
 def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     """A discovered rank, not yet collected."""
-    env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if isinstance(e, list) and len(e) == 2)
-                if isinstance(k, str) and isinstance(v, str))
-    return with_job(RankSnapshot(
+    env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if type(e) is list and len(e) == 2)
+                if type(k) is str and type(v) is str)
+    master_addr, master_port = _str(item.get("master_addr")), _int(item.get("master_port"))
+    launcher, launcher_pid = _str(item.get("launcher")), _int(item.get("launcher_pid"))
+    job, job_evidence = _job(node, env, master_addr, master_port, launcher, launcher_pid)
+    return RankSnapshot(
         node=node, pid=_int(item.get("pid")) or 0, start_time=_int(item.get("start_time")) or 0,
         rank=_int(item.get("rank")), local_rank=_int(item.get("local_rank")),
         found_by=_str(item.get("found_by"))[:100], rank_evidence=_str(item.get("rank_evidence"))[:200],
         world_size=_int(item.get("world_size")), group_rank=_int(item.get("group_rank")),
-        local_world_size=_int(item.get("local_world_size")), master_addr=_str(item.get("master_addr")),
-        master_port=_int(item.get("master_port")), launcher=_str(item.get("launcher")),
-        launcher_pid=_int(item.get("launcher_pid")), ppid=_int(item.get("ppid")),
+        local_world_size=_int(item.get("local_world_size")), master_addr=master_addr,
+        master_port=master_port, launcher=launcher, launcher_pid=launcher_pid, ppid=_int(item.get("ppid")),
         cmdline=tuple(a for a in _list(item.get("cmdline")) if isinstance(a, str)), exe=_str(item.get("exe")),
         uid=_int(item.get("uid")), user=_str(item.get("user")), state=_str(item.get("state")),
         wchan=_str(item.get("wchan")), num_threads=_int(item.get("num_threads")) or 0,
@@ -158,7 +162,7 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
         children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
         sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
         output=error_output(item.get("output")),
-        counters=counters(item.get("counters")), collected=False))
+        counters=counters(item.get("counters")), collected=False, job=job, job_evidence=job_evidence)
 
 
 _LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
@@ -169,11 +173,16 @@ def job_identity(r: RankSnapshot) -> tuple[str, str]:
     MASTER_PORT: every rank of a job has the same, two jobs on one node cannot), the elastic run id (when
     set: torchrun's default "none" tells nothing), SLURM's job and step ids, else its launcher process (a
     job on one node). Loopback store addresses are per node. ("", "") when nothing tells."""
-    env = dict(r.env)
-    if r.master_addr and r.master_port is not None:
-        addr = r.master_addr[:100]
+    return _job(r.node, r.env, r.master_addr, r.master_port, r.launcher, r.launcher_pid)
+
+
+def _job(node: str, pairs: tuple[tuple[str, str], ...], master_addr: str, master_port: int | None, launcher: str,
+         launcher_pid: int | None) -> tuple[str, str]:
+    if master_addr and master_port is not None:
+        addr = master_addr[:100]
         local = addr.startswith(_LOOPBACK)
-        return (f"{addr}:{r.master_port}" + (f" on {r.node}" if local else ""), "MASTER_ADDR:MASTER_PORT")
+        return (f"{addr}:{master_port}" + (f" on {node}" if local else ""), "MASTER_ADDR:MASTER_PORT")
+    env = dict(pairs)
     run = env.get("TORCHELASTIC_RUN_ID", "")
     if run and run != "none":
         return f"elastic run {run[:100]}", "TORCHELASTIC_RUN_ID"
@@ -181,8 +190,8 @@ def job_identity(r: RankSnapshot) -> tuple[str, str]:
     if slurm:
         step = env.get("SLURM_STEP_ID", "")
         return f"SLURM job {slurm[:40]}" + (f".{step[:20]}" if step else ""), "SLURM_JOB_ID, SLURM_STEP_ID"
-    if r.launcher_pid:
-        return (f"{r.launcher or 'launcher'} pid {r.launcher_pid} on {r.node}", "launcher process")
+    if launcher_pid:
+        return (f"{launcher or 'launcher'} pid {launcher_pid} on {node}", "launcher process")
     return "", ""
 
 
@@ -533,14 +542,15 @@ def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
                   started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
 
 
-def apply_decoded(rank: RankSnapshot, d: Dumped) -> RankSnapshot:
-    """The rank with what its dump said (decode_dump)."""
+def apply_decoded(rank: RankSnapshot, d: Dumped, **more: Any) -> RankSnapshot:
+    """The rank with what its dump said (decode_dump), and `more` fields set in the same replace (one copy of a
+    ~50-field rank, not two)."""
     if rank.rank is None:
         rank = spawn_identity(rank, d.threads)
     return dataclasses.replace(
         rank, threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
         elapsed=d.elapsed, state=d.state or rank.state, flight=d.flight, hold=d.hold or rank.hold,
-        actions=rank.actions + d.actions, notes=rank.notes + d.notes)
+        actions=rank.actions + d.actions, notes=rank.notes + d.notes, **more)
 
 
 def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:

@@ -630,11 +630,12 @@ class Session:
         rank = node.ranks.get(dumped.pid)  # type: ignore[arg-type]
         if rank is None:
             return
-        rank = replies.apply_decoded(rank, dumped)
         started, ended = dumped.started_at, dumped.ended_at
         if started is not None and ended is not None:
-            rank = dataclasses.replace(rank, dump_started=round(started - node.clock_offset, 6),
-                                       dump_ended=round(ended - node.clock_offset, 6))
+            rank = replies.apply_decoded(rank, dumped, dump_started=round(started - node.clock_offset, 6),
+                                         dump_ended=round(ended - node.clock_offset, 6))
+        else:
+            rank = replies.apply_decoded(rank, dumped)
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
 
