@@ -19,6 +19,7 @@ from typing import Dict, List, Literal, Optional, Sequence, Tuple
 from app.analysis.facts import Confidence, Evidence, Fact, nodes_who
 from app.analysis.frames import clean
 from app.model import RankSnapshot, Snapshot, TcpSocket
+from app.model.process import endpoint_host
 
 _sockets = attrgetter("sockets")
 UNACKED_MS = 1000  # unacknowledged bytes older than this are a stall, not traffic in flight
@@ -43,13 +44,7 @@ class StalledSocket:
         return f"{clean(self.node, 60)} {who} {clean(self.local, 60)} -> {to}: {', '.join(self.reasons)}"
 
 
-def host_of(endpoint: str) -> str:
-    """The address part of "addr:port", "[v6]:port"; IPv4-mapped IPv6 addresses as IPv4."""
-    host = endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
-    host = host.strip("[]")
-    if host.lower().startswith("::ffff:") and "." in host:
-        host = host[7:]
-    return host
+host_of = endpoint_host  # a socket's own: TcpSocket.local_host / .peer_host (parsed once)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -73,7 +68,7 @@ def address_map(snapshot: Snapshot) -> Dict[str, str]:
             seen.setdefault(n.address, set()).add(n.name)
     for r in snapshot.ranks:
         for s in r.sockets:
-            h = host_of(s.local)
+            h = s.local_host
             if _routable(h):
                 seen.setdefault(h, set()).add(r.node)
     out = {h: next(iter(nodes)) for h, nodes in seen.items() if len(nodes) == 1}
@@ -113,7 +108,7 @@ def stalled_sockets(snapshot: Snapshot) -> List[StalledSocket]:
 
 
 def _stalled(r: RankSnapshot, s: TcpSocket, why: Tuple[str, ...], addresses: Dict[str, str]) -> StalledSocket:
-    peer = host_of(s.peer)
+    peer = s.peer_host
     peer_node = r.node if not _routable(peer) and peer else addresses.get(peer)
     return StalledSocket(r.node, r.pid, r.rank, s.local, s.peer, peer_node, s.state, why)
 
@@ -124,7 +119,7 @@ def silent_peers(snapshot: Snapshot) -> List[StalledSocket]:
     quiet: Dict[str, List[Tuple[RankSnapshot, TcpSocket]]] = {}
     for r in snapshot.ranks:
         for s in r.sockets:
-            peer_node = addresses.get(host_of(s.peer))
+            peer_node = addresses.get(s.peer_host)
             if s.state == "ESTABLISHED" and s.last_recv_ms is not None and peer_node and peer_node != r.node:
                 quiet.setdefault(peer_node, []).append((r, s))
     if len(quiet) < 3:

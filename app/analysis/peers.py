@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from app.analysis.facts import Evidence, Fact, Who
 from app.analysis.fold import RankKey
 from app.analysis.frames import clean
-from app.analysis.network import _routable, host_of
+from app.analysis.network import _routable
 from app.model import Snapshot, rank_key
 
 TALKING = ("ESTABLISHED", "SYN_SENT", "SYN_RECV", "CLOSE_WAIT", "FIN_WAIT1", "FIN_WAIT2")
@@ -41,7 +41,7 @@ def _known_addresses(snapshot: Snapshot) -> Set[str]:
     known = {n.address for n in snapshot.nodes if n.address}
     for r in snapshot.ranks:
         for s in r.sockets:
-            known.add(host_of(s.local))
+            known.add(s.local_host)
     return known
 
 
@@ -55,7 +55,7 @@ def outside_peers(snapshot: Snapshot) -> List[OutsidePeer]:
         for s in r.sockets:
             if s.state not in TALKING:
                 continue
-            peer = host_of(s.peer)
+            peer = s.peer_host
             if not _routable(peer) or peer in known:
                 continue
             per_rank = talking.setdefault(peer, {})
