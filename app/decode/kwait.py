@@ -5,6 +5,7 @@ the model's KernelWait: remote data, so every value is type-checked and bounded 
 from __future__ import annotations
 
 import math
+from sys import intern
 import re
 from typing import Any, Optional, cast, get_args
 
@@ -31,7 +32,11 @@ def _int(value: Any, low: int = -_INT32, high: int = _INT32) -> Optional[int]:
 
 
 def _str(value: Any, limit: int) -> str:
-    return value[:limit] if isinstance(value, str) else ""
+    """Bounded; a short one interned (the same states, paths and names on many ranks: app/decode/replies.py)."""
+    if type(value) is not str:
+        return ""
+    value = value[:limit]
+    return intern(value) if len(value) <= 200 else value
 
 
 def _one_of(value: Any, allowed: frozenset) -> str:

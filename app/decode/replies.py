@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from sys import intern
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -37,8 +38,28 @@ def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
+INTERN_LEN = 200  # characters: a shorter string from a node is kept once, however many ranks carry it
+
+
 def _str(value: Any) -> str:
-    return value if type(value) is str else ""
+    """A string field; short ones interned: 100k ranks repeat the same states, users, paths and names, and each
+    JSON parse builds its own copy (at 1,000 nodes x 8, 1.3 million objects the model kept from the parser)."""
+    if type(value) is not str:
+        return ""
+    return intern(value) if len(value) <= INTERN_LEN else value
+
+
+# (name, value) pairs of environments, kept once: the ranks of a job differ in a few (RANK, LOCAL_RANK)
+_ENV_PAIRS: BoundedMemo[tuple, tuple] = BoundedMemo(1 << 16)
+
+
+def _env(raw: Any) -> tuple[tuple[str, str], ...]:
+    out = []
+    for e in _list(raw):
+        if type(e) is list and len(e) == 2 and type(e[0]) is str and type(e[1]) is str:
+            pair = (e[0], e[1])
+            out.append(_ENV_PAIRS.get(pair) or _ENV_PAIRS.add(pair, (_str(e[0]), _str(e[1]))))
+    return tuple(out)
 
 
 def _float(value: Any) -> float:
@@ -141,8 +162,7 @@ def counters(raw: Any) -> ProgressCounters | None:
 
 def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     """A discovered rank, not yet collected."""
-    env = tuple((k, v) for k, v in (tuple(e) for e in _list(item.get("env")) if type(e) is list and len(e) == 2)
-                if type(k) is str and type(v) is str)
+    env = _env(item.get("env"))
     master_addr, master_port = _str(item.get("master_addr")), _int(item.get("master_port"))
     launcher, launcher_pid = _str(item.get("launcher")), _int(item.get("launcher_pid"))
     job, job_evidence = _job(node, env, master_addr, master_port, launcher, launcher_pid)
@@ -153,7 +173,7 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
         world_size=_int(item.get("world_size")), group_rank=_int(item.get("group_rank")),
         local_world_size=_int(item.get("local_world_size")), master_addr=master_addr,
         master_port=master_port, launcher=launcher, launcher_pid=launcher_pid, ppid=_int(item.get("ppid")),
-        cmdline=tuple(a for a in _list(item.get("cmdline")) if isinstance(a, str)), exe=_str(item.get("exe")),
+        cmdline=tuple(_str(a) for a in _list(item.get("cmdline")) if type(a) is str), exe=_str(item.get("exe")),
         uid=_int(item.get("uid")), user=_str(item.get("user")), state=_str(item.get("state")),
         wchan=_str(item.get("wchan")), num_threads=_int(item.get("num_threads")) or 0,
         cpu_time=_float(item.get("cpu_time")), rss=_int(item.get("rss")) or 0,

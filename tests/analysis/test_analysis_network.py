@@ -85,7 +85,7 @@ def test_a_silent_peer_without_retransmissions() -> None:
     quiet = []
     for r in ranks:
         quiet.append(dataclasses.replace(r, **{"sockets": tuple(
-            s if not s.peer.startswith("10.0.0.3") else type(s)(**{**s.__dict__, "last_recv_ms": 600_000})
+            s if not s.peer.startswith("10.0.0.3") else dataclasses.replace(s, last_recv_ms=600_000)
             for s in r.sockets)}))
     # node04 is one more peer, so "far longer than the others" has a baseline of two
     extra = [rank(9, "node04", sockets=(sock("10.0.0.4:1", "10.0.0.1:29500", last_recv_ms=800),))]
