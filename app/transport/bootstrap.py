@@ -41,6 +41,7 @@ STAGE_PREFIX = "import binascii,zlib;exec("
 DEFAULT_PYTHON = "python3 -S"
 # Shipped as source only: the GPU test programs run under the job's own interpreter, whatever its version.
 SOURCE_ONLY = ("workers.gputest",)
+PAYLOAD_LEVEL = 6  # zlib level of the payload (build_payload)
 
 # The stage must parse under any Python (2.7 included) so that the version check can run and report: no
 # f-strings, no annotations, nothing newer than 2.7 syntax. It never writes files unless keep_dir is set.
@@ -147,7 +148,9 @@ def build_payload(root: Path = WORKERS_DIR) -> Payload:
     code = {name: compile(src, module_filename(name, is_pkg), "exec", dont_inherit=True, optimize=0)
             for name, (is_pkg, src) in modules.items() if not name.startswith(SOURCE_ONLY)}
     raw += b"\n" + marshal.dumps(code)
-    return Payload(data=zlib.compress(raw, 9), modules=tuple(sorted(modules)), magic=importlib.util.MAGIC_NUMBER)
+    # level 6, not 9: 1.25 MB packs in ~40 ms instead of ~140 ms (every CLI run pays it before the first worker
+    # starts) for 0.8% more bytes (~4 KB a node)
+    return Payload(data=zlib.compress(raw, PAYLOAD_LEVEL), modules=tuple(sorted(modules)), magic=importlib.util.MAGIC_NUMBER)
 
 
 def module_filename(name: str, is_pkg: bool) -> str:
