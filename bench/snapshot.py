@@ -5,6 +5,7 @@ On the network-namespace SSH test cluster (tests/support/cluster.py) with N node
   seq      the guide's recipe, node after node: ssh -F cfg NODE 'pgrep -f RANKS | xargs -I{} py-spy dump --pid {}'
   par      the same recipe on all nodes at once (background ssh clients; pdsh is not installed here)
   cli      the whole CLI: `python3 -m app HOSTS --snapshot FILE --samples 1` from process start to exit
+  cli2     the same with the CLI's default two samples (no --samples): what a user who types nothing more waits
   cold     in-process Session.snapshot() on a new session: connect, worker start, discovery, dumps
   warm     Session.refresh() on the open connections and workers: discovery and dumps again
   floor    hangscope's own py-spy argv (dump --json --locals) on every rank, from the host, no SSH, as many
@@ -43,7 +44,7 @@ from app.session import Session, SessionOptions  # noqa: E402
 RANK_SCRIPT = Path(ROOT) / "bench" / "stand_in_rank.py"
 # `[s]` keeps the pattern from matching the remote shell that runs the pipeline (its cmdline holds `[s]`)
 RECIPE = "pgrep -f '[s]tand_in_rank' | xargs -I{} py-spy dump --pid {}"
-METHODS = ("seq", "par", "cli", "cold", "warm", "floor", "1dump")
+METHODS = ("seq", "par", "cli", "cli2", "cold", "warm", "floor", "1dump")
 PHASES = ("connect", "login", "start", "push", "discover", "dump")
 
 
@@ -150,10 +151,10 @@ class Bench:
         self._check("par", sum(_recipe_ranks(o) for o in outs))
         return took
 
-    def cli(self) -> float:
+    def cli(self, samples: int = 1) -> float:
         out = self.work / "snap.json"
-        argv = [sys.executable, "-m", "app", str(self.hosts), "--snapshot", str(out), "--samples", "1", "--force",
-                "-q", "-F", str(self.c.ssh_config)]
+        argv = [sys.executable, "-m", "app", str(self.hosts), "--snapshot", str(out), "--force",
+                "-q", "-F", str(self.c.ssh_config)] + (["--samples", str(samples)] if samples != 2 else [])
         t0 = time.monotonic()
         done = subprocess.run(argv, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=300,
                               stdin=subprocess.DEVNULL)
@@ -229,7 +230,7 @@ def measure(nodes: int, rpn: int, repeat: int, skip: set[str], meter: CpuMeter) 
                 meter.add(proc.host_pid)
         b = Bench(c, rpn, Path(tmp), meter)
         steps: List[tuple[str, Callable[[], Any]]] = [
-            ("seq", b.seq), ("par", b.par), ("cli", b.cli),
+            ("seq", b.seq), ("par", b.par), ("cli", b.cli), ("cli2", lambda: b.cli(2)),
             ("cold", lambda: asyncio.run(b.session())), ("floor", b.floor)]
         for _ in range(repeat):
             loads.append(os.getloadavg()[0])
@@ -262,15 +263,15 @@ def _ratio(med: Dict[str, float], a: str, b: str) -> str:
 
 
 def table(results: List[Dict[str, Any]]) -> str:
-    head = ("| nodes x ranks | seq | par | cli | cold | warm | floor | 1 dump | cold/par | cold/seq | cli/par "
-            "| warm/floor | load 1m |")
+    head = ("| nodes x ranks | seq | par | cli | cli2 | cold | warm | floor | 1 dump | cold/par | cold/seq | cli/par "
+            "| cli2/par | warm/floor | load 1m |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         med = r["median"]
-        cells = [f"{med[m]:.2f}" if m in med else "-" for m in ("seq", "par", "cli", "cold", "warm", "floor")]
+        cells = [f"{med[m]:.2f}" if m in med else "-" for m in ("seq", "par", "cli", "cli2", "cold", "warm", "floor")]
         cells.append(f"{med['1dump'] * 1000:.0f} ms" if "1dump" in med else "-")
         cells += [_ratio(med, "cold", "par"), _ratio(med, "cold", "seq"), _ratio(med, "cli", "par"),
-                  _ratio(med, "warm", "floor")]
+                  _ratio(med, "cli2", "par"), _ratio(med, "warm", "floor")]
         load = r["load"]
         cells.append(f"{min(load):.1f}-{max(load):.1f}")
         lines.append(f"| {r['nodes']} x {r['rpn']} | " + " | ".join(cells) + " |")

@@ -11,19 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Optional, Sequence, TextIO
 
 import re
 
 from app.errors import InputError
-from app.gpu import events as ev
 from app.gpu.bench import MAX_SIZES, SIZE, parse_sizes
-from app.gpu.model import GpuTestResults, TestKind
-from app.gpu.options import GpuTestOptions
-from app.gpu.table import format_table, printable
 from app.inputs import numbers
 from app.inputs.text import check_text, text_arg
-from app.model.codec import to_dict
+
+if TYPE_CHECKING:
+    from app.gpu.model import GpuTestResults, TestKind
+    from app.gpu.options import GpuTestOptions
+
+# Every command line builds the parser, so this module is imported by every run, --snapshot and --print
+# included: what only a test run needs (app.gpu.model, events, table, the codec) is imported where it is used.
 
 KINDS = ("sanity", "bench", "pairs", "net")
 SCHEMA = "hangscope.gputest"
@@ -126,6 +128,8 @@ def options_from_args(args: argparse.Namespace) -> GpuTestOptions:
             raise InputError(f"--nccl-env {item!r}: expected NCCL_NAME=VALUE (NCCL_, GLOO_, TORCH_, CUDA_, UCX_, FI_)")
         env.append((name, value))
     sizes = get("sizes")
+    from app.gpu.options import GpuTestOptions
+
     return GpuTestOptions(
         python=get("python"), backend=get("backend", "auto") or "auto", timeout=get("test_timeout", 60.0),
         startup_timeout=get("startup_timeout", 180.0), procs_per_node=get("procs_per_node"),
@@ -138,6 +142,8 @@ def options_from_args(args: argparse.Namespace) -> GpuTestOptions:
 
 
 def results_to_json(results: GpuTestResults) -> str:
+    from app.model.codec import to_dict
+
     return json.dumps({"schema": SCHEMA, "schema_version": 1, "results": to_dict(results)}, indent=1,
                       ensure_ascii=False)
 
@@ -149,6 +155,9 @@ class _Progress:
         self.stream = stream
 
     def __call__(self, event: Any) -> None:
+        from app.gpu import events as ev
+        from app.gpu.table import printable
+
         if isinstance(event, ev.RoundStarted):
             tests = " ".join("+".join(t) for t in event.tests)
             what = "each alone" if all(len(t) == 1 for t in event.tests) else f"round {event.index}"
@@ -173,7 +182,9 @@ def run_tests_headless(hosts: Optional[Sequence[Any]], kind: TestKind, options: 
     this machine."""
     from app.cli.run import run_interruptible, write_private
     from app.gpu.connect import GpuWorkers
+    from app.gpu.model import GpuTestResults
     from app.gpu.runner import GpuTestRunner
+    from app.gpu.table import format_table
     from app.session import SessionOptions
 
     if kind not in KINDS:

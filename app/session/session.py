@@ -29,6 +29,7 @@ from app.session import store as pgstore
 from app.session.events import NodeUpdate, RankUpdate, SessionEvent, SnapshotDone
 from app.session.options import SessionOptions
 from app.session.peer_names import PeerNamer
+from app.transport import bootstrap
 from app.transport.base import WorkerConnection, next_request_id
 from app.transport.connect import Connector
 from workers import protocol
@@ -600,6 +601,8 @@ class Session:
 
     async def _open(self, node: _Node) -> WorkerConnection:
         if self._connector is None:
+            # every transport ships the same payload: packed meanwhile, it is ready when a node first logs in
+            bootstrap.prebuild_payload()
             self._connector = self.options.connector(self._worker_options())
         return await self._connector.open(node.spec)
 

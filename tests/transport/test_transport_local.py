@@ -324,3 +324,34 @@ async def test_the_shipped_worker_reads_module_globals_with_the_probe_it_carries
     assert {lc["name"]: lc["repr"] for lc in module["locals"] if lc.get("global")} == \
         {"step": "3", "batch": "<str>", "iter_num": "4"}, (module, item["notes"])
     assert any(a.startswith("ran its python (") for a in item["actions"]), item["actions"]
+
+
+def _tiny_workers(tmp_path: Path, source: str) -> Path:
+    root = tmp_path / "workers"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "mod.py").write_text(source)
+    return root
+
+
+def test_a_prebuilt_payload_is_the_one_build_payload_returns(tmp_path: Path) -> None:
+    import threading
+
+    root = _tiny_workers(tmp_path, 'X = 1\n')
+    bootstrap.prebuild_payload(root)
+    payload = bootstrap.build_payload(root)  # waits for the thread, or builds it itself
+    assert payload is bootstrap.build_payload(root)
+    assert payload == bootstrap.build_payload.__wrapped__(root)  # the same bytes as a build of its own
+    assert "workers.mod" in payload.modules
+    for thread in threading.enumerate():
+        if thread.name == "hangscope-payload":
+            thread.join(10)  # done building: it only returns
+    bootstrap.prebuild_payload(root)  # built: no second thread
+    assert not [t for t in threading.enumerate() if t.name == "hangscope-payload"]
+
+
+def test_a_payload_the_thread_cannot_build_fails_where_it_is_needed(tmp_path: Path) -> None:
+    root = _tiny_workers(tmp_path, 'X = (\n')
+    bootstrap.prebuild_payload(root)  # the thread's SyntaxError is not printed nor raised here
+    with pytest.raises(SyntaxError):
+        bootstrap.build_payload(root)
