@@ -129,6 +129,8 @@ def main(size, local_argv, ssh_argv, remote_command, children, grace, parallel, 
                 except OSError:
                     data = b""
                 if not data:
+                    if kind == "O":
+                        self.spoke.set()  # its output ended (it exited): the slot is free
                     return
                 if kind == "O":
                     self.spoke.set()

@@ -163,6 +163,7 @@ class Relay:
         self._out: list[tuple[int, str, bytes]] = []
         self._early: list[bytes] = []  # frames put before the relay's channel was open
         self.bytes_up = 0
+        self.up_after = 0.0  # seconds from the start to the relay's channel being open
         self.bytes_down = 0
 
     # -- starting --------------------------------------------------------------------------------------------
@@ -179,6 +180,7 @@ class Relay:
                            start_deadline=o.connect_timeout + o.start_timeout)
         command = bootstrap.remote_command(o.python, code)
         spec = self.channels[0].spec
+        t0 = time.monotonic()
         try:
             self.proc = await t.ssh.start_command(spec.host, command, name=spec.name, user=spec.user,
                                                   port=spec.port)
@@ -200,6 +202,7 @@ class Relay:
         except Exception:
             pass  # the reader finds out why
         self._early.clear()
+        self.up_after = time.monotonic() - t0
         self.tasks = [asyncio.create_task(self._read_stdout(), name=f"hangscope-relay-{self.name}"),
                       asyncio.create_task(self._read_stderr(), name=f"hangscope-relay-err-{self.name}")]
         self.ready.set_result(None)
@@ -414,6 +417,7 @@ class RelayTransport:
 
         conn = WorkerConnection(spec.name, chan.stdout, chan, chan.stderr, chan.wait_exit, kill=chan.kill,
                                 on_close=on_close, python=o.python)
+        conn.timings["relay"] = relay.up_after  # how long its relay took to connect: the node came through one
         conn.timings["connect"] = time.monotonic() - t0
         try:
             await conn.start(b"", max(0.1, deadline - time.monotonic()))  # the payload went to the relay once
