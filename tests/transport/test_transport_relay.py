@@ -7,6 +7,8 @@ while the others are read; and after the session nothing of ours is left on any 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from app.session import Session, SessionOptions
 from app.transport.relay import RelayOptions
 
 import cluster as cluster_mod
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -85,8 +87,7 @@ async def test_every_rank_on_every_node_through_two_relays_and_nothing_left(rela
         assert [[ch.spec.name for ch in r.channels] for r in relays] == [c.names[:3], c.names[3:]]
         assert {n.name: n.state for n in snap.nodes} == {n: "done" for n in c.names}
         assert sorted((r.node, r.rank) for r in snap.ranks if r.threads) == [(n, i) for i, n in enumerate(c.names)]
-        # a request every node shares went down once per relay, not once per node
-        assert all(r.bytes_up > 0 for r in relays)
+        assert all(r.bytes_up > 0 and r.bytes_down > 0 for r in relays)
         # the relays run where they should, and only there
         relay_procs = {n.name for n in c.nodes for p in _ours(n) if "base64,zlib" in p}
         assert relay_procs == {"node01", "node04"}
@@ -152,4 +153,27 @@ async def test_the_children_of_an_unreachable_relay_are_reached_direct(relay_clu
         assert any("reached directly: relay node04 could not be reached" in w for w in states[name].warnings)
         assert "relay" not in dict(states[name].timings)
     assert sorted(r.node for r in snap.ranks if r.threads) == sorted(set(c.names) - {"node04"})
+    _nothing_left(c)
+
+
+async def test_a_relay_that_dies_fails_its_children_by_name_and_the_next_pass_reaches_them_again(relay_cluster) -> None:
+    c = relay_cluster
+    session = Session([HostSpec(name=n, host=n, slots=1) for n in c.names], _options(c))
+    try:
+        await session.snapshot()
+        conns = {n.spec.name: n.conn for n in session._nodes}
+        relay = [p for p in c["node04"].procs() if b"base64,zlib" in Path(f"/proc/{p.host_pid}/cmdline").read_bytes()]
+        assert len(relay) == 1
+        os.kill(relay[0].host_pid, signal.SIGKILL)
+        await wait_until_async(lambda: all(conns[n].closed for n in ("node04", "node05", "node06")), 20,
+                   "the relay's children to be lost")
+        for name in ("node04", "node05", "node06"):
+            err = conns[name].error
+            assert err is not None and err.code == "lost" and "relay node04 ended" in err.message, err
+        assert not any(conns[n].closed for n in ("node01", "node02", "node03"))
+        snap = await session.refresh()  # the lost nodes are opened again, together: through a new relay
+        assert sorted(r.node for r in snap.ranks if r.threads) == c.names
+        assert [r.name for r in session._connector._relay.relays] == ["node01", "node04", "node04"]  # type: ignore[union-attr]
+    finally:
+        await session.close()
     _nothing_left(c)

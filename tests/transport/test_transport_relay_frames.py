@@ -5,6 +5,7 @@ remote command here with sh; the live test, test_transport_relay.py, uses the no
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import subprocess
 import time
@@ -116,3 +117,21 @@ def test_grouping_and_width() -> None:
 ])
 def test_ssh_failures_get_the_codes_a_direct_connection_gives(stderr: str, code: str) -> None:
     assert ssh_failure(stderr)[0] == code
+
+
+async def test_a_request_every_child_shares_goes_down_once_and_order_per_child_holds() -> None:
+    from app.hosts import HostSpec
+    from app.transport.relay.transport import Relay
+
+    relay = Relay(None, [HostSpec(name=n, host=n) for n in ("a", "b", "c")])  # type: ignore[arg-type]
+    for chan in relay.channels:
+        chan.write(b"REQ")  # one loop turn: the same request to every child
+    relay.channels[1].write(b"more")
+    relay.channels[2].write_eof()
+    await asyncio.sleep(0)
+    assert relay._early == [down(b"*", "D", b"REQ"), down(b"1", "D", b"more"), down(b"2", "E")]
+    relay.channels[0].write(b"x")
+    relay.channels[0].write(b"y")  # a second frame for one child in the same turn keeps its order
+    relay.channels[2].kill()
+    await asyncio.sleep(0)
+    assert relay._early[3:] == [down(b"0", "D", b"x"), down(b"0", "D", b"y"), down(b"2", "K")]

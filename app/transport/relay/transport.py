@@ -287,6 +287,9 @@ class Relay:
         tail = self.stderr.decode("utf-8", "replace").strip()[-1500:]
         self.lost = f"relay {self.name} ended ({why})" + (f": {tail}" if tail else "")
         self._fail_all(ExitInfo(lost=self.lost))
+        # nothing more can come through it: close its SSH connection now, not when every child is closed (a
+        # session drops a lost connection without closing it, and a relay's node may see none of it)
+        await self.proc.close()
 
     def _on_frame(self, kind: str, index: int, data: bytes) -> None:
         if index >= len(self.channels):
