@@ -135,3 +135,15 @@ async def test_a_request_every_child_shares_goes_down_once_and_order_per_child_h
     relay.channels[2].kill()
     await asyncio.sleep(0)
     assert relay._early[3:] == [down(b"0", "D", b"x"), down(b"0", "D", b"y"), down(b"2", "K")]
+
+
+def test_the_stage_is_python_3_9_and_stdlib_only() -> None:
+    import ast
+    import sys
+
+    from app.transport.relay.framing import STAGE_SOURCE
+
+    tree = ast.parse(STAGE_SOURCE.read_text(encoding="ascii"), feature_version=(3, 9))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported and imported <= set(sys.stdlib_module_names), imported
