@@ -177,3 +177,36 @@ async def test_a_relay_that_dies_fails_its_children_by_name_and_the_next_pass_re
     finally:
         await session.close()
     _nothing_left(c)
+
+
+# A login process that opens every node through the relays, says so, and waits to be killed (no close).
+_LOGIN = """
+import asyncio, sys
+from app.hosts import HostSpec
+from app.session import Session, SessionOptions
+from app.transport.relay import RelayOptions
+
+async def main():
+    names, cfg = sys.argv[1].split(","), sys.argv[2]
+    s = Session([HostSpec(name=n, host=n, slots=1) for n in names],
+                SessionOptions(ssh_config=(cfg,), connect_timeout=30.0, relay=RelayOptions(width=3, threshold=2)))
+    snap = await s.snapshot()
+    print(sum(1 for r in snap.ranks if r.threads), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_login_process_killed_outright_leaves_nothing_on_the_nodes(relay_cluster) -> None:
+    c = relay_cluster
+    proc = subprocess.Popen([sys.executable, "-c", _LOGIN, ",".join(c.names), str(c.ssh_config)], cwd=ROOT,
+                            env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "6", proc.stderr.read() if proc.poll() is not None else ""
+        assert len([p for n in c.nodes for p in _ours(n)]) >= 6 + 2  # 6 workers, 2 relays (+ their ssh clients)
+    finally:
+        proc.kill()  # no close, no EOF written: only the TCP connections end
+        proc.communicate(timeout=30)
+    _nothing_left(c)
