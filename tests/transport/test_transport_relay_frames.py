@@ -147,3 +147,28 @@ def test_the_stage_is_python_3_9_and_stdlib_only() -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported and imported <= set(sys.stdlib_module_names), imported
+
+
+async def test_opens_cancelled_while_their_relay_connects_still_let_it_end() -> None:
+    from app.hosts import HostSpec
+    from app.transport.relay.transport import RelayTransport
+    from app.transport.ssh import SshOptions
+
+    class NeverConnects:  # a stand-in SSH transport whose relay connection never comes up
+        options = SshOptions()
+
+        async def start_command(self, *a: object, **kw: object) -> None:
+            await asyncio.sleep(3600)
+
+    t = RelayTransport(NeverConnects(), RelayOptions(width=3, threshold=2))  # type: ignore[arg-type]
+    opens = [asyncio.create_task(t.open(HostSpec(name=n, host=n))) for n in ("a", "b", "c")]
+    await asyncio.sleep(0.2)  # past the batch window: the relay is connecting
+    assert len(t.relays) == 1 and not t.relays[0].ready.done()
+    for task in opens:
+        task.cancel()
+    await asyncio.gather(*opens, return_exceptions=True)
+    relay = t.relays[0]
+    assert all(c.closed for c in relay.channels) and relay.stopping is not None  # it stops once it is up
+    relay.stopping.cancel()
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        task.cancel()

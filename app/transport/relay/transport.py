@@ -406,7 +406,12 @@ class RelayTransport:
     async def _open_child(self, chan: Channel, t0: float) -> WorkerConnection:
         relay, spec, o = chan.relay, chan.spec, self.ssh.options
         deadline = t0 + o.connect_timeout + o.start_timeout
-        await asyncio.shield(relay.ready)
+        try:
+            await asyncio.shield(relay.ready)
+        except BaseException:  # cancelled while its relay connects: the relay must still end with its children
+            chan.kill()
+            relay.child_closed(chan)
+            raise
         if relay.error is not None:
             chan.relay.child_closed(chan)
             if chan.index == 0:
