@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--accept-new-host-keys", action="store_true",
                      help="add UNKNOWN host keys to ~/.ssh/known_hosts (a CHANGED key is always refused)")
     numbers.add_number(ssh, "--fanout", kind=FANOUT, default=64, metavar="N", help="nodes connected at once")
+    ssh.add_argument("--relay", default="auto", type=relay_arg, metavar="auto|off|W",
+                     help="reach SSH nodes through relays, W nodes each (one SSH connection per group; each relay "
+                     "starts the worker on its group with the node's own ssh, so nodes must be able to ssh to each "
+                     "other): auto (default) relays from 64 nodes with W ~ sqrt(nodes), off never")
     numbers.add_number(ssh, "--connect-timeout", kind=CONNECT_TIMEOUT, default=10.0, metavar="S",
                        help="deadline for each node's whole connect and login: TCP (and any ProxyJump), sshd's "
                        "banner, key exchange, authentication and MaxStartups retries")
@@ -159,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_test_arguments(p)
     add_slurm_arguments(p)
     return p
+
+
+def relay_arg(value: str) -> str:
+    """`--relay`: auto, off, or a width of 2 or more (app/transport/relay)."""
+    value = value.strip().lower()
+    if value in ("auto", "off") or (value.isdigit() and 2 <= int(value) <= 10000):
+        return value
+    raise argparse.ArgumentTypeError(f"expected auto, off or a width from 2 to 10000, not {value!r}")
 
 
 def versions_text() -> str:

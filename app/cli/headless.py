@@ -22,6 +22,7 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # a snapshot of 100k ranks with locals is a few hu
 
 def session_options(args: argparse.Namespace):
     from app.session import SessionOptions
+    from app.transport.relay import RelayOptions
 
     collect = CollectOptions(native=args.native, locals=args.locals, nonblocking=args.nonblocking,
                              strace_seconds=args.strace, gdb=args.gdb, sudo=args.sudo,
@@ -33,6 +34,7 @@ def session_options(args: argparse.Namespace):
         pids=tuple(args.pids) if args.pids else None, match=getattr(args, "match", None) or None,
         strace_data=getattr(args, "strace_data", False), store=getattr(args, "store", True),
         srun=getattr(args, "srun", None),  # set by --slurm (app.slurm.cli): the job for hosts over srun or auto
+        relay=RelayOptions.from_flag(getattr(args, "relay", "auto")),
     )
 
 

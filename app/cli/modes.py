@@ -100,6 +100,7 @@ RULES: dict = {
     "samples": Rule("--samples", _modes("headless")), "interval": Rule("--interval", _modes("headless")),
     "ssh_config": Rule("-F", SSH, _remote), "identity": Rule("-i", SSH, _remote),
     "accept_new_host_keys": Rule("--accept-new-host-keys", SSH, _remote), "fanout": Rule("--fanout", SSH, _remote),
+    "relay": Rule("--relay", SSH, _remote),
     "connect_timeout": Rule("--connect-timeout", SSH, _remote), "max_hosts": Rule("--max-hosts", SSH, _remote),
     "python": Rule("--python", SSH),
     "refresh_interval": Rule("--refresh", _modes("tui")), "fps": Rule("--fps", _modes("tui", "load-tui")),

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 from app.model import CollectOptions
 from app.transport import bootstrap
 from app.transport.connect import Connector
+from app.transport.relay import RelayOptions
 from app.transport.srun import SrunOptions
 from app.transport.ssh import SshOptions
 
@@ -29,6 +30,9 @@ class SessionOptions:
     store: bool = True  # ask the job's store for the numbers of ranks whose process says none (app/session/store.py)
     strace_data: bool = False  # strace keeps the (redacted) bytes calls read/wrote; else syscall, fd, size, result
     srun: Optional[SrunOptions] = field(default=None, compare=False)  # the SLURM job for hosts over srun/auto
+    # SSH nodes through relays (app/transport/relay): the default groups nodes opened together past a threshold;
+    # None: every node direct (--relay off)
+    relay: Optional[RelayOptions] = field(default_factory=RelayOptions, compare=False)
 
     def connector(self, worker_options: Mapping[str, Any], *, push_pyspy: bool = True) -> Connector:
         """How this run opens workers (app.transport.connect): SSH settings, the SLURM job, the interpreter."""
@@ -36,4 +40,4 @@ class SessionOptions:
             config_paths=self.ssh_config, known_hosts=self.known_hosts, identity=self.identity,
             python=self.python or bootstrap.DEFAULT_PYTHON, connect_timeout=self.connect_timeout,
             accept_new_host_keys=self.accept_new_host_keys, fanout=self.fanout, push_pyspy=push_pyspy),
-            srun=self.srun, python=self.python, worker_options=worker_options)
+            srun=self.srun, python=self.python, worker_options=worker_options, relay=self.relay)

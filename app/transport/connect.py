@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from app.errors import TransportError
 from app.transport.base import WorkerConnection
 from app.transport.local import start_local
+from app.transport.relay import RelayOptions, RelayTransport
 from app.transport.srun import SrunOptions, SrunTransport
 from app.transport.ssh import SshOptions, SshTransport
 
@@ -31,13 +32,15 @@ class Connector:
     cache) and one srun transport (its steps) for all of them, made on first use."""
 
     def __init__(self, ssh: SshOptions, *, srun: Optional[SrunOptions] = None, python: Optional[str] = None,
-                 worker_options: Optional[Mapping[str, Any]] = None) -> None:
+                 worker_options: Optional[Mapping[str, Any]] = None, relay: Optional[RelayOptions] = None) -> None:
         self.worker_options = dict(worker_options or {})
         self.ssh_options = dataclasses.replace(ssh, worker_options=self.worker_options)
         self.srun_options = srun
         self.python = python  # local workers: None is this interpreter
         self._ssh: Optional[SshTransport] = None
         self._srun: Optional[SrunTransport] = None
+        self.relay_options = relay  # None: every SSH node direct
+        self._relay: Optional[RelayTransport] = None
 
     async def open(self, spec: "HostSpec") -> WorkerConnection:
         """Start the node's worker and wait for its hello; raises TransportError."""
@@ -46,6 +49,8 @@ class Connector:
         if spec.transport == "srun":
             return await self.srun(spec, 0.0).open(spec.host, name=spec.name)
         if spec.transport != "auto":
+            if self.relay_options is not None:
+                return await self.relayed(spec)
             return await self.ssh(spec)
         try:
             return await self.ssh(spec)
@@ -66,6 +71,15 @@ class Connector:
         if self._ssh is None:
             self._ssh = SshTransport(self.ssh_options)
         return await self._ssh.open(spec.host, name=spec.name, user=spec.user, port=spec.port)
+
+    async def relayed(self, spec: "HostSpec") -> WorkerConnection:
+        """Over SSH, through a relay when enough nodes are opened together (app/transport/relay)."""
+        if self._relay is None:
+            if self._ssh is None:
+                self._ssh = SshTransport(self.ssh_options)
+            assert self.relay_options is not None
+            self._relay = RelayTransport(self._ssh, self.relay_options)
+        return await self._relay.open(spec)
 
     def srun(self, spec: "HostSpec", batch_window: float) -> SrunTransport:
         if self._srun is None:

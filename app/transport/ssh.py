@@ -283,15 +283,31 @@ class SshTransport:
 
     # -- starting the worker -------------------------------------------------------------------------------
 
-    async def _start(self, conn: asyncssh.SSHClientConnection, client: _Client, name: str) -> WorkerConnection:
-        payload = bootstrap.build_payload()
-        command = bootstrap.remote_command(self.options.python, payload.stage(self.options.worker_options))
-        t0 = time.monotonic()
+    async def start_command(self, host: str, command: str, *, name: Optional[str] = None,
+                            user: Optional[str] = None, port: Optional[int] = None) -> "SshProcess":
+        """Connect and log in as open() does (fan-out window, host key checks, deadlines, the same errors) and
+        start `command` instead of the worker: a relay (app/transport/relay) runs over this."""
+        name = name or host
+        user = user or self.options.user
+        port = port or self.options.port
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(max(1, self.options.fanout))
+        async with self._sem:
+            conn, client, timings, warnings = await self._connect(host, name, user, port)
+            try:
+                process = await self._process(conn, client, name, command)
+            except BaseException:
+                conn.abort()
+                raise
+        return SshProcess(conn, client, process, timings, warnings)
+
+    async def _process(self, conn: asyncssh.SSHClientConnection, client: _Client, name: str,
+                       command: str) -> "asyncssh.SSHClientProcess[bytes]":
         try:
             # never a pty (RequestTTY in a config would mangle the binary protocol) and no SendEnv
-            process = await asyncio.wait_for(conn.create_process(command, encoding=None, request_pty=False,
-                                                                 term_type=None, send_env=None),
-                                             self.options.start_timeout)
+            return await asyncio.wait_for(conn.create_process(command, encoding=None, request_pty=False,
+                                                              term_type=None, send_env=None),
+                                          self.options.start_timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise TransportError("ssh_error", f"{name}: the node did not start a session within "
                                  f"{self.options.start_timeout:g} s", phase="start") from None
@@ -301,29 +317,13 @@ class SshTransport:
                                      f"{client.lost or exc}", phase="start") from None
             raise TransportError("ssh_error", f"{name}: cannot start a session: {exc}", phase="start") from None
 
-        async def wait_exit() -> ExitInfo:
-            await process.wait_closed()
-            status, sig = process.exit_status, process.exit_signal
-            if sig:
-                return ExitInfo(None, signal=str(sig[0]))
-            if status is None or client.lost is not None:
-                reason = str(client.lost) if client.lost else "the channel closed without an exit status"
-                return ExitInfo(None, lost=reason or type(client.lost).__name__)
-            return ExitInfo(status)
-
-        def kill() -> None:
-            # Closing the channel makes sshd close the worker's stdin: it kills what it started and exits.
-            process.close()
-
-        async def on_close() -> None:
-            conn.close()
-            try:
-                await asyncio.wait_for(conn.wait_closed(), 5.0)
-            except (asyncio.TimeoutError, TimeoutError, asyncssh.Error, OSError):
-                conn.abort()
-
-        worker = WorkerConnection(name, process.stdout, process.stdin, process.stderr, wait_exit,
-                                  kill=kill, on_close=on_close, python=self.options.python)
+    async def _start(self, conn: asyncssh.SSHClientConnection, client: _Client, name: str) -> WorkerConnection:
+        payload = bootstrap.build_payload()
+        command = bootstrap.remote_command(self.options.python, payload.stage(self.options.worker_options))
+        t0 = time.monotonic()
+        proc = SshProcess(conn, client, await self._process(conn, client, name, command), {}, [])
+        worker = WorkerConnection(name, proc.process.stdout, proc.process.stdin, proc.process.stderr,
+                                  proc.wait_exit, kill=proc.kill, on_close=proc.close, python=self.options.python)
         try:
             await worker.start(payload.data, max(0.1, self.options.start_timeout - (time.monotonic() - t0)))
         except BaseException:
@@ -331,3 +331,37 @@ class SshTransport:
             raise
         worker.timings["start"] = time.monotonic() - t0
         return worker
+
+
+class SshProcess:
+    """A command started on a node over its own SSH connection: its streams, how it ended, how to end it."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, client: _Client,
+                 process: "asyncssh.SSHClientProcess[bytes]", timings: dict[str, float], warnings: list[str]) -> None:
+        self.conn = conn
+        self.client = client
+        self.process = process
+        self.timings = timings
+        self.warnings = warnings
+
+    async def wait_exit(self) -> ExitInfo:
+        process, client = self.process, self.client
+        await process.wait_closed()
+        status, sig = process.exit_status, process.exit_signal
+        if sig:
+            return ExitInfo(None, signal=str(sig[0]))
+        if status is None or client.lost is not None:
+            reason = str(client.lost) if client.lost else "the channel closed without an exit status"
+            return ExitInfo(None, lost=reason or type(client.lost).__name__)
+        return ExitInfo(status)
+
+    def kill(self) -> None:
+        # Closing the channel makes sshd close the command's stdin: it kills what it started and exits.
+        self.process.close()
+
+    async def close(self) -> None:
+        self.conn.close()
+        try:
+            await asyncio.wait_for(self.conn.wait_closed(), 5.0)
+        except (asyncio.TimeoutError, TimeoutError, asyncssh.Error, OSError):
+            self.conn.abort()

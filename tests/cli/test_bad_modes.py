@@ -31,7 +31,7 @@ def _refused(capsys, argv: list) -> str:
     ["--gpu-evidence", "off"], ["-F", "cfg"], ["-i", "key"], ["--fanout", "2"], ["--connect-timeout", "2"],
     ["--python", "python3"], ["--max-hosts", "5"], ["--accept-new-host-keys"], ["--nonblocking"],
     ["--test", "sanity"], ["--snapshot", "x.json"], ["--refresh", "2"], ["--fps", "10"], ["-w", "nodeA"],
-    ["--test-timeout", "5"], ["--transport", "ssh"],
+    ["--test-timeout", "5"], ["--transport", "ssh"], ["--relay", "8"],
 ])
 def test_collection_ssh_and_test_flags_do_nothing_with_load(capsys, extra: list) -> None:
     line = _refused(capsys, [*LOAD, *extra])
@@ -46,6 +46,7 @@ def test_collection_ssh_and_test_flags_do_nothing_with_load(capsys, extra: list)
     ([*LOAD, "--force"], "--force", "without an output"),
     (["--print", "--fanout", "4"], "--fanout", "without hosts"),
     (["--print", "-F", "cfg"], "-F", "without hosts"),
+    (["--print", "--relay", "off"], "--relay", "without hosts"),
     ([*COLLECT, "--transport", "srun"], "--transport", "without --slurm"),
     ([*COLLECT, "--refresh", "5"], "--refresh", "headless"),
     ([*COLLECT, "--fps", "5"], "--fps", "headless"),
@@ -124,3 +125,9 @@ def test_raw_needs_a_snapshot_file_or_print_whatever_the_mode(capsys, argv: list
     """--raw lifts default-deny from --snapshot and --print only; an export bundle is always safe to share."""
     line = _refused(capsys, argv)
     assert "--raw does nothing without --snapshot FILE or --print (an --export bundle is always default-deny)" in line
+
+
+@pytest.mark.parametrize("value", ["1", "0", "-3", "wide", "10001"])
+def test_a_relay_width_is_auto_off_or_two_and_more(capsys, value: str) -> None:
+    line = _refused(capsys, ["-w", "nodeA", "--print", "--relay", value])
+    assert "--relay" in line and "auto, off or a width from 2" in line

@@ -175,6 +175,16 @@ class Cluster:
         """The real OpenSSH client against a node: `-F` because ssh takes ~ from passwd, never from $HOME."""
         return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", node, *command]
 
+    def allow_node_ssh(self) -> None:
+        """Let every node ssh to every other, as a cluster with shared home keys does (what relays need): each
+        node's root home gets the login side's key (already authorized on every node) and its known_hosts.
+        The node's OpenSSH client reads them from /root/.ssh, the node's own home (NODE_SETUP)."""
+        for node in self.nodes:
+            ssh = node.dir / "home" / ".ssh"
+            ssh.mkdir(mode=0o700, exist_ok=True)
+            _write(ssh / "id_ed25519", self.key.read_text(), 0o600)
+            _write(ssh / "known_hosts", self.known_hosts.read_text())
+
     def close(self) -> None:
         """Kill every node (their PID-1s take all their processes along), remove netns, links and files."""
         with self._close_guard:
