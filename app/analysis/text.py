@@ -98,6 +98,8 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
         out += ["", "Notes from the nodes:"]
         for line in notes[:20]:
             out += _wrap(line, width, "    ", first="  ")
+        if len(notes) > 20:  # e.g. every node of a large job reached directly when its relay could not ssh to it
+            out.append(f"  and {len(notes) - 20:,} more (the snapshot file has every node's)")
     failures = node_failures(snapshot)
     if failures:
         out += ["", "Nodes:"]

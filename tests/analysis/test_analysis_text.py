@@ -80,3 +80,17 @@ def test_many_distinct_stacks_stay_fast() -> None:
     a.to_dict()
     assert len(a.classes) == 3000
     assert time.process_time() - started < 10.0  # ~0.3 s here; generous for a loaded 2-core machine
+
+
+def test_notes_from_many_nodes_are_capped_and_say_how_many_more() -> None:
+    """A large job's nodes each with a note (e.g. reached directly because its relay could not ssh to it): the
+    summary lists 20 and says how many it left out, not a line per node and not a silent cut."""
+    import dataclasses
+
+    ranks = job(100, per_node=4)
+    nodes = tuple(dataclasses.replace(n, warnings=("reached directly: its relay could not ssh to it",))
+                  for n in nodes_of(ranks))
+    snap = snapshot(ranks, nodes)
+    text = summary_text(snap, analyze(snap))
+    assert text.count("reached directly") == 20
+    assert "and 5 more (the snapshot file has every node's)" in text
