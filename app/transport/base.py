@@ -68,6 +68,30 @@ class ExitInfo:
     lost: Optional[str] = None  # set when the connection dropped: why
 
 
+class DemuxedChannel:
+    """One node's worker streams, demultiplexed from a process that carries several nodes' (an srun step, a
+    relay): its stdout/stderr as stream readers and how its worker ended. A subclass is the ByteWriter that
+    WorkerConnection writes to (write, drain, write_eof, kill), sending back through that process."""
+
+    def __init__(self) -> None:
+        self.stdout = asyncio.StreamReader(limit=1 << 30)
+        self.stderr = asyncio.StreamReader()
+        self.exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
+        self.closed = False
+
+    def finish(self, info: ExitInfo) -> None:
+        if not self.exit.done():
+            self.exit.set_result(info)
+            self.stdout.feed_eof()
+            self.stderr.feed_eof()
+
+    def close(self) -> None:
+        pass  # the carrying process ends when its last node is closed
+
+    async def wait_exit(self) -> ExitInfo:
+        return await asyncio.shield(self.exit)
+
+
 class WorkerConnection:
     """A started worker: `start()` sends the payload and waits for hello, then `request()`/`call()`."""
 

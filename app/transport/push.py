@@ -6,6 +6,7 @@ import base64
 import functools
 import hashlib
 import platform
+import time
 from typing import Optional
 
 from app.errors import TransportError
@@ -51,3 +52,13 @@ async def ensure_pyspy(conn: WorkerConnection, *, timeout: float = PUSH_TIMEOUT)
     tools["py-spy"] = {"path": str(done.get("path", "")), "version": f"py-spy {version}", "pushed": True}
     return (f"py-spy was missing on this node: using the login node's py-spy {version} ({ours}), pushed to "
             f"{done.get('path', '?')} for this session only")
+
+
+async def lend_pyspy(conn: WorkerConnection) -> None:
+    """ensure_pyspy on a newly started worker (direct or through a relay): its warning into the connection's
+    warnings and, when it pushed, the time it took into its timings."""
+    t0 = time.monotonic()
+    note = await ensure_pyspy(conn)
+    if note:
+        conn.warnings.append(note)
+        conn.timings["push"] = time.monotonic() - t0

@@ -25,7 +25,7 @@ from app.transport.auth import auth_failure
 from app.transport.base import ExitInfo, WorkerConnection
 from app.transport.files import DEFAULT_CONFIGS, usable
 from app.transport.hostkeys import HostKeyCheck, KnownHostsCache, known_hosts_paths
-from app.transport.push import ensure_pyspy
+from app.transport.push import lend_pyspy
 
 THROTTLE_BACKOFF = 0.25  # seconds before the first retry; doubled each time, with jitter
 
@@ -149,11 +149,7 @@ class SshTransport:
             worker.timings.update(timings)
             worker.warnings[:0] = warnings
             if self.options.push_pyspy:
-                t1 = time.monotonic()
-                note = await ensure_pyspy(worker)
-                if note:
-                    worker.warnings.append(note)
-                    worker.timings["push"] = time.monotonic() - t1
+                await lend_pyspy(worker)
             worker.timings["total"] = time.monotonic() - t0
             return worker
 

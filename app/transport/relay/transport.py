@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 from app.errors import TransportError
 from app.transport import bootstrap
-from app.transport.base import ExitInfo, WorkerConnection
-from app.transport.push import ensure_pyspy
+from app.transport.base import DemuxedChannel, ExitInfo, WorkerConnection
+from app.transport.push import lend_pyspy
 from app.transport.relay.framing import FramingError, UpReader, down_to, relay_stage
 from app.transport.ssh import SshProcess, SshTransport
 
@@ -108,23 +108,14 @@ def ssh_failure(stderr: str) -> tuple["ErrorCode", str, str]:
     return "ssh_error", "connect", lines[-1] if lines else "ssh exited 255"
 
 
-class Channel:
+class Channel(DemuxedChannel):
     """One child's side of a relay: its stdout/stderr as stream readers, how its worker ended (ByteWriter)."""
 
     def __init__(self, relay: "Relay", index: int, spec: "HostSpec") -> None:
+        super().__init__()
         self.relay = relay
         self.index = index
         self.spec = spec
-        self.stdout = asyncio.StreamReader(limit=1 << 30)
-        self.stderr = asyncio.StreamReader()
-        self.exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
-        self.closed = False
-
-    def finish(self, info: ExitInfo) -> None:
-        if not self.exit.done():
-            self.exit.set_result(info)
-            self.stdout.feed_eof()
-            self.stderr.feed_eof()
 
     def write(self, data: bytes) -> None:
         if data:
@@ -136,14 +127,8 @@ class Channel:
     def write_eof(self) -> None:
         self.relay.put(self.index, "E")
 
-    def close(self) -> None:
-        pass  # the relay ends when its last child is closed
-
     def kill(self) -> None:
         self.relay.put(self.index, "K")
-
-    async def wait_exit(self) -> ExitInfo:
-        return await asyncio.shield(self.exit)
 
 
 class Relay:
@@ -444,11 +429,7 @@ class RelayTransport:
             await conn.close(kill=True, timeout=1.0)
             raise
         if o.push_pyspy:
-            t1 = time.monotonic()
-            note = await ensure_pyspy(conn)
-            if note:
-                conn.warnings.append(note)
-                conn.timings["push"] = time.monotonic() - t1
+            await lend_pyspy(conn)
         conn.timings["total"] = time.monotonic() - t0
         return conn
 

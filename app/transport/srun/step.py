@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from app.transport.srun.mux import frame, mux_stage, targets
 from app.transport import bootstrap
-from app.transport.base import ExitInfo
+from app.transport.base import DemuxedChannel, ExitInfo
 
 STDERR_KEEP = 4000
 STOP_WAIT = 10.0  # seconds for srun to end after EOF, then after SIGTERM
@@ -65,24 +65,15 @@ def srun_argv(options: SrunOptions, nodes: Sequence[str], command: Sequence[str]
     return [*argv, *options.extra_args, *command]
 
 
-class Channel:
+class Channel(DemuxedChannel):
     """One node's side of a step: its stdout/stderr as stream readers, and how its worker ended."""
 
     def __init__(self, step: "Step", name: str) -> None:
+        super().__init__()
         self.step = step
         self.name = name
         self.task: Optional[int] = None
-        self.stdout = asyncio.StreamReader(limit=1 << 30)
-        self.stderr = asyncio.StreamReader()
-        self.exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
         self.pending = bytearray()  # written before the node said which task it is
-        self.closed = False
-
-    def finish(self, info: ExitInfo) -> None:
-        if not self.exit.done():
-            self.exit.set_result(info)
-            self.stdout.feed_eof()
-            self.stderr.feed_eof()
 
     # ByteWriter, as WorkerConnection uses it
     def write(self, data: bytes) -> None:
@@ -100,15 +91,9 @@ class Channel:
         if self.task is not None:
             self.step.put(self.task, "E")
 
-    def close(self) -> None:
-        pass  # the step ends when its last node is closed (on_close)
-
     def kill(self) -> None:
         if self.task is not None:
             self.step.put(self.task, "K")
-
-    async def wait_exit(self) -> ExitInfo:
-        return await asyncio.shield(self.exit)
 
 
 class Step:
