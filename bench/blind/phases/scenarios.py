@@ -64,7 +64,7 @@ class Spec:
     slow: List[int] = field(default_factory=list)  # progressing: the straggler ranks
     phase: str = ""  # progressing: the straggler's slow phase (as job.py marks it)
     cap: float = 0.0  # progressing: the slow ranks' node(s) capped to this share of one CPU
-    ready_step: int = 1
+    ready_step: int = 1  # hung: every rank's ready line comes before the hang; progressing: see _prog
 
 
 def _hung(loop: str, *extra: str, mark_from: int = 3) -> List[str]:
@@ -72,24 +72,26 @@ def _hung(loop: str, *extra: str, mark_from: int = 3) -> List[str]:
 
 
 def _prog(loop: str, slow: Sequence[int], *extra: str) -> List[str]:
+    # (progressing: its specs' ready_step is 0, so that live() sees steps 0 and 1 complete on every rank and does
+    # not wait for more slow steps than it needs)
     return ["--loop", loop, "--mark-slow", ",".join(map(str, slow)), *extra]
 
 
 SPECS: List[Spec] = [
     # P. progressing, a straggler caught at a later line of the loop body than the others
     Spec("eval_rank0", False, _prog("epochs_loader", [0], "--shard-batches", "2", "--eval-ranks", "0",
-                                     "--eval-seconds", "5"), slow=[0], phase="validate"),
+                                     "--eval-seconds", "5"), slow=[0], phase="validate", ready_step=0),
     Spec("ckpt_upload_nodes", False, _prog("while_steps", [0, 2, 4, 6], "--ckpt-mb", "6", "--ckpt-local-rank", "0",
-                                           "--upload-mb-s", "1.5"), slow=[0, 2, 4, 6], phase="save_shard"),
+                                           "--upload-mb-s", "1.5"), slow=[0, 2, 4, 6], phase="save_shard", ready_step=0),
     Spec("log_stats_rank3", False, _prog("steps_micro", [3], "--log-rank", "3", "--log-seconds", "5"),
-         slow=[3], phase="log_stats"),
+         slow=[3], phase="log_stats", ready_step=0),
     # P. progressing, a straggler caught at an earlier line
     Spec("throttled_node_fetch", False, _prog("epochs_enumerate", [4, 5], "--decode-iters", "400"),
-         slow=[4, 5], phase="decode", cap=0.04),
+         slow=[4, 5], phase="decode", cap=0.025, ready_step=0),
     Spec("epoch_start_index", False, _prog("epochs_enumerate", [6], "--shard-batches", "2", "--index-latency", "5",
-                                           "--slow-index-ranks", "6"), slow=[6], phase="open_shard"),
+                                           "--slow-index-ranks", "6"), slow=[6], phase="open_shard", ready_step=0),
     Spec("micro_long_seqs", False, _prog("steps_micro", [7], "--accum", "4", "--heavy-ranks", "7",
-                                         "--heavy-seconds", "1.2"), slow=[7], phase="forward"),
+                                         "--heavy-seconds", "1.2"), slow=[7], phase="forward", ready_step=0),
     # H. hung: a minority left a loop the others are still in, or skipped a collective
     Spec("uneven_shard_epoch", True, _hung("epochs_loader", "--short-ranks", "5", "--short-epoch", "1",
                                            "--short-batches", "1"),
