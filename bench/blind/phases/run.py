@@ -147,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     score = judge(spec.name, truth[spec.name], "", None, error=f"{type(exc).__name__}: {exc}"[:300])
                 scores.append(score)
                 print(f"   verdict right: {score.verdict_right}, culprit right: {score.culprit_right}, "
-                      f"slow named: {score.slow_named}; "
+                      f"slow node named: {score.slow_node_named}; "
                       f"{score.headline or score.error}", flush=True)
                 if score.state_note:
                     print(f"   NOTE: {score.state_note}", flush=True)

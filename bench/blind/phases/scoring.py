@@ -9,11 +9,14 @@ findings (kind, confidence) and the per-rank progress it saw.
                                   for"...) unless it also says it progresses, and no finding of confidence "high"
                                   names a culprit. (Tightened after the first run: the rule then did not require
                                   the first condition; see bench/blind/activity/FIRST-RUN.md.)
-  culprit right (hung jobs only): the first rank the headline names ("Rank N") is one of the culprits (the ranks that
-                                  left the loop or skipped the collective); where the headline names no rank, the
-                                  first finding's text's first rank.
-  slow named (progressing jobs, recorded, not scored): whether the headline, else any finding, names a slow node
-                                  ("node03") or a slow rank ("rank 6", "ranks 4, 6").
+  culprit right (hung jobs only): the first rank(s) the headline names ("Rank N", "Ranks N-M", "ranks N, M") are
+                                  among the culprits (the ranks that left the loop or skipped the collective); where
+                                  the headline names no rank, the first finding's text's first rank(s). (Fixed after
+                                  the first run, which read only the singular "Rank N": "Ranks 2-3 have left the
+                                  loop" was scored as naming no culprit; see FIRST-RUN.md.)
+  slow node named / slow rank named (progressing jobs, recorded, not scored): whether the headline, else any
+                                  finding, names a slow node ("node03") / a slow rank (as a straggler or as a
+                                  culprit alike). (Split after the first run, which recorded one column for both.)
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ NEG_PROGRESS = re.compile(_NEG + r"(?:progress|advanc|training|healthy)", re.I)
 HUNG = re.compile(r"\b(hung|hangs?|hanging|stuck|deadlock(?:ed)?|stalled|no progress|not progressing|never"
                   r"|is blocked|are blocked|wait(?:s|ing)? for it|others? wait)\b", re.I)
 NOT_HUNG = re.compile(r"\b(not hung|no hang|isn'?t hung|is not hung|not stuck|not a hang)\b", re.I)
-RANK = re.compile(r"\brank\s+(\d+)\b", re.I)
+# "Rank 5", "ranks 2-3", "ranks 4, 6 and 7": the numbers (and ranges) that follow
+RANKS = re.compile(r"\branks?\s+(\d+(?:\s*[-\u2013]\s*\d+)?(?:\s*(?:,|and|&)\s*\d+(?:\s*[-\u2013]\s*\d+)?)*)\b",
+                   re.I)
 
 
 def load_truth(path: Path = TRUTH) -> Dict[str, dict]:
@@ -54,9 +59,23 @@ def called_hung(headline: str) -> bool:
     return bool(HUNG.search(text)) or bool(NEG_PROGRESS.search(headline))
 
 
-def first_rank(text: str) -> Optional[int]:
-    m = RANK.search(text)
-    return int(m.group(1)) if m else None
+def _expand(group: str) -> List[int]:
+    out: List[int] = []
+    for part in re.split(r"\s*(?:,|and|&)\s*", group.strip()):
+        lo, _, hi = re.sub(r"\s", "", part).replace("\u2013", "-").partition("-")
+        if lo.isdigit():
+            out.extend(range(int(lo), int(hi) + 1) if hi.isdigit() else [int(lo)])
+    return out
+
+
+def first_ranks(text: str) -> List[int]:
+    """The ranks of the first "Rank N" / "Ranks N-M" / "ranks N, M" the text names ([] for none)."""
+    m = RANKS.search(text)
+    return _expand(m.group(1)) if m else []
+
+
+def all_ranks(text: str) -> List[int]:
+    return [r for m in RANKS.finditer(text) for r in _expand(m.group(1))]
 
 
 def high_culprit_finding(findings: Sequence[dict]) -> Optional[dict]:
@@ -83,7 +102,8 @@ class Score:
     seconds: Optional[float] = None
     error: str = ""
     state_note: str = ""  # the job was not in its state any more after hangscope ran
-    slow_named: str = "-"  # progressing jobs: "headline", "finding" or "no"
+    slow_node_named: str = "-"  # progressing jobs: "headline", "finding" or "no"
+    slow_rank_named: str = "-"
 
 
 def finding_text(f: dict) -> str:
@@ -104,10 +124,10 @@ def judge(name: str, truth: dict, headline: str, analysis: Optional[dict], secon
                      seconds, error, state_note)
     if truth["hung"]:
         verdict = not called_progressing(headline)
-        rank = first_rank(headline)
-        if rank is None and first:
-            rank = first_rank(finding_text(first))
-        culprit: Optional[bool] = rank in truth["culprit"]
+        named = first_ranks(headline)
+        if not named and first:
+            named = first_ranks(finding_text(first))
+        culprit: Optional[bool] = bool(named) and set(named) <= set(truth["culprit"])
     else:  # it must say the job progresses: a headline that offers a "likely lead" and no word on progress is a
         # hang diagnosis too (first run: long_compute's "all 8 ranks are spinning on a CPU", culprit [medium])
         says_hung = called_hung(headline) and not called_progressing(headline)
@@ -115,23 +135,19 @@ def judge(name: str, truth: dict, headline: str, analysis: Optional[dict], secon
         culprit = None
     score = Score(name, truth["kind"], headline, verdict, culprit, first_desc, prog_desc, seconds, "", state_note)
     if not truth["hung"]:
-        score.slow_named = ("headline" if names_slow(headline, truth) else
-                            "finding" if any(names_slow(finding_text(f), truth) for f in findings) else "no")
+        texts = [finding_text(f) for f in findings]
+        for attr, test in (("slow_node_named", names_slow_node), ("slow_rank_named", names_slow_rank)):
+            setattr(score, attr, "headline" if test(headline, truth) else
+                    "finding" if any(test(t, truth) for t in texts) else "no")
     return score
 
 
-RANKS_LIST = re.compile(r"\branks?\s+((?:\d+(?:\s*(?:,|and|&)\s*)?)+)", re.I)
+def names_slow_node(text: str, truth: dict) -> bool:
+    return any(re.search(rf"\b{node}\b", text) for node in truth.get("slow_nodes", []))
 
 
-def names_slow(text: str, truth: dict) -> bool:
-    """The text names one of the truth's slow nodes or slow ranks."""
-    if any(re.search(rf"\b{node}\b", text) for node in truth.get("slow_nodes", [])):
-        return True
-    slow = set(truth.get("slow_ranks", []))
-    for m in RANKS_LIST.finditer(text):
-        if slow & {int(d) for d in re.findall(r"\d+", m.group(1))}:
-            return True
-    return False
+def names_slow_rank(text: str, truth: dict) -> bool:
+    return bool(set(truth.get("slow_ranks", [])) & set(all_ranks(text)))
 
 
 def _progress_summary(prog: Any) -> str:
@@ -167,19 +183,19 @@ def _cell(text: str, width: int = 90) -> str:
 
 
 def table(scores: Sequence[Score], truth: Dict[str, dict]) -> str:
-    lines = ["| scenario | kind | truth | verdict right | culprit right | slow named | headline start |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | kind | truth | verdict right | culprit right | slow node named | slow rank named | "
+             "headline start |", "|---|---|---|---|---|---|---|---|"]
     for s in scores:
         t = truth[s.name]
         tr = (f"hung, rank {', '.join(map(str, t['culprit']))} ({', '.join(t['culprit_nodes'])})" if t["hung"] else
               f"progressing, slow rank {', '.join(map(str, t['slow_ranks']))} ({', '.join(t['slow_nodes'])})")
         if s.error:
-            lines.append(f"| {s.name} | {s.kind} | {tr} | error | {'error' if t['hung'] else '-'} | - | "
+            lines.append(f"| {s.name} | {s.kind} | {tr} | error | {'error' if t['hung'] else '-'} | - | - | "
                          f"ERROR: {_cell(s.error)} |")
             continue
         head = _cell(s.headline) + (f" (note: {_cell(s.state_note, 60)})" if s.state_note else "")
         lines.append(f"| {s.name} | {s.kind} | {tr} | {_yn(s.verdict_right)} | {_yn(s.culprit_right)} | "
-                     f"{s.slow_named} | {head} |")
+                     f"{s.slow_node_named} | {s.slow_rank_named} | {head} |")
     n = len(scores)
     v = sum(s.verdict_right for s in scores)
     hung = [s for s in scores if truth[s.name]["hung"]]
@@ -189,8 +205,9 @@ def table(scores: Sequence[Score], truth: Dict[str, dict]) -> str:
               f"verdict right: {v}/{n} (hung jobs {sum(s.verdict_right for s in hung)}/{len(hung)}, "
               f"progressing jobs {sum(s.verdict_right for s in prog)}/{len(prog)})",
               f"culprit right: {c}/{len(hung)} (hung jobs)",
-              f"slow node or rank named (progressing jobs, not scored): "
-              f"{sum(s.slow_named in ('headline', 'finding') for s in prog)}/{len(prog)}"]
+              f"slow node named (progressing jobs, not scored): "
+              f"{sum(s.slow_node_named in ('headline', 'finding') for s in prog)}/{len(prog)}, in the headline "
+              f"{sum(s.slow_node_named == 'headline' for s in prog)}/{len(prog)}"]
     return "\n".join(lines)
 
 
