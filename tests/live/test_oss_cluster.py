@@ -85,9 +85,12 @@ def hangscope(cluster: Cluster, tmp_path: Path, *extra: str) -> tuple[str, Any, 
     snap, analysis = snapshot_from_json(out.read_text(encoding="utf-8"))
     assert analysis is not None
     failed = [r for r in snap.ranks if r.error is not None]
-    # exit 1 (partial) only for py-spy's non-blocking read failing on a running rank, reported as such
+    # exit 1 (partial) only for py-spy's non-blocking read failing on a running rank, reported as such: dumps
+    # that fail, named in a dump_failed finding; the counters, read from /proc without py-spy, are there for
+    # every rank (assert_progressing)
     assert res.returncode == 0 or (res.returncode == 1 and failed and all(r.error.code == "tool_failed"
-                                                                          for r in failed)), \
+                                                                          for r in failed)
+                                   and any(f["kind"] == "dump_failed" for f in analysis["findings"])), \
         f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     return res.stdout, snap, analysis
 

@@ -6,7 +6,7 @@ tests/ddp_train.py), as a user runs it (the real CLI in the background, its outp
   iptables, is said lost, then reconnected;
 - a rank stopped with SIGSTOP stalls the job: captured (the headline names the stopped rank), then resumed;
 - a node capped to 3 % of a CPU: the job runs slow and is captured as slow, the node named as the analysis does
-  (3 %, not the 10 % of test_progress_cluster: on this shared 2-core machine a rank often gets little more than
+  (3 %, not the 10 % of test_oss_cluster: on this shared 2-core machine a rank often gets little more than
   10 % of a core anyway, and the job must fall well below half its rate whatever the load).
 
 Jobs that hang for good are in test_watch_hang_cluster.py (a cluster of their own). Small --every and --stall

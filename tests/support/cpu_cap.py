@@ -1,5 +1,6 @@
-"""A cgroup that caps processes to a share of one CPU, for the slow-node tests (tests/live/test_progress_cluster.py,
-tests/live/test_oss_cluster.py): a node whose ranks are throttled, as a noisy neighbour or a wrong cgroup limit does."""
+"""A cgroup that caps processes to a share of one CPU, for the slow-node tests (tests/live/test_oss_cluster.py,
+tests/live/test_watch_cluster.py, the throttled scenarios): a node whose ranks are throttled, as a noisy neighbour or
+a wrong cgroup limit does."""
 
 from __future__ import annotations
 
