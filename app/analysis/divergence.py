@@ -3,15 +3,28 @@
 A minority class is a suspect when its path leaves the majority's; how sure depends on the collectives on both
 sides (ranks in another collective can never meet the others; ranks elsewhere hold the others in theirs) and on
 the sizes (one rank against seven is a suspect, four against four is a tie). A class that has left a loop the
-others are still in (uneven inputs) is said as such. Facts only: the sentences are app/analysis/prose's.
+others are still in is said as such, when it can be known. Facts only: the sentences are app/analysis/prose's.
+
+A class at a later line of a function than the others, whose path from there runs inside a loop, is past the end
+of that loop: it left the loop, or, when a loop holds both lines (in that function or a caller), it is in another
+iteration of that loop. Stacks alone cannot tell those apart (epoch N's validation after the batch loop and epoch
+N+1's batches look the same); the loop variables' values the worker read can (`loop_parting`):
+
+| what is known of the loop around both sides | what is said | confidence | why |
+|---|---|---|---|
+| no loop holds both lines | it left the loop (`left_loop`) | by sizes | it can only get back by returning and being called again |
+| the values are the same on both sides | it left the loop in the same iteration (`left_loop`) | by sizes | same iteration, past the inner loop's end: its data ran out first (uneven inputs) |
+| the values differ | it is N iterations behind (or ahead), not out of the loop (`other_iteration`) | by sizes | the others went on into the next iteration and wait there for it: a straggler, or held there |
+| not read (no locals, unreadable) | either reading, and what tells them apart (`left_or_behind`) | at most [medium] | stacks cannot tell a rank that left the loop from one an iteration behind |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
-from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
+from app.analysis.coordinates import meaningful
+from app.analysis.facts import Confidence, Evidence, Fact, FactKind, ranks_who
 from app.analysis.fold import RankKey
 from app.analysis.frames import frame_id, in_backward, is_library
 from app.analysis.tree import StackClass
@@ -21,7 +34,9 @@ MAX_CLASS_FINDINGS = 8  # minority classes named one by one; the rest are summed
 
 # How the two sides' collectives relate, which decides how sure a minority class is a suspect
 Case = Literal[
-    "left_loop",  # it left a loop the others are still in
+    "left_loop",  # it left a loop the others are still in (no loop holds both, or the same iteration of the one that does)
+    "other_iteration",  # past the end of the loop the others are in, but in another iteration of a loop around both
+    "left_or_behind",  # past the end of that loop, inside a loop around both whose iteration is not known
     "other_collective",  # both in collectives, different ones: they can never meet
     "same_collective",  # both in the same collective, called from different places
     "same_collective_library",  # ... their paths differ only inside libraries
@@ -32,6 +47,25 @@ Case = Literal[
     "many",  # several more small classes, summed up
 ]
 SizeCase = Literal["tie", "small", "similar"]
+Reading = Literal["left", "behind", "ahead", "other", "unknown"]
+MEMBERS_READ = 16  # ranks of each side whose loop values are read (the most common values speak for the side)
+
+
+@dataclass(frozen=True)
+class LoopParting:
+    """A class at a later line than the others, past the end of the loop they are still in: how it stands to that
+    loop, by the loop around both sides (`around`: the innermost loop that holds both lines, in the function where
+    the paths part or a caller) and its variables' values on each side."""
+
+    loop: LoopInfo  # the loop the others are still in
+    frame: Frame  # ... and the frame it belongs to
+    reading: Reading  # left: no loop around both, or the same iteration of it; behind/ahead/other: another iteration
+    around: Optional[LoopInfo] = None
+    around_frame: Optional[Frame] = None
+    name: str = ""  # the loop variable compared (the outermost whose value differs, or the innermost known)
+    mine: str = ""  # its value on this class's ranks
+    theirs: str = ""  # ... on the others'
+    delta: Optional[int] = None  # iterations ahead (positive) or behind (negative), when both values are integers
 
 
 @dataclass(frozen=True)
@@ -47,6 +81,7 @@ class StackEvidence(Evidence):
     loop_frame: Optional[Frame] = None  # ... and the frame it belongs to
     theirs_backward: bool = False  # the others are in autograd's backward (DDP)
     rest: Tuple[StackClass, ...] = ()  # "many": the classes summed up
+    past: Optional[LoopParting] = None  # left_loop, other_iteration, left_or_behind: how it stands to that loop
 
 
 @dataclass(frozen=True)
@@ -84,9 +119,10 @@ def stack_facts(classes: Sequence[StackClass],
 
 def left_loop(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]
               ) -> Optional[Tuple[LoopInfo, Frame]]:
-    """The loop the others are still in and c has left: where the paths part, both are in one function, c at a
-    later line, and the others' path from there on runs inside a loop (read from one of their ranks' frames,
-    whose loops the worker found in the source). (loop, the frame whose loop it is), or None."""
+    """The loop the others are still in and c is past the end of: where the paths part, both are in one function,
+    c at a later line, and the others' path from there on runs inside a loop (read from one of their ranks' frames,
+    whose loops the worker found in the source). (loop, the frame whose loop it is), or None. Whether c left it or
+    is in another iteration of a loop around both is `loop_parting`'s question."""
     if ranks is None or k == 0 or k >= len(c.frames) or k >= len(d.frames) or not d.ranks:
         return None
     mine, theirs = c.frames[k], d.frames[k]
@@ -107,6 +143,96 @@ def left_loop(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[Rank
             if not same_function or not loop.line <= mine.line <= loop.end_line:
                 return loop, f
     return None
+
+
+def _aligned(r: Optional[RankSnapshot], path: Sequence[Frame], upto: int) -> List[Optional[Frame]]:
+    """The rank's own frames (which carry loops and loop values) at the class path's positions 0..upto, matched in
+    order by function, file and line (the path may leave frames out)."""
+    thread = r.main_thread if r is not None else None
+    own = tuple(reversed(thread.frames)) if thread is not None else ()
+    out: List[Optional[Frame]] = []
+    i = 0
+    for p in path[:upto + 1]:
+        while i < len(own) and (own[i].function, own[i].filename, own[i].line) != (p.function, p.filename, p.line):
+            i += 1
+        out.append(own[i] if i < len(own) else None)
+        i += 1
+    return out
+
+
+Around = List[Tuple[int, LoopInfo]]  # (position on the path, loop), outermost first
+
+
+def _around(d: StackClass, k: int, line: int, rep: Optional[RankSnapshot]) -> Tuple[Around, List[Optional[Frame]]]:
+    """The loops that hold both sides: every loop of the frames above where the paths part (both stand at the same
+    line there), and the loops of the parting frame that hold both lines."""
+    own = _aligned(rep, d.frames, k)
+    out: Around = []
+    for j, f in enumerate(own):
+        if f is None:
+            continue
+        out += [(j, loop) for loop in f.loops if j < k or loop.line <= line <= loop.end_line]
+    return out, own
+
+
+def _values(members: Sequence[RankKey], path: Sequence[Frame], k: int, around: Around,
+            ranks: Mapping[RankKey, RankSnapshot]) -> Tuple[Tuple[Tuple[str, str], ...], ...]:
+    """One side's values of each loop's variables (loop by loop), the most common among a few of its ranks."""
+    seen: Dict[tuple, int] = {}
+    for key in members[:MEMBERS_READ]:
+        own = _aligned(ranks.get(key), path, k)
+        coord = []
+        for j, loop in around:
+            f = own[j]
+            names = loop.variables + loop.counters
+            coord.append(tuple((n, v) for n, v in (f.iteration if f is not None else ())
+                               if n in names and meaningful(v)))
+        seen[tuple(coord)] = seen.get(tuple(coord), 0) + 1
+    return max(seen, key=seen.__getitem__) if seen else tuple(() for _ in around)
+
+
+def _integer(v: str) -> Optional[int]:
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def loop_parting(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]
+                 ) -> Optional[LoopParting]:
+    """How c, at a later line than the others where the paths part, stands to the loop they are still in (the
+    table in the module doc): left it, another iteration of a loop around both (the first loop, outermost first,
+    whose values differ), or not known."""
+    found = left_loop(c, d, k, ranks)
+    if found is None or ranks is None:
+        return None
+    loop, frame = found
+    around, own = _around(d, k, c.frames[k].line, ranks.get(d.ranks[0]))
+    if not around:
+        return LoopParting(loop, frame, "left")
+    mine = _values(c.ranks, c.frames, k, around, ranks)
+    theirs = _values(d.ranks, d.frames, k, around, ranks)
+    unknown: Optional[Tuple[int, LoopInfo]] = None
+    same: Optional[Tuple[int, LoopInfo, str, str]] = None
+    for (j, held), a, b in zip(around, mine, theirs):
+        values = dict(b)
+        common = [(n, v, values[n]) for n, v in a if n in values]
+        if not common:
+            unknown = (j, held)  # the innermost loop whose iteration is not known
+            continue
+        for n, v, w in common:
+            if v != w:
+                x, y = _integer(v), _integer(w)
+                delta = x - y if x is not None and y is not None else None
+                reading: Reading = "other" if delta is None else "behind" if delta < 0 else "ahead"
+                return LoopParting(loop, frame, reading, held, own[j], n, v, w, delta)
+        same = (j, held, common[0][0], common[0][1])
+    if unknown is not None:  # equal where known, but a loop around both whose iteration is not known
+        j, held = unknown
+        return LoopParting(loop, frame, "unknown", held, own[j])
+    assert same is not None
+    j, held, n, v = same
+    return LoopParting(loop, frame, "left", held, own[j], n, v, v, 0)
 
 
 def common_prefix(a: StackClass, b: StackClass) -> int:
@@ -131,12 +257,16 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
     size, conf = _size(c, d)
     who = ranks_who(c.ranks, c.numbers)
     backward = d.collective is None and in_backward(d.frames)
-    left = left_loop(c, d, k, ranks)
-    if left is not None and size != "tie":
-        kind = "different_collective" if c.collective and d.collective and c.collective != d.collective \
+    past = loop_parting(c, d, k, ranks)
+    if past is not None and size != "tie":
+        kind: FactKind = "different_collective" if c.collective and d.collective and c.collective != d.collective \
             else "minority_stack"
-        return Fact(kind, who, conf, StackEvidence(c, d, k, "left_loop", size, left[0], left[1], backward),  # type: ignore[arg-type]
-                    class_index=c.index)
+        parted: Case = "left_loop" if past.reading == "left" else "left_or_behind" if past.reading == "unknown" \
+            else "other_iteration"
+        if parted == "left_or_behind" and conf == "high":
+            conf = "medium"  # which of two readings is not known: never [high]
+        return Fact(kind, who, conf, StackEvidence(c, d, k, parted, size, past.loop, past.frame, backward,
+                                                   past=past), class_index=c.index)
     if c.collective and d.collective and c.collective != d.collective:
         return Fact("different_collective", who, conf, StackEvidence(c, d, k, "other_collective", size),
                     class_index=c.index)

@@ -82,7 +82,8 @@ class RankProgress:
     inside: int = 0  # samples in which it waited in one (DDP's backward counted when it is DDP's)
     running: int = 0  # samples in which its state was R (on or waiting for a CPU)
     held: str = ""  # stopped, frozen, traced or disk_sleep in the latest sample: what holds the rank (not a stack)
-    waits_now: Optional[bool] = None  # its thread waits in a collective in the latest sample (None: no stack)
+    # its thread waits in a collective in the latest sample (None: no stack); asleep in autograd's backward counts
+    waits_now: Optional[bool] = None
 
     @property
     def sockets_moved(self) -> bool:
@@ -252,7 +253,8 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
                                 moved=moved, quiet=tuple(moves.get("quiet", ())),
                                 net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
-                                **_window([h[3] for h in history], options, flags),
+                                **_window([h[3] for h in history], options, flags,
+                                          asleep=_activity(cpu, options) == "sleeping"),
                                 held=_held(rank)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
@@ -341,8 +343,9 @@ def collectives_issued(before: RankSnapshot, after: RankSnapshot) -> int:
 
 
 def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
-            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> dict:
-    """Over every sample of one rank: run-queue wait and throttling shares, where its thread was."""
+            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None, asleep: bool = False) -> dict:
+    """Over every sample of one rank: run-queue wait and throttling shares, where its thread was. `asleep`: it
+    used no CPU between the last two samples (then a thread in autograd's backward waits, see waits_now)."""
     with_counters = [r for r in ranks if r.counters is not None]
     out: dict = {}
     if len(with_counters) >= 2:
@@ -376,6 +379,10 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
             outside += 1
         state = after.counters.state if after.counters is not None else after.state
         running += state == "R"
+    if where is False and asleep and _path_flags(selector(options)(ranks[-1]).path, cache)[1]:  # type: ignore[union-attr]
+        # in autograd's backward without using a CPU between samples: not computing the backward but waiting in
+        # it, for DDP's gradient all_reduce, whose sockets fall quiet once every peer has sent what it could
+        where = True
     out.update(inside=inside, outside=outside, running=running, waits_now=where)
     return out
 
@@ -444,25 +451,46 @@ def held_back(progress: Sequence[RankProgress], slow: Sequence[Fact]) -> Tuple[R
     """Ranks called stuck that a slow node explains, in a job that progresses: those that wait in a collective
     become `waiting` (the slow node's ranks are what they wait for), those on the slow node that ran outside one
     (CPU used, or state R) become `slow`. A held rank (stopped, frozen) and a rank with no such evidence stay
-    stuck; without a slow node, or unless ranks off it progress (at least as many as would wait), nothing
-    changes."""
+    stuck. The job progresses when either rule holds (else nothing changes):
+
+    - its own evidence: ranks off the slow node progress, at least as many as would be called waiting;
+    - a straggler node (`_straggler`): every rank of the slow node moves (progresses, or works outside a
+      collective), at least one progresses, and every other rank that does not move waits in a collective for
+      them. A slow node slows all its ranks alike, so they all lag; the rest waits for them at each collective.
+
+    One rank moving on a slow node while its neighbour there waits with the rest is neither: the node kept up, and
+    the moving rank is a lead (still_running)."""
     nodes = {n for f in slow if f.kind == "slow_node" for n in f.who.nodes}
     moving = [p for p in progress if p.status == "progressing"]
     waiting = [p for p in progress if p.status == "stuck" and not p.held and p.waits_now and p.node not in nodes]
-    # The job must move on its own evidence: ranks off the slow node progress, at least as many as would be
-    # called waiting. One rank moving on the slow node while the rest wait is a lead (still_running), not this.
-    if not nodes or not any(p.node not in nodes for p in moving) or len(moving) < len(waiting):
+    if not nodes:
+        return tuple(progress)
+    own = any(p.node not in nodes for p in moving) and len(moving) >= len(waiting)
+    if not own and not _straggler(progress, nodes):
         return tuple(progress)
     out = []
     for p in progress:
         if p.status == "stuck" and not p.held:
-            working = p.activity in ("busy", "spinning") or p.running > 0
-            if p.node in nodes and working and p.waits_now is False:
+            if p.node in nodes and _working(p) and p.waits_now is False:
                 p = replace(p, status="slow")
             elif p.waits_now:
                 p = replace(p, status="waiting")
         out.append(p)
     return tuple(out)
+
+
+def _working(p: RankProgress) -> bool:
+    return p.activity in ("busy", "spinning") or p.running > 0
+
+
+def _straggler(progress: Sequence[RankProgress], nodes: set) -> bool:
+    """The slow nodes' ranks all move and the rest that does not move waits in a collective (held_back's rule)."""
+    on = [p for p in progress if p.node in nodes]
+    off = [p for p in progress if p.node not in nodes and p.status != "progressing"]
+    return (any(p.status == "progressing" for p in on)
+            and all(p.status == "progressing" or (p.status == "stuck" and not p.held and _working(p)
+                                                  and p.waits_now is False) for p in on)
+            and all(p.status == "stuck" and not p.held and p.waits_now for p in off))
 
 
 SlowCode = Literal["throttled", "run_wait", "starved", "outside", "running"]

@@ -4,7 +4,7 @@ graph's lines under the headline (`ranks 0-6 -> rank 7 (flight: pg 0: seq #40 vs
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 from app.analysis.facts import KINDS, Fact
 from app.analysis.fold import RankKey, count_phrase, describe_keys
@@ -16,6 +16,9 @@ from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_label, who_short
 from app.analysis.tree import StackClass
 from app.model import RankSnapshot
+
+if TYPE_CHECKING:
+    from app.analysis.divergence import StackEvidence
 
 _CONF = {"high": 0, "medium": 1, "low": 2}
 MAX_LINES = 12
@@ -48,7 +51,7 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
         c, d = e.mine, e.theirs
         theirs = f"`{d.collective}`" if d.collective else class_where(d).replace("in ", "", 1)
         mine = f"`{c.collective}`" if c.collective else class_where(c).replace("in ", "", 1)
-        return clean(f"{theirs} vs {mine}{' (it left the loop)' if e.case == 'left_loop' else ''}", 160)
+        return clean(f"{theirs} vs {mine}{_past(e)}", 160)
     if isinstance(e, LockEvidence):
         if e.cycle:
             return "its threads are deadlocked on locks"
@@ -64,6 +67,20 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
             "gil_held": "holds the GIL in native code", "pipe_write": "blocked writing to a full pipe",
             "still_running": "still moving", "node_failed": "node not inspected", "thread_count": "thread count",
             "launch_incomplete": "node ranks without a launcher"}.get(k, k.replace("_", " "))
+
+
+def _past(e: "StackEvidence") -> str:
+    """How a class past the end of the others' loop stands to it, in a few words."""
+    if e.case == "left_loop":
+        return " (it left the loop)"
+    if e.case == "left_or_behind":
+        return " (left the loop or behind)"
+    delta = e.past.delta if e.past is not None else None
+    if e.case == "other_iteration" and delta is not None:
+        return f" ({abs(delta)} iteration{'s' if abs(delta) != 1 else ''} {'behind' if delta < 0 else 'ahead'})"
+    if e.case == "other_iteration":
+        return " (another iteration)"
+    return ""
 
 
 def _edge_text(e: Edge, facts: Sequence[Fact], classes: Sequence[StackClass], names: Mapping[str, str],

@@ -186,6 +186,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if getattr(e, "case", "") == "left_loop":
             return ("give every rank the same number of batches (DistributedSampler(drop_last=True), equal "
                     "shards) or let DDP's join() cover the ranks that finish first")
+        past = getattr(e, "past", None)
+        if getattr(e, "case", "") == "left_or_behind" and past is not None and past.around is not None:
+            names = past.around.variables + past.around.counters
+            var = f"`{clean(names[0], 40)}`" if names else "the loop's iteration"
+            return (f"tell the two readings apart: read {var} on both sides (hangscope --locals, or `py-spy dump "
+                    f"--locals --pid {pid}`{at}) and take samples (`--samples 3 --interval 5`): the same value means "
+                    f"{who} left the loop (give every rank the same number of batches, or DDP's join()); an earlier "
+                    "one, or ranks that move between samples, mean a straggler behind the others")
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")

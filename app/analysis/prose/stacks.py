@@ -32,8 +32,19 @@ def _parting(c: StackClass, d: StackClass, k: int) -> str:
 def _why(e: StackEvidence) -> str:
     c, d = e.mine, e.theirs
     who = brief(c.who, c.size)
+    past = e.past
     if e.case == "left_loop":
-        return f"{who} {'is' if c.size == 1 else 'are'} past the end of a loop the others are still inside"
+        same = (f", in the same iteration of `{_header(past.around)}` ({_values(past)} on both sides)"
+                if past is not None and past.around is not None and past.name else "")
+        return f"{who} {'is' if c.size == 1 else 'are'} past the end of a loop the others are still inside{same}"
+    if e.case == "other_iteration" and past is not None and past.around is not None:
+        return (f"{who} {'is' if c.size == 1 else 'are'} in another iteration of `{_header(past.around)}` than the "
+                f"others ({clean(past.name, 40)}={clean(past.mine, 40)} vs {clean(past.theirs, 40)}): not out of the "
+                "loop they are in, and they wait for it at their next collective")
+    if e.case == "left_or_behind" and past is not None and past.around is not None:
+        return (f"stacks alone cannot tell whether {who} left `{_header(e.loop)}` or "
+                f"{'is' if c.size == 1 else 'are'} an iteration of `{_header(past.around)}` behind: no value of its "
+                "loop variables was read")
     if e.case == "other_collective":
         return f"a rank in `{c.collective}` can never meet ranks in `{d.collective}`"
     if e.case == "same_collective":
@@ -50,6 +61,19 @@ def _why(e: StackEvidence) -> str:
         return ("the others are in autograd's backward, where DDP's gradient all_reduce waits for every rank; the "
                 "smallest groups are the usual suspects")
     return "no collective recognised; the smallest groups are the usual suspects"
+
+
+def _header(loop: object) -> str:
+    header = getattr(loop, "header", "")
+    return clean(str(header).strip().rstrip(":"), 100)
+
+
+def _values(past: object) -> str:
+    return f"{clean(getattr(past, 'name', ''), 40)}={clean(getattr(past, 'mine', ''), 40)}"
+
+
+def _iterations(n: int) -> str:
+    return f"{n} iteration{'s' if n != 1 else ''}"
 
 
 def _reason(e: StackEvidence) -> str:
@@ -86,26 +110,71 @@ def stack_text(f: Fact) -> Text:
     inner = c.frames[-1] if c.frames else None
     if inner is not None and inner is not focus_frame(c.frames) and c.collective is None:
         detail += f"; innermost frame {named(inner)}"
-    if e.case == "left_loop" and e.loop is not None and e.loop_frame is not None:
-        loop, in_frame = e.loop, e.loop_frame
-        short = clean(in_frame.filename.rsplit("/", 1)[-1] or "?", 80)
-        header = clean(loop.header.strip().rstrip(":"), 100)
-        if d.collective is not None:
-            they = f"wait in `{d.collective}`"
-        elif in_backward(d.frames):
-            they = f"are in autograd's backward, {where(d)}, where DDP all_reduces the gradients"
-        else:
-            they = f"are {where(d)}"
-        title = (f"{who} {'has' if c.size == 1 else 'have'} left the loop `{header}` ({short}:{loop.line}) that "
-                 f"{others} are still in: {who} {verb} {where(c)}, they {they}")
-        detail += (f". The others still run `{header}` and wait there for collectives that {who} will not issue "
-                   f"any more. Usually the ranks' inputs are uneven: a rank whose data ran out leaves the loop "
-                   f"first. Give every rank the same number of batches (a DistributedSampler with drop_last=True), "
-                   f"or let DDP's join() shadow the ranks that finished")
+    if e.case in ("left_loop", "other_iteration", "left_or_behind") and e.loop is not None \
+            and e.loop_frame is not None:
+        title, more = _past_loop(e, who, verb, others)
+        detail += more
     elif e.case == "backward":
         title = (f"{who} {verb} {where(c)} while {others} {'is' if d.size == 1 else 'are'} in autograd's "
                  f"backward {where(d)}, where DDP all_reduces the gradients")
     return title, detail, _reason(e)
+
+
+def _past_loop(e: StackEvidence, who: str, verb: str, others: str) -> Tuple[str, str]:
+    """(title, more detail) for a class past the end of the loop the others are in: it left the loop, it is in
+    another iteration of a loop around both, or which of the two is not known (divergence.py's table)."""
+    c, d, loop, past = e.mine, e.theirs, e.loop, e.past
+    assert loop is not None and e.loop_frame is not None
+    short = clean(e.loop_frame.filename.rsplit("/", 1)[-1] or "?", 80)
+    header = _header(loop)
+    inner = f"`{header}` ({short}:{loop.line})"
+    if d.collective is not None:
+        they = f"wait in `{d.collective}`"
+    elif in_backward(d.frames):
+        they = f"are in autograd's backward, {where(d)}, where DDP all_reduces the gradients"
+    else:
+        they = f"are {where(d)}"
+    around = past.around if past is not None else None
+    at = past.around_frame if past is not None else None
+    outer_file = clean((at.filename if at is not None else "").rsplit("/", 1)[-1] or "?", 80)
+    outer = f"`{_header(around)}` ({outer_file}:{around.line})" if around is not None else ""
+    if e.case == "other_iteration" and past is not None and around is not None:
+        values = f"{clean(past.name, 40)}={clean(past.mine, 40)} vs {clean(past.theirs, 40)}"
+        if past.delta is not None:
+            side = "behind" if past.delta < 0 else "ahead of"
+            title = (f"{who} {verb} {_iterations(abs(past.delta))} of {outer} {side} {others} ({values}), not out "
+                     f"of the loop {inner} they are in: {who} {verb} {where(c)}, they {they}")
+        else:
+            title = (f"{who} {verb} in another iteration of {outer} than {others} ({values}), not out of the loop "
+                     f"{inner} they are in: {who} {verb} {where(c)}, they {they}")
+        more = (f". {who[:1].upper() + who[1:]} {'has' if c.size == 1 else 'have'} not left {inner}: "
+                f"{'it is' if c.size == 1 else 'they are'} still at a later line of an earlier iteration of {outer}, "
+                f"while the others went on into the next one and wait there at their next collective. A straggler: "
+                f"if {who} {'moves' if c.size == 1 else 'move'} between samples the job runs at "
+                f"{'its' if c.size == 1 else 'their'} pace (a slow node, a slow step); if not, what holds "
+                f"{'it' if c.size == 1 else 'them'} there is the culprit") if past.delta is None or past.delta < 0 \
+            else (f". {who[:1].upper() + who[1:]} went on past the others: a collective the others issue was "
+                  "skipped there, or issued once more here")
+        return title, more
+    if e.case == "left_or_behind" and past is not None and around is not None:
+        name = (around.variables + around.counters)[:1]
+        var = f"`{clean(name[0], 40)}`" if name else f"the iteration of {outer}"
+        title = (f"{who} {verb} past the end of the loop {inner} that {others} are in, inside {outer}: either "
+                 f"{who} left it or {verb} an iteration behind ({who} {verb} {where(c)}, they {they})")
+        more = (f". Stacks alone cannot tell these apart: in the same iteration of {outer}, {who} left {inner} (its "
+                f"data ran out first: uneven inputs); in an earlier one, {who} {verb} behind (a straggler, and the job "
+                f"may still be moving). What tells them apart: {var} on both sides (collected with --locals), and "
+                f"samples over time (--samples 3): ranks that move between samples are stragglers")
+        return title, more
+    same = (f", in the same iteration of {outer} ({_values(past)} on both sides)"
+            if past is not None and around is not None and past.name else "")
+    title = (f"{who} {'has' if c.size == 1 else 'have'} left the loop {inner} that {others} are still in{same}: "
+             f"{who} {verb} {where(c)}, they {they}")
+    more = (f". The others still run `{header}` and wait there for collectives that {who} will not issue any more. "
+            f"Usually the ranks' inputs are uneven: a rank whose data ran out leaves the loop first. Give every rank "
+            f"the same number of batches (a DistributedSampler with drop_last=True), or let DDP's join() shadow the "
+            f"ranks that finished")
+    return title, more
 
 
 def identical_text(f: Fact) -> Text:
