@@ -14,7 +14,11 @@ hangscope runs with its CLI defaults (locals, loop variables, source lines, sock
 stacks only. Every method must find every rank, or the run stops. The 1-minute load average is recorded
 before each repetition: the machine's 2 cores are shared with whatever else runs. Needs root.
 
-    python3 bench/snapshot.py [--sizes 4x4,8x4,16x4,32x4] [--repeat 3] [--skip seq,cli] [--json FILE]
+--bytecode first writes app/'s and workers/' bytecode caches (__pycache__, `python -m compileall`), as a pip
+install does: without it, a checkout run with PYTHONDONTWRITEBYTECODE=1 (this environment) compiles ~130 modules
+from source at every CLI start (~0.35 s of CPU), and the worker payload compiles workers/ on every run.
+
+    python3 bench/snapshot.py [--sizes 4x4,8x4,16x4,32x4] [--repeat 3] [--skip seq,cli] [--bytecode] [--json FILE]
 """
 
 from __future__ import annotations
@@ -299,13 +303,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions per size; medians are reported (3)")
     parser.add_argument("--skip", default="", help="methods to leave out, e.g. seq,cli")
     parser.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
+    parser.add_argument("--bytecode", action="store_true",
+                        help="write app/ and workers/ bytecode caches first, as an installed hangscope has them")
     args = parser.parse_args()
+    if args.bytecode:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "app", "workers"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
     problem = cluster_mod.support_problem()
     if problem:
         sys.exit(problem)
     skip = {s for s in args.skip.split(",") if s}
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cpus, "
-          f"median of {args.repeat}; seconds, login-side wall clock", flush=True)
+          f"median of {args.repeat}; seconds, login-side wall clock"
+          + ("; app/ and workers/ bytecode cached (--bytecode)" if args.bytecode else ""), flush=True)
     results = []
     meter = CpuMeter()
     try:

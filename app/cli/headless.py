@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import sys
+import time
 from typing import List, Optional, Sequence, TextIO
 
 from app.cli.run import WriteError, write_private
@@ -72,7 +73,7 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
                     break
                 history.append(snap)
                 try:
-                    await asyncio.wait_for(stop[0].wait(), args.interval)
+                    await asyncio.wait_for(stop[0].wait(), next_sample_delay(snap, args.interval, time.time()))
                     break  # interrupted while waiting: what was collected is the answer
                 except asyncio.TimeoutError:
                     pass
@@ -91,14 +92,36 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
                 snap = dataclasses.replace(snap, interrupted=True)
             return snap
         finally:
-            await session.close()
+            # Every worker gets its EOF now and ends while the summary is analysed and printed; the connections
+            # are closed, and each worker's exit waited for, before the command returns (run_interruptible).
+            session.end_workers()
+            closing.append(asyncio.ensure_future(session.close()))
 
-    snap = run_interruptible(collect, cancel)
-    assert isinstance(snap, Snapshot)
-    if getattr(args, "job", None):
-        snap, history = pick_job(snap, history, args.job)
-    return report(snap, history=history, snapshot_path=args.snapshot, force=args.force, export=args.export,
-                  tar=args.tar, inputs=inputs, raw=getattr(args, "raw", False))
+    def answer(snap: object) -> int:
+        assert isinstance(snap, Snapshot)
+        samples = history
+        if getattr(args, "job", None):
+            snap, samples = pick_job(snap, history, args.job)
+        return report(snap, history=samples, snapshot_path=args.snapshot, force=args.force, export=args.export,
+                      tar=args.tar, inputs=inputs, raw=getattr(args, "raw", False))
+
+    closing: List[asyncio.Future] = []
+    code = run_interruptible(collect, cancel, after=answer, finish=closing)
+    assert isinstance(code, int)
+    return code
+
+
+def next_sample_delay(snap: Snapshot, interval: float, now: float) -> float:
+    """Seconds to wait before the next sample: --interval is the time between two samples of a rank, and a
+    rank is sampled when it is dumped, so it counts from when this pass's dumps began (its first rank dump, on
+    the login clock), not from the end of the pass: a cold pass spends most of its time before its dumps
+    (connecting, starting the workers, discovery), and a rank dumped late in it is dumped late in the next
+    pass too (the same order on each node). Without a dump time (nothing dumped) from now. Never more than
+    `interval`; what the progress rules read is each rank's measured time between its samples, not this."""
+    starts = [r.dump_started for r in snap.ranks if r.dump_started is not None]
+    if not starts:
+        return interval
+    return min(interval, max(0.0, min(starts) + interval - now))
 
 
 def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: Optional[str] = None,

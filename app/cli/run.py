@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import sys
-from typing import List, NoReturn, Sequence
+from typing import Awaitable, List, NoReturn, Optional, Sequence
 
 from app.errors import InputError
 from app.inputs.paths import WriteError, write_file
@@ -34,9 +34,14 @@ def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence
     write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
-def run_interruptible(coro_factory, on_first_interrupt) -> object:
+def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Optional[Sequence[Awaitable]] = None) -> object:
     """Run an asyncio coroutine; the first Ctrl+C calls on_first_interrupt (cancel, keep partial data),
-    a second one aborts at once with exit code 130."""
+    a second one aborts at once with exit code 130.
+
+    `after(result)`, when given, runs once the coroutine returned, outside the loop (Ctrl+C there is a
+    KeyboardInterrupt, as anywhere outside a collection), and its value is returned; `finish` holds what the
+    coroutine left running for after it (closing the connections while the summary is printed): awaited before
+    this returns or raises, whatever `after` did, under the same Ctrl+C rule."""
     loop = asyncio.new_event_loop()
     interrupts: List[int] = []
 
@@ -49,16 +54,35 @@ def run_interruptible(coro_factory, on_first_interrupt) -> object:
             print("\nhangscope: aborted", file=sys.stderr)
             os._exit(EXIT_INTERRUPTED)
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, handler)
-    except (NotImplementedError, RuntimeError):
-        pass
-    try:
-        return loop.run_until_complete(coro_factory())
-    finally:
+    def listen(on: bool) -> None:
         try:
-            loop.remove_signal_handler(signal.SIGINT)
+            if on:
+                loop.add_signal_handler(signal.SIGINT, handler)
+            else:
+                loop.remove_signal_handler(signal.SIGINT)
         except (NotImplementedError, RuntimeError):
             pass
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+
+    def wait_finish() -> None:
+        if finish:
+            listen(True)
+            try:
+                loop.run_until_complete(asyncio.gather(*finish, return_exceptions=True))
+            finally:
+                listen(False)
+
+    listen(True)
+    try:
+        try:
+            result = loop.run_until_complete(coro_factory())
+        finally:
+            listen(False)
+        if after is not None:
+            result = after(result)
+        return result
+    finally:
+        try:
+            wait_finish()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()

@@ -8,11 +8,13 @@ iteration, averaged over the ranks (nccl-tests reports the same). Pure.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from app.errors import InputError
-from app.gpu.model import BenchRow
 from app.inputs import numbers
+
+if TYPE_CHECKING:  # the command line imports this module for its size parser on every run (app/cli/gpu.py)
+    from app.gpu.model import BenchRow
 
 GB = 1e9
 MAX_SIZE = 16 << 30
@@ -33,6 +35,8 @@ def valid_event(ev: dict) -> bool:
 
 def row(ev: dict, world_size: int) -> BenchRow:
     """A BenchRow from the program's `bench` event (times in seconds)."""
+    from app.gpu.model import BenchRow
+
     t = float(ev["time_avg"])
     algbw = ev["size"] / t / GB
     tmax = ev.get("time_max")

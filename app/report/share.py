@@ -22,6 +22,7 @@ The analysis may compare raw values; what it prints goes through text() here lik
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -50,6 +51,17 @@ _KEPT = frozenset({
     "gpu_evidence", "blocked_in", "syscall", "wchan", "top", "errors", "uuid", "bus_id", "hash",
     "NodeStatus.name", "ToolInfo.name", "GpuUse.name", "GpuHealth.name",
 })
+_PLAIN = frozenset({int, float, bool})
+
+
+@functools.lru_cache(maxsize=None)
+def _field_keys(cls: type) -> Tuple[Tuple[str, str], ...]:
+    """A dataclass's fields with the key each is judged by: `Class.field` where _KEPT names it so, else its name."""
+    kind = cls.__name__
+    return tuple((f.name, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT else f.name)
+                 for f in dataclasses.fields(cls))
+
+
 _PATH_FIELDS = frozenset({"filename", "exe", "python_exe", "path", "cgroup"})
 _SOURCE_FIELDS = frozenset({"header", "items"})
 
@@ -198,7 +210,9 @@ class Sharer:
                 return tuple((n, self.source(t)) for n, t in obj)
             if field in ("peer_names", "top"):
                 return obj
-            return tuple(self._obj(x, field) for x in obj)
+            items = tuple(self._obj(x, field) for x in obj)
+            # nothing changed: the same tuple, so that the dataclass above need not compare it value by value
+            return obj if all(a is b for a, b in zip(items, obj)) else items
         if isinstance(obj, Local):
             return dataclasses.replace(obj, repr=self.value(obj.name, obj.repr))
         if isinstance(obj, StraceResult):
@@ -207,12 +221,13 @@ class Sharer:
         if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
             return obj
         changes = {}
-        kind = type(obj).__name__
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            new = self._obj(value, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT else f.name)
+        for name, field_key in _field_keys(type(obj)):
+            value = getattr(obj, name)
+            if value is None or value.__class__ in _PLAIN:
+                continue  # numbers, flags, None: nothing in them to share or hide
+            new = self._obj(value, field_key)
             if new is not value and new != value:
-                changes[f.name] = new
+                changes[name] = new
         return dataclasses.replace(obj, **changes) if changes else obj
 
     def tree(self, obj: Any) -> Any:

@@ -357,10 +357,19 @@ class Session:
         for task in self._tasks:
             task.cancel()
 
-    async def close(self) -> None:
-        """Close every worker (EOF on its stdin: it stops its tools and exits) and every connection."""
+    def end_workers(self) -> None:
+        """Send every worker its EOF now (it stops its tools and exits) without waiting: the caller can print
+        while the nodes shut down, then close() waits for each exit and closes the connections. After this the
+        session takes no more passes."""
         self._closed = True
         self.cancel()
+        for node in self._nodes:
+            if node.conn is not None:
+                node.conn.end_input()
+
+    async def close(self) -> None:
+        """Close every worker (EOF on its stdin: it stops its tools and exits) and every connection."""
+        self.end_workers()
         conns = [n.conn for n in self._nodes if n.conn is not None]
         for node in self._nodes:
             node.conn = None

@@ -412,19 +412,26 @@ class WorkerConnection:
 
     # -- closing -------------------------------------------------------------------------------------------
 
+    def end_input(self, *, kill: bool = False) -> None:
+        """The first half of close(), at once and without waiting: pending requests fail as cancelled and the
+        worker gets EOF on its stdin (it stops its tools and exits), so that it ends while the caller does other
+        work; close() then waits for the exit. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        for req in list(self._requests.values()):
+            req.put(TransportError("cancelled", f"{self.name}: the session closed"))
+        self._requests.clear()
+        try:
+            if kill and self._kill is not None:
+                self._kill()
+            self._stdin.write_eof()
+        except Exception:
+            pass
+
     async def close(self, *, kill: bool = False, timeout: float = EXIT_WAIT) -> None:
         """EOF on the worker's stdin (it stops everything and exits); kill it if it does not go in time."""
-        if not self._closing:
-            self._closing = True
-            for req in list(self._requests.values()):
-                req.put(TransportError("cancelled", f"{self.name}: the session closed"))
-            self._requests.clear()
-            try:
-                if kill and self._kill is not None:
-                    self._kill()
-                self._stdin.write_eof()
-            except Exception:
-                pass
+        self.end_input(kill=kill)
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=timeout)
             if pending and self._kill is not None:

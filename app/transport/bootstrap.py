@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib.machinery
 import importlib.util
 import json
 import marshal
 import shlex
+import sys
 import threading
+import types
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,24 +136,48 @@ def _module_name(rel: Path) -> tuple[str, bool]:
 def _pack(root: Path = WORKERS_DIR) -> Payload:
     """Pack every `<root>/**/*.py` (root is the `workers` package) into one payload (uncached)."""
     modules: dict[str, list[Any]] = {}
+    paths: dict[str, Path] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent)
         if "__pycache__" in rel.parts:
             continue
         name, is_pkg = _module_name(rel)
         modules[name] = [is_pkg, path.read_text(encoding="utf-8")]
+        paths[name] = path
     # A directory of modules without __init__.py is still importable as a package on the node.
     for name in list(modules):
         parts = name.split(".")
         for i in range(1, len(parts)):
             modules.setdefault(".".join(parts[:i]), [True, ""])
     raw = json.dumps(modules, sort_keys=True, ensure_ascii=True).encode("ascii")
-    code = {name: compile(src, module_filename(name, is_pkg), "exec", dont_inherit=True, optimize=0)
+    code = {name: _code(name, is_pkg, src, paths.get(name))
             for name, (is_pkg, src) in modules.items() if not name.startswith(SOURCE_ONLY)}
     raw += b"\n" + marshal.dumps(code)
     # level 6, not 9: 1.25 MB packs in ~40 ms instead of ~140 ms (every CLI run pays it before the first worker
     # starts) for 0.8% more bytes (~4 KB a node)
     return Payload(data=zlib.compress(raw, PAYLOAD_LEVEL), modules=tuple(sorted(modules)), magic=importlib.util.MAGIC_NUMBER)
+
+
+def _code(name: str, is_pkg: bool, src: str, path: Optional[Path]) -> types.CodeType:
+    """A shipped module's code object, named as the node's tracebacks show it (module_filename). Read from
+    Python's own bytecode cache beside the source where it is current (an installed hangscope has one; Python
+    writes it on first use unless bytecode writing is off), compiled otherwise: compiling every worker module
+    cost ~140 ms of login CPU on every run."""
+    filename = module_filename(name, is_pkg)
+    code: Optional[types.CodeType] = None
+    if path is not None and not sys.flags.optimize:
+        try:
+            code = importlib.machinery.SourceFileLoader(name, str(path)).get_code(name)
+        except (OSError, SyntaxError, ImportError, ValueError):
+            code = None
+    if code is None:
+        return compile(src, filename, "exec", dont_inherit=True, optimize=0)
+    return _renamed(code, filename)
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 _packed = functools.lru_cache(maxsize=4)(_pack)

@@ -3,6 +3,7 @@ snapshots, cancel keeps what arrived, strace/gdb results land on the ranks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Iterator
 import psutil
 import pytest
 
+from app.errors import HangscopeError
 from app.model import CollectOptions, RankSnapshot
 from app.session import NodeUpdate, RankUpdate, Session, SessionEvent, SessionOptions, SnapshotDone
 from app.transport import bootstrap
@@ -298,3 +300,21 @@ async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_
             assert {"step", "conn", "srv", "peer", "ready_path"} <= {lc.name for lc in train.locals}
     finally:
         await session.close()
+
+
+async def test_end_workers_ends_them_without_waiting_and_close_still_waits(stand_ins: dict[int, int]) -> None:
+    # the headless CLI sends every worker its EOF, prints the summary meanwhile, then close() waits for the exits
+    session = Session(None, SessionOptions())
+    try:
+        await session.snapshot()
+        (worker,) = _worker_children()
+        session.end_workers()  # returns at once: nothing awaited
+        with pytest.raises(HangscopeError):
+            await session.refresh()  # a session being closed takes no more passes
+        deadline = time.monotonic() + 20
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the worker did not end after its EOF"
+            await asyncio.sleep(0.02)  # the loop runs (as during the CLI's report), close() is not called
+    finally:
+        await session.close()
+    assert not _worker_children()

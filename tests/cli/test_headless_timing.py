@@ -1,0 +1,81 @@
+"""When the headless CLI takes its next sample, and that it answers before its workers have finished closing
+but never returns before they have."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.cli.headless import next_sample_delay
+from app.cli.run import run_interruptible
+from app.model import RankSnapshot, Snapshot
+
+
+def _snap(*dump_started):
+    ranks = tuple(RankSnapshot(node="n1", pid=100 + i, start_time=1, dump_started=t)
+                  for i, t in enumerate(dump_started))
+    return Snapshot(taken_at=0.0, duration=1.0, hangscope_version="t", ranks=ranks)
+
+
+def test_the_interval_counts_from_when_the_pass_began_dumping():
+    # dumps began 0.4 s ago (the earliest one), the pass ended now: 0.6 s more make the 1 s between samples
+    assert next_sample_delay(_snap(1000.0, 1000.2, None), 1.0, 1000.4) == pytest.approx(0.6)
+
+
+def test_no_wait_once_the_interval_has_passed_since_the_dumps():
+    assert next_sample_delay(_snap(1000.0), 1.0, 1001.5) == 0.0
+
+
+def test_without_a_dump_time_the_whole_interval_is_waited():
+    assert next_sample_delay(_snap(None, None), 2.5, 1000.0) == 2.5
+    assert next_sample_delay(_snap(), 2.5, 1000.0) == 2.5
+
+
+def test_never_more_than_the_interval_whatever_the_node_clocks_say():
+    # a dump time ahead of the login clock (a node clock estimated wrongly) cannot stretch the wait
+    assert next_sample_delay(_snap(1005.0), 1.0, 1000.0) == 1.0
+
+
+def _closing_run(after):
+    """run_interruptible with a coroutine that leaves a 0.3 s 'closing' behind, as collect_and_report does."""
+    events: list[tuple[str, float]] = []
+    finish: list = []
+
+    async def main() -> str:
+        async def close() -> None:
+            await asyncio.sleep(0.3)
+            events.append(("closed", time.monotonic()))
+        finish.append(asyncio.ensure_future(close()))
+        return "snapshot"
+
+    def answer(result: object) -> str:
+        events.append(("answered", time.monotonic()))
+        return after(result)
+
+    return run_interruptible(main, lambda: None, after=answer, finish=finish), events
+
+
+def test_the_answer_comes_before_the_closing_ends_and_the_command_returns_after_it():
+    result, events = _closing_run(lambda r: f"report of {r}")
+    assert result == "report of snapshot"
+    assert [e for e, _ in events] == ["answered", "closed"]
+
+
+def test_the_closing_is_waited_for_even_when_the_answer_fails():
+    def fail(result: object) -> str:
+        raise KeyboardInterrupt  # Ctrl+C while the summary is printed
+
+    seen: list[str] = []
+    finish: list = []
+
+    async def main() -> None:
+        async def close() -> None:
+            await asyncio.sleep(0.2)
+            seen.append("closed")
+        finish.append(asyncio.ensure_future(close()))
+
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptible(main, lambda: None, after=fail, finish=finish)
+    assert seen == ["closed"]
