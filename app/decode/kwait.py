@@ -71,9 +71,9 @@ def cpu_time(value: Any) -> Optional[float]:
 
 
 # a blocked thread's wait makes ~3 of these (every rank, every pass): built without __init__ (app/decode/build.py)
-_OTHER_END = Builder(OtherEnd, role="peer", pid=1)
-_WAIT_FD = Builder(WaitFd)
-_KERNEL_WAIT = Builder(KernelWait, syscall="", family="fd")
+_OTHER_END = Builder(OtherEnd).make
+_WAIT_FD = Builder(WaitFd).make
+_KERNEL_WAIT = Builder(KernelWait).make
 
 
 def other_end(raw: Any) -> Optional[OtherEnd]:
@@ -84,13 +84,13 @@ def other_end(raw: Any) -> Optional[OtherEnd]:
     if type(role) is not str or role not in _ROLES or not role or type(pid) is not int or not 1 <= pid < _INT32:
         return None
     cmdline = g("cmdline")
-    return _OTHER_END(dict(
+    return _OTHER_END(
         role=role, pid=pid, comm=_str(g("comm"), 64), state=_str(g("state"), 2), ppid=_int(g("ppid"), 0),
         wchan=_str(g("wchan"), 100),
         cmdline=_args(cmdline) if type(cmdline) is list and cmdline else (),
         fd=_int(g("fd"), 0), own=g("own") is True, lock=_str(g("lock"), 100),
         exit_code=_int(g("exit_code"), 0, 256), exit_signal=_str(g("exit_signal"), 20),
-        core_dumped=g("core_dumped") is True))
+        core_dumped=g("core_dumped") is True)
 
 
 # A process's command line as the other end of many waits shows it (every rank's peers are the job's ranks,
@@ -122,14 +122,14 @@ def wait_fd(raw: Any) -> Optional[WaitFd]:
         return None
     g = raw.get
     others, notes = g("others"), g("notes")
-    return _WAIT_FD(dict(
+    return _WAIT_FD(
         fd=_int(g("fd")), target=_str(g("target"), 300), kind=_one_of(g("kind"), _KINDS),
         access=_one_of(g("access"), _ACCESS), proto=_one_of(g("proto"), _PROTOS),
         local=_str(g("local"), 300), peer=_str(g("peer"), 300), state=_str(g("state"), 20),
         send_q=_int(g("send_q"), 0, 1 << 63), recv_q=_int(g("recv_q"), 0, 1 << 63),
         others=_others(others) if others else (), complete=g("complete") is not False,
         controlling=_bool(g("controlling")), foreground=_bool(g("foreground")),
-        notes=_notes(notes) if notes else ()))
+        notes=_notes(notes) if notes else ())
 
 
 def kernel_wait(raw: Any) -> Optional[KernelWait]:
@@ -141,7 +141,7 @@ def kernel_wait(raw: Any) -> Optional[KernelWait]:
     if not family:
         return None
     address, fds, children, notes = g("address"), g("fds"), g("children"), g("notes")
-    return _KERNEL_WAIT(dict(
+    return _KERNEL_WAIT(
         syscall=_str(g("syscall"), 40), family=family, fd=_int(g("fd")),
         fds=tuple(f for f in (wait_fd(r) for r in _list(fds, MAX_FDS)) if f is not None) if fds else (),
         fds_total=_int(g("fds_total"), 0), timeout=_seconds(g("timeout")),
@@ -150,4 +150,4 @@ def kernel_wait(raw: Any) -> Optional[KernelWait]:
         lock_type=_one_of(g("lock_type"), _LOCK_TYPES), lock_mode=_one_of(g("lock_mode"), _LOCK_MODES),
         path=_str(g("path"), 1000),
         address=address if isinstance(address, str) and _ADDRESS.fullmatch(address) else "",
-        notes=_notes(notes) if notes else ()))
+        notes=_notes(notes) if notes else ())

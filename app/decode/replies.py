@@ -122,9 +122,9 @@ def _gpu(g: dict) -> GpuUse:
                   used_mib=_int(g.get("used_mib")))
 
 
-_TCP_SOCKET = Builder(TcpSocket, local="", peer="", state="")
-_THREAD = Builder(ThreadStack, tid=0)
-_COUNTERS = Builder(ProgressCounters, at=0.0)
+_TCP_SOCKET = Builder(TcpSocket).make
+_THREAD = Builder(ThreadStack).make
+_COUNTERS = Builder(ProgressCounters).make
 
 
 def _socket(s: dict) -> TcpSocket:
@@ -134,7 +134,7 @@ def _socket(s: dict) -> TcpSocket:
     send_q, recv_q, retransmits, backoff = g("send_q"), g("recv_q"), g("retransmits"), g("backoff")
     total, lsend, lrecv, lack = g("total_retrans"), g("last_send_ms"), g("last_recv_ms"), g("last_ack_ms")
     acked, received = g("bytes_acked"), g("bytes_received")
-    return _TCP_SOCKET(dict(local=_str(local), peer=_str(peer), state=_str(state),
+    return _TCP_SOCKET(local=_str(local), peer=_str(peer), state=_str(state),
                      send_q=send_q if type(send_q) is int else 0, recv_q=recv_q if type(recv_q) is int else 0,
                      retransmits=retransmits if type(retransmits) is int else 0,
                      backoff=backoff if type(backoff) is int else 0,
@@ -143,7 +143,7 @@ def _socket(s: dict) -> TcpSocket:
                      last_recv_ms=lrecv if type(lrecv) is int else None,
                      last_ack_ms=lack if type(lack) is int else None,
                      bytes_acked=acked if type(acked) is int and acked >= 0 else None,
-                     bytes_received=received if type(received) is int and received >= 0 else None))
+                     bytes_received=received if type(received) is int and received >= 0 else None)
 
 
 def _count(value: Any) -> int | None:
@@ -206,13 +206,13 @@ def counters(raw: Any) -> ProgressCounters | None:
         if cgroup is None:
             cgroup = _cgroup(cg) if key is None else _CGROUPS.add(key, _cgroup(cg))
     c = _count
-    return _COUNTERS(dict(
+    return _COUNTERS(
         at=at, state=_str(g("state"))[:1], utime=_seconds(g("utime")),
         stime=_seconds(g("stime")), voluntary_ctxt=c(g("voluntary_ctxt")),
         nonvoluntary_ctxt=c(g("nonvoluntary_ctxt")), run_ns=c(g("run_ns")),
         wait_ns=c(g("wait_ns")), rchar=c(g("rchar")), wchar=c(g("wchar")),
         read_bytes=c(g("read_bytes")), write_bytes=c(g("write_bytes")),
-        log_bytes=c(g("log_bytes")), main_wchar=c(g("main_wchar")), cgroup=cgroup))
+        log_bytes=c(g("log_bytes")), main_wchar=c(g("main_wchar")), cgroup=cgroup)
 
 
 def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
@@ -224,7 +224,7 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     job, job_evidence = _job(node, env, master_addr, master_port, launcher, launcher_pid)
     pid, start_time, num_threads, rss = g("pid"), g("start_time"), g("num_threads"), g("rss")
     gpus, children, sockets = g("gpus"), g("children"), g("sockets")
-    return _built_rank(dict(
+    return _built_rank(
         node=node, pid=pid if type(pid) is int and pid else 0,
         start_time=start_time if type(start_time) is int and start_time else 0,
         rank=_int(g("rank")), local_rank=_int(g("local_rank")),
@@ -241,11 +241,12 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
         children=tuple(c for c in children if type(c) is int) if type(children) is list and children else (),
         sockets=tuple(_socket(x) for x in sockets if type(x) is dict) if type(sockets) is list else (),
         output=error_output(g("output")) if g("output") else (),
-        counters=counters(g("counters")), collected=False, job=job, job_evidence=job_evidence))
+        counters=counters(g("counters")), collected=False, job=job, job_evidence=job_evidence)
 
 
 # ~50 fields: __init__ set each with its own call (~10 us a rank) and replace() read each first (~17 us)
-_built_rank = Builder(RankSnapshot, node="", pid=0, start_time=0)
+_RANK = Builder(RankSnapshot)
+_built_rank = _RANK.make
 
 
 _LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
@@ -461,14 +462,14 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
     """One thread, py-spy's view merged with /proc's (t) in one construction (dataclasses.replace costs more
     than the thread's whole parse)."""
     if t is None:
-        return _THREAD(dict(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main))
+        return _THREAD(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main)
     g = t.get
     waits = g("waits")
-    return _THREAD(dict(tid=tid, name=name or _str(g("comm")), active=active, owns_gil=owns_gil, frames=frames,
+    return _THREAD(tid=tid, name=name or _str(g("comm")), active=active, owns_gil=owns_gil, frames=frames,
                         state=_str(g("state")), wchan=_str(g("wchan")), syscall=_str(g("syscall")),
                         kernel_stack=_strs(g("kernel_stack")), is_main=is_main,
                         waits=kernel_wait(waits) if waits is not None else None,
-                        cpu_time=thread_cpu_time(g("cpu_time"))))
+                        cpu_time=thread_cpu_time(g("cpu_time")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -630,11 +631,11 @@ def apply_decoded(rank: RankSnapshot, d: Dumped, **more: Any) -> RankSnapshot:
     ~50-field rank, not two)."""
     if rank.rank is None:
         rank = spawn_identity(rank, d.threads)
-    return _built_rank(dict(
-        threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
+    return _RANK.replace(
+        rank, threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
         elapsed=d.elapsed, state=d.state or rank.state, flight=d.flight, hold=d.hold or rank.hold,
         actions=rank.actions + d.actions if rank.actions else d.actions,
-        notes=rank.notes + d.notes if rank.notes else d.notes, **more), rank.__dict__)
+        notes=rank.notes + d.notes if rank.notes else d.notes, **more)
 
 
 def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
