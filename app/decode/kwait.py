@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from sys import intern
 import re
-from typing import Any, Optional, cast, get_args
+from typing import Any, Optional, get_args
 
+from app.decode.build import Builder
+from app.model.memo import BoundedMemo
 from app.model import EndRole, FdKind, KernelWait, OtherEnd, WaitFamily, WaitFd
 
 MAX_FDS = 64
@@ -33,14 +35,15 @@ def _int(value: Any, low: int = -_INT32, high: int = _INT32) -> Optional[int]:
 
 def _str(value: Any, limit: int) -> str:
     """Bounded; a short one interned (the same states, paths and names on many ranks: app/decode/replies.py)."""
-    if type(value) is not str:
+    if type(value) is not str or not value:
         return ""
-    value = value[:limit]
+    if len(value) > limit:
+        value = value[:limit]
     return intern(value) if len(value) <= 200 else value
 
 
 def _one_of(value: Any, allowed: frozenset) -> str:
-    return value if isinstance(value, str) and value in allowed else ""
+    return value if type(value) is str and value in allowed else ""
 
 
 def _list(value: Any, limit: int) -> list:
@@ -67,18 +70,43 @@ def cpu_time(value: Any) -> Optional[float]:
     return float(value) if 0 <= value < 1e12 else None
 
 
+# a blocked thread's wait makes ~3 of these (every rank, every pass): built without __init__ (app/decode/build.py)
+_OTHER_END = Builder(OtherEnd).make
+_WAIT_FD = Builder(WaitFd).make
+_KERNEL_WAIT = Builder(KernelWait).make
+
+
 def other_end(raw: Any) -> Optional[OtherEnd]:
-    if not isinstance(raw, dict):
+    if type(raw) is not dict:
         return None
-    role, pid = _one_of(raw.get("role"), _ROLES), _int(raw.get("pid"), 1)
-    if not role or pid is None:
+    g = raw.get
+    role, pid = g("role"), g("pid")
+    if type(role) is not str or role not in _ROLES or not role or type(pid) is not int or not 1 <= pid < _INT32:
         return None
-    return OtherEnd(role=cast(EndRole, role), pid=pid, comm=_str(raw.get("comm"), 64), state=_str(raw.get("state"), 2),
-                    ppid=_int(raw.get("ppid"), 0), wchan=_str(raw.get("wchan"), 100),
-                    cmdline=tuple(a[:200] for a in _list(raw.get("cmdline"), MAX_ARGS) if isinstance(a, str)),
-                    fd=_int(raw.get("fd"), 0), own=raw.get("own") is True, lock=_str(raw.get("lock"), 100),
-                    exit_code=_int(raw.get("exit_code"), 0, 256), exit_signal=_str(raw.get("exit_signal"), 20),
-                    core_dumped=raw.get("core_dumped") is True)
+    cmdline = g("cmdline")
+    return _OTHER_END(
+        role=role, pid=pid, comm=_str(g("comm"), 64), state=_str(g("state"), 2), ppid=_int(g("ppid"), 0),
+        wchan=_str(g("wchan"), 100),
+        cmdline=_args(cmdline) if type(cmdline) is list and cmdline else (),
+        fd=_int(g("fd"), 0), own=g("own") is True, lock=_str(g("lock"), 100),
+        exit_code=_int(g("exit_code"), 0, 256), exit_signal=_str(g("exit_signal"), 20),
+        core_dumped=g("core_dumped") is True)
+
+
+# A process's command line as the other end of many waits shows it (every rank's peers are the job's ranks,
+# with one command line): each distinct one read once.
+_ARGS: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 12)
+
+
+def _args(raw: list) -> tuple[str, ...]:
+    try:
+        key = tuple(raw[:MAX_ARGS])
+        got = _ARGS.get(key)
+    except TypeError:  # an unhashable element (remote data)
+        return tuple(a[:200] for a in raw[:MAX_ARGS] if isinstance(a, str))
+    if got is None:
+        got = _ARGS.add(key, tuple(intern(a[:200]) for a in key if isinstance(a, str)))
+    return got
 
 
 def _others(value: Any) -> tuple[OtherEnd, ...]:
@@ -90,32 +118,36 @@ def _bool(value: Any) -> Optional[bool]:
 
 
 def wait_fd(raw: Any) -> Optional[WaitFd]:
-    if not isinstance(raw, dict):
+    if type(raw) is not dict:
         return None
-    return WaitFd(fd=_int(raw.get("fd")), target=_str(raw.get("target"), 300), kind=cast(FdKind, _one_of(raw.get("kind"), _KINDS)),
-                  access=_one_of(raw.get("access"), _ACCESS), proto=_one_of(raw.get("proto"), _PROTOS),
-                  local=_str(raw.get("local"), 300), peer=_str(raw.get("peer"), 300), state=_str(raw.get("state"), 20),
-                  send_q=_int(raw.get("send_q"), 0, 1 << 63), recv_q=_int(raw.get("recv_q"), 0, 1 << 63),
-                  others=_others(raw.get("others")), complete=raw.get("complete") is not False,
-                  controlling=_bool(raw.get("controlling")), foreground=_bool(raw.get("foreground")),
-                  notes=_notes(raw.get("notes")))
+    g = raw.get
+    others, notes = g("others"), g("notes")
+    return _WAIT_FD(
+        fd=_int(g("fd")), target=_str(g("target"), 300), kind=_one_of(g("kind"), _KINDS),
+        access=_one_of(g("access"), _ACCESS), proto=_one_of(g("proto"), _PROTOS),
+        local=_str(g("local"), 300), peer=_str(g("peer"), 300), state=_str(g("state"), 20),
+        send_q=_int(g("send_q"), 0, 1 << 63), recv_q=_int(g("recv_q"), 0, 1 << 63),
+        others=_others(others) if others else (), complete=g("complete") is not False,
+        controlling=_bool(g("controlling")), foreground=_bool(g("foreground")),
+        notes=_notes(notes) if notes else ())
 
 
 def kernel_wait(raw: Any) -> Optional[KernelWait]:
     """workers/collect/kwait.py's dict for one thread; None when absent or not one (an unknown family included)."""
-    if not isinstance(raw, dict):
+    if type(raw) is not dict:
         return None
-    family = _one_of(raw.get("family"), _FAMILIES)
+    g = raw.get
+    family = _one_of(g("family"), _FAMILIES)
     if not family:
         return None
-    address = raw.get("address")
-    return KernelWait(
-        syscall=_str(raw.get("syscall"), 40), family=cast(WaitFamily, family), fd=_int(raw.get("fd")),
-        fds=tuple(f for f in (wait_fd(r) for r in _list(raw.get("fds"), MAX_FDS)) if f is not None),
-        fds_total=_int(raw.get("fds_total"), 0), timeout=_seconds(raw.get("timeout")),
-        child_pid=_int(raw.get("child_pid")), children=_others(raw.get("children")),
-        children_complete=raw.get("children_complete") is not False,
-        lock_type=_one_of(raw.get("lock_type"), _LOCK_TYPES), lock_mode=_one_of(raw.get("lock_mode"), _LOCK_MODES),
-        path=_str(raw.get("path"), 1000),
+    address, fds, children, notes = g("address"), g("fds"), g("children"), g("notes")
+    return _KERNEL_WAIT(
+        syscall=_str(g("syscall"), 40), family=family, fd=_int(g("fd")),
+        fds=tuple(f for f in (wait_fd(r) for r in _list(fds, MAX_FDS)) if f is not None) if fds else (),
+        fds_total=_int(g("fds_total"), 0), timeout=_seconds(g("timeout")),
+        child_pid=_int(g("child_pid")), children=_others(children) if children else (),
+        children_complete=g("children_complete") is not False,
+        lock_type=_one_of(g("lock_type"), _LOCK_TYPES), lock_mode=_one_of(g("lock_mode"), _LOCK_MODES),
+        path=_str(g("path"), 1000),
         address=address if isinstance(address, str) and _ADDRESS.fullmatch(address) else "",
-        notes=_notes(raw.get("notes")))
+        notes=_notes(notes) if notes else ())

@@ -23,6 +23,7 @@ from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProc
 from app.model.frames import share
 from app.model.memo import BoundedMemo
 from app.analysis.coordinates import iteration, meaningful  # noqa: F401 (meaningful: re-exported)
+from app.decode.build import Builder
 from app.decode.flight import flight_record
 from app.decode.kwait import cpu_time as thread_cpu_time
 from app.decode.kwait import kernel_wait
@@ -51,6 +52,28 @@ def _str(value: Any) -> str:
 
 # (name, value) pairs of environments, kept once: the ranks of a job differ in a few (RANK, LOCAL_RANK)
 _ENV_PAIRS: BoundedMemo[tuple, tuple] = BoundedMemo(1 << 16)
+
+
+# Lists of strings that repeat across a job's ranks and passes (a command line: every rank of a torchrun job has
+# the same; a kernel stack: every thread blocked in the same call; a dump's actions), read once each: the key is
+# the list's own content (a tuple of what the parser built: no text is compared twice), bounded like the rest.
+_STR_TUPLES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 15)
+
+
+def _strs(raw: Any, count: int = 1 << 30, limit: int = 1 << 30) -> tuple[str, ...]:
+    """The strings of a list (others dropped), at most `count` of them and `limit` characters each; each
+    distinct list read once."""
+    if type(raw) is not list or not raw:
+        return ()
+    key = (count, limit, *raw)
+    try:
+        got = _STR_TUPLES.get(key)
+    except TypeError:  # an unhashable element (remote data): read it, remember nothing
+        return tuple(_str(a[:limit]) for a in raw[:count] if type(a) is str)
+    if got is None:
+        got = _STR_TUPLES.add(key, tuple(_str(a[:limit]) for a in raw[:count] if type(a) is str),
+                              weight=1 + len(raw) // 8)
+    return got
 
 
 def _env(raw: Any) -> tuple[tuple[str, str], ...]:
@@ -99,13 +122,28 @@ def _gpu(g: dict) -> GpuUse:
                   used_mib=_int(g.get("used_mib")))
 
 
+_TCP_SOCKET = Builder(TcpSocket).make
+_THREAD = Builder(ThreadStack).make
+_COUNTERS = Builder(ProgressCounters).make
+
+
 def _socket(s: dict) -> TcpSocket:
-    return TcpSocket(local=_str(s.get("local")), peer=_str(s.get("peer")), state=_str(s.get("state")),
-                     send_q=_int(s.get("send_q")) or 0, recv_q=_int(s.get("recv_q")) or 0,
-                     retransmits=_int(s.get("retransmits")) or 0, backoff=_int(s.get("backoff")) or 0,
-                     total_retrans=_int(s.get("total_retrans")), last_send_ms=_int(s.get("last_send_ms")),
-                     last_recv_ms=_int(s.get("last_recv_ms")), last_ack_ms=_int(s.get("last_ack_ms")),
-                     bytes_acked=_count(s.get("bytes_acked")), bytes_received=_count(s.get("bytes_received")))
+    # ~3 sockets a rank, 13 fields each: the checks are inlined (the helpers' calls were most of the cost)
+    g = s.get
+    local, peer, state = g("local"), g("peer"), g("state")
+    send_q, recv_q, retransmits, backoff = g("send_q"), g("recv_q"), g("retransmits"), g("backoff")
+    total, lsend, lrecv, lack = g("total_retrans"), g("last_send_ms"), g("last_recv_ms"), g("last_ack_ms")
+    acked, received = g("bytes_acked"), g("bytes_received")
+    return _TCP_SOCKET(local=_str(local), peer=_str(peer), state=_str(state),
+                     send_q=send_q if type(send_q) is int else 0, recv_q=recv_q if type(recv_q) is int else 0,
+                     retransmits=retransmits if type(retransmits) is int else 0,
+                     backoff=backoff if type(backoff) is int else 0,
+                     total_retrans=total if type(total) is int else None,
+                     last_send_ms=lsend if type(lsend) is int else None,
+                     last_recv_ms=lrecv if type(lrecv) is int else None,
+                     last_ack_ms=lack if type(lack) is int else None,
+                     bytes_acked=acked if type(acked) is int and acked >= 0 else None,
+                     bytes_received=received if type(received) is int and received >= 0 else None)
 
 
 def _count(value: Any) -> int | None:
@@ -137,52 +175,78 @@ def pg_timeout(raw: Any) -> PgTimeout | None:
     return PgTimeout(value, _str(raw.get("where"))[:200], _str(raw.get("text"))[:200])
 
 
+def _cgroup(cg: dict) -> CgroupCpu:
+    return CgroupCpu(version=_str(cg.get("version"))[:8], path=_str(cg.get("path"))[:512],
+                     quota_us=_count(cg.get("quota_us")), period_us=_count(cg.get("period_us")),
+                     nr_periods=_count(cg.get("nr_periods")), nr_throttled=_count(cg.get("nr_throttled")),
+                     throttled_us=_count(cg.get("throttled_us")))
+
+
+# The ranks of a node mostly share their cgroup (a job's, with its throttling counters read at once): each
+# distinct one read once, keyed by what the node sent.
+_CGROUPS: BoundedMemo[tuple, CgroupCpu] = BoundedMemo(1 << 12)
+
+
 def counters(raw: Any) -> ProgressCounters | None:
     """The worker's progress counters (workers/collect/progress.py); None when absent or malformed."""
-    if not isinstance(raw, dict):
+    if type(raw) is not dict:
         return None
-    at = _seconds(raw.get("at"))
+    g = raw.get
+    at = _seconds(g("at"))
     if at is None:
         return None
-    cg = raw.get("cgroup")
+    cg = g("cgroup")
     cgroup = None
-    if isinstance(cg, dict):
-        cgroup = CgroupCpu(version=_str(cg.get("version"))[:8], path=_str(cg.get("path"))[:512],
-                           quota_us=_count(cg.get("quota_us")), period_us=_count(cg.get("period_us")),
-                           nr_periods=_count(cg.get("nr_periods")), nr_throttled=_count(cg.get("nr_throttled")),
-                           throttled_us=_count(cg.get("throttled_us")))
-    return ProgressCounters(
-        at=at, state=_str(raw.get("state"))[:1], utime=_seconds(raw.get("utime")),
-        stime=_seconds(raw.get("stime")), voluntary_ctxt=_count(raw.get("voluntary_ctxt")),
-        nonvoluntary_ctxt=_count(raw.get("nonvoluntary_ctxt")), run_ns=_count(raw.get("run_ns")),
-        wait_ns=_count(raw.get("wait_ns")), rchar=_count(raw.get("rchar")), wchar=_count(raw.get("wchar")),
-        read_bytes=_count(raw.get("read_bytes")), write_bytes=_count(raw.get("write_bytes")),
-        log_bytes=_count(raw.get("log_bytes")), main_wchar=_count(raw.get("main_wchar")), cgroup=cgroup)
+    if type(cg) is dict:
+        try:
+            key = tuple(cg.items())
+            cgroup = _CGROUPS.get(key)
+        except TypeError:  # an unhashable value (remote data)
+            key, cgroup = None, None
+        if cgroup is None:
+            cgroup = _cgroup(cg) if key is None else _CGROUPS.add(key, _cgroup(cg))
+    c = _count
+    return _COUNTERS(
+        at=at, state=_str(g("state"))[:1], utime=_seconds(g("utime")),
+        stime=_seconds(g("stime")), voluntary_ctxt=c(g("voluntary_ctxt")),
+        nonvoluntary_ctxt=c(g("nonvoluntary_ctxt")), run_ns=c(g("run_ns")),
+        wait_ns=c(g("wait_ns")), rchar=c(g("rchar")), wchar=c(g("wchar")),
+        read_bytes=c(g("read_bytes")), write_bytes=c(g("write_bytes")),
+        log_bytes=c(g("log_bytes")), main_wchar=c(g("main_wchar")), cgroup=cgroup)
 
 
 def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
     """A discovered rank, not yet collected."""
-    env = _env(item.get("env"))
-    master_addr, master_port = _str(item.get("master_addr")), _int(item.get("master_port"))
-    launcher, launcher_pid = _str(item.get("launcher")), _int(item.get("launcher_pid"))
+    g = item.get
+    env = _env(g("env"))
+    master_addr, master_port = _str(g("master_addr")), _int(g("master_port"))
+    launcher, launcher_pid = _str(g("launcher")), _int(g("launcher_pid"))
     job, job_evidence = _job(node, env, master_addr, master_port, launcher, launcher_pid)
-    return RankSnapshot(
-        node=node, pid=_int(item.get("pid")) or 0, start_time=_int(item.get("start_time")) or 0,
-        rank=_int(item.get("rank")), local_rank=_int(item.get("local_rank")),
-        found_by=_str(item.get("found_by"))[:100], rank_evidence=_str(item.get("rank_evidence"))[:200],
-        world_size=_int(item.get("world_size")), group_rank=_int(item.get("group_rank")),
-        local_world_size=_int(item.get("local_world_size")), master_addr=master_addr,
-        master_port=master_port, launcher=launcher, launcher_pid=launcher_pid, ppid=_int(item.get("ppid")),
-        cmdline=tuple(_str(a) for a in _list(item.get("cmdline")) if type(a) is str), exe=_str(item.get("exe")),
-        uid=_int(item.get("uid")), user=_str(item.get("user")), state=_str(item.get("state")),
-        wchan=_str(item.get("wchan")), num_threads=_int(item.get("num_threads")) or 0,
-        cpu_time=_float(item.get("cpu_time")), rss=_int(item.get("rss")) or 0,
-        gpus=tuple(_gpu(g) for g in _list(item.get("gpus")) if isinstance(g, dict)), env=env,
-        nspid=_int(item.get("nspid")), in_container=item.get("in_container") is True,
-        children=tuple(c for c in (_int(c) for c in _list(item.get("children"))) if c is not None),
-        sockets=tuple(_socket(s) for s in _list(item.get("sockets")) if isinstance(s, dict)),
-        output=error_output(item.get("output")),
-        counters=counters(item.get("counters")), collected=False, job=job, job_evidence=job_evidence)
+    pid, start_time, num_threads, rss = g("pid"), g("start_time"), g("num_threads"), g("rss")
+    gpus, children, sockets = g("gpus"), g("children"), g("sockets")
+    return _built_rank(
+        node=node, pid=pid if type(pid) is int and pid else 0,
+        start_time=start_time if type(start_time) is int and start_time else 0,
+        rank=_int(g("rank")), local_rank=_int(g("local_rank")),
+        found_by=_str(g("found_by"))[:100], rank_evidence=_str(g("rank_evidence"))[:200],
+        world_size=_int(g("world_size")), group_rank=_int(g("group_rank")),
+        local_world_size=_int(g("local_world_size")), master_addr=master_addr,
+        master_port=master_port, launcher=launcher, launcher_pid=launcher_pid, ppid=_int(g("ppid")),
+        cmdline=_strs(g("cmdline")), exe=_str(g("exe")),
+        uid=_int(g("uid")), user=_str(g("user")), state=_str(g("state")),
+        wchan=_str(g("wchan")), num_threads=num_threads if type(num_threads) is int and num_threads else 0,
+        cpu_time=_float(g("cpu_time")), rss=rss if type(rss) is int and rss else 0,
+        gpus=tuple(_gpu(x) for x in gpus if isinstance(x, dict)) if type(gpus) is list and gpus else (),
+        env=env, nspid=_int(g("nspid")), in_container=g("in_container") is True,
+        children=tuple(c for c in children if type(c) is int) if type(children) is list and children else (),
+        sockets=tuple(_socket(x) for x in sockets if type(x) is dict) if type(sockets) is list else (),
+        output=error_output(g("output")) if g("output") else (),
+        counters=counters(g("counters")), collected=False, job=job, job_evidence=job_evidence)
+
+
+# ~50 fields: __init__ set each with its own call (~10 us a rank) and replace() read each first (~17 us)
+_RANK = Builder(RankSnapshot)
+_built_rank = _RANK.make
 
 
 _LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
@@ -398,14 +462,14 @@ def _thread(tid: int, name: str, active: bool, owns_gil: bool, frames: tuple[Fra
     """One thread, py-spy's view merged with /proc's (t) in one construction (dataclasses.replace costs more
     than the thread's whole parse)."""
     if t is None:
-        return ThreadStack(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main)
-    stack = t.get("kernel_stack")
-    waits = t.get("waits")
-    return ThreadStack(tid=tid, name=name or _str(t.get("comm")), active=active, owns_gil=owns_gil, frames=frames,
-                       state=_str(t.get("state")), wchan=_str(t.get("wchan")), syscall=_str(t.get("syscall")),
-                       kernel_stack=tuple(s for s in stack if isinstance(s, str)) if isinstance(stack, list) else (),
-                       is_main=is_main, waits=kernel_wait(waits) if waits is not None else None,
-                       cpu_time=thread_cpu_time(t.get("cpu_time")))
+        return _THREAD(tid=tid, name=name, active=active, owns_gil=owns_gil, frames=frames, is_main=is_main)
+    g = t.get
+    waits = g("waits")
+    return _THREAD(tid=tid, name=name or _str(g("comm")), active=active, owns_gil=owns_gil, frames=frames,
+                        state=_str(g("state")), wchan=_str(g("wchan")), syscall=_str(g("syscall")),
+                        kernel_stack=_strs(g("kernel_stack")), is_main=is_main,
+                        waits=kernel_wait(waits) if waits is not None else None,
+                        cpu_time=thread_cpu_time(g("cpu_time")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,8 +524,8 @@ def decode_dump(item: DumpItem) -> Dumped:
                   error=error_info(item.get("error")), resumed=item.get("resumed") is True,
                   elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
                   flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
-                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]),
-                  notes=tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str)),
+                  actions=_strs(item.get("actions"), 20, 300),
+                  notes=_strs(item.get("notes"), 20, 500),
                   started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
 
 
@@ -551,14 +615,14 @@ def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
                                name == "MainThread" or tid == pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):
         threads.append(_thread(tid, "", False, False, (), tid == pid, procfs[tid]))
-    notes = tuple(_str(n)[:500] for n in _list(item.get("notes"))[:20] if isinstance(n, str))
+    notes = _strs(item.get("notes"), 20, 500)
     if unknown:
         notes += (f"{unknown} thread(s) name a stack its node's worker did not send: shown without frames",)
     return Dumped(pid=pid, threads=tuple(threads), collected=isinstance(raw_threads, list),
                   error=error_info(item.get("error")), resumed=item.get("resumed") is True,
                   elapsed=_float(item.get("elapsed")), state=_str(item.get("state_before")),
                   flight=flight_record(item.get("flight")), hold=process_hold(item.get("process")),
-                  actions=tuple(_str(a)[:300] for a in _list(item.get("actions"))[:20]), notes=notes,
+                  actions=_strs(item.get("actions"), 20, 300), notes=notes,
                   started_at=_time(item.get("started_at")), ended_at=_time(item.get("ended_at")))
 
 
@@ -567,10 +631,11 @@ def apply_decoded(rank: RankSnapshot, d: Dumped, **more: Any) -> RankSnapshot:
     ~50-field rank, not two)."""
     if rank.rank is None:
         rank = spawn_identity(rank, d.threads)
-    return dataclasses.replace(
+    return _RANK.replace(
         rank, threads=d.threads, collected=d.collected, error=d.error, resumed=rank.resumed or d.resumed,
         elapsed=d.elapsed, state=d.state or rank.state, flight=d.flight, hold=d.hold or rank.hold,
-        actions=rank.actions + d.actions, notes=rank.notes + d.notes, **more)
+        actions=rank.actions + d.actions if rank.actions else d.actions,
+        notes=rank.notes + d.notes if rank.notes else d.notes, **more)
 
 
 def apply_dump(rank: RankSnapshot, item: DumpItem) -> RankSnapshot:
