@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
-from typing import Awaitable, List, NoReturn, Optional, Sequence
+import threading
+from typing import Awaitable, Iterator, List, NoReturn, Optional, Sequence
 
 from app.errors import InputError
 from app.inputs.paths import WriteError, write_file
@@ -34,12 +36,31 @@ def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence
     write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
+@contextlib.contextmanager
+def _abort_on_interrupt(armed: bool) -> Iterator[None]:
+    """While `after` runs outside the loop: once a first Ctrl+C has cancelled the collection, the next one aborts
+    at once (exit 130, "aborted"), as it would inside the loop; without one, Ctrl+C stays a KeyboardInterrupt."""
+    if not armed or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def abort(_signum: int, _frame: object) -> None:
+        print("\nhangscope: aborted", file=sys.stderr)
+        os._exit(EXIT_INTERRUPTED)
+
+    previous = signal.signal(signal.SIGINT, abort)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Optional[Sequence[Awaitable]] = None) -> object:
     """Run an asyncio coroutine; the first Ctrl+C calls on_first_interrupt (cancel, keep partial data),
     a second one aborts at once with exit code 130.
 
     `after(result)`, when given, runs once the coroutine returned, outside the loop (Ctrl+C there is a
-    KeyboardInterrupt, as anywhere outside a collection), and its value is returned; `finish` holds what the
+    KeyboardInterrupt, as anywhere outside a collection; after a first Ctrl+C, the next one aborts at once), and its value is returned; `finish` holds what the
     coroutine left running for after it (closing the connections while the summary is printed): awaited before
     this returns or raises, whatever `after` did, under the same Ctrl+C rule."""
     loop = asyncio.new_event_loop()
@@ -78,7 +99,8 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
         finally:
             listen(False)
         if after is not None:
-            result = after(result)
+            with _abort_on_interrupt(bool(interrupts)):
+                result = after(result)
         return result
     finally:
         try:

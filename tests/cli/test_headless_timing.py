@@ -79,3 +79,51 @@ def test_the_closing_is_waited_for_even_when_the_answer_fails():
     with pytest.raises(KeyboardInterrupt):
         run_interruptible(main, lambda: None, after=fail, finish=finish)
     assert seen == ["closed"]
+
+
+_TWICE = r'''
+import asyncio, sys, time
+from app.cli.run import run_interruptible
+
+stop = asyncio.Event()
+
+async def main():
+    print("collecting", flush=True)
+    await stop.wait()  # until the first Ctrl+C cancels the collection
+    return "partial"
+
+def report(result):
+    print("reporting", flush=True)
+    time.sleep(30)  # a long summary: the second Ctrl+C lands here
+    return 0
+
+run_interruptible(main, stop.set, after=report)
+print("returned", flush=True)
+'''
+
+
+def test_a_second_ctrl_c_while_the_summary_is_written_aborts_at_once():
+    """The promise 'Ctrl+C again to abort' holds once the collection has returned and the summary is being
+    written (outside the event loop), not only inside the collection."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", _TWICE], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(repo)))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "collecting"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "reporting"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "aborted" in err and "returned" not in out and "Traceback" not in err, (out, err)
+    assert time.monotonic() - t0 < 10, "aborted at once, not after the 30 s summary"
