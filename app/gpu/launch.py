@@ -133,19 +133,25 @@ class Launcher:
 
         tasks = {node: asyncio.create_task(one(node, off, n), name=f"hangscope-gputest-{run_id}-{node}")
                  for node, off, n in zip(spec.nodes, offsets, spec.nprocs)}
-        stop = await self._supervise(tasks, out, tokens, t0)
+        stopped_nodes: set[str] = set()  # the nodes whose launch this side stopped (not ended on their own)
+        stop = await self._supervise(tasks, out, tokens, t0, stopped_nodes)
         timed_out = any(d.get("timed_out") for d in dones.values())
         stopped = stop is not None or timed_out
         hung = (stop[0] if stop else "") or ("hung: past the hard deadline" if timed_out else "")
         for node in spec.nodes:
             if node not in dones and node not in errors:
                 errors[node] = "did not answer after the stop; its worker was told to cancel the test"
-        for node in spec.nodes:  # a launcher that failed before any rank started says why on its own output
+        blame = stop is None or stop[1]
+        for node in spec.nodes:  # a launcher that failed before any rank started says why on its own output,
+            # unless this side stopped it because another node failed: then what it printed (torchrun's summary of
+            # the killed ranks) is the stop's doing, and its ranks are victims, not culprits
+            if not blame and node in stopped_nodes:
+                continue
             if node not in errors and any(s.node == node and not s.phase for s in out.ranks.values()):
                 why = out.agent_error(node)
                 if why:
                     errors[node] = why
-        ranks = tuple(out.results(stopped, errors, blame_unstarted=stop is None or stop[1]))
+        ranks = tuple(out.results(stopped, errors, blame_unstarted=blame))
         status: RunStatus
         if stopped and (stop is None or stop[1]):
             status = "hung"
@@ -166,8 +172,9 @@ class Launcher:
         return run
 
     async def _supervise(self, tasks: dict[str, "asyncio.Task[None]"], out: RunOutput, tokens: dict[str, str],
-                         t0: float) -> Optional[tuple[str, bool]]:
-        """Wait for the nodes; returns (why the run was stopped, whether that means hung), or None."""
+                         t0: float, stopped_nodes: set[str]) -> Optional[tuple[str, bool]]:
+        """Wait for the nodes; returns (why the run was stopped, whether that means hung), or None. The nodes it
+        stops go into `stopped_nodes`."""
         last_count, last_change = -1, time.monotonic()
         started_at: Optional[float] = None
         ended_early: Optional[float] = None
@@ -203,6 +210,7 @@ class Launcher:
                 reason = ("stopped: a node's launch ended while the others still waited for it", False)
             if reason is not None:
                 stop_deadline = now + STOP_GRACE
+                stopped_nodes.update(node for node, t in tasks.items() if not t.done())
                 await asyncio.gather(*(self._stop(node, tokens[node]) for node, t in tasks.items() if not t.done()))
 
     async def _stop(self, node: str, token: str) -> None:
