@@ -36,6 +36,11 @@ def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence
     write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
+def _abort() -> NoReturn:
+    print("\nhangscope: aborted", file=sys.stderr)
+    os._exit(EXIT_INTERRUPTED)
+
+
 @contextlib.contextmanager
 def _abort_on_interrupt(armed: bool) -> Iterator[None]:
     """While `after` runs outside the loop: once a first Ctrl+C has cancelled the collection, the next one aborts
@@ -44,11 +49,7 @@ def _abort_on_interrupt(armed: bool) -> Iterator[None]:
         yield
         return
 
-    def abort(_signum: int, _frame: object) -> None:
-        print("\nhangscope: aborted", file=sys.stderr)
-        os._exit(EXIT_INTERRUPTED)
-
-    previous = signal.signal(signal.SIGINT, abort)
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: _abort())
     try:
         yield
     finally:
@@ -60,9 +61,10 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
     a second one aborts at once with exit code 130.
 
     `after(result)`, when given, runs once the coroutine returned, outside the loop (Ctrl+C there is a
-    KeyboardInterrupt, as anywhere outside a collection; after a first Ctrl+C, the next one aborts at once), and its value is returned; `finish` holds what the
-    coroutine left running for after it (closing the connections while the summary is printed): awaited before
-    this returns or raises, whatever `after` did, under the same Ctrl+C rule."""
+    KeyboardInterrupt, as anywhere outside a collection; after a first Ctrl+C, the next one aborts at once), and
+    its value is returned; `finish` holds what the coroutine left running for after it (closing the connections
+    while the summary is printed): awaited before this returns or raises, whatever `after` did, under the same
+    Ctrl+C rule."""
     loop = asyncio.new_event_loop()
     interrupts: List[int] = []
 
@@ -72,8 +74,7 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
             print("\nhangscope: cancelling collection (Ctrl+C again to abort)", file=sys.stderr)
             on_first_interrupt()
         else:
-            print("\nhangscope: aborted", file=sys.stderr)
-            os._exit(EXIT_INTERRUPTED)
+            _abort()
 
     def listen(on: bool) -> None:
         try:

@@ -83,29 +83,35 @@ def other_end(raw: Any) -> Optional[OtherEnd]:
     role, pid = g("role"), g("pid")
     if type(role) is not str or role not in _ROLES or not role or type(pid) is not int or not 1 <= pid < _INT32:
         return None
-    cmdline = g("cmdline")
     return _OTHER_END(
         role=role, pid=pid, comm=_str(g("comm"), 64), state=_str(g("state"), 2), ppid=_int(g("ppid"), 0),
         wchan=_str(g("wchan"), 100),
-        cmdline=_args(cmdline) if type(cmdline) is list and cmdline else (),
+        cmdline=strs(g("cmdline"), MAX_ARGS, 200),
         fd=_int(g("fd"), 0), own=g("own") is True, lock=_str(g("lock"), 100),
         exit_code=_int(g("exit_code"), 0, 256), exit_signal=_str(g("exit_signal"), 20),
         core_dumped=g("core_dumped") is True)
 
 
-# A process's command line as the other end of many waits shows it (every rank's peers are the job's ranks,
-# with one command line): each distinct one read once.
-_ARGS: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 12)
+# Lists of strings that repeat across a job's ranks and passes (a command line: every rank of a torchrun job has
+# the same, and so has the other end of many waits; a kernel stack: every thread blocked in the same call; a
+# dump's actions), read once each: the key is the list's own content (a tuple of what the parser built: no text
+# is compared twice), bounded like the rest. app/decode/replies.py reads its lists with it too.
+_STR_TUPLES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 15)
 
 
-def _args(raw: list) -> tuple[str, ...]:
+def strs(raw: Any, count: int = 1 << 30, limit: int = 1 << 30) -> tuple[str, ...]:
+    """The strings of a list (others dropped), at most `count` of them and `limit` characters each (short ones
+    interned, _str); each distinct list read once."""
+    if type(raw) is not list or not raw:
+        return ()
+    key = (count, limit, *raw)
     try:
-        key = tuple(raw[:MAX_ARGS])
-        got = _ARGS.get(key)
-    except TypeError:  # an unhashable element (remote data)
-        return tuple(a[:200] for a in raw[:MAX_ARGS] if isinstance(a, str))
+        got = _STR_TUPLES.get(key)
+    except TypeError:  # an unhashable element (remote data): read it, remember nothing
+        return tuple(_str(a, limit) for a in raw[:count] if type(a) is str)
     if got is None:
-        got = _ARGS.add(key, tuple(intern(a[:200]) for a in key if isinstance(a, str)))
+        got = _STR_TUPLES.add(key, tuple(_str(a, limit) for a in raw[:count] if type(a) is str),
+                              weight=1 + len(raw) // 8)
     return got
 
 

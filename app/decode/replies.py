@@ -27,6 +27,7 @@ from app.decode.build import Builder
 from app.decode.flight import flight_record
 from app.decode.kwait import cpu_time as thread_cpu_time
 from app.decode.kwait import kernel_wait
+from app.decode.kwait import strs as _strs
 
 if TYPE_CHECKING:  # the message shapes (workers/protocol.py): the worker builds them, this module reads them
     from workers.protocol import DumpItem, Hello, RankInfo
@@ -54,26 +55,6 @@ def _str(value: Any) -> str:
 _ENV_PAIRS: BoundedMemo[tuple, tuple] = BoundedMemo(1 << 16)
 
 
-# Lists of strings that repeat across a job's ranks and passes (a command line: every rank of a torchrun job has
-# the same; a kernel stack: every thread blocked in the same call; a dump's actions), read once each: the key is
-# the list's own content (a tuple of what the parser built: no text is compared twice), bounded like the rest.
-_STR_TUPLES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 15)
-
-
-def _strs(raw: Any, count: int = 1 << 30, limit: int = 1 << 30) -> tuple[str, ...]:
-    """The strings of a list (others dropped), at most `count` of them and `limit` characters each; each
-    distinct list read once."""
-    if type(raw) is not list or not raw:
-        return ()
-    key = (count, limit, *raw)
-    try:
-        got = _STR_TUPLES.get(key)
-    except TypeError:  # an unhashable element (remote data): read it, remember nothing
-        return tuple(_str(a[:limit]) for a in raw[:count] if type(a) is str)
-    if got is None:
-        got = _STR_TUPLES.add(key, tuple(_str(a[:limit]) for a in raw[:count] if type(a) is str),
-                              weight=1 + len(raw) // 8)
-    return got
 
 
 def _env(raw: Any) -> tuple[tuple[str, str], ...]:

@@ -153,7 +153,7 @@ class Launcher:
                     errors[node] = why
         ranks = tuple(out.results(stopped, errors, blame_unstarted=blame))
         status: RunStatus
-        if stopped and (stop is None or stop[1]):
+        if stopped and blame:
             status = "hung"
         else:
             status = "ok" if ranks and all(r.status == "ok" for r in ranks) and not errors else "failed"

@@ -643,11 +643,9 @@ class Session:
         if rank is None:
             return
         started, ended = dumped.started_at, dumped.ended_at
-        if started is not None and ended is not None:
-            rank = replies.apply_decoded(rank, dumped, dump_started=round(started - node.clock_offset, 6),
-                                         dump_ended=round(ended - node.clock_offset, 6))
-        else:
-            rank = replies.apply_decoded(rank, dumped)
+        times = {} if started is None or ended is None else {
+            "dump_started": round(started - node.clock_offset, 6), "dump_ended": round(ended - node.clock_offset, 6)}
+        rank = replies.apply_decoded(rank, dumped, **times)
         node.ranks[rank.pid] = rank
         self._emit(RankUpdate(rank))
 
