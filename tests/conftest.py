@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -26,6 +27,15 @@ import cluster as cluster_mod
 import jobs as jobs_mod
 import leaks as leaks_mod
 import xdist_groups
+
+# The tests that press Ctrl+C (SIGINT to the command they started) act as a user at a terminal, whose foreground
+# command has SIGINT at its default. A suite started as a background job of a script (`make test &`, a CI runner
+# without job control) inherits SIGINT ignored, and so would every command it starts (an ignored signal stays
+# ignored across exec, and Python then installs no KeyboardInterrupt handler): `hangscope - --print` reading a
+# silent pipe would never see the Ctrl+C and would read on to the pipe's end. Restored here, in the pytest process
+# and in each xdist worker, before any test starts a command.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 HUNG_JOB_CULPRIT = 5  # node03, local rank 1: neither the first nor the last rank, nor on the first node
 
