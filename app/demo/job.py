@@ -351,6 +351,27 @@ def evaluate(model: nn.Module, group: dist.ProcessGroup) -> float:
     return float(loss.item()) / dist.get_world_size()
 
 
+class PlainSGD:
+    """SGD without momentum, as torch.optim.SGD(params, lr=lr) steps (each parameter less lr times its gradient).
+    Not torch.optim itself: since torch 2.x an optimizer's first step() imports torch._dynamo, about 1 CPU-s a
+    rank (a third of a demo rank's start in torch 2.13), paid by every rank of a demo job that shares one machine's
+    cores (and by the test suite's ~170 demo ranks)."""
+
+    def __init__(self, params: Iterator[torch.Tensor], lr: float) -> None:
+        self.params = list(params)
+        self.lr = lr
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-self.lr)
+
+
 def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
           bucket_groups: Optional[Dict[str, dist.ProcessGroup]] = None,
           ddp_group: Optional[dist.ProcessGroup] = None) -> None:
@@ -361,7 +382,7 @@ def train(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup],
     model = TinyModel()
     if ddp_group is not None:
         model = nn.parallel.DistributedDataParallel(model, process_group=ddp_group)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = PlainSGD(model.parameters(), lr=0.01)
     loader = StreamingLoader(seed=rank,
                              stall_at=args.hang_step if culprit and args.scenario == "dataloader" else None,
                              poison_at=args.hang_step if culprit and args.scenario == "skip" else None)
@@ -683,7 +704,7 @@ def train_patterns(args: argparse.Namespace, groups: Sequence[dist.ProcessGroup]
     culprit, k, s = rank == args.culprit, args.hang_step, args.scenario
     torch.manual_seed(0)
     model = TinyModel()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = PlainSGD(model.parameters(), lr=0.01)
     batches = iter(shard_loader(rank, k if culprit else None) if s == "loaderlock" else StreamingLoader(seed=rank))
     uploader = MetricsUploader() if s == "shutdown" else None
     if uploader is not None:
