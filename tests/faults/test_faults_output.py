@@ -26,9 +26,10 @@ pytestmark = pytest.mark.timeout(180)
 
 def _in_a_nearly_full_tmpfs(full: Path, argv: list) -> subprocess.CompletedProcess:
     """Run `python -m app ARGV` where `full` is a fresh 64 KiB tmpfs holding out.json ("old") and a filler that
-    leaves 8 KiB free; print the free KiB first (the premise), then the listing after the command."""
+    leaves 4 KiB free (a one-rank snapshot is ~6 KiB); print the free KiB first (the premise), then the listing
+    after the command."""
     script = (f"mount -t tmpfs -o size=64k tmpfs {full} && printf old > {full}/out.json && "
-              f"dd if=/dev/zero of={full}/filler bs=4k count=13 2>/dev/null && "
+              f"dd if=/dev/zero of={full}/filler bs=4k count=14 2>/dev/null && "
               f"df -k --output=avail {full} | tail -1 >&2 && cd {REPO} && "
               f"{sys.executable} -m app {' '.join(argv)}; rc=$?; "
               f"echo \"@@ $rc\" >&2; for d in {full} {full}/bundle; do echo \"@@ $(ls -A $d 2>/dev/null | tr '\\n' ' ')\" >&2; "
@@ -97,7 +98,7 @@ def test_a_disk_that_fills_during_the_write_leaves_the_earlier_file_and_no_tempo
             f"try:\n paths.write_at(dfd, 'out.json', b'x' * 65536, replace=True)\n"
             f"except OSError as exc:\n print(errno.errorcode[exc.errno], file=sys.stderr)")
     script = (f"mount -t tmpfs -o size=64k tmpfs {full} && printf old > {full}/out.json && "
-              f"dd if=/dev/zero of={full}/filler bs=4k count=13 2>/dev/null && "
+              f"dd if=/dev/zero of={full}/filler bs=4k count=14 2>/dev/null && "
               f"{sys.executable} -c \"$CODE\"; ls -A {full}; cat {full}/out.json")
     res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                          capture_output=True, text=True, timeout=60, env=dict(os.environ, CODE=code))
