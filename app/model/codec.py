@@ -27,12 +27,11 @@ def to_dict(obj: Any) -> Any:
     if cls in _SCALARS:  # most values: answered before any other test
         return obj
     try:
-        names = _FIELD_NAMES[cls]
-    except KeyError:  # the first instance of its class: dataclasses.fields() once per class, not per object
-        names = _FIELD_NAMES[cls] = (tuple(f.name for f in dataclasses.fields(cls))
-                                     if dataclasses.is_dataclass(cls) else None)
-    if names is not None:
-        return {name: to_dict(getattr(obj, name)) for name in names}
+        write = _WRITERS[cls]
+    except KeyError:  # the first instance of its class
+        write = _WRITERS[cls] = _writer(cls) if dataclasses.is_dataclass(cls) else None
+    if write is not None:
+        return write(obj)
     if isinstance(obj, (tuple, list)):
         return [to_dict(x) for x in obj]
     if isinstance(obj, dict):
@@ -41,7 +40,39 @@ def to_dict(obj: Any) -> Any:
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
-_FIELD_NAMES: dict = {}  # class -> its dataclass fields' names, or None for a class that is not a dataclass
+_WRITERS: dict = {}  # class -> its generated writer (_writer), or None for a class that is not a dataclass
+
+
+def _writer(cls: Any) -> Any:
+    """to_dict for one dataclass, generated once from its fields (as dataclasses writes __init__): a field
+    whose type is a plain value (str, int, float, bool, None, a Literal or an Optional of them) is taken as it
+    is, every other one goes through to_dict. Field names are identifiers: dataclass fields are."""
+    try:
+        hints = _hints(cls)
+    except Exception:  # hints that do not resolve at run time (names only imported for type checking)
+        hints = {}  # then every field goes through to_dict, as it always may
+    items = []
+    for f in dataclasses.fields(cls):
+        if not f.name.isidentifier():
+            raise TypeError(f"{cls.__name__}.{f.name}: not an identifier")
+        items.append(f"{f.name!r}: o.{f.name}" if _plain(hints.get(f.name)) else f"{f.name!r}: _to(o.{f.name})")
+    env: dict = {"_to": to_dict}
+    exec(f"def write(o):\n    return {{{', '.join(items)}}}\n", env)  # from the class's own field names
+    return env["write"]
+
+
+def _plain(tp: Any) -> bool:
+    """Whether every value of type `tp` is a JSON scalar that to_dict returns unchanged."""
+    if tp in _SCALARS:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return all(type(a) in _SCALARS for a in typing.get_args(tp))
+    if origin is Union:
+        return all(_plain(a) for a in typing.get_args(tp))
+    return False
+
+
 _HINTS_CACHE: dict = {}
 
 

@@ -36,3 +36,28 @@ def test_a_snapshot_file_has_one_rank_a_line_and_loads_back_equal() -> None:
     ranks = [line for line in lines if line.startswith("   {") and '"pid": ' in line]
     assert len(ranks) == 8 and all(json.loads(line.rstrip(","))["rank"] == i for i, line in enumerate(ranks))
     assert snapshot_from_json(text)[0] == snap
+
+
+def test_to_dict_takes_plain_fields_as_they_are_and_converts_the_rest() -> None:
+    from dataclasses import dataclass
+    from typing import Literal, Optional, Tuple
+
+    from app.model.codec import to_dict
+
+    @dataclass(frozen=True)
+    class Inner:
+        xs: Tuple[int, ...]
+
+    @dataclass(frozen=True)
+    class Outer:
+        name: str
+        size: Optional[int]
+        kind: Literal["a", "b"]
+        inner: Optional[Inner]
+        pairs: Tuple[Tuple[str, str], ...]
+        later: "Unresolved"  # type: ignore[name-defined]  # noqa: F821 (a hint that never resolves)
+
+    out = to_dict(Outer("n", None, "a", Inner((1, 2)), (("k", "v"),), (Inner((3,)),)))
+    assert out == {"name": "n", "size": None, "kind": "a", "inner": {"xs": [1, 2]}, "pairs": [["k", "v"]],
+                   "later": [{"xs": [3]}]}
+    assert type(out["pairs"]) is list and type(out["inner"]["xs"]) is list
