@@ -68,7 +68,7 @@ def demo_main(argv: Sequence[str], hangscope_parser: argparse.ArgumentParser) ->
     from app.cli.headless import collect_and_report
 
     print(f"hangscope demo: starting a {args.nproc}-rank gloo job (scenario {args.scenario!r}); "
-          "importing torch takes ~20 s on 2 cores ...", file=sys.stderr, flush=True)
+          "starting torch in each rank takes ~10 s on 2 cores ...", file=sys.stderr, flush=True)
     job = start_local_job(args.scenario, args.nproc)
     # a closed terminal (SIGHUP) or a kill (SIGTERM) must still stop the job: turn them into an exit that
     # runs the finally below
