@@ -177,8 +177,10 @@ def test_tui_finds_the_culprit_of_the_hung_job(terminal, cluster, hung_job, tmp_
     env = {k: v for k, v in cluster.env().items() if k in ("HOME", "PATH")}
     term = terminal(hangscope(hosts, "--fps", 20, exit_file=exit_file), env=env, size="150x44")
     culprit = f"rank {hung_job.culprit}"
-    screen = term.wait_for(lambda s: "snapshot 1/1" in s and culprit in s, "the first snapshot", timeout=120)
-    assert "nodes: 4 done" in screen
+    # one predicate for the whole first picture: a capture can fall while tmux is still drawing a frame, its top
+    # (the snapshot's header) new and the panels below it not yet
+    screen = term.wait_for(lambda s: "snapshot 1/1" in s and culprit in s and "nodes: 4 done" in s,
+                           "the first snapshot, every node done", timeout=120)
     row = next(line for line in screen.splitlines() if line.startswith("│node03 "))
     assert row.split("│")[1].split() == ["node03", "●", "[▲]"], screen  # local rank 1: the suspect's glyph
     term.keys("Enter")  # the cursor starts on the first suspect
