@@ -57,6 +57,7 @@ from app.errors import TransportError  # noqa: E402
 from app.hosts import HostSpec  # noqa: E402
 from app.model import CollectOptions  # noqa: E402
 from app.session import Session, SessionOptions  # noqa: E402
+from app.session.session import COMPRESS_WINDOW  # noqa: E402  (the window Session asks its workers for)
 from app.transport import base  # noqa: E402
 from app.transport.base import ExitInfo, WorkerConnection  # noqa: E402
 
@@ -232,7 +233,7 @@ class FakeNode:
 
     def prebuild(self, rids: Tuple[int, ...]) -> None:
         """Every pass's bytes for the predicted request ids, through one compressor, dropped afterwards."""
-        z = zlib.compressobj(6) if self.rec.compressed else None
+        z = zlib.compressobj(6, zlib.DEFLATED, COMPRESS_WINDOW) if self.rec.compressed else None
         for number, rid in enumerate(rids):
             self.built[number] = self._pass(z, number, rid)
             self.ids[number] = rid
@@ -241,7 +242,7 @@ class FakeNode:
     def build(self, number: int, rid: int) -> Tuple[bytes, bytes]:
         """Pass `number` for request id `rid`, on the clock (not predicted); what was prebuilt after it is dropped
         (its frames followed the old bytes in the stream)."""
-        z = zlib.compressobj(6) if self.rec.compressed else None
+        z = zlib.compressobj(6, zlib.DEFLATED, COMPRESS_WINDOW) if self.rec.compressed else None
         for k in range(number):  # the stream as it was sent up to this pass
             self._pass(z, k, self.ids[k])
         got = self._pass(z, number, rid)

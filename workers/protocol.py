@@ -17,7 +17,9 @@ Worker -> login, first and once:
 With "compress": "zlib" (the login side asked for it in the worker's options: Session does) every message after
 the hello may come as a frame: a line `z <n>` followed by n bytes of one zlib stream (each frame ends with a sync
 flush), which decompress to whole message lines. A node's reply compresses 7-13x (issue 27); frames are told
-from JSON lines by their first byte, so a reader handles both.
+from JSON lines by their first byte, so a reader handles both. The login side may name the stream's window with the
+worker option "compress_window" (log2 of its bytes, 9-15; 15 when absent): the reader's memory for the stream is
+that window plus ~7 KB, for the whole connection (app/session/session.py: COMPRESS_WINDOW says which it asks for).
 
 Login -> worker, requests:
     {"id": int, "op": str, "args": {...}}

@@ -21,6 +21,10 @@ from workers.redact import redact_message
 from workers.request import Cancelled, OpError, Request, Worker
 
 Z_SYNC_FLUSH = 2  # zlib.Z_SYNC_FLUSH: zlib is imported only when a login side asks for compression
+Z_DEFLATED = 8  # zlib.DEFLATED
+# the zlib window (log2 bytes) the login side may ask for with "compress_window" (workers/protocol.py); zlib's own
+# range, its largest (32 KB) when the login side names none
+Z_WINDOW_MIN, Z_WINDOW_MAX = 9, 15
 
 if TYPE_CHECKING:
     Handler = Callable[[Request], Mapping[str, Any]]
@@ -122,8 +126,11 @@ class Server:
         if compress:
             import zlib
 
+            window = self.options.get("compress_window")
+            if not isinstance(window, int) or isinstance(window, bool):
+                window = Z_WINDOW_MAX
             with self._out_lock:
-                self._zip = zlib.compressobj(6)
+                self._zip = zlib.compressobj(6, Z_DEFLATED, min(max(window, Z_WINDOW_MIN), Z_WINDOW_MAX))
         threading.Thread(target=self._read, name="stdin", daemon=True).start()
         status = 0
         try:

@@ -50,6 +50,11 @@ STORE_TIMEOUT = 2.0  # seconds a worker has to read a job's store (workers/colle
 # TUI, --print and the exported files); past it only the locals the analysis reads travel, the rest stay on the
 # node for `detail` (Session.detail): at thousands of nodes they were most of a deep stack's bytes (issue 27).
 ALL_LOCALS_NODES = 64
+# The zlib window (log2 bytes) each worker compresses its replies with (workers/protocol.py: compress_window): the
+# login side keeps a stream per connection, the window plus ~7 KB (at 12,500 nodes: 290 MB at 14, 490 MB at
+# zlib's default 15). Measured on the recorded replies (docs/performance.md): against 15, a first pass is 2-7 %
+# larger and a refresh 1.3-2.2x (it refers back to the first pass less); at 13 a deep stack's reply doubles.
+COMPRESS_WINDOW = 14
 GATE_WAIT = 3.0  # seconds a node that has discovered waits for the others before its dumps are released (go)
 ArgsT = TypeVar("ArgsT")  # a per-rank op's arguments (strace, gdb)
 DoneT = TypeVar("DoneT")  # its done data
@@ -617,7 +622,7 @@ class Session:
 
     def _worker_options(self) -> dict:
         # zlib frames (workers/protocol.py): a node's reply compresses 7-13x
-        opts: dict = {"sudo": self.options.collect.sudo, "compress": "zlib"}
+        opts: dict = {"sudo": self.options.collect.sudo, "compress": "zlib", "compress_window": COMPRESS_WINDOW}
         if os.environ.get(WORKER_LOG_ENV) == "1":
             opts["log"] = True
         if os.environ.get(KEEP_WORKER_ENV):

@@ -240,8 +240,8 @@ class WorkerConnection:
                         packed = bytes(buf[pos:pos + need])
                         pos += need
                         need = -1
-                        if unzip is None:
-                            unzip = zlib.decompressobj()
+                        if unzip is None:  # with the window the stream's header names (memory: that, ~7 KB)
+                            unzip = zlib.decompressobj(0)
                         try:
                             text = unzip.decompress(packed, MAX_LINE)
                         except zlib.error as exc:

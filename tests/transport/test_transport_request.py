@@ -186,9 +186,9 @@ async def test_a_decoder_that_fails_ends_that_request_only() -> None:
 
 # -- zlib frames (workers/protocol.py: after the hello, `z <n>` and n bytes of one zlib stream) -------------------
 
-def _real_worker_bytes(requests: list[dict]) -> tuple[bytes, bytes]:
+def _real_worker_bytes(requests: list[dict], **options: Any) -> tuple[bytes, bytes]:
     """(hello line, everything after it) as the real worker's Server writes them when the login side asks for
-    compression, answering `requests` (its stdin ends once each has answered)."""
+    compression (and `options`), answering `requests` (its stdin ends once each has answered)."""
     import io
     import os
     import threading
@@ -200,7 +200,7 @@ def _real_worker_bytes(requests: list[dict]) -> tuple[bytes, bytes]:
     read_end, write_end = os.pipe()
     stdout = io.BytesIO()
     stdin = os.fdopen(read_end, "rb")
-    server = Server(stdin, stdout, {"compress": "zlib"}, HANDLERS)
+    server = Server(stdin, stdout, {"compress": "zlib", **options}, HANDLERS)
     hello: Any = {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1}
     thread = threading.Thread(target=server.serve, args=(hello,), daemon=True)
     thread.start()
@@ -209,7 +209,7 @@ def _real_worker_bytes(requests: list[dict]) -> tuple[bytes, bytes]:
     def answered() -> int:  # the done messages the frames written so far unpack to
         data = stdout.getvalue()
         data = data[data.index(b"\n") + 1:] if b"\n" in data else b""
-        unzip, text = zlib.decompressobj(), b""
+        unzip, text = zlib.decompressobj(0), b""
         while data.startswith(b"z "):
             header, _, data = data.partition(b"\n")
             n = int(header[2:])
@@ -246,6 +246,39 @@ async def test_the_real_workers_zlib_frames_are_read_whatever_the_chunking() -> 
             out.feed(stream[i:i + size])
         (_, done1), (_, done2), (_, done3) = await first.collect(), await second.collect(), await plain.collect()
         assert done1.get("pong") is True and done2.get("pong") is True and done3 == {}, (size, done1, done2)
+
+
+@pytest.mark.parametrize("asked, window", [(None, 15), (14, 14), (12, 12), (9, 9), (3, 9), (40, 15), ("12", 15),
+                                           (True, 15)])
+def test_the_worker_compresses_with_the_window_the_login_side_asks_for(asked: Any, window: int) -> None:
+    """compress_window (workers/protocol.py): zlib's range 9-15, 15 when absent or not a number; the stream's
+    header says which (its CINFO is log2(window) - 8)."""
+    _, rest = _real_worker_bytes([{"id": 45, "op": "ping", "args": {}}],
+                                 **({} if asked is None else {"compress_window": asked}))
+    header, _, body = rest.partition(b"\n")
+    assert (body[0] >> 4) + 8 == window, (asked, body[:2])
+
+
+async def test_the_login_side_keeps_only_the_window_the_stream_names() -> None:
+    """At 12,500 nodes a stream per connection is the login side's largest per-node cost (issue 27): the reader
+    holds the window the stream's header names (plus zlib's ~7 KB), not zlib's largest whatever the worker used."""
+    import tracemalloc
+
+    held = {}
+    for window in (15, 12):
+        hello, rest = _real_worker_bytes([{"id": 46, "op": "ping", "args": {}}], compress_window=window)
+        tracemalloc.start()
+        try:
+            conn, out, _ = await _connected(hello)
+            req = conn.request(protocol.PING({}), timeout=5.0, req_id=46)
+            out.feed(rest)
+            (_, done) = await req.collect()
+            assert done.get("pong") is True
+            held[window] = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    # 32 KB against 4 KB of window; the rest of a connection is the same for both
+    assert held[15] - held[12] > 24_000, held
 
 
 async def test_a_corrupt_zlib_frame_is_a_protocol_error_naming_the_node() -> None:
