@@ -5,7 +5,8 @@ replies make (its sockets, threads, kernel waits, counters: 100k ranks a pass at
 was a large share of decoding. A Builder is a function generated per class, like dataclasses' own __init__,
 with the same keyword parameters and defaults (a misspelt or missing name raises TypeError as __init__ would),
 that stores the values into the new instance's attributes directly, in the fields' order (so every instance
-shares its class's key table, as __init__'s do), then runs __post_init__. The values are the caller's to check,
+shares its class's key table, as __init__'s do; a class with slots, through each field's slot descriptor), then
+runs __post_init__. The values are the caller's to check,
 as every reader in app/decode does as it takes them. `replace` is dataclasses.replace the same way.
 """
 
@@ -37,11 +38,19 @@ class Builder(Generic[T]):
             else:
                 params.append(f.name)
         post = "    _post(self)\n" if env["_post"] is not None else ""
-        store = "".join(f"    a[{n!r}] = {n}\n" for n in names)
-        taken = "".join(f"    a[{n!r}] = c.pop({n!r}) if {n!r} in c else o[{n!r}]\n" for n in names)
-        src = (f"def make({', '.join(['*'] + params)}):\n    self = _new(_cls)\n    a = self.__dict__\n{store}{post}"
+        if "__slots__" in cls.__dict__:  # dataclass(slots=True): each field's slot set through its descriptor
+            env.update({f"_s_{n}": cls.__dict__[n].__set__ for n in names})
+            store = "".join(f"    _s_{n}(self, {n})\n" for n in names)
+            taken = "".join(f"    _s_{n}(self, c.pop({n!r}) if {n!r} in c else old.{n})\n" for n in names)
+            head, old_head = "    self = _new(_cls)\n", "    self = _new(_cls)\n"
+        else:
+            store = "".join(f"    a[{n!r}] = {n}\n" for n in names)
+            taken = "".join(f"    a[{n!r}] = c.pop({n!r}) if {n!r} in c else o[{n!r}]\n" for n in names)
+            head = "    self = _new(_cls)\n    a = self.__dict__\n"
+            old_head = "    o = old.__dict__\n    self = _new(_cls)\n    a = self.__dict__\n"
+        src = (f"def make({', '.join(['*'] + params)}):\n{head}{store}{post}"
                f"    return self\n"
-               f"def replace(old, **c):\n    o = old.__dict__\n    self = _new(_cls)\n    a = self.__dict__\n{taken}"
+               f"def replace(old, **c):\n{old_head}{taken}"
                f"    if c:\n        raise TypeError(f'{cls.__name__} has no field(s) {{sorted(c)}}')\n{post}"
                f"    return self\n")
         exec(src, env)  # generated from the class's own field names, as dataclasses writes __init__

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pickle
+import sys
 
 import pytest
 
@@ -40,3 +42,14 @@ def test_replace_equals_dataclasses_replace():
     want = dataclasses.replace(rank, threads=threads, collected=True)
     assert got == want and got.enters_with == want.enters_with
     assert rank.collected is False and rank.threads == ()  # the original is untouched
+
+
+def test_a_rank_holds_its_fields_in_slots_and_still_pickles():
+    """A RankSnapshot has ~50 fields, more than CPython shares a dict's key table for: on python >= 3.10 it has
+    slots instead of a dict of its own (~0.4 KB against ~1.5 KB a rank; 100k ranks a pass at 12,500 nodes)."""
+    threads = (ThreadStack(tid=1, frames=(Frame(function="f", filename="a.py", line=3),)),)
+    rank = Builder(RankSnapshot).make(node="n", pid=1, start_time=2, rank=0, threads=threads)
+    if sys.version_info >= (3, 10):
+        assert not hasattr(rank, "__dict__") and sys.getsizeof(rank) < 600
+    for again in (pickle.loads(pickle.dumps(rank)), copy.copy(rank), copy.deepcopy(rank)):
+        assert again == rank and again.enters_with == rank.enters_with
