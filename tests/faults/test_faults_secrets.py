@@ -311,6 +311,19 @@ def _body(screen: str) -> str:
     return "\n".join(_SCROLLBAR.sub("", line[:TUI_WIDTH - 2]).rstrip() for line in lines[under + 1:-1])
 
 
+def _fits(screen: str) -> bool:
+    """The tab's text ends rows above the pane's bottom and no scrollbar is drawn, so there is nothing to scroll
+    to: End would not move it (a tab that overflows fills the pane to its last row or the one above it, its
+    padding). Otherwise the caller finds out by pressing End and waiting."""
+    rows = screen.splitlines()
+    under = next((i for i, line in enumerate(rows) if line.count("━") >= 10 and set(line.strip()) <= set("━╸╺─╾╼ ")),
+                 -1)
+    pane = rows[under + 1:-1]
+    body = [row[:TUI_WIDTH - 2].strip() for row in pane]
+    scrollbar = any(_SCROLLBAR.search(row) for row in pane)
+    return len(body) > 3 and any(body) and not any(body[-3:]) and not scrollbar
+
+
 _SCROLLBAR = re.compile(r"\s+[\u2581-\u2588\u258f\u2595\u2594]+\s*$")
 
 
@@ -339,6 +352,8 @@ def _read_tab(term, key: str, check) -> List[str]:
     term.keys("Home")  # from its top (PageDown/Home/End scroll the tab shown; Tab goes to the next tab)
     term.wait_for(check, f"tab {key}")
     first = _settled(term, "", 0)
+    if _fits(first):
+        return [first]
     term.keys("End")
     last = _settled(term, first, 10.0)  # a tab that fits one screen does not move
     if _body(last) == _body(first):

@@ -147,17 +147,19 @@ def steady(run: WatchRun, samples: int = 4, timeout: float = 120) -> None:
 
 
 def test_a_healthy_job_is_never_captured_and_the_watch_costs_little(watching, training: Job) -> None:
+    """After the rate reference is set, three stall windows of watching (--stall 12) and no capture; bench/watch.py
+    --only soak watches a healthy job with the defaults for as long as it is asked (30 minutes in its example)."""
     run = watching("--every", str(EVERY), "--stall", str(STALL))
     steady(run)
-    started = time.monotonic()
-    wait_until(lambda: time.monotonic() - started >= 75 or run.proc.poll() is not None, 90, "75 s of watching",
-               interval=0.5)
+    started, watched = time.monotonic(), 3 * STALL + 4
+    wait_until(lambda: time.monotonic() - started >= watched or run.proc.poll() is not None, watched + 15,
+               f"{watched:.0f} s of watching", interval=0.5)
     assert run.proc.poll() is None, run.text()
     text = run.text()
     assert "capturing" not in text and run.captures() == [], text
     assert "following job" in text and run.count("following job") == 1
     samples = run.history()
-    assert len(samples) >= 30
+    assert len(samples) >= 15  # the cost below is a median over them, per node
     costs = [share for s in samples for share in s["cost"].values()]
     assert len({n for s in samples for n in s["cost"]}) == 4, "every node's cost measured"
     # the worker's and its sshd's CPU per node at a sample every 2 s (15x the default rate); bench/watch.py
