@@ -35,7 +35,7 @@ from app.analysis.fold import count_phrase, short_keys
 from app.analysis.health import StateEvidence
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective, place_frames
 from app.analysis.options import AnalysisOptions, selector
-from app.model import ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
+from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
 
 # waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
 # but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
@@ -91,11 +91,28 @@ class RankProgress:
         return any(m.startswith("sockets") for m in self.moved)
 
 
-def _signature(rank: RankSnapshot, options: AnalysisOptions) -> Optional[tuple]:
-    t = selector(options)(rank)
-    if t is None or not t.frames:
-        return None
-    return tuple(map(_signature_part, place_frames(t.frames)))
+class _Signatures:
+    """A rank's signature (where its chosen thread stands: each place frame's function, file, line and loop
+    iteration), made once per distinct stack: ranks that stand in one place share their frames (decode
+    interns them), and every rank of every sample kept its own copy of a 60-frame signature (~1 GB over two
+    samples of 100k deep ranks, issue 27). Equal signatures come back as one object."""
+
+    def __init__(self, options: AnalysisOptions) -> None:
+        self._pick = selector(options)
+        self._by_frames: Dict[int, Tuple[Tuple[Frame, ...], Optional[tuple]]] = {}  # id(frames) -> (frames, sig)
+        self._same: Dict[tuple, tuple] = {}
+
+    def __call__(self, rank: RankSnapshot) -> Optional[tuple]:
+        t = self._pick(rank)
+        if t is None or not t.frames:
+            return None
+        known = self._by_frames.get(id(t.frames))
+        if known is not None and known[0] is t.frames:
+            return known[1]
+        sig = tuple(map(_signature_part, place_frames(t.frames)))
+        sig = self._same.setdefault(sig, sig)
+        self._by_frames[id(t.frames)] = (t.frames, sig)  # the frames held, so their id is not reused meanwhile
+        return sig
 
 
 def _port(endpoint: str) -> Optional[int]:
@@ -211,10 +228,11 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
     # one sample per moment: the current snapshot passed again in the history is not a second sample
     ordered = sorted({s.taken_at: s for s in samples}.values(), key=attrgetter("taken_at"))
     seen: Dict[ProgressKey, List[Tuple[float, Optional[tuple], float, RankSnapshot]]] = {}
+    signature = _Signatures(options)
     for snap in ordered:
         for r in snap.ranks:
             seen.setdefault((r.node, r.pid, r.start_time), []).append(
-                (snap.taken_at, _signature(r, options), r.cpu_time, r))
+                (snap.taken_at, signature(r), r.cpu_time, r))
     latest = ordered[-1].taken_at
     out = []
     flags: Dict[int, Tuple[Tuple, _PathFlags]] = {}

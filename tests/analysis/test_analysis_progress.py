@@ -514,3 +514,21 @@ def test_a_nodes_figure_against_all_the_others_is_the_median_without_it() -> Non
             rest = list(values)
             rest.remove(v)
             assert median_without(sorted(values), v) == pytest.approx(median(rest))
+
+
+def test_ranks_on_one_stack_share_one_signature_and_a_rank_elsewhere_has_its_own() -> None:
+    """Progress compares where each rank stands across samples: one signature object per distinct place (at
+    12,500 nodes x 8 deep ranks every rank's own copy was ~1 GB while --print ran, issue 27), made from the
+    frames each rank has, never from another rank's."""
+    from app.analysis.options import AnalysisOptions
+    from app.analysis.progress import _Signatures
+
+    signature = _Signatures(AnalysisOptions())
+    a, b = (rank(r, "node01", in_step(ALL_REDUCE, 10)) for r in (0, 1))  # equal stacks, built apart
+    later = rank(2, "node01", in_step(ALL_REDUCE, 11))
+    assert a.main_thread.frames is not b.main_thread.frames
+    assert signature(a) is signature(b) is signature(a)
+    assert signature(later) != signature(a)
+    for r in (a, later):
+        assert signature(r) == tuple((f.function, f.filename, f.line, f.iteration)
+                                     for f in place_frames(r.main_thread.frames))
