@@ -36,6 +36,11 @@ def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence
     write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
+def sigint_ignored() -> bool:
+    """This process was started with SIGINT ignored, so Ctrl+C at the terminal is not meant for it."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def _abort() -> NoReturn:
     print("\nhangscope: aborted", file=sys.stderr)
     os._exit(EXIT_INTERRUPTED)
@@ -67,6 +72,10 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
     Ctrl+C rule."""
     loop = asyncio.new_event_loop()
     interrupts: List[int] = []
+    # Started with SIGINT ignored (a background job of a shell without job control, nohup): the Ctrl+C typed at
+    # the terminal is for the foreground command, not for this one, so it stays ignored here too (as Python
+    # leaves it outside the loop), and is never turned into the default handler when the loop lets go of it.
+    ignored = sigint_ignored()
 
     def handler() -> None:
         interrupts.append(1)
@@ -77,6 +86,8 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
             _abort()
 
     def listen(on: bool) -> None:
+        if ignored:
+            return
         try:
             if on:
                 loop.add_signal_handler(signal.SIGINT, handler)

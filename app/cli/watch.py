@@ -178,8 +178,11 @@ def run(hosts, args: argparse.Namespace, options) -> int:
 
 def run_headless(watcher) -> int:
     """Run the watcher until it ends; the first Ctrl+C (or SIGTERM) ends the watch cleanly (its hooks are
-    killed, its workers closed), a second aborts at once."""
+    killed, its workers closed), a second aborts at once. Started with SIGINT ignored (a background job), Ctrl+C
+    stays ignored and SIGTERM ends it."""
     import signal
+
+    from app.cli.run import sigint_ignored
 
     loop = asyncio.new_event_loop()
     interrupted: List[int] = []
@@ -198,7 +201,7 @@ def run_headless(watcher) -> int:
             else:
                 os._exit(EXIT_INTERRUPTED)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGTERM,) if sigint_ignored() else (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stop, sig)
             except (NotImplementedError, RuntimeError):

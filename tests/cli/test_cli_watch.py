@@ -154,3 +154,49 @@ def test_a_process_that_makes_no_progress_is_captured_and_the_hook_gets_the_bund
     finally:
         rank.kill()
         rank.wait(timeout=10)
+
+
+def test_a_watch_started_with_sigint_ignored_goes_on_through_ctrl_c_and_sigterm_ends_it(tmp_path: Path) -> None:
+    """`hangscope watch ... &` from a script (no job control) or under nohup has SIGINT ignored: the Ctrl+C typed
+    for the foreground command does not end the watch (it keeps sampling); SIGTERM (kill) still ends it cleanly."""
+    import signal
+
+    from waiting import wait_until
+
+    script = tmp_path / "still_rank.py"
+    script.write_text(STILL_RANK)
+    rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29998"))
+    out = tmp_path / "captures"
+    history = out / "history.jsonl"
+
+    def samples() -> int:
+        return history.read_text().count("\n") if history.exists() else 0
+
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == b"ready"
+        proc = subprocess.Popen([sys.executable, "-m", "app", "watch", "--pid", str(rank.pid), "--every", "0.5",
+                                 "--stall", "600", "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            wait_until(lambda: samples() >= 1 or proc.poll() is not None, 60, "the watch's first sample")
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            proc.send_signal(signal.SIGINT)
+            after = samples()
+            wait_until(lambda: samples() >= after + 3 or proc.poll() is not None, 60, "3 more samples")
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        assert "SIGINT" not in err and "SIGTERM: stopping" in err, err
+        assert "Traceback" not in err, err
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)

@@ -127,3 +127,47 @@ def test_a_second_ctrl_c_while_the_summary_is_written_aborts_at_once():
     assert proc.returncode == 130, err
     assert "aborted" in err and "returned" not in out and "Traceback" not in err, (out, err)
     assert time.monotonic() - t0 < 10, "aborted at once, not after the 30 s summary"
+
+
+_IGNORED = r'''
+import asyncio, signal, sys
+from app.cli.run import run_interruptible
+
+async def main():
+    print("collecting", flush=True)
+    await asyncio.sleep(2.0)  # the Ctrl+C lands here
+    return "whole"
+
+def report(result):
+    print(f"reporting {result}", flush=True)
+    return 0
+
+run_interruptible(main, lambda: print("cancelled", flush=True), after=report)
+print("still ignored" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "handler changed", flush=True)
+'''
+
+
+def test_started_with_sigint_ignored_a_ctrl_c_is_not_for_it_and_stays_ignored():
+    """A shell without job control (a script's `cmd &`, nohup) starts background commands with SIGINT ignored, so
+    the Ctrl+C typed for the foreground command does not reach them: the collection goes on to its end, and
+    SIGINT is still ignored after it (the event loop's handler neither installed nor replaced by the default)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", _IGNORED], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(repo)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "collecting"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:2] == ["reporting whole", "still ignored"], (out, err)
+    assert "cancel" not in out + err, (out, err)
