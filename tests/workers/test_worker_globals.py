@@ -282,3 +282,42 @@ def test_the_cli_tells_which_rank_is_an_iteration_ahead_from_module_globals(tmp_
     text = " ".join(out.stdout.split())
     assert "rank 1 is 1 iteration ahead (step=4 vs 3)" in text, out.stdout + out.stderr
     assert "step=3, iter_num=4: rank 0; step=4, iter_num=5: rank 1" in text, out.stdout
+
+
+def test_a_value_read_torn_once_is_read_again_and_one_that_reads_wrong_every_time_is_a_fault() -> None:
+    """An int freed and a new one built at the same address, bound to the same name, reads torn while it is being
+    written, and everything is in place again afterwards (the CI run of 8eb2e59: "an int digit of 0xa36cd2b0"
+    under the churn test above). Such a read is read again; only a value that reads the same wrong way on every
+    attempt is a fault. On this process's own memory, with its own layout (the probe's calibration)."""
+    import ctypes
+
+    from workers.collect import pyglobals_probe as probe
+
+    cal = probe.calibrate()
+    assert cal["ok"], cal
+    runtime = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+    types = {"int": id(int), "bool": id(bool), "dict": id(dict), "str": id(str), "module": id(type(sys))}
+    main = sys.modules["__main__"].__dict__
+    main["_hangscope_torn"] = 12345678901234567890  # an int object of its own
+    try:
+        with probe.Memory("self") as mem:
+            reader = probe.Reader(mem, probe.Layout.from_dict(cal["layout"]), runtime, types)
+            real, calls = reader.text, []
+
+            def torn_once(obj: int, typ: int) -> str:
+                calls.append(obj)
+                if len(calls) == 1:
+                    raise probe.Fault("an int digit of 0xa36cd2b0")
+                return real(obj, typ)
+
+            reader.text = torn_once  # type: ignore[method-assign]
+            assert reader.globals(["_hangscope_torn"])["values"] == {"_hangscope_torn": "12345678901234567890"}
+
+            def always(obj: int, typ: int) -> str:
+                raise probe.Fault("an int digit of 0x7fffffff")
+
+            reader.text = always  # type: ignore[method-assign]
+            with pytest.raises(probe.Fault, match="0x7fffffff"):
+                reader.globals(["_hangscope_torn"])
+    finally:
+        main.pop("_hangscope_torn", None)
