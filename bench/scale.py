@@ -4,8 +4,9 @@ What is real: the login side, unchanged: Session (its passes, gate, deadlines), 
 requests routed by id), app.decode, the model, the analysis and the headless report (headless.report(), the
 text `--print` writes). What is FAKE: only the connection opening. FakeConnector.open() hands the Session a
 WorkerConnection over in-memory streams fed by a FakeReplayWorker, which answers each request with replies
-recorded once from a real worker on the test cluster (bench/data/scale_replies.json, `--record`), renumbered
-per node (RANK, GROUP_RANK, WORLD_SIZE, the hostname). The recording holds two passes of one worker (a cold
+recorded once from a real worker on the test cluster (bench/data/scale_replies.json, `--record`; asked for as a
+session past 64 nodes asks: per thread only the locals the analysis reads), renumbered per node (RANK,
+GROUP_RANK, WORLD_SIZE, the hostname). The recording holds two passes of one worker (a cold
 snapshot, then a refresh: in the compact form the refresh carries no stack table) as plain lines; each FAKE node
 compresses them into its own zlib stream as its worker would (workers/server.py), prebuilt before the clock
 starts, so compression costs the node's CPU, not the login side's, as on a real cluster. So no SSH key exchange, no channel decryption, no node
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "tests")]
 
 from app.errors import TransportError  # noqa: E402
 from app.hosts import HostSpec  # noqa: E402
@@ -489,7 +490,10 @@ def one_size(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: flo
 # -- recording --------------------------------------------------------------------------------------------
 
 def record() -> None:
-    """Record one real worker's hello and collect replies on a one-node test cluster, for both shapes."""
+    """Record one real worker's hello and collect replies on a one-node test cluster, for both shapes, as a
+    Session of the bench's sizes asks for them: past ALL_LOCALS_NODES nodes (64) a worker sends per thread only
+    the locals the analysis reads (the rest stay on the node for the TUI's rank view), so the one-node session
+    that records is told it is a large one."""
     import cluster as cluster_mod
 
     problem = cluster_mod.support_problem()
@@ -526,6 +530,8 @@ def _record_shape(cluster_mod: Any, depth: int) -> Dict[str, Any]:
             return original(self, line)
 
         WorkerConnection._on_line = on_line  # type: ignore[method-assign]
+        import app.session.session as session_mod
+        all_locals_nodes, session_mod.ALL_LOCALS_NODES = session_mod.ALL_LOCALS_NODES, 0  # as past 64 nodes
         try:
             opts = SessionOptions(collect=CollectOptions(locals=True), ssh_config=(str(c.ssh_config),))
 
@@ -541,6 +547,7 @@ def _record_shape(cluster_mod: Any, depth: int) -> Dict[str, Any]:
             asyncio.run(go())
         finally:
             WorkerConnection._on_line = original  # type: ignore[method-assign]
+            session_mod.ALL_LOCALS_NODES = all_locals_nodes
     hello = next(m for m in seen if m.get("type") == "hello")
     ids = list(dict.fromkeys(m["id"] for m in seen if m.get("type") == "item" and "rank" in (m.get("data") or {})))
     assert len(ids) == 2, ids

@@ -6,8 +6,8 @@ was a large share of decoding. A Builder is a function generated per class, like
 with the same keyword parameters and defaults (a misspelt or missing name raises TypeError as __init__ would),
 that stores the values into the new instance's attributes directly, in the fields' order (so every instance
 shares its class's key table, as __init__'s do; a class with slots, through each field's slot descriptor), then
-runs __post_init__. The values are the caller's to check,
-as every reader in app/decode does as it takes them. `replace` is dataclasses.replace the same way.
+runs __post_init__. The values are the caller's to check, as every reader in app/decode does as it takes them.
+`replace` is dataclasses.replace the same way.
 """
 
 from __future__ import annotations

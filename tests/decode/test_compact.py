@@ -95,3 +95,27 @@ def test_a_dump_py_spy_could_not_take_stays_uncollected() -> None:
     small, new = compact.split(item, set())
     assert small["threads"] is None and new == {}
     assert replies.decode_compact_dump(small, {}).collected is False
+
+
+def test_a_stack_another_connection_sent_is_decoded_once_but_an_id_is_never_taken_on_trust() -> None:
+    """Every node of a job sends the same few stack entries (the id is the hash of the content): the second
+    connection's equal entry reuses the frames decoded for the first (at 12,500 nodes a 60-frame entry was
+    decoded 12,500 times). A node that sends other content under a known id (a hostile or broken worker) gets
+    its own content decoded, and the next node's equal entry still reads as the first one did."""
+    full_items = items("worker_dump_torch_locals.json")
+    _, entries = compact.split(copy.deepcopy(full_items[0]), set())
+    sid, entry = next(iter(entries.items()))
+    first: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({sid: entry})), first)
+    second: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({sid: entry})), second)  # parsed apart, equal
+    assert second[sid] is first[sid]
+    forged = copy.deepcopy(entry)
+    forged["frames"][0]["name"] = "not_what_the_id_says"
+    hostile: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({sid: forged})), hostile)
+    assert hostile[sid] is not first[sid] and hostile[sid][0].function == "not_what_the_id_says"
+    assert first[sid][0].function != "not_what_the_id_says"
+    third: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({sid: entry})), third)
+    assert third[sid] is first[sid]
