@@ -21,7 +21,6 @@ from workers.redact import redact_message
 from workers.request import Cancelled, OpError, Request, Worker
 
 Z_SYNC_FLUSH = 2  # zlib.Z_SYNC_FLUSH: zlib is imported only when a login side asks for compression
-Z_DEFLATED = 8  # zlib.DEFLATED
 # the zlib window (log2 bytes) the login side may ask for with "compress_window" (workers/protocol.py); zlib's own
 # range, its largest (32 KB) when the login side names none
 Z_WINDOW_MIN, Z_WINDOW_MAX = 9, 15
@@ -130,7 +129,7 @@ class Server:
             if not isinstance(window, int) or isinstance(window, bool):
                 window = Z_WINDOW_MAX
             with self._out_lock:
-                self._zip = zlib.compressobj(6, Z_DEFLATED, min(max(window, Z_WINDOW_MIN), Z_WINDOW_MAX))
+                self._zip = zlib.compressobj(6, zlib.DEFLATED, min(max(window, Z_WINDOW_MIN), Z_WINDOW_MAX))
         threading.Thread(target=self._read, name="stdin", daemon=True).start()
         status = 0
         try:

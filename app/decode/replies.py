@@ -549,8 +549,7 @@ def decode_stacks(raw: Any, table: StackTable) -> int:
         frames = share(tuple(_frame(f, loops, source, context) for f in _list(entry.get("frames"))
                              if isinstance(f, dict)))
         table[sid] = frames
-        if known is None:
-            _DECODED_STACKS.add(sid, (entry, frames), max(1, len(frames)))
+        _DECODED_STACKS.add(sid, (entry, frames), max(1, len(frames)))  # keeps the first entry stored for an id
         added += 1
     return added
 
