@@ -289,9 +289,11 @@ def _state_wait(t: ThreadStack, hold: Optional[ProcessHold], caller: Optional[Fr
     state = ""
     if kernel_state == "frozen":
         state = "frozen"  # the wait channel says so even where the cgroup file system does not show the freezer
-    elif hold is not None and hold.kind in HOLD_STATES and hold.kind != "disk_sleep":
+    elif hold is not None and hold.kind in HOLD_STATES and hold.kind != "disk_sleep" and not hold.ours:
         state = HOLD_STATES[hold.kind]
-    elif t.state in ("T", "t") or kernel_state.startswith("stopped"):
+    elif hold is None and (t.state in ("T", "t") or kernel_state.startswith("stopped")):
+        # stop letters and a stop's wait channel count only without a hold reading: they are read around the tools
+        # (hangscope's own py-spy attaches and detaches thread by thread), the hold reading before any (health.py)
         state = "traced" if t.state == "t" or "tracer" in kernel_state else "stopped"
     elif t.state in ("Z", "X"):
         state = "exited"

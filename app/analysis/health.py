@@ -252,17 +252,23 @@ def frozen_by_wchan(r: RankSnapshot) -> bool:
 def _hold_kind(r: RankSnapshot) -> str:
     """frozen, stopped, traced, exited, disk_sleep or "": what the node read before any tool (r.hold), else the
     kernel's freezer wait, else the state letters of the process and its threads (old snapshots, ranks not
-    dumped)."""
+    dumped).
+
+    A stop that hangscope's own tool makes is never the job's: a hold whose tracer is the reading worker's own tool
+    (it still held the process when the worker stopped waiting for it) holds nothing, and stop letters (T, t) do
+    not hold a rank whose hold reading says it was running or asleep. The letters are read around the tools (a
+    py-spy attaches and detaches thread by thread, and the kernel shows a tracer the moment it attaches, before the
+    stop lands); the hold reading is the one made for this question."""
     hold = r.hold
-    if hold is not None and hold.kind in ("frozen", "stopped", "traced"):
+    if hold is not None and hold.kind in ("frozen", "stopped", "traced") and not hold.ours:
         return hold.kind
     if frozen_by_wchan(r):
         return "frozen"
     if hold is not None and hold.kind == "disk_sleep":
         return hold.kind
     states = _states(r)
-    if states & {"T", "t"}:
-        return "traced" if "t" in states or (hold is not None and hold.tracer_pid) else "stopped"
+    if states & {"T", "t"} and hold is None:
+        return "traced" if "t" in states else "stopped"
     if states & {"Z", "X"} or (hold is not None and hold.kind in ("zombie", "exiting")):
         return "exited"
     if "D" in states:

@@ -148,6 +148,9 @@ class ProcessHold:
     stopped_by: str = ""  # signal (SIGSTOP, job control) or tracer
     tracer_pid: Optional[int] = None  # the process tracing it (TracerPid), when one does
     tracer: str = ""  # the tracer's command name
+    # The tracer is a tool of the reading worker's own (its py-spy, strace or gdb, attaching or detaching while the
+    # state was read): hangscope's own passing stop, never the job's hold (workers/pstate.py ours())
+    tracer_ours: bool = False
     tty: bool = False  # it has a controlling terminal: Ctrl-Z or job control can stop it
     freezer: str = ""  # v1 or v2 when a cgroup freezer holds it
     cgroup: str = ""  # the freezer cgroup that was set to freeze (the one to thaw), relative to its mount
@@ -165,8 +168,14 @@ class ProcessHold:
 
     @property
     def held(self) -> bool:
-        """A state that holds the rank whatever its stack shows: stopped, traced, frozen, D."""
-        return self.kind in ("stopped", "traced", "frozen", "disk_sleep")
+        """A state that holds the rank whatever its stack shows: stopped, traced, frozen, D; never a tracing stop of
+        hangscope's own tool (tracer_ours)."""
+        return self.kind in ("stopped", "traced", "frozen", "disk_sleep") and not self.ours
+
+    @property
+    def ours(self) -> bool:
+        """A tracing stop of hangscope's own making: the tracer was the reading worker's own tool."""
+        return self.kind == "traced" and self.tracer_ours
 
 
 @dataclass(frozen=True)

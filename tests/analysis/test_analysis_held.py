@@ -57,6 +57,40 @@ def test_a_rank_stopped_by_a_debugger_names_the_tracer() -> None:
                                                 "ranks wait for it; detach the tracer (quit the debugger) to resume it.")
 
 
+def _waiter_touched_by_our_tool(hold: ProcessHold, letter: str) -> list:
+    """Rank 5 is the odd one out (its own stack); rank 0, one of the ranks waiting in the collective, was read
+    while a tool of the reading worker's own held it for a moment."""
+    ranks = held_job(ProcessHold(), state="S")  # rank 5: SLEEP stack, nothing holds it
+    ranks[5] = dataclasses.replace(ranks[5], hold=None)
+    ranks[0] = rank(0, "node01", ranks[0].threads[0].frames, world=8, state=letter, thread_state=letter, hold=hold)
+    return ranks
+
+
+def test_a_stop_of_hangscopes_own_tool_never_blames_the_rank_it_held() -> None:
+    # The state read made for the question said asleep; the kernel already showed the attaching tool's pid (the
+    # tracer is set before the stop lands), and the thread letters were read around that tool: the rank is not
+    # stopped, the odd one out is still the answer.
+    plain = analyze(snapshot(_waiter_touched_by_our_tool(ProcessHold(), "S"))).verdict
+    assert plain.startswith("Rank 5 ")
+    attaching = ProcessHold(kind="sleeping", tracer_pid=281, tracer="3")
+    for hold, letter in [(attaching, "t"), (attaching, "T"), (dataclasses.replace(attaching, tracer_ours=True), "t"),
+                         # the worker's own tool still held it when the worker stopped waiting for it
+                         (ProcessHold(kind="traced", stopped_by="tracer", tracer_pid=281, tracer="3",
+                                      tracer_ours=True), "t")]:
+        a = analyze(snapshot(_waiter_touched_by_our_tool(hold, letter)))
+        assert "stopped" not in [f.kind for f in a.findings], (hold, letter, a.verdict)
+        assert a.verdict == plain, (hold, letter)
+    # the same tracing stop by someone else's tracer is the job's hold, and the headline
+    other = ProcessHold(kind="traced", stopped_by="tracer", tracer_pid=281, tracer="gdb")
+    assert analyze(snapshot(_waiter_touched_by_our_tool(other, "t"))).verdict.startswith(
+        "Rank 0 is stopped (by its tracer, PID 281 (gdb))")
+    # with no reading of the hold (a snapshot from before it, a rank not dumped) the letters are all there is
+    assert analyze(snapshot(_waiter_touched_by_our_tool(None, "T"))).verdict.startswith("Rank 0 is stopped")  # type: ignore[arg-type]
+    # the flag travels from the worker's item into the model
+    assert parse.process_hold({"kind": "traced", "tracer_pid": 281, "tracer": "3", "tracer_ours": True}).tracer_ours
+    assert not parse.process_hold({"kind": "traced", "tracer_pid": 281, "tracer_ours": "yes"}).tracer_ours
+
+
 def test_the_held_ranks_silence_is_no_high_network_lead() -> None:
     # every rank's sockets to the held rank's node are silent: without the state, a [high] network lead
     silent = dict(last_send_ms=90_000, last_recv_ms=90_000, last_ack_ms=90_000, send_q=4096)

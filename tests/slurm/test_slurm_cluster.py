@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -130,6 +131,18 @@ def node_workers(slurm: SlurmCluster) -> list[str]:
             return False
 
     return [f"{n.name}:{p.pid}" for n in slurm.computes for p in n.procs() if stage(p.host_pid)]
+
+
+def node_tracers(slurm: SlurmCluster) -> dict[str, list[tuple[int, str, str]]]:
+    """Every process of the compute nodes with its tracer: what a failed headline about a stop is checked against."""
+    def tracer(host_pid: int) -> str:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+                if line.startswith("TracerPid:"):
+                    return line.split()[1]
+        return "?"
+
+    return {n.name: [(p.pid, p.comm, tracer(p.host_pid)) for p in n.procs()] for n in slurm.computes}
 
 
 async def test_srun_transport_runs_a_worker_on_every_node_in_one_step(slurm: SlurmCluster, sleeper: str) -> None:
@@ -350,7 +363,8 @@ def test_hangscope_watch_slurm_over_srun_captures_the_hung_job(slurm: SlurmClust
     assert "captured (hang)" in res.stdout
     (bundle,) = [p for p in out.iterdir() if p.is_dir()]
     doc = json.loads((bundle / "watch.json").read_text())
-    assert doc["kind"] == "hang" and f"Rank {job.culprit}" in doc["headline"], doc["headline"]
+    assert doc["kind"] == "hang" and f"Rank {job.culprit}" in doc["headline"], \
+        f"{doc['headline']}\nthe nodes' processes now (pid, comm, TracerPid): {node_tracers(slurm)}"
     snap, _ = snapshot_from_json((bundle / "snapshot.json").read_text())
     assert sorted(r.rank for r in snap.ranks if r.collected) == sorted(job.ranks)
     assert srun_processes() == [] and node_workers(slurm) == []

@@ -104,7 +104,8 @@ def hold(pid: int, threads: Optional[List[Tuple[int, str]]] = None) -> Dict[str,
     threads: its threads' (tid, state) when already read."""
     info = pstate.read(pid, threads)
     deadline = time.monotonic() + OWN_TOOL_WAIT
-    while info["kind"] == "traced" and _passing(info) and time.monotonic() < deadline:
+    # traced, or still running with a tracer named: the kernel shows an attaching tracer before its stop lands
+    while (info["kind"] == "traced" or info["tracer_pid"]) and _passing(info) and time.monotonic() < deadline:
         time.sleep(0.01)
         info = pstate.read(pid)
     if info["kind"] == "disk_sleep":
