@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,6 +66,68 @@ def test_missing_py_spy_lists_where_it_looked_then_a_pushed_one_works(tmp_path: 
         assert item["ok"], item["error"]
         assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
         assert pushed["path"] and untouched(t.pid)
+
+
+def _env_folder(parent: Path, owner: int, spy: bytes | None = None, copy: bool = False) -> str:
+    """A venv-like folder: bin/python (a symlink to the system python, as a venv's is; copy: the binary itself, as
+    a conda env's is) and, given, a py-spy; both folders belong to `owner`. Returns the python's path (the rank's
+    argv[0])."""
+    bin_dir = parent / "bin"
+    bin_dir.mkdir(parents=True)
+    if copy:
+        shutil.copy2(os.path.realpath(SYSTEM_PYTHON), bin_dir / "python")
+    else:
+        (bin_dir / "python").symlink_to(SYSTEM_PYTHON)
+    if spy is not None:
+        (bin_dir / "py-spy").write_bytes(spy)
+        (bin_dir / "py-spy").chmod(0o755)
+    for p in (parent, bin_dir, *(bin_dir / "py-spy",) * (spy is not None)):
+        os.chown(p, owner, owner)
+        if p.is_dir():
+            p.chmod(0o755)
+    return str(bin_dir / "python")
+
+
+def test_a_py_spy_beside_the_venv_python_a_rank_was_started_by_is_found(tmp_path: Path) -> None:
+    # the venv's bin/python is a symlink, so the rank's exe names /usr/bin: the folder it was started by is searched
+    needs(SYSTEM_PYTHON)
+    python = _env_folder(tmp_path / "venv", os.geteuid(), Path(PYSPY).read_bytes())
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    with start_rank(0, python=python) as t, WorkerProc(python=SYSTEM_PYTHON, isolated=True, env=env) as w:
+        assert w.hello["tools"]["py-spy"] is None  # not on the worker's PATH nor beside its python
+        item = w.call("dump", {"targets": [target_of(t)]})[0][0]
+        assert item["ok"], item["error"]
+        assert any(f["name"] == "wait_forever" for th in item["pyspy"] for f in th["frames"])
+
+
+def test_a_root_worker_never_runs_a_tool_from_a_folder_the_ranks_user_controls(tmp_path: Path) -> None:
+    """A conda env or a venv in a user's home: the worker runs as root to see every user's ranks, so a py-spy the
+    user could have replaced must not run (it would run that user's code as root). The dump says where it looked
+    and why that one was not used; a py-spy pushed by the login side still works."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the worker must run as another user than the folder's owner")
+    needs(SYSTEM_PYTHON)
+    marker = tmp_path / "ran-as-root"
+    planted = f"#!/bin/sh\ntouch {marker}\nexit 1\n".encode()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    # the user's own folder, with the interpreter copied in (a conda env: the rank's exe is there) or linked (a
+    # venv: the path it was started by is there); a folder of root's that anyone may write
+    for owner, mode, copy in [(65534, 0o755, True), (65534, 0o755, False), (os.geteuid(), 0o777, False)]:
+        folder = tmp_path / f"env-{owner}-{mode:o}-{copy}"
+        python = _env_folder(folder, owner, planted, copy)
+        (folder / "bin").chmod(mode)
+        with start_rank(0, python=python) as t, WorkerProc(python=SYSTEM_PYTHON, isolated=True, env=env) as w:
+            item = w.call("dump", {"targets": [target_of(t)]})[0][0]
+            assert item["error"]["code"] == "tool_missing", item
+            why = "bin/py-spy belongs to uid 65534" if owner == 65534 else "bin is writable by others"
+            assert f"{folder}/bin/py-spy (not used: {folder}/{why})" in item["error"]["message"], \
+                item["error"]["message"]
+            assert not marker.exists(), "the planted py-spy ran"
+            assert untouched(t.pid)
+            with open(PYSPY, "rb") as f:
+                push(w, f.read())
+            assert w.call("dump", {"targets": [target_of(t)]})[0][0]["ok"]
+    assert not marker.exists()
 
 
 def test_a_hanging_dump_is_killed_at_its_deadline_and_the_target_resumed() -> None:

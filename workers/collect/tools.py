@@ -54,6 +54,40 @@ class Tool:
         return "/proc/self/fd/%d" % self.fd, (self.fd,)
 
 
+def _argv0(pid: int) -> str:
+    """The path the process was started by (its command line's first word), or ""."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return ""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def untrusted(path: str, root: str) -> str:
+    """Why a tool found among a rank's folders must not run, or "" when it may: the file and every folder above it
+    up to `root` (the rank's /proc/PID/root) must belong to root or to this worker's own user and be writable by no
+    one else (a folder writable by all with the sticky bit, like /tmp, lets no one replace another's entry). A
+    worker runs as root to see every user's ranks; a py-spy in a folder the job's user controls (a conda env, a
+    venv with copied binaries, a home directory) would run that user's code as root. Each folder is stat()ed as the
+    path names it, so a symlinked folder is judged by where it points."""
+    me = os.geteuid()
+    current = path
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return "cannot check %s: %s" % (current, exc.strerror or exc)
+        if st.st_uid not in (0, me):
+            return "%s belongs to uid %d" % (current[len(root):] or "/", st.st_uid)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return "%s is writable by %s" % (current[len(root):] or "/",
+                                             "others" if st.st_mode & stat.S_IWOTH else "its group")
+        if len(current) <= len(root):
+            return ""
+        current = os.path.dirname(current) if current != root + "/" else root
+
+
 def _is_wrapper(path: str) -> bool:
     # pyenv shims re-dispatch by the *caller's* python version and fail for other versions; the real binary
     # next to an interpreter is searched as well.
@@ -86,15 +120,19 @@ class Tools:
         return dirs
 
     def candidates(self, name: str, target_pid: Optional[int] = None) -> List[str]:
-        """Every path looked at, in order: PATH, next to this interpreter and the rank's, ~/.local/bin."""
+        """Every path looked at, in order: PATH, next to this interpreter, the rank's interpreter (the folder of
+        its binary and, for a venv's symlink, of the path it was started by), ~/.local/bin, the system's."""
         dirs = self._static_dirs()
         if target_pid is not None:
+            # /proc/PID/root makes the rank's own view work when it runs in another mount namespace.
+            root = "/proc/%d/root" % target_pid
             try:
-                exe = os.readlink("/proc/%d/exe" % target_pid)
-                # /proc/PID/root makes the rank's own view work when it runs in another mount namespace.
-                dirs.append("/proc/%d/root%s" % (target_pid, os.path.dirname(exe)))
+                dirs.append(root + os.path.dirname(os.readlink("/proc/%d/exe" % target_pid)))
             except OSError:
                 pass
+            argv0 = _argv0(target_pid)
+            if argv0.startswith("/"):  # a venv's bin/python is a symlink: exe names the base interpreter's folder
+                dirs.append(root + os.path.dirname(os.path.normpath(argv0)))
         dirs.append(os.path.expanduser("~/.local/bin"))
         dirs += ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"]
         seen: List[str] = []
@@ -120,6 +158,12 @@ class Tools:
                 return None, list(miss[1])
         searched = []
         for path in self.candidates(name, target_pid):
+            if target_pid is not None and path.startswith("/proc/%d/root/" % target_pid) and _executable(path):
+                # a folder of the rank's: its user may own it, and this worker may run as root
+                why = untrusted(path, "/proc/%d/root" % target_pid)
+                if why:
+                    searched.append("%s (not used: %s)" % (path, why))
+                    continue
             searched.append(path)
             if not _is_wrapper(path) and _executable(path):
                 with self._lock:
