@@ -9,6 +9,11 @@ has it (then subprocess vforks: cheap enough to start four py-spy per rank refre
 (fork; the child also checks that the worker did not die before the prctl). setpriv cannot make that last
 check: a worker SIGKILLed in the microseconds between the fork and setpriv's prctl leaves that one tool to
 finish by itself (every tool here ends on its own: a dump, a bounded strace, gdb in batch mode).
+
+A tool for a rank in a container runs inside the rank's pid and mount namespaces (enter_ns). Not through
+`nsenter -p`: nsenter forks (a new pid namespace holds only children), and a forked child loses the parent-death
+signal, so a SIGKILLed worker left the tool, and a rank it held stopped, behind. The preexec hook enters the
+namespaces, forks, and sets the signal in both processes (_enter).
 """
 
 from __future__ import annotations
@@ -70,6 +75,82 @@ def _load() -> None:
             _LOADED = True
 
 
+_NS_CALLS: object = None  # (prctl, setns) from libc, loaded once in the parent; False where unavailable
+NS_PREFIX = "nsexec:"  # how a child that could not enter the namespaces says so on its stderr (exit 126)
+
+
+def entered(returncode: Optional[int], stderr: str) -> bool:
+    """False when a child started with enter_ns could not enter the namespaces (its tool never ran)."""
+    return not (returncode == 126 and stderr.startswith(NS_PREFIX))
+
+
+def _ns_calls():
+    global _NS_CALLS
+    with _LOAD_LOCK:
+        if _NS_CALLS is None:
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                _NS_CALLS = (libc.prctl, libc.setns)
+            except (ImportError, OSError, AttributeError):
+                _NS_CALLS = False
+    return _NS_CALLS or None
+
+
+def _say(text: str) -> None:
+    try:
+        os.write(2, (NS_PREFIX + " " + text + "\n").encode())
+    except OSError:
+        pass
+
+
+def _enter(parent_pid: int, ns_fds: "Sequence[int]", calls: tuple) -> None:
+    """Runs in the child between fork and exec: enters the target's pid and mount namespaces (their fds, in that
+    order) and forks, since a new pid namespace holds only the children of whoever entered it. The forked child
+    returns and is exec'd into the tool, inside the namespaces; this process waits for it and exits with its
+    status, never returning. Both die with the worker (PR_SET_PDEATHSIG in each): `nsenter -p`'s forked child
+    does not, and would keep a rank stopped after the worker was killed."""
+    prctl, setns = calls
+    if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0 or os.getppid() != parent_pid:
+        os._exit(125)
+    # Every fd this process holds, read while /proc/self is still its own (in the target's mount namespace it
+    # is the target's procfs, where this process is not): the waiting process closes them, or subprocess's
+    # error pipe would stay open in it and Popen would wait for the tool's end instead of its exec.
+    held = [int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()]
+    for fd in ns_fds:
+        if setns(fd, 0) != 0:
+            _say("cannot enter the namespace of the target (setns: errno %d)" % _errno())
+            os._exit(126)
+    os.chdir("/")
+    me = os.getpid()
+    child = os.fork()
+    if child == 0:
+        # the parent is outside this pid namespace: getppid() says 0 while it lives
+        if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0 or os.getppid() not in (0, me):
+            os._exit(125)
+        return
+    for fd in held:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def _errno() -> int:
+    import ctypes  # already imported by _ns_calls: a dictionary lookup
+
+    return ctypes.get_errno()
+
+
 def _preexec(parent_pid: int) -> None:
     """Runs in the child between fork and exec (only where setpriv is missing)."""
     if _PRCTL is not None:
@@ -107,27 +188,51 @@ class Children:
         self._closed = False
 
     def spawn(self, argv: Sequence[str], owner: object = None, pass_fds: Sequence[int] = (),
-              env: Optional[Dict[str, str]] = None, pdeathsig: bool = True) -> "subprocess.Popen[bytes]":
+              env: Optional[Dict[str, str]] = None, pdeathsig: bool = True,
+              enter_ns: Optional[int] = None) -> "subprocess.Popen[bytes]":
         """Start argv with piped stdout/stderr and no stdin.
 
         PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so call this from the thread
         that also waits for the child (every op does: one thread per request). pdeathsig=False is for
         children that never stop or trace anything and end by themselves within moments (a --version,
         a --nonblocking dump): they start ~0.8 ms cheaper, without setpriv in front.
+
+        enter_ns: a pid whose pid and mount namespaces argv runs in (argv[0] a path valid in there, such as
+        /proc/self/fd/N of a passed fd), dying with the worker whatever pdeathsig says (_enter). A child that
+        cannot enter them exits 126 with `nsexec:` on its stderr (entered(); OSError where libc lacks setns).
         """
         if not _LOADED:
             _load()
+        ns_fds: List[int] = []
+        if enter_ns is not None:
+            calls = _ns_calls()
+            if calls is None:
+                raise OSError("setns is not available to this python")
+            for ns in ("pid", "mnt"):
+                ns_fds.append(os.open("/proc/%d/ns/%s" % (enter_ns, ns), os.O_RDONLY | os.O_CLOEXEC))
+        try:
+            return self._spawn(argv, owner, pass_fds, env, pdeathsig, ns_fds)
+        finally:
+            for fd in ns_fds:
+                os.close(fd)
+
+    def _spawn(self, argv: Sequence[str], owner: object, pass_fds: Sequence[int], env: Optional[Dict[str, str]],
+               pdeathsig: bool, ns_fds: List[int]) -> "subprocess.Popen[bytes]":
         with self._lock:
             if self._closed:
                 raise OSError("the worker is shutting down")
             parent = os.getpid()
             command, preexec = list(argv), None
-            if pdeathsig and _SETPRIV is not None:
+            if ns_fds:
+                calls = _ns_calls()
+                preexec = lambda: _enter(parent, ns_fds, calls)  # noqa: E731
+            elif pdeathsig and _SETPRIV is not None:
                 # setpriv sets the parent-death signal and execs the tool: no Python code runs in the child,
                 # so subprocess can vfork (~0.8 ms of CPU per start against ~3.4 ms for fork + preexec_fn).
                 command = [_SETPRIV, "--pdeathsig", "KILL", "--"] + command
             elif pdeathsig:
                 preexec = lambda: _preexec(parent)  # noqa: E731
+            # (the namespace fds are CLOEXEC: open in the preexec hook, which runs before close_fds, not in the tool)
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 close_fds=True, pass_fds=tuple(pass_fds), env=env, start_new_session=True, preexec_fn=preexec)
@@ -196,8 +301,8 @@ def run(children: Children, argv: Sequence[str], timeout: float, owner: object =
         pass_fds: Sequence[int] = (), env: Optional[Dict[str, str]] = None,
         stop_after: Optional[float] = None, stop_signal: int = signal.SIGINT,
         max_stdout: int = 16 << 20, max_stderr: int = 1 << 20, keep_tail: int = 0,
-        pdeathsig: bool = True) -> Result:
-    """Run a child to completion under a hard deadline, capturing capped output.
+        pdeathsig: bool = True, enter_ns: Optional[int] = None) -> Result:
+    """Run a child to completion under a hard deadline, capturing capped output (enter_ns: Children.spawn).
 
     At stop_after seconds the child gets stop_signal (strace detaches cleanly on SIGINT); at timeout seconds
     its whole process group is SIGKILLed and the result says timed_out. Output beyond the caps is dropped
@@ -206,7 +311,7 @@ def run(children: Children, argv: Sequence[str], timeout: float, owner: object =
     """
     res = Result()
     start = time.monotonic()
-    proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env, pdeathsig=pdeathsig)
+    proc = children.spawn(argv, owner=owner, pass_fds=pass_fds, env=env, pdeathsig=pdeathsig, enter_ns=enter_ns)
     try:
         _pump(proc, res, start, timeout, stop_after, stop_signal, max_stdout, max_stderr, keep_tail)
         remaining = max(0.0, timeout - (time.monotonic() - start))

@@ -4,9 +4,11 @@ ptrace denied for another user, sudo, and ranks inside a container (other pid an
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -193,6 +195,48 @@ def test_rank_in_a_container_is_found_and_dumped_from_inside_its_namespaces() ->
         assert any(f["name"] == "wait_forever" for f in main["frames"])
         assert any(k.startswith(PROG + ":") for k in item["loops"])  # source read via /proc/PID/root
         assert untouched(host_pid)
+
+
+def test_a_sigkilled_worker_takes_along_a_tool_it_ran_inside_a_containers_namespaces() -> None:
+    """A tool run in a rank's pid namespace is a forked child of whatever entered it (with `nsenter -p`, nsenter's),
+    where the parent-death signal set in front does not reach. The worker SIGKILLed mid-dump (a py-spy wedged on
+    its attach) must still take the tool along: it would keep the rank stopped."""
+    needs("/usr/bin/unshare")
+    if os.getuid() != 0:
+        pytest.skip("needs root for new pid and mount namespaces")
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, PROG, "rank"]
+    with Target(argv, env=rank_env(0)) as t, WorkerProc() as w:
+        with open("/proc/%d/task/%d/children" % (t.pid, t.pid)) as f:
+            host_pid = int(f.read().split()[0])
+        wait_blocked(host_pid)
+        push(w, FAKE_HANGING_PYSPY)
+
+        def tool() -> int:  # the FAKE py-spy, become `sleep 1000` inside the rank's namespaces
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        if Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x001000\x00":
+                            return int(entry)
+                    except OSError:
+                        continue
+            return 0
+
+        # its deadline holds in there too: the dump is killed and said timed out
+        item = w.call("dump", {"targets": [target_of(t, host_pid)], "timeout": 1.0}, timeout=30)[0][0]
+        assert item["error"]["code"] == "timeout" and 1.0 <= item["elapsed"] < 5, item
+        assert item["notes"] == [], item["notes"]  # run inside, not the degraded outside view
+        wait_until(lambda: not tool(), 10, "the timed-out tool gone")
+        w.send("dump", {"targets": [target_of(t, host_pid)], "timeout": 120})
+        pid = wait_until(tool, what="the tool running inside the rank's namespaces")
+        assert os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{host_pid}/ns/pid")
+        try:
+            w.proc.send_signal(signal.SIGKILL)
+            w.proc.wait()
+            wait_until(lambda: not Path(f"/proc/{pid}").exists() or proc_state(pid) == "Z", 10,
+                       "the tool gone with the worker")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_cancelling_a_hung_dump_kills_the_tool_and_resumes_the_target() -> None:

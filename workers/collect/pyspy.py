@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
     from workers.protocol import DumpItem
 
+from workers import children
 from workers import loops as loopinfo
 from workers import pstate
 from workers.collect import guard, kwait, procfs, pyglobals, runas
@@ -284,21 +285,24 @@ def _run(req: Request, tool: Any, pid: int, nspid: Optional[int], other_ns: bool
     env = None if os.environ.get("RUST_BACKTRACE") == "0" else dict(os.environ, RUST_BACKTRACE="0")
     if other_ns and nspid is not None:
         # From outside a container py-spy misreports idle threads and --native fails (UNW_EBADREG): enter
-        # its pid and mount namespaces; the binary goes along as an fd, it need not exist in there.
-        nsenter, _ = req.worker.tools.find("nsenter")
-        if nsenter is not None and not opts.sudo:
+        # its pid and mount namespaces; the binary goes along as an fd, it need not exist in there. Not
+        # through `nsenter -p`: the tool would be nsenter's forked child, which outlives a killed worker
+        # (workers/collect/nsexec.py).
+        if not opts.sudo:
             path, fds = tool.exec_path(inside_ns=True)
-            argv = [nsenter.path, "-t", str(pid), "-p", "-m", "--", path, "dump", "--json", "--pid", str(nspid)]
-            res = req.run(argv + flags, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20,
-                          pdeathsig=not opts.nonblocking)
-            err = res.stderr.decode("utf-8", "replace")
-            if not (res.returncode != 0 and err.startswith("nsenter:")):
+            argv = [path, "dump", "--json", "--pid", str(nspid)] + flags
+            try:
+                res = req.run(argv, opts.timeout, pass_fds=fds, env=env, max_stdout=32 << 20, enter_ns=pid)
+                err = res.stderr.decode("utf-8", "replace")
+            except OSError as exc:  # its namespaces are gone, or this python has no setns
+                res, err = None, "nsexec: %s" % exc
+            if res is not None and children.entered(res.returncode, err):
                 return res
             item["notes"].append("could not enter the target's namespaces (%s); dumped from outside, idle "
                                  "threads may show as active" % err.strip()[:200])
         else:
-            item["notes"].append("target runs in other namespaces; dumped from outside (%s)"
-                                 % ("nsenter not found" if nsenter is None else "nsenter is not used with sudo"))
+            item["notes"].append("target runs in other namespaces; dumped from outside (nsenter is not used "
+                                 "with sudo)")
     path, fds = tool.exec_path(inside_ns=False)
     argv = runas.prefix(req, opts.sudo) + [path, "dump", "--json", "--pid", str(pid)] + flags
     # A --nonblocking dump never attaches (nothing to leave stopped if the worker died) and ends by itself:
