@@ -291,10 +291,12 @@ def _state_wait(t: ThreadStack, hold: Optional[ProcessHold], caller: Optional[Fr
         state = "frozen"  # the wait channel says so even where the cgroup file system does not show the freezer
     elif hold is not None and hold.kind in HOLD_STATES and hold.kind != "disk_sleep" and not hold.ours:
         state = HOLD_STATES[hold.kind]
-    elif hold is None and (t.state in ("T", "t") or kernel_state.startswith("stopped")):
+    elif hold is None and (t.state == "T" or (t.state != "t" and kernel_state.startswith("stopped")
+                                              and "tracer" not in kernel_state)):
         # stop letters and a stop's wait channel count only without a hold reading: they are read around the tools
-        # (hangscope's own py-spy attaches and detaches thread by thread), the hold reading before any (health.py)
-        state = "traced" if t.state == "t" or "tracer" in kernel_state else "stopped"
+        # (hangscope's own py-spy attaches and detaches thread by thread), the hold reading before any; and then only
+        # a signal's stop: a tracing stop without the reading that names its tracer is ours as likely (health.py)
+        state = "stopped"
     elif t.state in ("Z", "X"):
         state = "exited"
     elif t.state == "D" or (not t.state and hold is not None and hold.kind == "disk_sleep"):

@@ -258,7 +258,10 @@ def _hold_kind(r: RankSnapshot) -> str:
     (it still held the process when the worker stopped waiting for it) holds nothing, and stop letters (T, t) do
     not hold a rank whose hold reading says it was running or asleep. The letters are read around the tools (a
     py-spy attaches and detaches thread by thread, and the kernel shows a tracer the moment it attaches, before the
-    stop lands); the hold reading is the one made for this question."""
+    stop lands); the hold reading is the one made for this question. Without a hold reading (a rank not dumped, a
+    snapshot from before the reading) a signal's stop (T) still holds the rank, but a tracing stop (t) does not:
+    every tool of hangscope's makes one while it works, and only the reading names the tracer (a debugger's hold
+    is read as "traced" with its pid)."""
     hold = r.hold
     if hold is not None and hold.kind in ("frozen", "stopped", "traced") and not hold.ours:
         return hold.kind
@@ -267,8 +270,8 @@ def _hold_kind(r: RankSnapshot) -> str:
     if hold is not None and hold.kind == "disk_sleep":
         return hold.kind
     states = _states(r)
-    if states & {"T", "t"} and hold is None:
-        return "traced" if "t" in states else "stopped"
+    if "T" in states and hold is None:  # a signal's stop; a tracing stop (t) alone names no tracer (below)
+        return "stopped"
     if states & {"Z", "X"} or (hold is not None and hold.kind in ("zombie", "exiting")):
         return "exited"
     if "D" in states:

@@ -409,7 +409,7 @@ def _held(rank: RankSnapshot) -> str:
     hold = rank.hold
     if hold is not None and hold.held:
         return hold.kind
-    if hold is None and rank.state in ("T", "t"):  # the letter only without a hold reading (health._hold_kind)
+    if hold is None and rank.state == "T":  # a signal's stop, only without a hold reading (health._hold_kind)
         return "stopped"
     return ""
 

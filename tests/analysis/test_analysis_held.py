@@ -84,8 +84,10 @@ def test_a_stop_of_hangscopes_own_tool_never_blames_the_rank_it_held() -> None:
     other = ProcessHold(kind="traced", stopped_by="tracer", tracer_pid=281, tracer="gdb")
     assert analyze(snapshot(_waiter_touched_by_our_tool(other, "t"))).verdict.startswith(
         "Rank 0 is stopped (by its tracer, PID 281 (gdb))")
-    # with no reading of the hold (a snapshot from before it, a rank not dumped) the letters are all there is
+    # with no reading of the hold (a snapshot from before it, a rank not dumped) the letters are all there is: a
+    # signal's stop (T) holds the rank, a tracing stop (t) names no tracer and every tool of ours makes one
     assert analyze(snapshot(_waiter_touched_by_our_tool(None, "T"))).verdict.startswith("Rank 0 is stopped")  # type: ignore[arg-type]
+    assert analyze(snapshot(_waiter_touched_by_our_tool(None, "t"))).verdict == plain  # type: ignore[arg-type]
     # the flag travels from the worker's item into the model
     assert parse.process_hold({"kind": "traced", "tracer_pid": 281, "tracer": "3", "tracer_ours": True}).tracer_ours
     assert not parse.process_hold({"kind": "traced", "tracer_pid": 281, "tracer_ours": "yes"}).tracer_ours
