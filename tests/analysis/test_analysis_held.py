@@ -55,6 +55,9 @@ def test_a_rank_stopped_by_a_debugger_names_the_tracer() -> None:
     ranks = held_job(ProcessHold(kind="traced", stopped_by="tracer", tracer_pid=777, tracer="gdb"), state="t")
     assert analyze(snapshot(ranks)).verdict == ("Rank 5 is stopped (by its tracer, PID 777 (gdb)); the other 7 "
                                                 "ranks wait for it; detach the tracer (quit the debugger) to resume it.")
+    # a tracer whose name could not be read is named by its pid alone
+    ranks = held_job(ProcessHold(kind="traced", stopped_by="tracer", tracer_pid=777), state="t")
+    assert analyze(snapshot(ranks)).verdict.startswith("Rank 5 is stopped (by its tracer, PID 777); ")
 
 
 def _waiter_touched_by_our_tool(hold: ProcessHold, letter: str) -> list:

@@ -84,7 +84,8 @@ def state_text(f: Fact) -> Text:
         traced = e.traced
         signalled = [r for r in held if r not in traced]
         resumed = [r for r in held if r.resumed]
-        tracers = sorted({f"PID {r.hold.tracer_pid} ({clean(r.hold.tracer, 40)})" for r in traced
+        tracers = sorted({f"PID {r.hold.tracer_pid}" + (f" ({clean(r.hold.tracer, 40)})" if r.hold.tracer else "")
+                          for r in traced
                           if r.hold is not None and r.hold.tracer_pid})
         if traced and not signalled:
             why = f"by its tracer, {', '.join(tracers)}" if tracers else "in a tracing stop (a debugger holds it)"
