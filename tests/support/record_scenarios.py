@@ -46,7 +46,7 @@ for _p in (str(REPO), str(SUPPORT)):  # as a script: the repo (app) and the test
 
 from cluster import UNHURRIED_LOGIN, Cluster, Node, build_cluster, run_login  # noqa: E402
 from jobs import JOB_SCRIPT, MARK, PYTHON, Job, RankLoc, _finish, _free_port, _launch, _main_thread, start_job  # noqa: E402
-from cpu_cap import CpuCap  # noqa: E402
+from cpu_cap import CpuCap, CpuFavour  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from app.model import Snapshot, ThreadStack  # noqa: E402
@@ -522,9 +522,12 @@ def start(cluster: Cluster, scenario: Scenario, timeout: float = 120) -> Running
         if scenario.hold == "throttle":
             cap = CpuCap(0.10).__enter__()
             running.undo.append(lambda: cap.__exit__(None, None, None))
+            # the other nodes' ranks as if on cores of their own: served first on this shared machine, so that
+            # node `cut` is slow relative to them whatever load the machine carries (tests/support/cpu_cap.py)
+            favoured = CpuFavour().__enter__()
+            running.undo.append(lambda: favoured.__exit__(None, None, None))
             for loc in job.ranks.values():
-                if loc.node == scenario.cut:
-                    cap.add(loc.host_pid)
+                (cap if loc.node == scenario.cut else favoured).add(loc.host_pid)
             if scenario.hide:
                 assert scenario.cut is not None
                 running.undo.append(hide_cgroups(cluster[scenario.cut]))
