@@ -75,7 +75,7 @@ def _load() -> None:
             _LOADED = True
 
 
-_NS_CALLS: object = None  # (prctl, setns) from libc, loaded once in the parent; False where unavailable
+_NS_CALLS: object = None  # (prctl, setns, get_errno) from libc, loaded once in the parent; False where unavailable
 NS_PREFIX = "nsexec:"  # how a child that could not enter the namespaces says so on its stderr (exit 126)
 
 
@@ -85,14 +85,16 @@ def entered(returncode: Optional[int], stderr: str) -> bool:
 
 
 def _ns_calls():
+    """(prctl, setns, get_errno) from libc, loaded once in the parent (the preexec hook must not import); None
+    where libc or ctypes lacks them."""
     global _NS_CALLS
     with _LOAD_LOCK:
         if _NS_CALLS is None:
+            prctl = _load_prctl()
             try:
                 import ctypes
 
-                libc = ctypes.CDLL(None, use_errno=True)
-                _NS_CALLS = (libc.prctl, libc.setns)
+                _NS_CALLS = (prctl, ctypes.CDLL(None, use_errno=True).setns, ctypes.get_errno) if prctl else False
             except (ImportError, OSError, AttributeError):
                 _NS_CALLS = False
     return _NS_CALLS or None
@@ -111,7 +113,7 @@ def _enter(parent_pid: int, ns_fds: "Sequence[int]", calls: tuple) -> None:
     returns and is exec'd into the tool, inside the namespaces; this process waits for it and exits with its
     status, never returning. Both die with the worker (PR_SET_PDEATHSIG in each): `nsenter -p`'s forked child
     does not, and would keep a rank stopped after the worker was killed."""
-    prctl, setns = calls
+    prctl, setns, get_errno = calls
     if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0 or os.getppid() != parent_pid:
         os._exit(125)
     # Every fd this process holds, read while /proc/self is still its own (in the target's mount namespace it
@@ -120,7 +122,7 @@ def _enter(parent_pid: int, ns_fds: "Sequence[int]", calls: tuple) -> None:
     held = [int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()]
     for fd in ns_fds:
         if setns(fd, 0) != 0:
-            _say("cannot enter the namespace of the target (setns: errno %d)" % _errno())
+            _say("cannot enter the namespace of the target (setns: errno %d)" % get_errno())
             os._exit(126)
     os.chdir("/")
     me = os.getpid()
@@ -143,12 +145,6 @@ def _enter(parent_pid: int, ns_fds: "Sequence[int]", calls: tuple) -> None:
         except InterruptedError:
             continue
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-
-
-def _errno() -> int:
-    import ctypes  # already imported by _ns_calls: a dictionary lookup
-
-    return ctypes.get_errno()
 
 
 def _preexec(parent_pid: int) -> None:
@@ -204,6 +200,7 @@ class Children:
         if not _LOADED:
             _load()
         ns_fds: List[int] = []
+        calls = None
         if enter_ns is not None:
             calls = _ns_calls()
             if calls is None:
@@ -211,21 +208,21 @@ class Children:
             for ns in ("pid", "mnt"):
                 ns_fds.append(os.open("/proc/%d/ns/%s" % (enter_ns, ns), os.O_RDONLY | os.O_CLOEXEC))
         try:
-            return self._spawn(argv, owner, pass_fds, env, pdeathsig, ns_fds)
+            return self._spawn(argv, owner, pass_fds, env, pdeathsig, ns_fds, calls)
         finally:
             for fd in ns_fds:
                 os.close(fd)
 
     def _spawn(self, argv: Sequence[str], owner: object, pass_fds: Sequence[int], env: Optional[Dict[str, str]],
-               pdeathsig: bool, ns_fds: List[int]) -> "subprocess.Popen[bytes]":
+               pdeathsig: bool, ns_fds: List[int], calls: Optional[tuple]) -> "subprocess.Popen[bytes]":
         with self._lock:
             if self._closed:
                 raise OSError("the worker is shutting down")
             parent = os.getpid()
             command, preexec = list(argv), None
-            if ns_fds:
-                calls = _ns_calls()
-                preexec = lambda: _enter(parent, ns_fds, calls)  # noqa: E731
+            if calls is not None:  # with ns_fds
+                ns_calls = calls
+                preexec = lambda: _enter(parent, ns_fds, ns_calls)  # noqa: E731
             elif pdeathsig and _SETPRIV is not None:
                 # setpriv sets the parent-death signal and execs the tool: no Python code runs in the child,
                 # so subprocess can vfork (~0.8 ms of CPU per start against ~3.4 ms for fork + preexec_fn).

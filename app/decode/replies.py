@@ -710,7 +710,8 @@ def process_hold(raw: Any) -> ProcessHold | None:
     hold = ProcessHold(
         kind=_str(raw.get("kind"))[:20], stopped_by=_str(raw.get("stopped_by"))[:20],
         tracer_pid=_int(raw.get("tracer_pid")) or None, tracer=_str(raw.get("tracer"))[:64],
-        tracer_ours=raw.get("tracer_ours") is True, tty=raw.get("tty") is True, freezer=f"v{version}" if version in (1, 2) else "",
+        tracer_ours=raw.get("tracer_ours") is True, tty=raw.get("tty") is True,
+        freezer=f"v{version}" if version in (1, 2) else "",
         cgroup=_str(f.get("cgroup"))[:500], freezer_state=_str(f.get("state"))[:20], thaw=_str(f.get("thaw"))[:600],
         container=_str(f.get("container"))[:100], wchan=_str(raw.get("wchan"))[:100],
         syscall=_str(raw.get("syscall"))[:40], waits_on=_str(raw.get("waits_on"))[:300])

@@ -158,14 +158,15 @@ class Tools:
                 return None, list(miss[1])
         searched = []
         for path in self.candidates(name, target_pid):
-            if target_pid is not None and path.startswith("/proc/%d/root/" % target_pid) and _executable(path):
+            found = not _is_wrapper(path) and _executable(path)
+            if found and target_pid is not None and path.startswith("/proc/%d/root/" % target_pid):
                 # a folder of the rank's: its user may own it, and this worker may run as root
                 why = untrusted(path, "/proc/%d/root" % target_pid)
                 if why:
                     searched.append("%s (not used: %s)" % (path, why))
                     continue
             searched.append(path)
-            if not _is_wrapper(path) and _executable(path):
+            if found:
                 with self._lock:
                     known = self._nspath.get(path)
                     if known is None:
