@@ -160,18 +160,32 @@ def test_sweeper_removes_the_leftovers_of_a_crashed_run(cluster_support: None) -
         import cluster
         c = cluster.build_cluster(1, start_sshd=False)
         print(c.rid, c.workdir, flush=True)
+        sys.stdin.readline()  # the test holds the allocation lock now
         os.kill(os.getpid(), signal.SIGKILL)  # a crash: no finalizer, no atexit
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == -signal.SIGKILL, res.stderr
-    rid, workdir = res.stdout.split()
-    leftover = [n for n in sweep.list_netns() if sweep.rid_of(n) == rid]
-    assert leftover  # the crash left its netns behind ...
-    # ... but not its nodes: they die with the process that built them (parent-death signal)
-    wait_until(lambda: subprocess.run(["ip", "netns", "pids", leftover[0]], capture_output=True,
-                                      text=True).stdout == "", 10, "the crashed run's node to die")
-    with sweep.alloc_lock():
-        swept = sweep.sweep_stale()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=60)[1]
+        rid, workdir = line.split()
+        # Every cluster that other test sessions (xdist workers) build sweeps crashed runs first, under this
+        # lock: held from before the crash to the sweep, the crashed run is ours to sweep and no one else's.
+        with sweep.alloc_lock():
+            proc.stdin.write("crash\n")
+            proc.stdin.flush()
+            assert proc.wait(timeout=60) == -signal.SIGKILL, proc.communicate()[1]
+            leftover = [n for n in sweep.list_netns() if sweep.rid_of(n) == rid]
+            assert leftover  # the crash left its netns behind ...
+            # ... but not its nodes: they die with the process that built them (parent-death signal)
+            wait_until(lambda: subprocess.run(["ip", "netns", "pids", leftover[0]], capture_output=True,
+                                              text=True).stdout == "", 10, "the crashed run's node to die")
+            swept = sweep.sweep_stale()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert rid in swept
     assert _leftovers(rid, Path(workdir), set()) == []
 
