@@ -309,6 +309,19 @@ def cluster_test_processes(c) -> list:
     return found
 
 
+async def setup_shown(pilot, app) -> str:
+    """The GPU test setup's text once it is drawn with its plan: the plan line is filled in when the screen is
+    mounted, which a loaded machine may not have done yet when the key press returns."""
+    plan = re.compile(r"\b(sanity|bench|pairs|net) on \d+ nodes?\b")
+    try:
+        await until(pilot, lambda: isinstance(app.screen, GpuSetupScreen) and bool(plan.search(screen_text(app))),
+                    "the GPU test setup with its plan", timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"no GPU test setup with its plan after 30 s: {type(app.screen).__name__} shows\n"
+                             f"{screen_text(app)}") from None
+    return screen_text(app)
+
+
 @pytest.mark.cluster
 @pytest.mark.torch
 @pytest.mark.timeout(180)
@@ -320,8 +333,7 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: bool(app.history) and not app.collecting, "the hung job's snapshot", timeout=60)
         await pilot.press("G")  # a suspect in the grid: pair isolation, on its node and healthy partners
-        assert isinstance(app.screen, GpuSetupScreen)
-        text = screen_text(app)
+        text = await setup_shown(pilot, app)
         assert "node03  suspect" in text and "pairs on 4 nodes: node01, node02, node03, node04" in text
         await pilot.press("n", "enter")  # the network check instead: does every node reach the job's master?
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the net results", timeout=60)
@@ -335,7 +347,8 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
             assert app.main.grid.move_to((rank.node, rank.pid))
             await pilot.press("space")
         await pilot.press("G")
-        assert "sanity on 2 nodes: node01, node02" in screen_text(app)
+        text = await setup_shown(pilot, app)
+        assert "sanity on 2 nodes: node01, node02" in text, text
         await pilot.press("enter")  # the job's own python, taken from its ranks' /proc/PID/exe
         await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the sanity results", timeout=120)
         text = screen_text(app)
