@@ -18,7 +18,7 @@ from app.errors import TransportError, remote_code
 
 if TYPE_CHECKING:
     from workers.protocol import Call, Hello
-from app.transport import bootstrap
+from app.transport import bootstrap, lines
 from app.transport.request import Request, WorkerRequestError
 from workers import protocol
 
@@ -290,7 +290,7 @@ class WorkerConnection:
             return True
         if not self._hello.done():
             try:
-                msg = protocol.decode(line)
+                msg = lines.decode(line)
             except protocol.ProtocolError:
                 msg = {}
             if msg.get("type") == "hello":
@@ -304,7 +304,7 @@ class WorkerConnection:
                 return False
             return True
         try:
-            msg = protocol.decode(line)
+            msg = lines.decode(line)
         except protocol.ProtocolError as exc:
             self._fail(TransportError("protocol", f"{self.name}: malformed line from the worker: {exc}"))
             return False
