@@ -211,11 +211,14 @@ def test_a_sigkilled_worker_takes_along_a_tool_it_ran_inside_a_containers_namesp
         wait_blocked(host_pid)
         push(w, FAKE_HANGING_PYSPY)
 
+        rank_ns = os.readlink(f"/proc/{host_pid}/ns/pid")
+
         def tool() -> int:  # the FAKE py-spy, become `sleep 1000` inside the rank's namespaces
-            for entry in os.listdir("/proc"):
+            for entry in os.listdir("/proc"):  # (other tests, in other xdist workers, hang FAKEs of their own)
                 if entry.isdigit():
                     try:
-                        if Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x001000\x00":
+                        if (Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x001000\x00"
+                                and os.readlink(f"/proc/{entry}/ns/pid") == rank_ns):
                             return int(entry)
                     except OSError:
                         continue
@@ -228,7 +231,6 @@ def test_a_sigkilled_worker_takes_along_a_tool_it_ran_inside_a_containers_namesp
         wait_until(lambda: not tool(), 10, "the timed-out tool gone")
         w.send("dump", {"targets": [target_of(t, host_pid)], "timeout": 120})
         pid = wait_until(tool, what="the tool running inside the rank's namespaces")
-        assert os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{host_pid}/ns/pid")
         try:
             w.proc.send_signal(signal.SIGKILL)
             w.proc.wait()
