@@ -7,8 +7,7 @@ Infinity, a number past the double range (1E400: inf), escaped lone surrogates, 
 (replaced, as before). One difference stays, on lines no worker writes: orjson takes an integer outside the
 64-bit range (below -2**63 or above 2**64 - 1) as a float where json gave an int; the decoders take only ints
 where they want a number (app/decode: `type(v) is int`), so such a value reads as unknown, a bound on numbers
-from a node. tests/transport/test_transport_lines.py
-compares both parsers on generated and hostile lines.
+from a node. tests/transport/test_transport_lines.py compares both parsers on generated and hostile lines.
 """
 
 from __future__ import annotations
