@@ -52,7 +52,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 480.0  # seconds for the whole run: the issue's 8 minutes
 RESERVE = 25.0  # kept back for killing the job and writing the summary
 MARK = "HANGSCOPE_GPU_CHECK"  # in the environment of every process the check starts: found and killed at the end
-DEPENDENCY_MODULES = {"textual": "textual", "asyncssh": "asyncssh", "psutil": "psutil", "ClusterShell": "ClusterShell"}
 JOB = ROOT / "bench" / "gpu_hang_job.py"
 # a waiting rank's innermost native frames: in the driver, the CUDA runtime, NCCL, or c10d's wait (gloo)
 GPU_FRAME = re.compile(r"libcuda|libcudart|libnccl|cu[A-Z]\w*Synchroni[sz]e|cuda\w*Synchroni[sz]e|nccl|gloo|"
@@ -231,10 +230,7 @@ def pip(check: Check, name: str, packages: Sequence[str], timeout: float) -> Don
 def install(check: Check, need_torch: bool, need_cuda: bool = True) -> bool:
     """hangscope's dependencies and torch in this python, installed only when missing; True when usable."""
     t0 = time.monotonic()
-    pins = pinned_dependencies()
-    missing = [pins.get(pkg, pkg) for mod, pkg in DEPENDENCY_MODULES.items() if mod in unimportable(DEPENDENCY_MODULES)]
-    if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
-        missing.append(pins.get("py-spy", "py-spy"))
+    missing = missing_pins(list(pinned_dependencies().values()))
     if missing:
         done = pip(check, "pip install hangscope's dependencies", missing, check.allow(150))
         if not done.ok:
@@ -242,6 +238,11 @@ def install(check: Check, need_torch: bool, need_cuda: bool = True) -> bool:
                          f"missing {', '.join(missing)}; pip {'timed out' if done.rc is None else 'failed'} "
                          f"(no registry here? set HANGSCOPE_WHEELS to a folder of wheels): {tail(done.err, 400)}",
                          time.monotonic() - t0)
+            return False
+        still = missing_pins(missing)
+        if still:
+            check.record("install hangscope's dependencies", "fail", f"pip ended, but still not at the pinned "
+                         f"version: {', '.join(still)}", time.monotonic() - t0)
             return False
         check.record("install hangscope's dependencies", "pass", f"installed {', '.join(missing)}",
                      time.monotonic() - t0)
@@ -273,12 +274,18 @@ def install(check: Check, need_torch: bool, need_cuda: bool = True) -> bool:
     return True
 
 
-def unimportable(modules: Sequence[str]) -> List[str]:
-    """The modules this python cannot find (asked once, in a child: this process imports nothing of them)."""
-    code = ("import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] "
-            "if importlib.util.find_spec(m) is None))")
-    done = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=60)
-    return done.stdout.split() if done.returncode == 0 else list(modules)
+def missing_pins(pins: Sequence[str]) -> List[str]:
+    """The pins ("name==version") this python does not have at that version: not installed, or another version.
+    Every login-node dependency of pyproject.toml is checked by its distribution's name, so a dependency added
+    there is installed here too (the first H100 run of 2026-11-27 lacked orjson: a list of modules kept here had
+    not grown with pyproject.toml). Asked once, in a child: this process imports none of them."""
+    code = ("import sys\nfrom importlib import metadata\nfor pin in sys.argv[1:]:\n"
+            "    name, _, want = pin.partition('==')\n"
+            "    try:\n        have = metadata.version(name)\n    except metadata.PackageNotFoundError:\n"
+            "        have = None\n"
+            "    if have != want:\n        print(pin)\n")
+    done = subprocess.run([sys.executable, "-c", code, *pins], capture_output=True, text=True, timeout=60)
+    return done.stdout.split() if done.returncode == 0 else list(pins)
 
 
 def tail(text: str, n: int) -> str:

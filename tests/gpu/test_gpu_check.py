@@ -7,10 +7,12 @@ jobs for a minute or more.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,3 +36,28 @@ def test_without_a_gpu_it_says_so_and_checks_the_recorded_fakes(tmp_path: Path) 
     md = (out / "summary.md").read_text()
     assert md.startswith("# NO GPU on ") and "| step | result |" in md
     assert sorted(p.name for p in out.iterdir()) == ["steps.log", "summary.json", "summary.md"]
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", REPO / "bench" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_it_installs_every_pinned_login_dependency_and_nothing_already_at_its_pin() -> None:
+    """On a GPU machine the check installs what hangscope needs before it runs hangscope: every dependency that
+    pyproject.toml pins, read from pyproject.toml itself (the first H100 run of 2026-11-27 failed every hangscope
+    step on `import orjson`: the check kept a list of its own that had not grown with pyproject.toml)."""
+    gpu_check = _gpu_check_module()
+    with open(REPO / "pyproject.toml", "rb") as f:
+        declared = tomllib.load(f)["project"]["dependencies"]
+    pins = gpu_check.pinned_dependencies()
+    assert sorted(pins.values()) == sorted(d.split(";")[0].strip() for d in declared)
+    # this venv was installed from pyproject.toml: nothing is missing here
+    assert gpu_check.missing_pins(list(pins.values())) == []
+    # a pin this python lacks, by name or by version, is missing; the others are not
+    assert gpu_check.missing_pins(["orjson==0.0.1", "no-such-distribution-hs==1.0", pins["textual"]]) == [
+        "orjson==0.0.1", "no-such-distribution-hs==1.0"]
