@@ -444,6 +444,12 @@ def _polling_wait(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) 
     return None
 
 
+def polls(t: ThreadStack) -> bool:
+    """Whether the thread stands in a wait that polls on a CPU (POLLING_WAITS, POLLING_NATIVE): the CPU it uses
+    there is that wait's, neither work nor a spin of the job's own (progress names its activity so)."""
+    return _polling_wait(_python(t.frames), innermost_own(t.frames), t) is not None
+
+
 WITH_LOCK = Site((), frozenset({"__enter__"}), "with-statement lock", "lock", "holder",
                  "waits to enter a `with` block: its lock is held by another thread (or by itself, lower on its own "
                  "stack: a non-reentrant lock taken twice)", syscalls=("futex",))

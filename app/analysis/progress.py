@@ -30,6 +30,7 @@ from bisect import bisect_left
 from statistics import median
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
+from app.analysis.blocking import polls
 from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
 from app.analysis.fold import count_phrase, short_keys
 from app.analysis.health import StateEvidence
@@ -40,7 +41,7 @@ from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket
 # waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
 # but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
 Status = Literal["stuck", "progressing", "gone", "unknown", "waiting", "slow"]
-Activity = Literal["spinning", "sleeping", "busy", "unknown"]
+Activity = Literal["spinning", "polling", "sleeping", "busy", "unknown"]
 ProgressKey = Tuple[str, int, int]  # (node, pid, start_time)
 
 _signature_part = attrgetter("function", "filename", "line", "iteration")
@@ -267,12 +268,17 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
             status = "stuck"  # no stack, but counters that did not move
         else:
             status = "unknown"  # not enough samples yet
-        out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, _activity(cpu, options),
+        activity = _activity(cpu, options)
+        if activity in ("spinning", "busy"):
+            t = selector(options)(rank)
+            if t is not None and polls(t):
+                activity = "polling"  # a CUDA synchronisation, NCCL's init: the CPU it uses is its wait's
+        out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, activity,
                                 moved=moved, quiet=tuple(moves.get("quiet", ())),
                                 net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
                                 **_window([h[3] for h in history], options, flags,
-                                          asleep=_activity(cpu, options) == "sleeping"),
+                                          asleep=activity == "sleeping"),
                                 held=_held(rank)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
@@ -650,7 +656,7 @@ def stuck_summary(progress: Sequence[RankProgress]) -> str:
             held.setdefault(p.held, []).append(p)
             continue
         acts[p.activity] = acts.get(p.activity, 0) + 1
-    shown = [f"{n} {a}" for a, n in sorted(acts.items()) if a != "unknown"]
+    shown = [f"{n} {_ACTIVITY_WORDS.get(a, a)}" for a, n in sorted(acts.items()) if a != "unknown"]
     for kind, ps in sorted(held.items()):
         keys, numbers = _keys(ps)
         shown.append(f"{short_keys(keys, numbers)} {_HELD_WORDS.get(kind, kind)}")
@@ -666,5 +672,7 @@ def behind_summary(progress: Sequence[RankProgress]) -> str:
     return ", ".join(parts)
 
 
+# a rank polling in a wait runs on a CPU, but it waits (blocking.POLLING_WAITS): not "spinning"
+_ACTIVITY_WORDS = {"polling": "polling in a wait"}
 _HELD_WORDS = {"stopped": "stopped", "traced": "stopped by a tracer", "frozen": "frozen (cgroup freezer)",
                "disk_sleep": "in uninterruptible sleep (D)"}

@@ -133,7 +133,7 @@ def progress_text(p: Optional[RankProgress]) -> str:
         return ""
     if p.status == "stuck":
         text = f"stuck for {duration_text(p.duration)}"
-        return f"{text} ({p.activity})" if p.activity in ("spinning", "sleeping") else text
+        return f"{text} ({p.activity})" if p.activity in ("spinning", "polling", "sleeping") else text
     if p.status == "progressing":
         return "progressing"
     if p.status == "gone":

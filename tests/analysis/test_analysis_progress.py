@@ -11,7 +11,7 @@ from analysis_snapshots import ALL_REDUCE, LOADING, in_step, job, rank, snapshot
 from app.analysis import analyze
 from app.analysis.diff import diff_ranks, diff_vs_majority
 from app.analysis.frames import place_frames
-from app.analysis.progress import BULK_RATE, track
+from app.analysis.progress import BULK_RATE, stuck_summary, track
 from app.analysis.text import summary_text
 from app.model import (CgroupCpu, FlightGroup, FlightRecord, Frame, Local, LoopInfo, ProgressCounters, RankSnapshot,
                        Snapshot, TcpSocket)
@@ -240,6 +240,29 @@ def test_ranks_called_stuck_that_burn_cpu_weaken_the_still_running_lead() -> Non
     assert sure.confidence == "high"
     doubt = next(f for f in analyze(busy, history=[before]).findings if f.kind == "still_running")
     assert doubt.confidence == "medium" and "used CPU between samples" in doubt.reason
+
+
+def test_ranks_polling_in_a_gpu_wait_are_polling_not_spinning_and_do_not_weaken_the_lead() -> None:
+    """The H100 runs: ranks in torch.cuda.synchronize use 1.9 cores while the CUDA runtime polls the GPU. The
+    progress summary called them "spinning" from their CPU share alone, and counted that CPU as work, although
+    the wait model calls them blocked in the synchronisation. Their activity is now the wait's: polling."""
+    sync = (Frame("0x7f96c0bd36bd", "/usr/lib/libcuda.so.580", 0, "/usr/lib/libcuda.so.580", native=True),
+            Frame("cudaDeviceSynchronize", "/x/libcudart.so.13", 0, "/x/libcudart.so.13", native=True),
+            Frame("synchronize", "/x/site-packages/torch/cuda/__init__.py", 1162),
+            Frame("main", "train.py", 107))
+    before = ddp_sample(10.0, {5: {"frames": LOADING}}, cpu=1.0, sent=0, frames=sync)
+    now = ddp_sample(11.0, {5: {"frames": ALL_REDUCE}}, cpu=2.9, sent=0, frames=sync)
+    a = analyze(now, history=[before])
+    p = {x.rank: x for x in a.progress}
+    assert {p[r].activity for r in range(8) if r != 5} == {"polling"}
+    assert "7 polling in a wait" in stuck_summary(a.progress) and "spinning" not in stuck_summary(a.progress)
+    lead = next(f for f in a.findings if f.kind == "still_running")
+    assert lead.confidence == "high"
+    # the same CPU on a frame that does not poll is a spin, and weakens the lead
+    hot = ddp_sample(11.0, {5: {"frames": ALL_REDUCE}}, cpu=2.9, sent=0, frames=LOADING)
+    a = analyze(hot, history=[replace(before, ranks=tuple(replace(r, threads=hot.ranks[i].threads)
+                                                        for i, r in enumerate(before.ranks)))])
+    assert {x.activity for x in a.progress if x.rank != 5} == {"spinning"}
 
 
 def test_a_throttled_node_is_named_slow_in_a_progressing_job() -> None:

@@ -26,7 +26,7 @@ def _recorded() -> Snapshot:
 
 def _later(snap: Snapshot, seconds: float = 1.5) -> Snapshot:
     """The same ranks `seconds` later: counters read again, RAS peers' sockets 424 B further on each, the driver
-    polling at another address, everything else as it was."""
+    polling at another address (and on a CPU), everything else as it was."""
     ranks = []
     for r in snap.ranks:
         assert r.counters is not None
@@ -37,8 +37,11 @@ def _later(snap: Snapshot, seconds: float = 1.5) -> Snapshot:
         threads = tuple(replace(t, frames=tuple(replace(f, function="0x7f00000" + f.function[-5:])
                                                 if f.native and f.function.startswith("0x") else f for f in t.frames))
                         for t in r.threads)
-        ranks.append(replace(r, sockets=socks, threads=threads, cpu_time=r.cpu_time + seconds * 1.9,
-                             counters=replace(r.counters, at=r.counters.at + seconds)))
+        # the ranks in the synchronisation ran at 1.9 cores (state R: the runtime polls); the hung one sleeps
+        burn = seconds * 1.9 if any(t.state == "R" for t in r.threads) else 0.0
+        utime = r.counters.utime + burn if r.counters.utime is not None else None
+        ranks.append(replace(r, sockets=socks, threads=threads, cpu_time=r.cpu_time + burn,
+                             counters=replace(r.counters, at=r.counters.at + seconds, utime=utime)))
     return replace(snap, taken_at=snap.taken_at + seconds, ranks=tuple(ranks))
 
 
@@ -65,6 +68,8 @@ def test_the_waiting_ranks_wait_for_their_gpu_they_do_not_spin() -> None:
         "waits for its GPU" in " ".join(a.verdict.split()), a.verdict
     assert not any("spinning" in f.title and 542 not in (k[1] for k in f.ranks) for f in a.findings), \
         [f.title for f in a.findings]
+    # and the progress summary says so too: their CPU is the synchronisation's polling (it said "2 spinning")
+    assert {p.activity for p in a.progress if p.pid != 542} == {"polling"}
 
 
 def test_the_flight_recorder_of_every_rank_holds_nccls_collectives() -> None:
