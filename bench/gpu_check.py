@@ -323,20 +323,23 @@ def gpu_test(check: Check, kind: str, results: Dict[str, Any], extra: Sequence[s
 class Job:
     """bench/gpu_hang_job.py under torchrun, in a session of its own; kill() ends every process of it."""
 
-    def __init__(self, check: Check, nproc: int, mode: str, share_gpu: bool) -> None:
-        self.check, self.nproc, self.mode = check, nproc, mode
+    def __init__(self, check: Check, nproc: int, mode: str, share_gpu: bool, hang: str = "sleep") -> None:
+        self.check, self.nproc, self.mode, self.hang = check, nproc, mode, hang
         self.dir = Path(tempfile.mkdtemp(prefix="hangscope-gpu-check-"))
         self.ready = self.dir / "ready"
-        env = check.env({"GPU_CHECK_MODE": mode, "GPU_CHECK_READY": str(self.ready),
+        env = check.env({"GPU_CHECK_MODE": mode, "GPU_CHECK_HANG": hang, "GPU_CHECK_READY": str(self.ready),
                          "GPU_CHECK_SOCKETS": str(self.dir), "GPU_CHECK_SHARE_GPU": "1" if share_gpu else "0",
                          "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
                          "NCCL_RAS_ENABLE": "1", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
-                         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1"})
+                         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
+                         # the recorder notes when each collective started on the GPU, not only its enqueue
+                         "TORCH_NCCL_ENABLE_TIMING": "1"})
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 str(JOB)]
-        check.log(f"\n===== job ({mode}, {nproc} ranks{', sharing one GPU' if share_gpu else ''}): {' '.join(argv)}")
+        what = f"{mode}, hang {hang}, {nproc} ranks{', sharing one GPU' if share_gpu else ''}"
+        check.log(f"\n===== job ({what}): {' '.join(argv)}")
         self.logf = open(check.out / "job.log", "ab")  # noqa: SIM115 (closed in kill())
-        self.logf.write(f"\n===== {mode}, {nproc} ranks{', sharing one GPU' if share_gpu else ''}\n".encode())
+        self.logf.write(f"\n===== {what}\n".encode())
         self.logf.flush()
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.logf,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -439,6 +442,51 @@ def hang_job(check: Check, gpus: int, rehearse: bool = False) -> None:
             left = job.kill()
             check.record("the job is killed", "pass" if not marked_pids(check.token) else "fail",
                          f"process group killed{f'; and {len(left)} rank(s) outside it' if left else ''}")
+
+
+HANGS = ("sleep", "kernel", "cycle")  # bench/gpu_hang_job.py's GPU_CHECK_HANG; sleep is the check's own job
+
+
+def other_hang(check: Check, gpus: int, hang: str, mode: str, share_gpu: bool) -> None:
+    """One more hung job, of another kind, in the mode the first one ran in: hangscope's `--print --native` and
+    `--snapshot` on it go to print-HANG.txt and snapshot-HANG.json. What it says is recorded (info); a [high]
+    lead that names another rank than the culprit is a failure (a wrong [high] is the worst outcome)."""
+    if check.left() < 90:
+        check.record(f"hang {hang}", "skip", f"not started: {check.left():.0f} s left")
+        return
+    t0 = time.monotonic()
+    nproc = max(3, min(gpus, 8))
+    job = Job(check, nproc, mode, share_gpu, hang=hang)
+    try:
+        why = job.wait_hung(check.allow(120))
+        if why:
+            check.record(f"hang {hang}", "fail", why, time.monotonic() - t0)
+            return
+        culprit = job.ranks().get(nproc - 1)
+        match = ["--match", r"gpu_hang_job\.py", "--gpu-evidence", "on", "--timeout", "30", "-q"]
+        done = check.run(f"hangscope --print --native ({hang})",
+                         hangscope("--print", "--native", "--samples", "2", *match), check.allow(90))
+        (check.out / f"print-{hang}.txt").write_text(done.out + ("\n----- stderr\n" + done.err if done.err else ""),
+                                                     encoding="utf-8")
+        path = check.out / f"snapshot-{hang}.json"
+        check.run(f"hangscope --snapshot ({hang})", hangscope("--snapshot", str(path), "--force", "--native",
+                                                             "--samples", "2", *match), check.allow(90))
+        try:
+            analysis = json.loads(path.read_text(encoding="utf-8")).get("analysis") or {}
+        except (OSError, ValueError) as exc:
+            check.record(f"hang {hang}", "fail", f"no snapshot: {exc}", time.monotonic() - t0)
+            return
+        findings = analysis.get("findings") or []
+        lead = findings[0] if findings and isinstance(findings[0], dict) else {}
+        named = [pid for _, pid in (lead.get("ranks") or []) if isinstance(pid, int)]
+        wrong_high = lead.get("confidence") == "high" and culprit not in named
+        check.record(f"hang {hang}", "fail" if wrong_high else "info",
+                     f"lead [{lead.get('confidence', '-')}] names pid(s) {named}, the culprit is pid {culprit}; "
+                     f"verdict: {analysis.get('verdict', '')!s:.600}", time.monotonic() - t0)
+    finally:
+        left = job.kill()
+        check.record(f"hang {hang}: the job is killed", "pass" if not marked_pids(check.token) else "fail",
+                     f"process group killed{f'; and {len(left)} rank(s) outside it' if left else ''}")
 
 
 def investigate(check: Check, job: Job, gpu: bool = True) -> None:
@@ -616,7 +664,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-gpu", action="store_true", help="run the no-GPU mode (the recorded fakes) even on a GPU")
     ap.add_argument("--rehearse", action="store_true",
                     help="where no GPU is: the GPU path on CPUs (gloo, 2 ranks), to try this script's steps")
+    ap.add_argument("--hangs", default="", type=lambda v: [h for h in v.split(",") if h],
+                    help=f"after the check's own job, hang one more job of each of these kinds ({', '.join(HANGS[1:])}"
+                         "; bench/gpu_hang_job.py) and keep what hangscope says of each (print-KIND.txt, "
+                         "snapshot-KIND.json: more than the 8 files a lent machine returns, so pack them)")
     args = ap.parse_args(argv)
+    bad = [h for h in args.hangs if h not in HANGS[1:]]
+    if bad:
+        ap.error(f"--hangs: unknown kind(s) {', '.join(bad)}; known: {', '.join(HANGS[1:])}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "steps.log").write_text(f"hangscope gpu-check, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
@@ -643,6 +698,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cpu = ["--backend", "gloo", "--procs-per-node", "2"] if args.rehearse else []
         gpu_test(check, "sanity", results, cpu, want=120)
         hang_job(check, len(gpus), rehearse=args.rehearse)
+        for hang in args.hangs:
+            job = check.facts.get("job") or {}
+            if job:
+                other_hang(check, len(gpus), hang, job["mode"], job["shares_one_gpu"])
         gpu_test(check, "bench", results, ["--sizes", "1M,16M,64M", "--iters", "5", "--warmup", "2", *cpu],
                  want=100)
         if args.rehearse or len(gpus) >= 2:

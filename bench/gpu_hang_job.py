@@ -14,6 +14,14 @@ Modes (GPU_CHECK_MODE):
   its own (one rank: NCCL's work, record and RAS without two ranks on one device). The fallback when NCCL refuses.
 - cpu: gloo on CPU tensors, no GPU: only to rehearse bench/gpu_check.py where no GPU is (--rehearse).
 
+Hangs (GPU_CHECK_HANG), what the last rank (the culprit) does at HANG_STEP:
+- sleep: it stops in Python (time.sleep, forever) before its all_reduce: the host-side culprit.
+- kernel: its GPU runs a kernel that does not end (torch.cuda._sleep, ~days), queued before its all_reduce; its
+  host then waits in torch.cuda.synchronize like every other rank's: only the GPU side tells it apart.
+- cycle: it all_reduces over a group of two (rank 0 and itself, made by every rank at the start) where the
+  others all_reduce over the world: rank 0 waits for it in the world's collective, and it waits for rank 0 in
+  the pair's: a cycle.
+
 Each rank appends "<rank> <pid> <what>" lines to GPU_CHECK_READY (one write each): "ready" when it has done its
 first step, "hung" (the culprit) or "waiting" (the others) at the hang step.
 """
@@ -26,6 +34,7 @@ import time
 
 MODE = os.environ.get("GPU_CHECK_MODE", "nccl")
 HANG_STEP = int(os.environ.get("GPU_CHECK_HANG_STEP", "3"))
+HANG = os.environ.get("GPU_CHECK_HANG", "sleep")
 SOCKETS = os.environ.get("GPU_CHECK_SOCKETS", "")  # a folder for the ranks' worker-server sockets
 
 
@@ -88,6 +97,7 @@ def main() -> int:
 
         serve = worker_main()
     culprit = world - 1
+    pair = dist.new_group([0, culprit], timeout=timeout) if HANG == "cycle" and own is None else None
     with serve:
         x = torch.ones(1 << 20, device=device)
         for step in range(1, 1_000_000):
@@ -100,9 +110,16 @@ def main() -> int:
             if step == HANG_STEP:
                 if rank == culprit:
                     say("hung")
-                    while True:  # the rank out of step: it never reaches this step's all_reduce
-                        time.sleep(3600)
-                say("waiting")
+                    if HANG == "kernel" and cuda:
+                        torch.cuda._sleep(1 << 50)  # the rank's GPU never finishes this kernel
+                    elif HANG == "cycle" and pair is not None:
+                        dist.all_reduce(y, group=pair)  # the wrong group: rank 0 is in the world's all_reduce
+                        sync()
+                    else:
+                        while True:  # the rank out of step: it never reaches this step's all_reduce
+                            time.sleep(3600)
+                else:
+                    say("waiting")
             dist.all_reduce(y, group=group)
             sync()  # NCCL: the host waits here for the all_reduce the culprit never joins
             if step == 1:
