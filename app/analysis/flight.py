@@ -4,10 +4,22 @@ A rank whose record shows fewer collectives issued in a process group than most 
 reached the collective the others wait in. Ranks are compared per group with the group's most common
 count (a rank can be behind in one group and ahead in another: one that skipped a step). A job without the
 recorder gets one line saying so, never a finding per rank: hangscope never requires it.
+
+Two rules say why, where the records tell it (both as `collective_lag`, with `FlightEvidence.stage`):
+
+- **Elsewhere** (stage "issued", `elsewhere` set): a rank behind in one group that issued a collective in another
+  group which no other rank's record holds waits there: the ranks call collectives of different groups (a member
+  of that other group waits in the first group for it: a cycle). Its own record, not a vote, says so.
+- **Not started** (stage "started"): every rank issued collective #n of a group, the recorder marks when each
+  began on the GPU (NCCL with TORCH_NCCL_ENABLE_TIMING; gloo never marks a start), and a few ranks' GPUs have
+  not begun it while the others' have: those GPUs still run work queued before it (a kernel that does not end, a
+  wait on another stream or event), and the others wait in the collective on their GPUs for them. Their hosts
+  look alike (all in the synchronisation): only this tells them apart.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import chain
@@ -104,7 +116,8 @@ def flight_analysis(ranks: Sequence[RankSnapshot], known: Optional[Facts] = None
                       for r in recorded if r.flight is not None})
     line = (f"Flight recorder: last collective per process group, from {' and '.join(sources)} of "
             f"{len(recorded)} of {count_phrase(len(enabled))} that enable it")
-    return FlightSummary("recorded", line, len(enabled), len(recorded), _rows(recorded)), lag_findings(recorded)
+    return (FlightSummary("recorded", line, len(enabled), len(recorded), _rows(recorded)),
+            lag_findings(recorded, complete=len(recorded) == len(ranks)))
 
 
 def _rows(ranks: Sequence[RankSnapshot]) -> Tuple[FlightRow, ...]:
@@ -126,10 +139,59 @@ class FlightEvidence(Evidence):
     usual: int
     others: int
     names: Tuple[Tuple[str, str], ...] = ()  # pg -> its newest collective's profiling name
+    # "issued": fewer collectives issued; "started": as many issued, but its GPU has not started the last one
+    # (issued/usual are then the started counts)
+    stage: str = "issued"
+    # collectives these ranks issued that no other rank's record holds: (pg, seq, profiling name); the group they
+    # wait in instead of the one they lag in
+    elsewhere: Tuple[Tuple[str, int, str], ...] = ()
+    records: int = 0  # ranks whose record was read (the "no other rank" of `elsewhere` is among these)
+    complete: bool = False  # every rank of the job had its record read
 
 
-def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Fact]:
-    """Ranks that issued fewer collectives in a group than most of the group's ranks did."""
+def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
+    """pg -> (the newest collective's sequence number this rank issued, its profiling name), from the groups'
+    counts and the entries (NCCL's own recorder lists a group's entries where its status line has no count)."""
+    out: Dict[str, Tuple[int, str]] = {}
+    for g in record.groups:
+        if g.last_enqueued is not None:
+            out[g.pg_id] = (g.last_enqueued, g.last_collective)
+    for e in record.entries:
+        if not e.is_p2p and e.collective_seq_id > out.get(e.pg_id, (0, ""))[0]:
+            out[e.pg_id] = (e.collective_seq_id, e.profiling_name)
+    return out
+
+
+def _elsewhere(issued: Sequence[Dict[str, Tuple[int, str]]], members: Sequence[int], lag_pg: str,
+               by_pg: Dict[str, List[int]]) -> Tuple[Tuple[str, int, str], ...]:
+    """The collectives `members` issued in groups other than `lag_pg` that no other rank's record holds (a
+    group's sequence number beyond every other rank's there): where they wait instead. `issued`: _issued() per
+    rank; `by_pg`: each group's sequence numbers over all ranks, sorted (one bisect per group, not a scan)."""
+    mine = [issued[i] for i in members]
+    if not mine or len(members) == len(issued):
+        return ()
+    out = []
+    for pg in sorted(set(mine[0]).intersection(*mine[1:]) - {lag_pg}):
+        seq = min(m[pg][0] for m in mine)
+        values = by_pg[pg]
+        reached = len(values) - bisect_left(values, seq)  # ranks that issued #seq or later there, members too
+        if seq > 0 and reached == len(mine):
+            out.append((pg, seq, mine[0][pg][1]))
+    return tuple(out)
+
+
+def _confidence(n: int, others: int) -> Confidence:
+    if n == others:
+        return "low"
+    if n * 3 <= others:
+        return "high"
+    return "medium"
+
+
+def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[Fact]:
+    """Ranks that issued fewer collectives in a group than most of the group's ranks did (and where they wait
+    instead, when their records say), and ranks whose GPU has not started a collective the others' GPUs have
+    (the module doc). `complete`: `ranks` are all the job's ranks (every record was read)."""
     counts: Dict[str, Dict[int, int]] = defaultdict(dict)  # pg -> rank index -> last enqueued
     names: Dict[str, str] = {}
     for i, r in enumerate(ranks):
@@ -150,19 +212,59 @@ def lag_findings(ranks: Sequence[RankSnapshot]) -> List[Fact]:
                      if i in values and values[i] != usual[pg])
         if any(v < u for _, v, u in mine):
             deviations[mine].append(i)
+    issued_by = [_issued(r.flight) if r.flight is not None else {} for r in ranks]
+    by_pg: Dict[str, List[int]] = defaultdict(list)
+    for one in issued_by:
+        for pg, (seq, _) in one.items():
+            by_pg[pg].append(seq)
+    for seqs in by_pg.values():
+        seqs.sort()
     out = []
     for devs, members in sorted(deviations.items(), key=lambda kv: len(kv[1])):
         rs = sort_ranks(ranks[i] for i in members)
         pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
-        conf: Confidence
-        if len(rs) == others:
-            conf = "low"
-        elif len(rs) * 3 <= others:
-            conf = "high"
-        else:
-            conf = "medium"
+        conf = _confidence(len(rs), others)
+        elsewhere = _elsewhere(issued_by, members, pg, by_pg)
+        if elsewhere and complete and len(rs) < others:
+            conf = "high"  # their own records put them in a collective no other rank issued: not a vote
         out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)), conf,
                         FlightEvidence(devs, pg, issued, theirs, others,
-                                       tuple((p, names[p]) for p, _, _ in devs if p in names))))
+                                       tuple((p, names[p]) for p, _, _ in devs if p in names),
+                                       elsewhere=elsewhere, records=len(ranks), complete=complete)))
+    lagging = {i for members in deviations.values() for i in members}
+    return out + _not_started(ranks, counts, usual, names, lagging, complete)
+
+
+def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+                 names: Dict[str, str], lagging: set, complete: bool) -> List[Fact]:
+    """Ranks that issued a group's usual collective #n whose GPU has not started it, where the others' GPUs
+    have and none has completed it (the module doc's second rule). Only where every such rank's record tracks
+    starts: gloo's never does, nor NCCL's without TORCH_NCCL_ENABLE_TIMING."""
+    out = []
+    for pg, values in sorted(counts.items()):
+        n = usual[pg]
+        at = [i for i, v in values.items() if v == n and i not in lagging]
+        started: Dict[int, Optional[int]] = {}
+        for i in at:
+            flight = ranks[i].flight
+            assert flight is not None
+            g = next(g for g in flight.groups if g.pg_id == pg)
+            if g.last_completed is not None and g.last_completed >= n:
+                started = {}
+                break  # someone finished it: not a collective the group is stuck in
+            started[i] = g.last_started
+        if not started or any(v is None for v in started.values()):
+            continue
+        behind = [i for i, v in started.items() if v is not None and v < n]
+        began = len(started) - len(behind)
+        if not behind or not began or len(behind) >= began:
+            continue
+        rs = sort_ranks(ranks[i] for i in behind)
+        first = min(v for i, v in started.items() if i in behind and v is not None)
+        out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
+                        _confidence(len(rs), began),
+                        FlightEvidence(((pg, first, n),), pg, first, n, began,
+                                       ((pg, names[pg]),) if pg in names else (), stage="started",
+                                       records=len(ranks), complete=complete)))
     return out

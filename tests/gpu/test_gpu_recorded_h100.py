@@ -76,3 +76,43 @@ def test_the_flight_recorder_of_every_rank_holds_nccls_collectives() -> None:
     snap = _recorded()
     assert all(r.flight is not None and any("nccl:all_reduce" in e.profiling_name for e in r.flight.entries)
                for r in snap.ranks), "dump_nccl_trace_json's entries, merged with fr_trace_json's"
+
+
+# Two more hangs recorded on an H100 by `bench/gpu_check.py --hangs kernel,cycle` (2026-11-27; the same machine,
+# torch and NCCL as above, the Flight Recorder with start times on: TORCH_NCCL_ENABLE_TIMING=1), as --snapshot
+# writes them. Before the recorder's "why" rules (app/analysis/flight.py), the first was "all 3 ranks ... blocked
+# in cudaDeviceSynchronize", the culprit not named; the second named it by NCCL RAS's counts with "Next: see the
+# GPU evidence: dmesg ... Xid", where its group was the cause.
+
+def _recording(name: str) -> Snapshot:
+    snap, _ = snapshot_from_json((DATA.parent / f"{name}.snapshot.json").read_text(encoding="utf-8"))
+    return snap
+
+
+def test_a_gpu_that_never_finishes_a_kernel_is_named_by_the_collective_it_has_not_started() -> None:
+    """Rank 2 queued a kernel that does not end (torch.cuda._sleep) before its all_reduce: every host waits in
+    torch.cuda.synchronize alike; only the recorder's start marks tell rank 2's GPU apart (#3 issued, not begun)."""
+    first = _recording("h100-nccl-kernel-hang")
+    culprit = next(r.pid for r in first.ranks if r.rank == 2)
+    a = analyze(_later(first), history=[first])
+    assert {p.status for p in a.progress} == {"stuck"}
+    assert a.culprit is not None and [k[1] for k in a.culprit.who.keys] == [culprit]
+    assert "rank 2's GPU has not started collective #3 of process group 0 (nccl:all_reduce), which the GPUs of " \
+        "2 others started" in a.verdict, a.verdict
+    assert "Next: find what rank 2's GPU runs before that collective" in a.verdict, a.verdict
+    # one rank against two is not a [high] on start marks alone; and nothing else is [high] about another rank
+    assert not [f for f in a.findings if f.culprit and f.confidence == "high" and culprit not in (k[1] for k in f.ranks)]
+
+
+def test_a_rank_in_the_collective_of_another_group_is_named_with_the_group_it_waits_in() -> None:
+    """Rank 2 all_reduces over a group of ranks 0 and 2 where the others all_reduce over the world: its record
+    holds pg 1's #1 (in the entries: NCCL's status line for pg 1 has no count), which no other rank issued."""
+    first = _recording("h100-nccl-group-cycle")
+    culprit = next(r.pid for r in first.ranks if r.rank == 2)
+    a = analyze(_later(first), history=[first])
+    assert a.culprit is not None and [k[1] for k in a.culprit.who.keys] == [culprit]
+    assert a.verdict.startswith("Rank 2 is behind in process group 0: last collective issued #2 where 2 others are "
+                                "at #3, and waits in process group 1's collective #1 (nccl:all_reduce) instead, which "
+                                "no other rank has issued."), a.verdict
+    assert "dmesg" not in a.verdict and "make every rank call each group's collectives in one order" in a.verdict
+    assert a.findings[0].confidence == "high"

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from app.analysis.blocking import ThreadWait
 from app.analysis.culprit import Culprit
+from app.analysis.flight import FlightEvidence
 from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
@@ -133,7 +134,10 @@ def unknown_wait(w: ThreadWait) -> str:
 
 def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
-    if c is not None and c.links and c.rank is not None and (
+    # the recorder's own "why" (a collective of another group, a GPU that has not started it) says more than the
+    # host thread's wait, which is the same on every rank there
+    says_why = isinstance(best.data, FlightEvidence) and (best.data.stage == "started" or bool(best.data.elsewhere))
+    if c is not None and c.links and c.rank is not None and not says_why and (
             c.fact.kind == "blocked" or (_positional(c.fact) and informative(c.links[0].wait))):
         step = _wait_next(c.links, c)
         if step:
@@ -175,6 +179,17 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         return clean(f"see why {holder} does not finish; do not hold `{e.edge.waiter.key[1]}` while waiting", 300)
     if k == "lock_wait":
         return "see why the thread holding the lock does not finish; do not hold a lock while waiting"
+    if k == "collective_lag" and isinstance(e, FlightEvidence) and e.stage == "started":
+        return clean(f"find what {who}'s GPU runs before that collective: `nvidia-smi`{at} (a GPU busy with nothing "
+                     "moving runs a kernel that does not end), and the kernels, stream or event waits its code "
+                     "queues before the collective; a reproduction under `compute-sanitizer` or `cuda-gdb` shows "
+                     "the kernel", 400)
+    if k == "collective_lag" and isinstance(e, FlightEvidence) and e.elsewhere:
+        there = clean(e.elsewhere[0][0], 40)
+        return clean(f"make every rank call each group's collectives in one order: {who} calls process group "
+                     f"{there}'s where the others call group {clean(e.pg, 40)}'s (its line: `py-spy dump --pid "
+                     f"{pid}`{at}); a group's collective must be called by every member of it, and by its members "
+                     "only", 400)
     if k == "collective_lag":
         return f"see what {who} does instead of that collective: `py-spy dump --locals --pid {pid}`{at}"
     if k == "iteration_split":

@@ -120,14 +120,45 @@ def flight_text(f: Fact) -> Text:
     assert isinstance(e, FlightEvidence)
     n = len(f.who.keys)
     names = dict(e.names)
-    title = (f"{who_short(f.who)} {'is' if n == 1 else 'are'} behind in process group {clean(e.pg, 40)}: last "
+    pg = clean(e.pg, 40)
+    op = f" ({clean(names[e.pg], 60)})" if e.pg in names else ""
+    if e.stage == "started":
+        title = (f"{who_short(f.who)}'{'' if who_short(f.who).endswith('s') else 's'} GPU"
+                 f"{'' if n == 1 else 's'} {'has' if n == 1 else 'have'} not started collective #{e.usual} of "
+                 f"process group {pg}{op}, which the GPU{'' if e.others == 1 else 's'} of "
+                 f"{count_phrase(e.others, 'other')} started")
+        detail = (f"Flight recorder (start times on): every rank issued #{e.usual}; the GPUs of "
+                  f"{count_phrase(e.others, 'other')} began it and wait in it for "
+                  f"{'this rank' if n == 1 else 'these ranks'}, whose GPU still runs work queued before the "
+                  "collective (a kernel that does not end, a wait on another stream or an event). The hosts wait "
+                  "alike (in the synchronisation): only the GPU side tells the ranks apart")
+        if n * 3 <= e.others:
+            reason = "the recorder's start marks put these few ranks' GPUs behind the rest"
+        else:
+            reason = "the recorder's start marks differ between groups of similar size"
+        return title, detail + ".", reason
+    title = (f"{who_short(f.who)} {'is' if n == 1 else 'are'} behind in process group {pg}: last "
              f"collective issued #{e.issued} where {count_phrase(e.others, 'other')} "
              f"{'is' if e.others == 1 else 'are'} at #{e.usual}")
+    if e.elsewhere:
+        there, seq, name = e.elsewhere[0]
+        title += (f", and {'waits' if n == 1 else 'wait'} in process group {clean(there, 40)}'s collective #{seq}"
+                  + (f" ({clean(name, 60)})" if name else "") + " instead, which no other rank has issued")
     parts = [f"{'behind' if v < u else 'ahead'} in pg {clean(p, 40)}: #{v} vs #{u}"
              + (f" ({clean(names[p], 60)})" if p in names else "") for p, v, u in e.devs]
     detail = ("Flight recorder: " + "; ".join(parts) + ". A rank behind in a group has not issued the "
               "collective the others of the group wait in")
-    if n == e.others:
+    if e.elsewhere:
+        there = clean(e.elsewhere[0][0], 40)
+        rest = e.records - n
+        detail += (f". It issued one of process group {there} that {'no' if rest == 1 else 'none of the'} "
+                   f"{rest} other record{'' if rest == 1 else 's'} read hold{'s' if rest == 1 else ''}: the ranks call "
+                   f"collectives of different groups, and the members of group {there} that wait in group {pg} "
+                   "are the ones it waits for (a cycle)")
+    if e.elsewhere and f.strength == "high":
+        reason = (f"{'its' if n == 1 else 'their'} own record puts {'it' if n == 1 else 'them'} in a collective "
+                  f"no other rank issued ({e.records} records read: every rank's)")
+    elif n == e.others:
         reason = "as many ranks are behind as ahead: either side may be the odd one"
     elif n * 3 <= e.others:
         reason = "the recorder's own sequence numbers put these few ranks behind the rest"
