@@ -97,6 +97,9 @@ def culprit_sentence(c: Culprit, title: str, total: int) -> str:
     thread's wait added when it names one the sentence does not."""
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
         return _wait_sentence(c, total)
+    e = c.fact.data
+    if isinstance(e, FlightEvidence) and e.elsewhere and c.links and where(c.links[0].wait):
+        return f"{title}; it called that collective{where(c.links[0].wait)}"  # the line names its group
     if c.links and c.rank is not None and informative(c.links[0].wait) and _positional(c.fact):
         # RAS's counts say nothing of where the others are (a stack fact's title does): say where they wait
         others = _others(c, total) if c.fact.kind == "nccl_ras" else ""
@@ -187,9 +190,8 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if k == "collective_lag" and isinstance(e, FlightEvidence) and e.elsewhere:
         there = clean(e.elsewhere[0][0], 40)
         return clean(f"make every rank call each group's collectives in one order: {who} calls process group "
-                     f"{there}'s where the others call group {clean(e.pg, 40)}'s (its line: `py-spy dump --pid "
-                     f"{pid}`{at}); a group's collective must be called by every member of it, and by its members "
-                     "only", 400)
+                     f"{there}'s where the others call group {clean(e.pg, 40)}'s; a group's collective must be "
+                     "called by every member of it, and by its members only", 400)
     if k == "collective_lag":
         return f"see what {who} does instead of that collective: `py-spy dump --locals --pid {pid}`{at}"
     if k == "iteration_split":
