@@ -113,7 +113,7 @@ def test_a_rank_in_the_collective_of_another_group_is_named_with_the_group_it_wa
     assert a.culprit is not None and [k[1] for k in a.culprit.who.keys] == [culprit]
     assert a.verdict.startswith("Rank 2 is behind in process group 0: last collective issued #2 where 2 others are "
                                 "at #3, and waits in process group 1's collective #1 (nccl:all_reduce) instead, which "
-                                "no other rank has issued."), a.verdict
+                                "no other rank has issued;"), a.verdict
     assert "; it called that collective at `main` (gpu_hang_job.py:116): `dist.all_reduce(y, group=pair)" in a.verdict
     assert "dmesg" not in a.verdict and "make every rank call each group's collectives in one order" in a.verdict
     assert a.findings[0].confidence == "high"
