@@ -50,16 +50,29 @@ def test_a_spinning_process_moves_cpu_and_schedstat_and_time() -> None:
     assert a["state"] in "RS"
 
 
+# one line, then (once the test says go) 299 more, then quiet: each read is taken while the output stands still,
+# so what one read takes from /proc/PID/io and from the file's position agree whatever the machine's load
+STEPPED = ("import os, sys, time\nprint('x' * 99, flush=True)\n"
+           "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+           "for i in range(299):\n    print('x' * 99, flush=True)\ntime.sleep(60)\n")
+
+
 def test_output_to_a_file_is_counted_and_a_gone_process_gives_none(tmp_path: Path) -> None:
-    log = tmp_path / "out.log"
-    with open(log, "wb") as f, child(TALK, stdout=f, stderr=subprocess.STDOUT) as p:
+    log, go = tmp_path / "out.log", tmp_path / "go"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-c", STEPPED, str(go)], stdout=f, stderr=subprocess.STDOUT)
+    try:
         # python starts slowly on a busy node
-        wait_until(lambda: log.stat().st_size > 0, 30, "the child's first output", interval=0.05)
-        a = progress.collect(p.pid)
-        time.sleep(0.5)
-        b = progress.collect(p.pid)
-        pid = p.pid
-    assert a is not None and b is not None and b["log_bytes"] > a["log_bytes"] > 0
+        wait_until(lambda: log.stat().st_size == 100, 30, "the child's first line", interval=0.05)
+        a = progress.collect(proc.pid)
+        go.touch()
+        wait_until(lambda: log.stat().st_size == 30_000, 30, "the child's 300 lines", interval=0.05)
+        b = progress.collect(proc.pid)
+        pid = proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    assert a is not None and b is not None and (a["log_bytes"], b["log_bytes"]) == (100, 30_000)
     assert "wchar" in b and b["wchar"] >= b["log_bytes"]
     assert progress.collect(pid) is None
 
