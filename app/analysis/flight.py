@@ -15,6 +15,16 @@ Two rules say why, where the records tell it (both as `collective_lag`, with `Fl
   not begun it while the others' have: those GPUs still run work queued before it (a kernel that does not end, a
   wait on another stream or event), and the others wait in the collective on their GPUs for them. Their hosts
   look alike (all in the synchronisation): only this tells them apart.
+
+Two more compare what the ranks issued, as PyTorch's own Flight Recorder analyser does (sequence numbers, then
+the collective at the same number):
+
+- **Ahead** (stage "ahead"): a few ranks issued more collectives in a group than the rest and wait in the last
+  one: they issued one the others have not (an extra collective on a branch only they take), or the rest is held
+  before it. Never [high]: the record alone does not say which.
+- **Another collective** (stage "op"): the ranks issued the same number of collectives, but at that number a
+  few issued another one (a barrier where the rest all_reduce, a swapped pair): the collectives do not match, and
+  each side waits for the other.
 """
 
 from __future__ import annotations
@@ -140,13 +150,15 @@ class FlightEvidence(Evidence):
     others: int
     names: Tuple[Tuple[str, str], ...] = ()  # pg -> its newest collective's profiling name
     # "issued": fewer collectives issued; "started": as many issued, but its GPU has not started the last one
-    # (issued/usual are then the started counts)
+    # (issued/usual are then the started counts); "ahead": more issued than the rest; "op": as many issued, but
+    # another collective at the last number
     stage: str = "issued"
     # collectives these ranks issued that no other rank's record holds: (pg, seq, profiling name); the group they
     # wait in instead of the one they lag in
     elsewhere: Tuple[Tuple[str, int, str], ...] = ()
     records: int = 0  # ranks whose record was read (the "no other rank" of `elsewhere` is among these)
     complete: bool = False  # every rank of the job had its record read
+    op: str = ""  # stage "op": the collective these ranks issued at #usual (`names` holds the others')
 
 
 def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
@@ -233,7 +245,72 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
                                        tuple((p, names[p]) for p, _, _ in devs if p in names),
                                        elsewhere=elsewhere, records=len(ranks), complete=complete)))
     lagging = {i for members in deviations.values() for i in members}
-    return out + _not_started(ranks, counts, usual, names, lagging, complete)
+    ahead, odd = _ahead(ranks, counts, usual, issued_by, lagging, complete)
+    out += ahead
+    odd |= lagging
+    out += _other_op(ranks, counts, usual, issued_by, odd, complete)
+    return out + _not_started(ranks, counts, usual, names, odd, complete)
+
+
+def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+           issued_by: Sequence[Dict[str, Tuple[int, str]]], lagging: set, complete: bool
+           ) -> Tuple[List[Fact], set]:
+    """A minority that issued more collectives in a group than the rest and has not completed the last one (the
+    module doc's "ahead"): [medium] at most. The facts, and the indices of the ranks they name."""
+    groups: Dict[Tuple[str, int, int], List[int]] = defaultdict(list)
+    for pg, values in sorted(counts.items()):
+        for i, v in values.items():
+            if v > usual[pg] and i not in lagging and _open(ranks[i].flight, pg, v):
+                groups[(pg, v, usual[pg])].append(i)
+    out, named = [], set()
+    for (pg, v, u), members in sorted(groups.items(), key=lambda kv: len(kv[1])):
+        others = sum(1 for x in counts[pg].values() if x == u)
+        if len(members) >= others:
+            continue
+        named.update(members)
+        rs = sort_ranks(ranks[i] for i in members)
+        name = issued_by[members[0]].get(pg, (0, ""))[1]
+        out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
+                        "medium" if len(members) * 3 <= others else "low",
+                        FlightEvidence(((pg, v, u),), pg, v, u, others, ((pg, name),) if name else (),
+                                       stage="ahead", records=len(ranks), complete=complete)))
+    return out, named
+
+
+def _open(record: Optional[FlightRecord], pg: str, seq: int) -> bool:
+    """This rank has not completed its collective #seq of the group (it waits in it, or has not begun)."""
+    g = next((g for g in record.groups if g.pg_id == pg), None) if record is not None else None
+    return g is not None and (g.last_completed is None or g.last_completed < seq)
+
+
+def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+              issued_by: Sequence[Dict[str, Tuple[int, str]]], odd: set, complete: bool) -> List[Fact]:
+    """At a group's usual number, a minority whose collective there is another than the rest's (the module doc's
+    "another collective"); none where the collective completed on any of them."""
+    out = []
+    for pg, values in sorted(counts.items()):
+        n = usual[pg]
+        by_op: Dict[str, List[int]] = defaultdict(list)
+        for i, v in values.items():
+            seq, name = issued_by[i].get(pg, (0, ""))
+            if v == n and seq == n and name and i not in odd:
+                if not _open(ranks[i].flight, pg, n):
+                    by_op = {}
+                    break  # one of them finished #n: whatever they issued there, it matched
+                by_op[name].append(i)
+        if len(by_op) < 2:
+            continue
+        tally = sorted(by_op.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        major, majority = tally[0]
+        for name, members in tally[1:]:
+            if len(members) >= len(majority):
+                continue
+            rs = sort_ranks(ranks[i] for i in members)
+            out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
+                            _confidence(len(members), len(majority)),
+                            FlightEvidence(((pg, n, n),), pg, n, n, len(majority), ((pg, major),), stage="op",
+                                           records=len(ranks), complete=complete, op=name)))
+    return out
 
 
 def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],

@@ -114,3 +114,46 @@ def test_another_group_is_not_claimed_where_other_ranks_are_in_it_or_records_are
     ((f, e),) = lag(a)
     assert isinstance(e, FlightEvidence) and e.elsewhere and not e.complete
     assert "none of the 6 other records read hold" in f.detail
+
+
+# --- ahead of the rest, and another collective at the same number ---------------------------------------------
+
+def named(seq: int, name: str, completed: int = 4) -> FlightRecord:
+    return record([FlightGroup("0", "default_pg", seq, None, completed, name)],
+                  [FlightEntry("0", seq, name, "scheduled")])
+
+
+def test_a_rank_that_issued_one_collective_more_than_the_rest_is_ahead_and_never_high() -> None:
+    """Rank 0 issued #6 (an extra all_reduce on a branch only it takes) and waits in it; the rest wait at #5."""
+    a = analysed({r: named(6 if r == 0 else 5, "gloo:all_reduce") for r in range(8)})
+    ((f, e),) = lag(a)
+    assert isinstance(e, FlightEvidence) and (e.stage, e.issued, e.usual, e.others) == ("ahead", 6, 5, 7)
+    assert f.ranks == (("node01", 1000),) and f.confidence == "medium"
+    assert f.title == ("rank 0 is ahead in process group 0: it issued collective #6 (gloo:all_reduce), which 7 "
+                       "others have not (at #5)")
+    assert "an extra collective on a branch only it takes" in f.detail
+    # it completed #6: not waiting in it (a snapshot of a job in motion), and half ahead is no minority
+    assert not lag(analysed({r: named(6, "gloo:all_reduce", completed=6) if r == 0 else named(5, "gloo:all_reduce")
+                             for r in range(8)}))
+    half = lag(analysed({r: named(6 if r < 4 else 5, "gloo:all_reduce") for r in range(8)}))
+    assert [(f.confidence, e.stage) for f, e in half] == [("low", "issued")]  # the tie's rule: either side
+
+
+def test_a_rank_that_issued_another_collective_at_the_same_number_is_named_with_both() -> None:
+    """Every rank issued #5 of pg 0; rank 5's is a barrier, the others' an all_reduce: they never match."""
+    a = analysed({r: named(5, "gloo:barrier" if r == 5 else "gloo:all_reduce") for r in range(8)})
+    ((f, e),) = lag(a)
+    assert isinstance(e, FlightEvidence) and (e.stage, e.op, e.others) == ("op", "gloo:barrier", 7)
+    assert f.ranks == (("node02", 1005),) and f.confidence == "high"
+    assert f.title == ("rank 5 issued `gloo:barrier` as collective #5 of process group 0, where 7 others issued "
+                       "`gloo:all_reduce`")
+    assert a.verdict.startswith("Rank 5 issued `gloo:barrier` as collective #5"), a.verdict
+    assert "Next: make every rank issue the same collectives in one order: find where rank 5 calls gloo:barrier " \
+           "where the others call gloo:all_reduce" in a.verdict
+    # one of them completed #5: what they issued there matched; the same collective everywhere: nothing odd
+    done = {r: named(5, "gloo:barrier" if r == 5 else "gloo:all_reduce", completed=5 if r == 1 else 4)
+            for r in range(8)}
+    assert not lag(analysed(done))
+    assert not lag(analysed({r: named(5, "gloo:all_reduce") for r in range(8)}))
+    # four against four: no side is the odd one
+    assert not lag(analysed({r: named(5, "gloo:barrier" if r < 4 else "gloo:all_reduce") for r in range(8)}))

@@ -40,6 +40,10 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
             return "stopped: " + ("by a tracer" if traced else "SIGSTOP or job control")
         return state
     if isinstance(e, FlightEvidence):
+        if e.stage == "op":
+            return f"pg {clean(e.pg, 40)}: #{e.usual} is {clean(e.op, 40)} vs {clean(dict(e.names).get(e.pg, '?'), 40)}"
+        if e.stage == "started":
+            return f"pg {clean(e.pg, 40)}: GPU started #{e.issued} vs #{e.usual}"
         return f"pg {clean(e.pg, 40)}: seq #{e.issued} vs #{e.usual}"
     if isinstance(e, IterationEvidence):
         if e.order is not None:

@@ -139,7 +139,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
     # the recorder's own "why" (a collective of another group, a GPU that has not started it) says more than the
     # host thread's wait, which is the same on every rank there
-    says_why = isinstance(best.data, FlightEvidence) and (best.data.stage == "started" or bool(best.data.elsewhere))
+    says_why = isinstance(best.data, FlightEvidence) and (best.data.stage != "issued" or bool(best.data.elsewhere))
     if c is not None and c.links and c.rank is not None and not says_why and (
             c.fact.kind == "blocked" or (_positional(c.fact) and informative(c.links[0].wait))):
         step = _wait_next(c.links, c)
@@ -187,6 +187,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                      "moving runs a kernel that does not end), and the kernels, stream or event waits its code "
                      "queues before the collective; a reproduction under `compute-sanitizer` or `cuda-gdb` shows "
                      "the kernel", 400)
+    if k == "collective_lag" and isinstance(e, FlightEvidence) and e.stage == "ahead":
+        return clean(f"find the collective only {who} issues: a branch that depends on the rank (`if rank == 0:` "
+                     "around a collective), its data or the clock; every member of a group issues each of its "
+                     "collectives. If there is none, see what holds the others before it (their stacks)", 400)
+    if k == "collective_lag" and isinstance(e, FlightEvidence) and e.stage == "op":
+        theirs = dict(e.names).get(e.pg, "")
+        return clean(f"make every rank issue the same collectives in one order: find where {who} calls "
+                     f"{e.op or 'another collective'} where the others call {theirs or 'theirs'}", 400)
     if k == "collective_lag" and isinstance(e, FlightEvidence) and e.elsewhere:
         there = clean(e.elsewhere[0][0], 40)
         return clean(f"make every rank call each group's collectives in one order: {who} calls process group "

@@ -112,6 +112,10 @@ def network_text(f: Fact) -> Text:
     return clean(title, 300), f"evidence: {evidence}.", reason
 
 
+def _code(name: str) -> str:
+    return f"`{clean(name, 60)}`" if name else "another collective"
+
+
 def flight_text(f: Fact) -> Text:
     from app.analysis.flight import FlightEvidence
     from app.analysis.fold import count_phrase
@@ -136,6 +140,26 @@ def flight_text(f: Fact) -> Text:
             reason = "the recorder's start marks put these few ranks' GPUs behind the rest"
         else:
             reason = "the recorder's start marks differ between groups of similar size"
+        return title, detail + ".", reason
+    if e.stage == "ahead":
+        title = (f"{who_short(f.who)} {'is' if n == 1 else 'are'} ahead in process group {pg}: "
+                 f"{'it' if n == 1 else 'they'} issued collective #{e.issued}{op}, which "
+                 f"{count_phrase(e.others, 'other')} {'has' if e.others == 1 else 'have'} not (at #{e.usual})")
+        detail = (f"Flight recorder: ahead in pg {pg}: #{e.issued} vs #{e.usual}. A rank ahead of the rest issued "
+                  "a collective the others have not, and waits in it: either one they will never issue (an extra "
+                  "collective on a branch only it takes: logging, a metric, a check on rank 0) or one they reach "
+                  "later, when something holds them before it (their stacks say where)")
+        return title, detail + ".", "a few ranks ahead of the rest: they issued one too many, or the rest is held"
+    if e.stage == "op":
+        theirs = names.get(e.pg, "")
+        title = (f"{who_short(f.who)} issued {_code(e.op)} as collective #{e.usual} of process group {pg}, where "
+                 f"{count_phrase(e.others, 'other')} issued {_code(theirs)}")
+        detail = (f"Flight recorder: in pg {pg}, every rank issued #{e.usual}, but not the same collective: "
+                  f"{_code(e.op)} here, {_code(theirs)} there. Collectives that do not match never complete: each "
+                  "side waits for the other (a swapped pair, a barrier where the others reduce, a collective on a "
+                  "branch)")
+        reason = ("the recorder names the collective each rank issued at that number"
+                  if n * 3 <= e.others else "the collectives differ between groups of similar size")
         return title, detail + ".", reason
     title = (f"{who_short(f.who)} {'is' if n == 1 else 'are'} behind in process group {pg}: last "
              f"collective issued #{e.issued} where {count_phrase(e.others, 'other')} "
