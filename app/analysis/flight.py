@@ -38,7 +38,7 @@ from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 from app.analysis.columns import Facts, facts_of
 from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
-from app.analysis.fold import RankKey, count_phrase, describe, keys_of, sort_ranks
+from app.analysis.fold import RankKey, count_phrase, describe, fold_ints, keys_of, sort_ranks
 from app.analysis.frames import clean
 from app.model import FlightGroup, FlightRecord, RankSnapshot
 
@@ -161,21 +161,55 @@ class FlightEvidence(Evidence):
     op: str = ""  # stage "op": the collective these ranks issued at #usual (`names` holds the others')
 
 
-def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
-    """pg -> (the newest collective's sequence number this rank issued, its profiling name), from the groups'
-    counts and the entries (NCCL's own recorder lists a group's entries where its status line has no count)."""
-    out: Dict[str, Tuple[int, str]] = {}
-    for g in record.groups:
-        if g.last_enqueued is not None:
-            out[g.pg_id] = (g.last_enqueued, g.last_collective)
-    for e in record.entries:
-        if not e.is_p2p and e.collective_seq_id > out.get(e.pg_id, (0, ""))[0]:
-            out[e.pg_id] = (e.collective_seq_id, e.profiling_name)
+def group_key(g: FlightGroup) -> str:
+    """One group across ranks. A rank's `pg_id` counts only the groups it is a member of, so two ranks in other
+    subgroups (a TP group each) give the same id to different groups; torch's group name and its members (as
+    PyTorch's own analyser joins them) name one group on every rank. Older records have neither: their id."""
+    if g.global_name:
+        return g.global_name + ("|" + ",".join(map(str, g.members)) if g.members else "")
+    return g.pg_id
+
+
+def _label(g: FlightGroup, world: int) -> str:
+    """How a group is called in sentences: its description (`tp_b`), else torch's name, else the rank's own id;
+    with its members when it is not every rank's group."""
+    base = (g.name if g.name not in ("", "undefined", "default_pg") else "") or g.global_name or g.pg_id
+    if g.members and len(g.members) < world:
+        base += f" (ranks {fold_ints(sorted(g.members))})"
+    return clean(base, 80)
+
+
+def _keys(record: FlightRecord) -> Dict[str, str]:
+    """This record's group ids -> group_key."""
+    out = {g.pg_id: group_key(g) for g in record.groups}
+    for e in record.entries:  # a group whose status line is missing: its entries still name it
+        if e.pg_id not in out and e.pg_name:
+            out[e.pg_id] = e.pg_name
     return out
 
 
-def _elsewhere(issued: Sequence[Dict[str, Tuple[int, str]]], members: Sequence[int], lag_pg: str,
-               by_pg: Dict[str, List[int]]) -> Tuple[Tuple[str, int, str], ...]:
+def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
+    """group_key -> (the newest collective's sequence number this rank issued, its profiling name), from the
+    groups' counts and the entries (NCCL's own recorder lists a group's entries where its status line has no
+    count)."""
+    keys = _keys(record)
+    out: Dict[str, Tuple[int, str]] = {}
+    for g in record.groups:
+        if g.last_enqueued is not None:
+            out[keys[g.pg_id]] = (g.last_enqueued, g.last_collective)
+    for e in record.entries:
+        k = keys.get(e.pg_id, e.pg_id)
+        if not e.is_p2p and e.collective_seq_id > out.get(k, (0, ""))[0]:
+            out[k] = (e.collective_seq_id, e.profiling_name)
+    return out
+
+
+def _group(record: Optional[FlightRecord], key: str) -> Optional[FlightGroup]:
+    return next((g for g in record.groups if group_key(g) == key), None) if record is not None else None
+
+
+def _elsewhere(ranks: Sequence[RankSnapshot], issued: Sequence[Dict[str, Tuple[int, str]]], members: Sequence[int],
+               lag_pg: str, by_pg: Dict[str, List[int]]) -> Tuple[Tuple[str, int, str], ...]:
     """The collectives `members` issued in groups other than `lag_pg` that no other rank's record holds (a
     group's sequence number beyond every other rank's there): where they wait instead. `issued`: _issued() per
     rank; `by_pg`: each group's sequence numbers over all ranks, sorted (one bisect per group, not a scan)."""
@@ -187,7 +221,9 @@ def _elsewhere(issued: Sequence[Dict[str, Tuple[int, str]]], members: Sequence[i
         seq = min(m[pg][0] for m in mine)
         values = by_pg[pg]
         reached = len(values) - bisect_left(values, seq)  # ranks that issued #seq or later there, members too
-        if seq > 0 and reached == len(mine):
+        groups = [_group(ranks[i].flight, pg) for i in members]
+        if (seq > 0 and reached == len(mine) and all(_open(g, seq) for g in groups)
+                and all(g is not None and len(g.members) != 1 for g in groups)):  # a group of one waits for nobody
             out.append((pg, seq, mine[0][pg][1]))
     return tuple(out)
 
@@ -204,15 +240,18 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
     """Ranks that issued fewer collectives in a group than most of the group's ranks did (and where they wait
     instead, when their records say), and ranks whose GPU has not started a collective the others' GPUs have
     (the module doc). `complete`: `ranks` are all the job's ranks (every record was read)."""
-    counts: Dict[str, Dict[int, int]] = defaultdict(dict)  # pg -> rank index -> last enqueued
+    counts: Dict[str, Dict[int, int]] = defaultdict(dict)  # group_key -> rank index -> last enqueued
     names: Dict[str, str] = {}
+    labels: Dict[str, str] = {}
     for i, r in enumerate(ranks):
         assert r.flight is not None
         for g in r.flight.groups:
+            k = group_key(g)
+            labels.setdefault(k, _label(g, len(ranks)))
             if g.last_enqueued is not None:
-                counts[g.pg_id][i] = g.last_enqueued
+                counts[k][i] = g.last_enqueued
                 if g.last_collective:
-                    names.setdefault(g.pg_id, g.last_collective)
+                    names.setdefault(k, g.last_collective)
     usual: Dict[str, int] = {}
     for pg, values in counts.items():
         tally = Counter(values.values()).most_common()
@@ -237,30 +276,33 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
         pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
         conf = _confidence(len(rs), others)
-        elsewhere = _elsewhere(issued_by, members, pg, by_pg)
+        elsewhere = _elsewhere(ranks, issued_by, members, pg, by_pg)
         if elsewhere and complete and len(rs) < others:
             conf = "high"  # their own records put them in a collective no other rank issued: not a vote
+        label = labels.get
         out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)), conf,
-                        FlightEvidence(devs, pg, issued, theirs, others,
-                                       tuple((p, names[p]) for p, _, _ in devs if p in names),
-                                       elsewhere=elsewhere, records=len(ranks), complete=complete)))
+                        FlightEvidence(tuple((label(p, p), v, u) for p, v, u in devs), label(pg, pg), issued,
+                                       theirs, others,
+                                       tuple((label(p, p), names[p]) for p, _, _ in devs if p in names),
+                                       elsewhere=tuple((label(p, p), q, n) for p, q, n in elsewhere),
+                                       records=len(ranks), complete=complete)))
     lagging = {i for members in deviations.values() for i in members}
-    ahead, odd = _ahead(ranks, counts, usual, issued_by, lagging, complete)
+    ahead, odd = _ahead(ranks, counts, usual, issued_by, lagging, complete, labels)
     out += ahead
     odd |= lagging
-    out += _other_op(ranks, counts, usual, issued_by, odd, complete)
-    return out + _not_started(ranks, counts, usual, names, odd, complete)
+    out += _other_op(ranks, counts, usual, issued_by, odd, complete, labels)
+    return out + _not_started(ranks, counts, usual, names, odd, complete, labels)
 
 
 def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
-           issued_by: Sequence[Dict[str, Tuple[int, str]]], lagging: set, complete: bool
-           ) -> Tuple[List[Fact], set]:
+           issued_by: Sequence[Dict[str, Tuple[int, str]]], lagging: set, complete: bool,
+           labels: Dict[str, str]) -> Tuple[List[Fact], set]:
     """A minority that issued more collectives in a group than the rest and has not completed the last one (the
     module doc's "ahead"): [medium] at most. The facts, and the indices of the ranks they name."""
     groups: Dict[Tuple[str, int, int], List[int]] = defaultdict(list)
     for pg, values in sorted(counts.items()):
         for i, v in values.items():
-            if v > usual[pg] and i not in lagging and _open(ranks[i].flight, pg, v):
+            if v > usual[pg] and i not in lagging and _open(_group(ranks[i].flight, pg), v):
                 groups[(pg, v, usual[pg])].append(i)
     out, named = [], set()
     for (pg, v, u), members in sorted(groups.items(), key=lambda kv: len(kv[1])):
@@ -272,19 +314,20 @@ def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usu
         name = issued_by[members[0]].get(pg, (0, ""))[1]
         out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
                         "medium" if len(members) * 3 <= others else "low",
-                        FlightEvidence(((pg, v, u),), pg, v, u, others, ((pg, name),) if name else (),
-                                       stage="ahead", records=len(ranks), complete=complete)))
+                        FlightEvidence(((labels[pg], v, u),), labels[pg], v, u, others,
+                                       ((labels[pg], name),) if name else (), stage="ahead", records=len(ranks),
+                                       complete=complete)))
     return out, named
 
 
-def _open(record: Optional[FlightRecord], pg: str, seq: int) -> bool:
-    """This rank has not completed its collective #seq of the group (it waits in it, or has not begun)."""
-    g = next((g for g in record.groups if g.pg_id == pg), None) if record is not None else None
+def _open(g: Optional[FlightGroup], seq: int) -> bool:
+    """The rank has not completed its collective #seq of the group (it waits in it, or has not begun)."""
     return g is not None and (g.last_completed is None or g.last_completed < seq)
 
 
 def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
-              issued_by: Sequence[Dict[str, Tuple[int, str]]], odd: set, complete: bool) -> List[Fact]:
+              issued_by: Sequence[Dict[str, Tuple[int, str]]], odd: set, complete: bool,
+              labels: Dict[str, str]) -> List[Fact]:
     """At a group's usual number, a minority whose collective there is another than the rest's (the module doc's
     "another collective"); none where the collective completed on any of them."""
     out = []
@@ -294,7 +337,7 @@ def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], 
         for i, v in values.items():
             seq, name = issued_by[i].get(pg, (0, ""))
             if v == n and seq == n and name and i not in odd:
-                if not _open(ranks[i].flight, pg, n):
+                if not _open(_group(ranks[i].flight, pg), n):
                     by_op = {}
                     break  # one of them finished #n: whatever they issued there, it matched
                 by_op[name].append(i)
@@ -308,13 +351,14 @@ def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], 
             rs = sort_ranks(ranks[i] for i in members)
             out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
                             _confidence(len(members), len(majority)),
-                            FlightEvidence(((pg, n, n),), pg, n, n, len(majority), ((pg, major),), stage="op",
-                                           records=len(ranks), complete=complete, op=name)))
+                            FlightEvidence(((labels[pg], n, n),), labels[pg], n, n, len(majority),
+                                           ((labels[pg], major),), stage="op", records=len(ranks),
+                                           complete=complete, op=name)))
     return out
 
 
 def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
-                 names: Dict[str, str], lagging: set, complete: bool) -> List[Fact]:
+                 names: Dict[str, str], lagging: set, complete: bool, labels: Dict[str, str]) -> List[Fact]:
     """Ranks that issued a group's usual collective #n whose GPU has not started it, where the others' GPUs
     have and none has completed it (the module doc's second rule). Only where every such rank's record tracks
     starts: gloo's never does, nor NCCL's without TORCH_NCCL_ENABLE_TIMING."""
@@ -326,7 +370,8 @@ def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]
         for i in at:
             flight = ranks[i].flight
             assert flight is not None
-            g = next(g for g in flight.groups if g.pg_id == pg)
+            g = _group(flight, pg)
+            assert g is not None
             if g.last_completed is not None and g.last_completed >= n:
                 started = {}
                 break  # someone finished it: not a collective the group is stuck in
@@ -341,7 +386,7 @@ def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]
         first = min(v for i, v in started.items() if i in behind and v is not None)
         out.append(Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
                         _confidence(len(rs), began),
-                        FlightEvidence(((pg, first, n),), pg, first, n, began,
-                                       ((pg, names[pg]),) if pg in names else (), stage="started",
+                        FlightEvidence(((labels[pg], first, n),), labels[pg], first, n, began,
+                                       ((labels[pg], names[pg]),) if pg in names else (), stage="started",
                                        records=len(ranks), complete=complete)))
     return out

@@ -39,13 +39,36 @@ def _entry(e: Any) -> Optional[FlightEntry]:
     return FlightEntry(pg_id=str(e.get("pg_id"))[:40], collective_seq_id=_seq(e.get("collective_seq_id")) or 0,
                        profiling_name=_text(e.get("profiling_name")), state=_text(e.get("state"), 40),
                        retired=e.get("retired") is True, is_p2p=e.get("is_p2p") is True,
-                       p2p_seq_id=_int(e.get("p2p_seq_id")), record_id=_int(e.get("record_id")))
+                       p2p_seq_id=_int(e.get("p2p_seq_id")), record_id=_int(e.get("record_id")),
+                       pg_name=_text(e.get("pg_name"), 40))
 
 
 def _group_name(config: Any) -> str:
     if not isinstance(config, dict):
         return ""
-    return _text(config.get("desc")) or _text(config.get("name"))
+    desc = _text(config.get("desc"))
+    return (desc if desc != "undefined" else "") or _text(config.get("name"))
+
+
+MAX_MEMBERS = 100_000  # ranks listed for one group (a world of 100k ranks); more: not read
+
+
+def _members(config: Any) -> tuple:
+    """pg_config's `ranks` ("[0, 1, 2]", a list in newer torch): the group's global ranks, or () when unreadable.
+    Read as digits only (never evaluated), bounded."""
+    raw = config.get("ranks") if isinstance(config, dict) else None
+    if isinstance(raw, list):
+        items = [x for x in raw if type(x) is int and 0 <= x < 1 << 31]
+        return tuple(items) if len(items) == len(raw) and len(items) <= MAX_MEMBERS else ()
+    if not isinstance(raw, str) or len(raw) > 12 * MAX_MEMBERS:
+        return ()
+    body = raw.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return ()
+    parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
+    if len(parts) > MAX_MEMBERS or not all(p.isdigit() and len(p) <= 10 for p in parts):
+        return ()
+    return tuple(int(p) for p in parts)
 
 
 def flight_record(raw: Any) -> Optional[FlightRecord]:
@@ -63,12 +86,20 @@ def flight_record(raw: Any) -> Optional[FlightRecord]:
     status = status if isinstance(status, dict) else {}
     config = record.get("pg_config")
     config = config if isinstance(config, dict) else {}
+    # pg_status is keyed by the rank's own group id, pg_config by torch's group name: the entries join the two
+    global_names = {e.pg_id: e.pg_name for e in entries if e.pg_name}
+    descs = {str(x.get("pg_id"))[:40]: _text(x.get("pg_desc"), 60) for x in record.get("entries") or []
+             if isinstance(x, dict) and isinstance(x.get("pg_desc"), str)} if isinstance(record.get("entries"), list) else {}
     groups = []
     for pg, s in status.items():
         if not isinstance(s, dict):
             continue
         pg = str(pg)[:40]
-        groups.append(FlightGroup(pg_id=pg, name=_group_name(config.get(pg)),
+        gname = global_names.get(pg, "")
+        conf = config.get(gname) if gname in config else config.get(pg)
+        desc = descs.get(pg, "")
+        groups.append(FlightGroup(pg_id=pg, name=_group_name(conf) or (desc if desc != "undefined" else ""),
+                                  global_name=gname, members=_members(conf),
                                   last_enqueued=_seq(s.get("last_enqueued_collective")),
                                   last_started=_seq(s.get("last_started_collective")),
                                   last_completed=_seq(s.get("last_completed_collective")),

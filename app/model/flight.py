@@ -16,6 +16,11 @@ class FlightGroup:
     last_started: Optional[int] = None  # None when not tracked (gloo never marks a start)
     last_completed: Optional[int] = None
     last_collective: str = ""  # profiling_name of the group's newest entry, e.g. "gloo:all_reduce"
+    # the group across ranks: `pg_id` counts only the groups this rank is a member of (ranks in other subgroups
+    # number theirs otherwise); torch's group name (its entries' process_group) and member ranks (pg_config) do
+    # not, and name one group on every rank
+    global_name: str = ""
+    members: Tuple[int, ...] = ()  # global ranks, from pg_config; () when not recorded
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class FlightEntry:
     is_p2p: bool = False
     p2p_seq_id: int = 0
     record_id: int = 0
+    pg_name: str = ""  # torch's name of the group (process_group[0]): the same on every rank
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,23 @@ def test_a_rank_that_issued_another_collective_at_the_same_number_is_named_with_
     assert not lag(analysed({r: named(5, "gloo:all_reduce") for r in range(8)}))
     # four against four: no side is the odd one
     assert not lag(analysed({r: named(5, "gloo:barrier" if r < 4 else "gloo:all_reduce") for r in range(8)}))
+
+
+# --- one group across ranks ---------------------------------------------------------------------------------
+
+def member(pg_id: str, name: str, members: range, seq: int, completed: int) -> FlightGroup:
+    return FlightGroup(pg_id, "", seq, None, completed, "gloo:all_reduce", global_name=name, members=tuple(members))
+
+
+def test_groups_are_compared_by_torchs_name_and_members_not_by_each_ranks_own_id() -> None:
+    """Two tensor-parallel groups, ranks 0-3 and 4-7: each rank calls its own "pg 1" (the recorder numbers only
+    the groups a rank is a member of). Group 4-7 is at #12 but rank 7 at #11; group 0-3 is at #10. Compared by
+    id, the eight "pg 1" counts mix the two groups."""
+    def rec(r: int) -> FlightRecord:
+        tp = member("1", "1", range(4), 10, 9) if r < 4 else member("1", "2", range(4, 8), 11 if r == 7 else 12, 10)
+        return record([member("0", "0", range(8), 5, 5), tp])
+    a = analysed({r: rec(r) for r in range(8)})
+    ((f, e),) = lag(a)
+    assert f.ranks == (("node02", 1007),) and isinstance(e, FlightEvidence) and (e.issued, e.usual) == (11, 12)
+    assert f.title == ("rank 7 is behind in process group 2 (ranks 4-7): last collective issued #11 where 3 others "
+                       "are at #12")

@@ -72,6 +72,8 @@ def test_each_rank_serves_its_own_record_with_its_sequence_numbers(job: jobs.Job
     assert (g0["1"].last_enqueued, g0["1"].last_completed, g0["2"].last_enqueued, g0["2"].last_completed) == (2, 2, 2, 1)
     assert (g1["1"].last_enqueued, g1["1"].last_completed, g1["2"].last_enqueued, g1["2"].last_completed) == (2, 2, 1, 1)
     assert g0["2"].last_collective == "gloo:all_reduce" and r0.flight.entries[-1].collective_seq_id == 2  # type: ignore[union-attr]
+    # torch's own name of each group, read from the entries (the same on every rank, where ids need not be)
+    assert [(g0[p].global_name, g1[p].global_name) for p in ("1", "2")] == [("1", "1"), ("2", "2")]
     assert rank_text(r0.flight) == ("pg 1: #2 issued, #2 completed; pg 2: #2 issued, #1 completed "
                                     "(gloo:all_reduce)")
     for loc in job.ranks.values():  # asking the ranks' own servers left them as they were: alive and waiting
@@ -261,6 +263,27 @@ def test_parsing_takes_json_strings_and_pickle_integers_and_ignores_junk() -> No
     assert empty is not None and empty.source == "" and empty.notes == ("why",)
 
 
+def test_each_group_is_named_as_torch_names_it_on_every_rank_with_its_members() -> None:
+    """pg_status is keyed by the rank's own group id (it counts only the groups the rank is a member of), pg_config
+    by torch's group name: the entries (pg_id and process_group's name, as the worker sends them) join the two.
+    The members are read as digits, never evaluated."""
+    raw = {"source": "worker_server", "path": "/s", "notes": [],
+           "record": {"pg_status": {"0": {"last_enqueued_collective": 4}, "1": {"last_enqueued_collective": 3}},
+                      "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3, 4, 5, 6, 7]"},
+                                    "3": {"name": "3", "desc": "tp_b", "ranks": "[4, 5, 6, 7]"}},
+                      "entries": [{"pg_id": 0, "pg_name": "0", "collective_seq_id": 4, "record_id": 1},
+                                  {"pg_id": 1, "pg_name": "3", "collective_seq_id": 3, "record_id": 2}]}}
+    r = flight_record(raw)
+    assert r is not None
+    g = {x.pg_id: x for x in r.groups}
+    assert (g["1"].name, g["1"].global_name, g["1"].members) == ("tp_b", "3", (4, 5, 6, 7))
+    assert (g["0"].global_name, g["0"].members) == ("0", tuple(range(8)))
+    for hostile in ("[4, __import__('os')]", "4, 5", "[" + ", ".join(["1"] * 200_000) + "]", 7):
+        raw["record"]["pg_config"]["3"]["ranks"] = hostile  # type: ignore[index]
+        r = flight_record(raw)
+        assert r is not None and {x.pg_id: x for x in r.groups}["1"].members == ()
+
+
 def test_a_few_ranks_behind_in_one_group_and_ahead_in_another() -> None:
     """The skip scenario with the recorder: the culprit skipped step K's collective in one group and issued
     step K+1's in the other."""
@@ -269,7 +292,9 @@ def test_a_few_ranks_behind_in_one_group_and_ahead_in_another() -> None:
     found = flight_analysis(ranks)[1]
     assert len(found) == 1
     f = render(found[0])  # the detector's fact, in the words a finding shows
-    assert f.title == "rank 2 is behind in process group 2: last collective issued #1 where 3 others are at #2"
+    assert f.title == ("rank 2 is behind in process group 2: last collective issued #1 where 3 others are at #2, "
+                       "and waits in process group 1's collective #4 (gloo:all_reduce) instead, which no other rank "
+                       "has issued")
     assert f.confidence == "high" and f.ranks == (("local", 102),)
     assert f.detail.startswith("Flight recorder: ahead in pg 1: #4 vs #3 (gloo:all_reduce); behind in pg 2: "
                                "#1 vs #2 (gloo:all_reduce).")

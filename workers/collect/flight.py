@@ -340,6 +340,19 @@ def _record_id(entry: Dict[str, Any]) -> int:
     return rid if isinstance(rid, int) else -1
 
 
+def _entry(e: Dict[str, Any]) -> Dict[str, Any]:
+    """An entry's identifying fields, and its group's name (process_group: [name, desc]): the name is the same on
+    every rank, where pg_id counts only the groups the rank is a member of."""
+    out = {k: (_text(e[k]) if isinstance(e[k], str) else e[k]) for k in ENTRY_FIELDS
+           if k in e and isinstance(e[k], (int, str, bool))}
+    group = e.get("process_group")
+    if isinstance(group, (list, tuple)) and group and isinstance(group[0], (str, int)):
+        out["pg_name"] = _text(str(group[0]), 40)
+        if len(group) > 1 and isinstance(group[1], str):
+            out["pg_desc"] = _text(group[1], 60)  # the user's group_desc ("tp", "dp_shard"), else "undefined"
+    return out
+
+
 def trim(record: Any) -> Dict[str, Any]:
     """What travels back: every group's status and name, the newest entries' identifying fields."""
     if not isinstance(record, dict):
@@ -365,7 +378,6 @@ def trim(record: Any) -> Dict[str, Any]:
                       for k, s in list(status.items())[:MAX_GROUPS] if isinstance(s, dict)},
         "pg_config": {_text(k, 40): {n: _text(v) for n, v in c.items() if n in ("name", "desc", "ranks")}
                       for k, c in list(config.items())[:MAX_GROUPS] if isinstance(c, dict)},
-        "entries": [{k: (_text(e[k]) if isinstance(e[k], str) else e[k]) for k in ENTRY_FIELDS
-                     if k in e and isinstance(e[k], (int, str, bool))} for e in keep],
+        "entries": [_entry(e) for e in keep],
         "entries_total": len(entries),
     }
