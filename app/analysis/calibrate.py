@@ -187,7 +187,14 @@ def calibrate(facts: Sequence[Fact], b: Builder) -> Calibrated:
                                        if key(i) == min(map(key, support[c]))),
                                    c))
     root = ranked[0]
-    best_i = min(support[root], key=lambda i: (key(i), i))
+    # a root of other ranks (not a rank's own thread or child): a fact about a rank that only leads there speaks
+    # of one that waits for the root (a send to a peer that receives from someone else), not of its cause
+    of_ranks = all(vertices[v].kind == "ranks" for v in root)
+
+    def inside(i: int) -> bool:
+        return any(_agree(vertices[b.of_fact[i]], vertices[v]) for v in root)
+
+    best_i = min(support[root], key=lambda i: (of_ranks and not inside(i), key(i), i))
     best = facts[best_i]
     start = b.of_fact[best_i]
     chain = tuple(_path(adj, start, set(root)))
@@ -203,7 +210,9 @@ def calibrate(facts: Sequence[Fact], b: Builder) -> Calibrated:
             continue
         mine = vertices[fvid]
         leads = not reach[fvid].isdisjoint(root) or any(_agree(mine, w) for w in on_root)
-        if not leads and any(not reach[fvid].isdisjoint(c) for c in rivals):
+        if leads and of_ranks and f.culprit and not inside(i) and inside(best_i):
+            out.append(f.weakened("medium", Caveat("upstream", root_who, best.kind)))
+        elif not leads and any(not reach[fvid].isdisjoint(c) for c in rivals):
             out.append(f.weakened("medium", Caveat("rival", root_who, best.kind)))
         elif not leads:
             out.append(f.weakened("medium", Caveat("root_elsewhere", root_who, best.kind)))

@@ -183,6 +183,7 @@ CaveatCode = Literal[
     "not_moving",  # nothing moves between samples: a slow node does not stop a job
     "not_progressing",  # a rank is held: the job as a whole does not progress
     "root_elsewhere",  # the wait graph's root is elsewhere
+    "upstream",  # its subject waits for the wait graph's root, other ranks: it is held, not the cause
     "rival",  # evidence as strong points elsewhere
     "eased",  # the job progresses between samples: no [high] suspect
     "agrees",  # other evidence singles out the same ranks

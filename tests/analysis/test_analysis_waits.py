@@ -100,6 +100,22 @@ def test_two_ranks_receiving_from_each_other_are_deadlocked() -> None:
     assert "batch_isend_irecv" in g.next
 
 
+def test_a_rank_that_waits_for_the_root_is_not_the_headline_nor_high() -> None:
+    """Rank 5 sends to rank 6, which receives from rank 4 instead (the wrong peer); rank 4 is in the all_reduce
+    with the rest. The graph ends at ranks 4 and 6 (each waits for the other); rank 5's odd stack leads there
+    through its send, and 1 rank against 6 alone made it a [high] headline naming the wrong rank (the blind
+    groups set, p2p_wrong_peer). A fact about a rank that only waits for a root of other ranks is [medium]."""
+    ranks = list(job(8, 4))
+    ranks[5] = rank(5, "node02", p2p("send", "dst", 6), world=8)
+    ranks[6] = rank(6, "node02", p2p("recv", "src", 4), world=8)
+    a = analyze(snapshot(ranks, locals=True))
+    assert root_numbers(a) == {4, 6} and graph(a).deadlock
+    assert a.verdict.startswith("Rank 6 "), a.verdict
+    five = [f for f in a.findings if f.culprit and f.ranks == (("node02", 1005),)]
+    assert five and all(f.confidence != "high" for f in five), [(f.title, f.confidence) for f in five]
+    assert any("it waits for" in f.reason for f in five)
+
+
 def test_a_matched_send_and_recv_is_no_wait_between_them() -> None:
     ranks = list(job(8, 4))
     ranks[0] = rank(0, "node01", p2p("send", "dst", 1), world=8)

@@ -67,6 +67,8 @@ def caveat_text(c: Caveat) -> str:
         return f"; but {clean(who, 120)} is {c.kind}, so the job as a whole is not progressing"
     if c.code == "root_elsewhere":
         return f"; but the wait graph's root is {clean(who, 120)}" + (f" ({c.kind.replace('_', ' ')})" if c.kind else "")
+    if c.code == "upstream":
+        return f"; but it waits for {clean(who, 120)}, where the wait graph ends: it is held there, not the cause"
     if c.code == "rival":
         return f"; but evidence as strong points at {clean(who, 120)}"
     if c.code == "agrees":
