@@ -155,6 +155,18 @@ def test_a_call_the_kernel_contradicts_is_not_taken() -> None:
     assert wait_of(t).operation != "store.wait"
 
 
+def test_creating_a_process_group_is_a_collective_wait_for_the_other_ranks() -> None:
+    """dist.new_group() is itself collective: a rank that calls it where the others do not waits in the store for
+    them (gloo's mesh, NCCL's unique id), deep in torch's helper, with no wait of its own that names it."""
+    torch = "site-packages/torch/distributed/distributed_c10d.py"
+    for inner in ("_new_process_group_helper", "new_group", "new_subgroups"):
+        frames = [lib(torch, inner, 5100)] + ([lib(torch, "new_group", 5000)] if inner != "new_group" else [])
+        w = wait_of(thread(*frames, job("before_sync", 169, "self.extra = dist.new_group(ranks)"),
+                           syscall="poll", wchan="do_sys_poll"))
+        assert (w.operation, w.resource, w.release) == ("new_group", "store_key", "key_setter"), (inner, w)
+        assert "every rank of the world has called it too" in w.reason
+
+
 def test_a_store_key_is_read_from_the_call() -> None:
     w = wait_of(thread(job("eval", 7, 'store.wait(["ckpt/step3/path"])', (("store", "<TCPStore at 0x1>"),)),
                        syscall="recvfrom", wchan="sk_wait_data"))
