@@ -262,10 +262,6 @@ FRAME_SITES: Tuple[Site, ...] = (
     # --- torch.distributed: stores (collectives and p2p are frames.py's table)
     _site(("torch/distributed/distributed_c10d.py",), "_store_based_barrier", "store-based barrier", "store_key",
           "key_setter", "waits in the store until every rank has added itself to the barrier's key"),
-    _site(("torch/distributed/distributed_c10d.py",), "new_group _new_group_with_tag _new_process_group_helper "
-          "new_subgroups new_subgroups_by_enumeration split_group", "new_group", "store_key", "key_setter",
-          "creates a process group, itself a collective call: it waits (through the job's store) until every rank "
-          "of the world has called it too, in the same order, members of the group or not"),
     _site(("torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py",
            "torch/distributed/elastic/rendezvous/dynamic_rendezvous.py"),
           "DynamicRendezvousHandler.next_rendezvous next_rendezvous _RendezvousJoinOp.__call__ "
