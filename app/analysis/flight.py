@@ -22,6 +22,9 @@ the collective at the same number):
 - **Ahead** (stage "ahead"): a few ranks issued more collectives in a group than the rest and wait in the last
   one: they issued one the others have not (an extra collective on a branch only they take), or the rest is held
   before it. Never [high]: the record alone does not say which.
+- **Crossed** (stage "crossed"): ranks behind in one group wait in a second one, where other ranks are behind,
+  which wait in the first: members of both groups that call the two groups' collectives in opposite orders (a
+  cycle). The records do not say which order was meant: both sides are named.
 - **Another collective** (stage "op"): the ranks issued the same number of collectives, but at that number a
   few issued another one (a barrier where the rest all_reduce, a swapped pair): the collectives do not match, and
   each side waits for the other.
@@ -47,6 +50,7 @@ HOW_TO = ("gloo dumps no record by itself: run the training under torch.distribu
           "worker_main() with TORCH_WORKER_SERVER_SOCKET set to a path of its own for each rank, and hangscope "
           "reads the record from that socket")
 MAX_ROWS = 8
+MAX_SIDES = 64  # sets of lagging ranks searched for crossed pairs
 _name = itemgetter(0)
 
 FlightState = Literal["unused", "no_record", "recorded"]
@@ -159,6 +163,8 @@ class FlightEvidence(Evidence):
     records: int = 0  # ranks whose record was read (the "no other rank" of `elsewhere` is among these)
     complete: bool = False  # every rank of the job had its record read
     op: str = ""  # stage "op": the collective these ranks issued at #usual (`names` holds the others')
+    # stage "crossed": the rank numbers of the two sides; elsewhere: (group, #) each side waits in, in that order
+    sides: Tuple[Tuple[Optional[int], ...], Tuple[Optional[int], ...]] = ((), ())
 
 
 def group_key(g: FlightGroup) -> str:
@@ -270,8 +276,13 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
             by_pg[pg].append(seq)
     for seqs in by_pg.values():
         seqs.sort()
-    out = []
+    out: List[Fact] = []
+    crossed = _crossed(ranks, deviations, issued_by, labels, complete)
+    paired = {tuple(m) for f_members in crossed for m in f_members[1]}
+    out += [f for f, _ in crossed]
     for devs, members in sorted(deviations.items(), key=lambda kv: len(kv[1])):
+        if tuple(members) in paired:
+            continue  # said as one of a crossed pair
         rs = sort_ranks(ranks[i] for i in members)
         pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
@@ -292,6 +303,47 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
     odd |= lagging
     out += _other_op(ranks, counts, usual, issued_by, odd, complete, labels)
     return out + _not_started(ranks, counts, usual, names, odd, complete, labels)
+
+
+def _crossed(ranks: Sequence[RankSnapshot], deviations: Dict[Tuple[Tuple[str, int, int], ...], List[int]],
+             issued_by: Sequence[Dict[str, Tuple[int, str]]], labels: Dict[str, str], complete: bool
+             ) -> List[Tuple[Fact, Tuple[List[int], List[int]]]]:
+    """Two sets of ranks, each behind in the group where the other waits (the module doc's "crossed"): members of
+    both groups that call their collectives in opposite orders. One fact for both sides."""
+    sides = []  # (members, the group they lag in, their count there, {group: the open collective's number})
+    for devs, members in deviations.items():
+        pg, v, _ = next(d for d in devs if d[1] < d[2])
+        waits = []
+        for i in members:
+            flight = ranks[i].flight
+            waits.append({k: seq for k, (seq, _) in issued_by[i].items() if k != pg and _open(_group(flight, k), seq)})
+        common = {k: min(w[k] for w in waits) for k in set(waits[0]).intersection(*waits[1:])} if waits else {}
+        sides.append((members, pg, v, common))
+    out: List[Tuple[Fact, Tuple[List[int], List[int]]]] = []
+    used: set = set()
+    if len(sides) > MAX_SIDES:
+        return out  # scattered lags: pairs are not looked for (quadratic)
+    for a in range(len(sides)):
+        for b in range(a + 1, len(sides)):
+            (ma, ga, va, wa), (mb, gb, vb, wb) = sides[a], sides[b]
+            if a in used or b in used or ga == gb:
+                continue
+            # a waits in gb at #wa[gb], which b has not issued (b is at vb there), and the other way round
+            if gb in wa and ga in wb and vb < wa[gb] and va < wb[ga]:
+                used.update((a, b))
+                if min(ranks[i].rank or 0 for i in mb) < min(ranks[i].rank or 0 for i in ma):
+                    (ma, ga, va, wa), (mb, gb, vb, wb) = (mb, gb, vb, wb), (ma, ga, va, wa)
+                # ma lags in ga (at #va) and waits in gb (#wa[gb]); mb lags in gb (#vb) and waits in ga (#wb[ga])
+                rs = sort_ranks(ranks[i] for i in ma + mb)
+                e = FlightEvidence(((labels[ga], va, wb[ga]), (labels[gb], vb, wa[gb])), labels[ga], va, wb[ga],
+                                   len(mb), ((labels[gb], issued_by[ma[0]][gb][1]),
+                                             (labels[ga], issued_by[mb[0]][ga][1])),
+                                   stage="crossed", elsewhere=((labels[gb], wa[gb], ""), (labels[ga], wb[ga], "")),
+                                   records=len(ranks), complete=complete,
+                                   sides=(tuple(ranks[i].rank for i in ma), tuple(ranks[i].rank for i in mb)))
+                out.append((Fact("collective_lag", ranks_who(keys_of(rs), tuple(r.rank for r in rs)),
+                                 "high" if complete else "medium", e), (ma, mb)))
+    return out
 
 
 def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],

@@ -177,3 +177,25 @@ def test_groups_are_compared_by_torchs_name_and_members_not_by_each_ranks_own_id
     assert f.ranks == (("node02", 1007),) and isinstance(e, FlightEvidence) and (e.issued, e.usual) == (11, 12)
     assert f.title == ("rank 7 is behind in process group 2 (ranks 4-7): last collective issued #11 where 3 others "
                        "are at #12")
+
+
+def test_two_ranks_that_call_two_groups_collectives_in_opposite_orders_are_one_crossed_pair() -> None:
+    """Ranks 4 and 5 are in both tp_a (ranks 2-5) and tp_b (ranks 4-7); rank 5 called tp_b's collective first.
+    Rank 4 waits in tp_a's #4, which rank 5 has not issued; rank 5 waits in tp_b's #4, which rank 4 has not. Said
+    as one cycle of both, in rank order: the records do not say which order was meant."""
+    def grp(name: str, seq: int, done: int) -> FlightGroup:
+        return FlightGroup(name, "", seq, None, done, "gloo:all_reduce", global_name=name)
+
+    def rec(r: int) -> FlightRecord:
+        world = grp("0", 3, 3) if r > 1 else grp("0", 4, 3)
+        tp_a, tp_b = grp("tp_a", 4 if r in (2, 3, 4) else 3, 3), grp("tp_b", 4 if r in (5, 6, 7) else 3, 3)
+        return record([world] + ([tp_a] if 2 <= r <= 5 else []) + ([tp_b] if r >= 4 else []))
+    a = analysed({r: rec(r) for r in range(8)})
+    crossed = [(f, e) for f, e in lag(a) if isinstance(e, FlightEvidence) and e.stage == "crossed"]
+    assert len(crossed) == 1 and not [f for f, e in lag(a) if e.stage == "issued" and f.ranks[0][1] in (1004, 1005)]
+    f, e = crossed[0]
+    assert f.confidence == "high" and set(f.ranks) == {("node02", 1004), ("node02", 1005)}
+    assert f.title == ("rank 4 and rank 5 call the collectives of process groups tp_b and tp_a in opposite orders: "
+                       "rank 4 waits in tp_a's #4, which rank 5 has not issued, and rank 5 in tp_b's #4, which rank 4 "
+                       "has not issued")
+    assert "Next: call the collectives of process groups tp_b and tp_a in one order on every rank" in a.verdict

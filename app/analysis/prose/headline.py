@@ -98,7 +98,7 @@ def culprit_sentence(c: Culprit, title: str, total: int) -> str:
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
         return _wait_sentence(c, total)
     e = c.fact.data
-    if isinstance(e, FlightEvidence) and e.elsewhere and c.links and where(c.links[0].wait):
+    if isinstance(e, FlightEvidence) and e.stage == "issued" and e.elsewhere and c.links and where(c.links[0].wait):
         return f"{title}; it called that collective{where(c.links[0].wait)}"  # the line names its group
     if c.links and c.rank is not None and informative(c.links[0].wait) and _positional(c.fact):
         # RAS's counts say nothing of where the others are (a stack fact's title does): say where they wait
@@ -187,6 +187,10 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                      "moving runs a kernel that does not end), and the kernels, stream or event waits its code "
                      "queues before the collective; a reproduction under `compute-sanitizer` or `cuda-gdb` shows "
                      "the kernel", 400)
+    if k == "collective_lag" and isinstance(e, FlightEvidence) and e.stage == "crossed":
+        ga, gb = clean(e.devs[0][0], 60), clean(e.devs[1][0], 60)
+        return clean(f"call the collectives of process groups {ga} and {gb} in one order on every rank: the ranks in "
+                     "both call them in opposite orders (see where each side calls them: `py-spy dump`)", 400)
     if k == "collective_lag" and isinstance(e, FlightEvidence) and e.stage == "ahead":
         return clean(f"find the collective only {who} issues: a branch that depends on the rank (`if rank == 0:` "
                      "around a collective), its data or the clock; every member of a group issues each of its "

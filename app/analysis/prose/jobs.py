@@ -112,6 +112,13 @@ def network_text(f: Fact) -> Text:
     return clean(title, 300), f"evidence: {evidence}.", reason
 
 
+def _numbers(ranks: tuple) -> str:
+    from app.analysis.fold import fold_ints
+
+    known = sorted(r for r in ranks if r is not None)
+    return f"rank {known[0]}" if len(known) == 1 else f"ranks {fold_ints(known)}"
+
+
 def _code(name: str) -> str:
     return f"`{clean(name, 60)}`" if name else "another collective"
 
@@ -150,6 +157,16 @@ def flight_text(f: Fact) -> Text:
                   "collective on a branch only it takes: logging, a metric, a check on rank 0) or one they reach "
                   "later, when something holds them before it (their stacks say where)")
         return title, detail + ".", "a few ranks ahead of the rest: they issued one too many, or the rest is held"
+    if e.stage == "crossed":
+        a, b = (_numbers(side) for side in e.sides)
+        (ga, va, wb), (gb, vb, wa) = e.devs[0], e.devs[1]
+        title = (f"{a} and {b} call the collectives of process groups {clean(ga, 60)} and {clean(gb, 60)} in "
+                 f"opposite orders: {a} waits in {clean(gb, 60)}'s #{wa}, which {b} has not issued, and {b} in "
+                 f"{clean(ga, 60)}'s #{wb}, which {a} has not issued")
+        detail = (f"Flight recorder: {a} is at #{va} in {clean(ga, 60)}, where {b} waits in #{wb}; {b} is at #{vb} in "
+                  f"{clean(gb, 60)}, where {a} waits in #{wa}: each side waits for the other (a cycle). The records "
+                  "do not say which order was meant")
+        return title, detail + ".", "their own records put each side in the collective the other has not issued"
     if e.stage == "op":
         theirs = names.get(e.pg, "")
         title = (f"{who_short(f.who)} issued {_code(e.op)} as collective #{e.usual} of process group {pg}, where "
