@@ -16,7 +16,7 @@ Two rules say why, where the records tell it (both as `collective_lag`, with `Fl
   wait on another stream or event), and the others wait in the collective on their GPUs for them. Their hosts
   look alike (all in the synchronisation): only this tells them apart.
 
-Two more compare what the ranks issued, as PyTorch's own Flight Recorder analyser does (sequence numbers, then
+Three more compare what the ranks issued, as PyTorch's own Flight Recorder analyser does (sequence numbers, then
 the collective at the same number):
 
 - **Ahead** (stage "ahead"): a few ranks issued more collectives in a group than the rest and wait in the last
@@ -185,24 +185,24 @@ def _label(g: FlightGroup, world: int) -> str:
     return clean(base, 80)
 
 
-def _keys(record: FlightRecord) -> Dict[str, str]:
-    """This record's group ids -> group_key."""
-    out = {g.pg_id: group_key(g) for g in record.groups}
+def _keys(record: FlightRecord, grouped: Dict[str, FlightGroup]) -> Dict[str, str]:
+    """This record's group ids -> group_key (`grouped`: its groups by group_key)."""
+    out = {g.pg_id: k for k, g in grouped.items()}
     for e in record.entries:  # a group whose status line is missing: its entries still name it
         if e.pg_id not in out and e.pg_name:
             out[e.pg_id] = e.pg_name
     return out
 
 
-def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
+def _issued(record: FlightRecord, grouped: Dict[str, FlightGroup]) -> Dict[str, Tuple[int, str]]:
     """group_key -> (the newest collective's sequence number this rank issued, its profiling name), from the
     groups' counts and the entries (NCCL's own recorder lists a group's entries where its status line has no
     count)."""
-    keys = _keys(record)
+    keys = _keys(record, grouped)
     out: Dict[str, Tuple[int, str]] = {}
-    for g in record.groups:
+    for k, g in grouped.items():
         if g.last_enqueued is not None:
-            out[keys[g.pg_id]] = (g.last_enqueued, g.last_collective)
+            out[k] = (g.last_enqueued, g.last_collective)
     for e in record.entries:
         k = keys.get(e.pg_id, e.pg_id)
         if not e.is_p2p and e.collective_seq_id > out.get(k, (0, ""))[0]:
@@ -210,12 +210,8 @@ def _issued(record: FlightRecord) -> Dict[str, Tuple[int, str]]:
     return out
 
 
-def _group(record: Optional[FlightRecord], key: str) -> Optional[FlightGroup]:
-    return next((g for g in record.groups if group_key(g) == key), None) if record is not None else None
-
-
-def _elsewhere(ranks: Sequence[RankSnapshot], issued: Sequence[Dict[str, Tuple[int, str]]], members: Sequence[int],
-               lag_pg: str, by_pg: Dict[str, List[int]]) -> Tuple[Tuple[str, int, str], ...]:
+def _elsewhere(grouped: Sequence[Dict[str, FlightGroup]], issued: Sequence[Dict[str, Tuple[int, str]]],
+               members: Sequence[int], lag_pg: str, by_pg: Dict[str, List[int]]) -> Tuple[Tuple[str, int, str], ...]:
     """The collectives `members` issued in groups other than `lag_pg` that no other rank's record holds (a
     group's sequence number beyond every other rank's there): where they wait instead. `issued`: _issued() per
     rank; `by_pg`: each group's sequence numbers over all ranks, sorted (one bisect per group, not a scan)."""
@@ -227,7 +223,7 @@ def _elsewhere(ranks: Sequence[RankSnapshot], issued: Sequence[Dict[str, Tuple[i
         seq = min(m[pg][0] for m in mine)
         values = by_pg[pg]
         reached = len(values) - bisect_left(values, seq)  # ranks that issued #seq or later there, members too
-        groups = [_group(ranks[i].flight, pg) for i in members]
+        groups = [grouped[i].get(pg) for i in members]
         if (seq > 0 and reached == len(mine) and all(_open(g, seq) for g in groups)
                 and all(g is not None and len(g.members) != 1 for g in groups)):  # a group of one waits for nobody
             out.append((pg, seq, mine[0][pg][1]))
@@ -249,10 +245,13 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
     counts: Dict[str, Dict[int, int]] = defaultdict(dict)  # group_key -> rank index -> last enqueued
     names: Dict[str, str] = {}
     labels: Dict[str, str] = {}
+    grouped: List[Dict[str, FlightGroup]] = []  # per rank: its groups by group_key (the key made once)
     for i, r in enumerate(ranks):
         assert r.flight is not None
+        grouped.append({})
         for g in r.flight.groups:
             k = group_key(g)
+            grouped[i][k] = g
             labels.setdefault(k, _label(g, len(ranks)))
             if g.last_enqueued is not None:
                 counts[k][i] = g.last_enqueued
@@ -269,7 +268,7 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
                      if i in values and values[i] != usual[pg])
         if any(v < u for _, v, u in mine):
             deviations[mine].append(i)
-    issued_by = [_issued(r.flight) if r.flight is not None else {} for r in ranks]
+    issued_by = [_issued(r.flight, grouped[i]) if r.flight is not None else {} for i, r in enumerate(ranks)]
     by_pg: Dict[str, List[int]] = defaultdict(list)
     for one in issued_by:
         for pg, (seq, _) in one.items():
@@ -277,7 +276,7 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
     for seqs in by_pg.values():
         seqs.sort()
     out: List[Fact] = []
-    crossed = _crossed(ranks, deviations, issued_by, labels, complete)
+    crossed = _crossed(ranks, grouped, deviations, issued_by, labels, complete)
     paired = {tuple(m) for f_members in crossed for m in f_members[1]}
     out += [f for f, _ in crossed]
     for devs, members in sorted(deviations.items(), key=lambda kv: len(kv[1])):
@@ -287,7 +286,7 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
         pg, issued, theirs = next(d for d in devs if d[1] < d[2])
         others = sum(1 for v in counts[pg].values() if v == theirs)
         conf = _confidence(len(rs), others)
-        elsewhere = _elsewhere(ranks, issued_by, members, pg, by_pg)
+        elsewhere = _elsewhere(grouped, issued_by, members, pg, by_pg)
         if elsewhere and complete and len(rs) < others:
             conf = "high"  # their own records put them in a collective no other rank issued: not a vote
         label = labels.get
@@ -298,14 +297,15 @@ def lag_findings(ranks: Sequence[RankSnapshot], complete: bool = False) -> List[
                                        elsewhere=tuple((label(p, p), q, n) for p, q, n in elsewhere),
                                        records=len(ranks), complete=complete)))
     lagging = {i for members in deviations.values() for i in members}
-    ahead, odd = _ahead(ranks, counts, usual, issued_by, lagging, complete, labels)
+    ahead, odd = _ahead(ranks, grouped, counts, usual, issued_by, lagging, complete, labels)
     out += ahead
     odd |= lagging
-    out += _other_op(ranks, counts, usual, issued_by, odd, complete, labels)
-    return out + _not_started(ranks, counts, usual, names, odd, complete, labels)
+    out += _other_op(ranks, grouped, counts, usual, issued_by, odd, complete, labels)
+    return out + _not_started(ranks, grouped, counts, usual, names, odd, complete, labels)
 
 
-def _crossed(ranks: Sequence[RankSnapshot], deviations: Dict[Tuple[Tuple[str, int, int], ...], List[int]],
+def _crossed(ranks: Sequence[RankSnapshot], grouped: Sequence[Dict[str, FlightGroup]],
+             deviations: Dict[Tuple[Tuple[str, int, int], ...], List[int]],
              issued_by: Sequence[Dict[str, Tuple[int, str]]], labels: Dict[str, str], complete: bool
              ) -> List[Tuple[Fact, Tuple[List[int], List[int]]]]:
     """Two sets of ranks, each behind in the group where the other waits (the module doc's "crossed"): members of
@@ -315,8 +315,7 @@ def _crossed(ranks: Sequence[RankSnapshot], deviations: Dict[Tuple[Tuple[str, in
         pg, v, _ = next(d for d in devs if d[1] < d[2])
         waits = []
         for i in members:
-            flight = ranks[i].flight
-            waits.append({k: seq for k, (seq, _) in issued_by[i].items() if k != pg and _open(_group(flight, k), seq)})
+            waits.append({k: seq for k, (seq, _) in issued_by[i].items() if k != pg and _open(grouped[i].get(k), seq)})
         common = {k: min(w[k] for w in waits) for k in set(waits[0]).intersection(*waits[1:])} if waits else {}
         sides.append((members, pg, v, common))
     out: List[Tuple[Fact, Tuple[List[int], List[int]]]] = []
@@ -346,7 +345,8 @@ def _crossed(ranks: Sequence[RankSnapshot], deviations: Dict[Tuple[Tuple[str, in
     return out
 
 
-def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+def _ahead(ranks: Sequence[RankSnapshot], grouped: Sequence[Dict[str, FlightGroup]],
+           counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
            issued_by: Sequence[Dict[str, Tuple[int, str]]], lagging: set, complete: bool,
            labels: Dict[str, str]) -> Tuple[List[Fact], set]:
     """A minority that issued more collectives in a group than the rest and has not completed the last one (the
@@ -354,7 +354,7 @@ def _ahead(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usu
     groups: Dict[Tuple[str, int, int], List[int]] = defaultdict(list)
     for pg, values in sorted(counts.items()):
         for i, v in values.items():
-            if v > usual[pg] and i not in lagging and _open(_group(ranks[i].flight, pg), v):
+            if v > usual[pg] and i not in lagging and _open(grouped[i].get(pg), v):
                 groups[(pg, v, usual[pg])].append(i)
     out, named = [], set()
     for (pg, v, u), members in sorted(groups.items(), key=lambda kv: len(kv[1])):
@@ -377,7 +377,8 @@ def _open(g: Optional[FlightGroup], seq: int) -> bool:
     return g is not None and (g.last_completed is None or g.last_completed < seq)
 
 
-def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+def _other_op(ranks: Sequence[RankSnapshot], grouped: Sequence[Dict[str, FlightGroup]],
+              counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
               issued_by: Sequence[Dict[str, Tuple[int, str]]], odd: set, complete: bool,
               labels: Dict[str, str]) -> List[Fact]:
     """At a group's usual number, a minority whose collective there is another than the rest's (the module doc's
@@ -389,7 +390,7 @@ def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], 
         for i, v in values.items():
             seq, name = issued_by[i].get(pg, (0, ""))
             if v == n and seq == n and name and i not in odd:
-                if not _open(_group(ranks[i].flight, pg), n):
+                if not _open(grouped[i].get(pg), n):
                     by_op = {}
                     break  # one of them finished #n: whatever they issued there, it matched
                 by_op[name].append(i)
@@ -409,7 +410,8 @@ def _other_op(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], 
     return out
 
 
-def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
+def _not_started(ranks: Sequence[RankSnapshot], grouped: Sequence[Dict[str, FlightGroup]],
+                 counts: Dict[str, Dict[int, int]], usual: Dict[str, int],
                  names: Dict[str, str], lagging: set, complete: bool, labels: Dict[str, str]) -> List[Fact]:
     """Ranks that issued a group's usual collective #n whose GPU has not started it, where the others' GPUs
     have and none has completed it (the module doc's second rule). Only where every such rank's record tracks
@@ -420,10 +422,7 @@ def _not_started(ranks: Sequence[RankSnapshot], counts: Dict[str, Dict[int, int]
         at = [i for i, v in values.items() if v == n and i not in lagging]
         started: Dict[int, Optional[int]] = {}
         for i in at:
-            flight = ranks[i].flight
-            assert flight is not None
-            g = _group(flight, pg)
-            assert g is not None
+            g = grouped[i][pg]  # it counted there: the group is in its record
             if g.last_completed is not None and g.last_completed >= n:
                 started = {}
                 break  # someone finished it: not a collective the group is stuck in
