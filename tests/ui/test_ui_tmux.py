@@ -112,11 +112,12 @@ def test_keys_resize_and_quit_in_a_real_terminal(terminal, tmp_path):
     command, exit_file = loaded_command(tmp_path, build_snapshot(nodes=4, per_node=2, scenario="barrier",
                                                                  culprit=5))
     term = terminal(command)
-    screen = term.wait_for(lambda s: "Rank 5 has left the loop" in s, "the verdict")
-    assert "node03  ● [▲]" in screen and "(loaded file)" in screen and "snap.json" in screen
+    # each picture is one predicate: a capture can fall while tmux is still drawing a frame
+    term.wait_for(lambda s: "Rank 5 has left the loop" in s and "node03  ● [▲]" in s and "(loaded file)" in s
+                  and "snap.json" in s, "the verdict, the suspect's glyph on node03 and the loaded file's name")
     term.keys("Enter")
-    screen = term.wait_for(lambda s: "rank 5  on node03" in s, "the drill-down")
-    assert "barrier  distributed_c10d.py:4159" in screen
+    term.wait_for(lambda s: "rank 5  on node03" in s and "barrier  distributed_c10d.py:4159" in s,
+                  "the drill-down, with the frame it waits in")
     term.keys("Escape")
     term.wait_for(lambda s: "classes" in s and "findings" in s, "the main screen again")
     term.tmux("resize-window", "-t", "t", "-x", "50", "-y", "12")

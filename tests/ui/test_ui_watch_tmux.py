@@ -28,8 +28,8 @@ def test_enter_on_a_capture_opens_it_and_the_watch_comes_back(terminal, tmp_path
         term = terminal(hangscope("watch", "--pid", rank.pid, "--every", "0.5", "--stall", "2", "--stall-start", "2",
                                   "--tui", "--out", tmp_path / "out", "--fps", 20, exit_file=exit_file),
                         size="140x44")
-        screen = term.wait_for(lambda s: "1 capture" in s and "hang" in s, "the capture", timeout=120)
-        assert "hangscope watch" in screen and "127.0.0.1:29997" in screen
+        term.wait_for(lambda s: "1 capture" in s and "hang" in s and "hangscope watch" in s and "127.0.0.1:29997" in s,
+                      "the capture, under the watch's header with the job's store", timeout=120)
         term.keys("c")
         term.keys("Enter")
         term.wait_for(lambda s: "(loaded file)" in s and "snapshot.json" in s, "the capture opened as --load does")
