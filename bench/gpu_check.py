@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 480.0  # seconds for the whole run: the issue's 8 minutes
@@ -447,6 +447,32 @@ def hang_job(check: Check, gpus: int, rehearse: bool = False) -> None:
 HANGS = ("sleep", "kernel", "cycle")  # bench/gpu_hang_job.py's GPU_CHECK_HANG; sleep is the check's own job
 
 
+def _pids(who: Any) -> List[int]:
+    return [k[1] for k in who if isinstance(k, list) and len(k) == 2 and isinstance(k[1], int)] \
+        if isinstance(who, list) else []
+
+
+def judge_culprit(analysis: Dict[str, Any], culprit: Optional[int]) -> Tuple[str, str]:
+    """What the snapshot file's analysis says of the hung rank (pid `culprit`): "pass" when the headline's culprit
+    (analysis["culprit"], the rank(s) the verdict is about) is that rank alone; "fail" when the headline, or any
+    [high] finding that blames ranks (culprit: true), names others without it (a wrong [high] is the worst
+    outcome); "unnamed" otherwise (no culprit, or a [medium]/[low] one elsewhere). A [high] finding that blames no
+    one (all ranks at one place: "stacks cannot tell the culprit") names no culprit: it is not judged as one."""
+    raw = analysis.get("culprit")
+    head: Dict[str, Any] = raw if isinstance(raw, dict) else {}
+    named, confidence = _pids(head.get("ranks")), str(head.get("confidence") or "-")
+    said = f"the headline's culprit [{confidence}] is pid(s) {named or 'none'}, the hung rank is pid {culprit}"
+    wrong = [f for f in analysis.get("findings") or [] if isinstance(f, dict) and f.get("culprit") is True
+             and f.get("confidence") == "high" and culprit not in _pids(f.get("ranks"))]
+    if wrong:
+        return "fail", f"{said}; a [high] finding blames pid(s) {_pids(wrong[0].get('ranks'))} ({wrong[0].get('kind')})"
+    if culprit is not None and named == [culprit]:
+        return "pass", said
+    if named and confidence == "high":
+        return "fail", said
+    return "unnamed", said
+
+
 def other_hang(check: Check, gpus: int, hang: str, mode: str, share_gpu: bool) -> None:
     """One more hung job, of another kind, in the mode the first one ran in: hangscope's `--print --native` and
     `--snapshot` on it go to print-HANG.txt and snapshot-HANG.json. What it says is recorded (info); a [high]
@@ -476,13 +502,9 @@ def other_hang(check: Check, gpus: int, hang: str, mode: str, share_gpu: bool) -
         except (OSError, ValueError) as exc:
             check.record(f"hang {hang}", "fail", f"no snapshot: {exc}", time.monotonic() - t0)
             return
-        findings = analysis.get("findings") or []
-        lead = findings[0] if findings and isinstance(findings[0], dict) else {}
-        named = [pid for _, pid in (lead.get("ranks") or []) if isinstance(pid, int)]
-        wrong_high = lead.get("confidence") == "high" and culprit not in named
-        check.record(f"hang {hang}", "fail" if wrong_high else "info",
-                     f"lead [{lead.get('confidence', '-')}] names pid(s) {named}, the culprit is pid {culprit}; "
-                     f"verdict: {analysis.get('verdict', '')!s:.600}", time.monotonic() - t0)
+        status, said = judge_culprit(analysis, culprit)
+        check.record(f"hang {hang}", "info" if status == "unnamed" else status,
+                     f"{said}; verdict: {analysis.get('verdict', '')!s:.600}", time.monotonic() - t0)
     finally:
         left = job.kill()
         check.record(f"hang {hang}: the job is killed", "pass" if not marked_pids(check.token) else "fail",
@@ -524,12 +546,9 @@ def judge_snapshot(check: Check, doc: Dict[str, Any], nproc: int, culprit: Optio
                                                                                                     + " " + (f.get("module") or ""))})
     check.record("native frames where the ranks wait (CUDA, NCCL, c10d)", ("pass" if native else "fail") if gpu_run else "info",
                  ", ".join(native)[:400] or "none among the main threads' innermost native frames")
-    findings = analysis.get("findings") or []
-    lead = findings[0] if findings and isinstance(findings[0], dict) else {}
-    named = [pid for _, pid in (lead.get("ranks") or []) if isinstance(pid, int)] if lead else []
-    check.record("the hung rank is the culprit", "pass" if culprit is not None and named == [culprit] else "fail",
-                 f"verdict: {analysis.get('verdict', '')!s:.300}; lead finding names pid(s) {named}, "
-                 f"the hung rank is pid {culprit}")
+    status, said = judge_culprit(analysis, culprit)
+    check.record("the hung rank is the culprit", "pass" if status == "pass" else "fail",
+                 f"verdict: {analysis.get('verdict', '')!s:.300}; {said}")
     flights = [r.get("flight") or {} for r in ranks]
     recorded = [f for f in flights if f.get("source")]
     nccl = [f for f in recorded if any("nccl" in (e.get("profiling_name") or "") for e in f.get("entries") or [])]

@@ -117,3 +117,26 @@ def test_a_rank_in_the_collective_of_another_group_is_named_with_the_group_it_wa
     assert "; it called that collective at `main` (gpu_hang_job.py:116): `dist.all_reduce(y, group=pair)" in a.verdict
     assert "dmesg" not in a.verdict and "make every rank call each group's collectives in one order" in a.verdict
     assert a.findings[0].confidence == "high"
+
+
+def test_the_gpu_check_judges_the_headlines_culprit_not_the_first_finding() -> None:
+    """bench/gpu_check.py reads the snapshot file's analysis as it is written. On the kernel hang the first finding
+    is a [high] note that blames no one (all ranks at one place: stacks cannot tell) and names every rank; the
+    headline's culprit is rank 2 alone. The check passes on that, and fails a [high] that blames another rank."""
+    from test_gpu_check import _gpu_check_module
+
+    judge = _gpu_check_module().judge_culprit
+    first = _recording("h100-nccl-kernel-hang")
+    culprit = next(r.pid for r in first.ranks if r.rank == 2)
+    doc = analyze(_later(first), history=[first]).to_dict()
+    assert doc["findings"][0]["culprit"] is False and len(doc["findings"][0]["ranks"]) == 3  # what misled it
+    assert judge(doc, culprit)[0] == "pass", judge(doc, culprit)
+    other = next(r.pid for r in first.ranks if r.rank == 0)
+    assert judge(doc, other)[0] == "unnamed"  # a [medium] culprit elsewhere: said, not a failure
+    blamed = {**doc, "findings": [*doc["findings"], {"kind": "blocked", "confidence": "high", "culprit": True,
+                                                      "ranks": [["vm", other]]}]}
+    status, said = judge(blamed, culprit)
+    assert status == "fail" and f"blames pid(s) [{other}]" in said
+    wrong_head = {**doc, "culprit": {**doc["culprit"], "ranks": [["vm", other]], "confidence": "high"}}
+    assert judge(wrong_head, culprit)[0] == "fail"
+    assert judge({"verdict": "", "findings": []}, culprit)[0] == "unnamed"
