@@ -475,8 +475,9 @@ def judge_culprit(analysis: Dict[str, Any], culprit: Optional[int]) -> Tuple[str
 
 def other_hang(check: Check, gpus: int, hang: str, mode: str, share_gpu: bool) -> None:
     """One more hung job, of another kind, in the mode the first one ran in: hangscope's `--print --native` and
-    `--snapshot` on it go to print-HANG.txt and snapshot-HANG.json. What it says is recorded (info); a [high]
-    lead that names another rank than the culprit is a failure (a wrong [high] is the worst outcome)."""
+    `--snapshot` on it go to print-HANG.txt and snapshot-HANG.json, judged by judge_culprit: a pass when the
+    headline's culprit is the hung rank, a failure when a [high] blames another (a wrong [high] is the worst
+    outcome), else recorded as info (an honest "not sure" is not a failure)."""
     if check.left() < 90:
         check.record(f"hang {hang}", "skip", f"not started: {check.left():.0f} s left")
         return
