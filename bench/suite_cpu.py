@@ -17,8 +17,10 @@ lived. A record is matched to its sampled command line by pid and start time; a 
 lived under half a second) is counted under its command name. Processes still running at the end (daemons)
 keep their sampled CPU. The sampled total is printed beside the exact one: the difference is what sampling
 misses (mostly the last half second of busy short processes, such as CLI runs). While it runs it replaces any
-process accounting the machine had, and leaves accounting off. The kernel pauses accounting when the file's
-file system has under 2 % free.
+process accounting the machine had, and leaves accounting off. Run inside another `--acct` run (the suite's own
+test of this script, under `suite_cpu.py --acct -- make test`), it reads the outer run's file from where it
+stands and leaves accounting alone (SUITE_CPU_ACCT). The kernel pauses accounting when the file's file system has
+under 2 % free.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def sample(seen: Dict[str, list], me: int, start: float) -> None:
 
 
 ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")  # linux/acct.h struct acct_v3: 64 bytes a record
+ACCT_ENV = "SUITE_CPU_ACCT"  # the accounting file of a suite_cpu --acct run, for the commands it runs
 AHZ = 100  # the records' clock: comp_t user and system times are in 1/100 s
 
 
@@ -104,10 +107,12 @@ def comp_t(value: int) -> int:
     return (value & 0x1FFF) << (3 * (value >> 13))
 
 
-def read_acct(path: str) -> List[Tuple[int, float, float, str]]:
-    """(pid, start as seconds since the epoch, CPU seconds, command name) per acct v3 record of `path`."""
+def read_acct(path: str, offset: int = 0) -> List[Tuple[int, float, float, str]]:
+    """(pid, start as seconds since the epoch, CPU seconds, command name) per acct v3 record of `path` from byte
+    `offset` (a record boundary)."""
     out = []
     with open(path, "rb") as f:
+        f.seek(offset)
         data = f.read()
     for off in range(0, len(data) - ACCT_V3.size + 1, ACCT_V3.size):
         rec = ACCT_V3.unpack_from(data, off)
@@ -173,11 +178,17 @@ def main() -> int:
             sample(seen, os.getpid(), start)
             done.wait(0.5)
 
-    acct_file = None
+    acct_file, acct_from, own = None, 0, False
     if args.acct:
-        fd, acct_file = tempfile.mkstemp(prefix="suite-cpu-", suffix=".acct")
-        os.close(fd)
-        set_acct(acct_file)
+        outer = os.environ.get(ACCT_ENV, "")
+        if outer and os.path.isfile(outer):  # run under another suite_cpu --acct (its tests): read its file
+            acct_file, acct_from = outer, os.path.getsize(outer) // ACCT_V3.size * ACCT_V3.size
+        else:
+            fd, acct_file = tempfile.mkstemp(prefix="suite-cpu-", suffix=".acct")
+            os.close(fd)
+            set_acct(acct_file)
+            own = True
+            os.environ[ACCT_ENV] = acct_file  # for the command: a nested run must not switch accounting off
     sampler = threading.Thread(target=loop, daemon=True)
     sampler.start()
     try:
@@ -186,12 +197,13 @@ def main() -> int:
         done.set()
         sampler.join()
         sample(seen, os.getpid(), start)
-        if acct_file is not None:
+        if own:
             set_acct(None)
     counted = seen
     if acct_file is not None:
-        records = read_acct(acct_file)
-        os.unlink(acct_file)
+        records = read_acct(acct_file, acct_from)
+        if own:
+            os.unlink(acct_file)
         counted = exact(seen, records)
         sampled = sum(cpu - first for cpu, _, first in seen.values())
         print(f"\nprocess accounting: {len(records)} exit records; CPU {sum(c - f for c, _, f in counted.values()):.0f} s "

@@ -106,3 +106,28 @@ def test_acct_counts_the_processes_the_sampler_misses(tmp_path: Path) -> None:
     # each child burned 0.04 s of CPU by its own clock: every one has its exit record, whether or not the sampler
     # saw it (the sampler alone misses most of them)
     assert len(children) == 5 and min(children) > 0 and sum(children) >= 0.1, children
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acct(2) needs root (CAP_SYS_PACCT)")
+def test_a_run_inside_another_reads_its_accounting_and_leaves_it_on(tmp_path: Path) -> None:
+    """Under `suite_cpu.py --acct -- make test` the suite runs this file's tests, which run suite_cpu.py --acct
+    again: the inner run must count from the outer's records and not switch the outer's accounting off."""
+    inner = tmp_path / "inner.json"
+    after = ("import subprocess, sys\n"
+             f"subprocess.run([sys.executable, {str(BENCH)!r}, '--acct', '--json', {str(inner)!r}, '--', "
+             f"sys.executable, '-c', {BURN!r}], check=True)\n"
+             "for _ in range(5):  # after the inner run: still accounted for the outer one\n"
+             "    child = subprocess.Popen([sys.executable, '-S', '-c', 'pass'])\n"
+             "    print('after', child.pid, flush=True)\n"
+             "    child.wait()\n")
+    outer = tmp_path / "outer.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--acct", "--json", str(outer), "--", sys.executable, "-c",
+                           after], capture_output=True, text=True, timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pids = [int(p) for p in re.findall(r"^child (\d+)$", done.stdout, re.M)]
+    counted = json.loads(inner.read_text())
+    assert len([k for k in counted if int(k.split(":")[0]) in pids]) == 5, done.stdout  # the inner run's exact count
+    later = [int(p) for p in re.findall(r"^after (\d+)$", done.stdout, re.M)]
+    outer_keys = {int(k.split(":")[0]) for k in json.loads(outer.read_text())}
+    # processes of ~20 ms, after the inner run ended: only their exit records can have put all five there
+    assert len(later) == 5 and set(later) <= outer_keys, (later, done.stdout)
