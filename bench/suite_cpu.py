@@ -2,7 +2,7 @@
 second, and print a table (CPU seconds, processes, share) when it ends.
 
     python3 bench/suite_cpu.py [--json FILE] -- python -m pytest -q      # the suite, as `make test` runs it
-    sudo python3 bench/suite_cpu.py --acct -- python -m pytest -q        # exact: the kernel's process accounting
+    sudo python3 bench/suite_cpu.py --acct -- python -m pytest -q        # complete: the kernel's process accounting
 
 Every process on the machine is counted (a test cluster's sshds and ranks are not the command's descendants):
 run it on an otherwise quiet machine. A process is counted from its first sample to its last: one that lives under half a second may be missed, and a
@@ -12,10 +12,10 @@ xdist workers, hangscope's CLI and workers, ...). This machine's speed varies wi
 one run, or runs made back to back.
 
 --acct (root) also turns on the kernel's process accounting (acct(2), into a file of its own, off again when the
-command ends): every process that ends during the run leaves a record of its exact CPU time, however short it
-lived. A record is matched to its sampled command line by pid and start time; a process never sampled (it
+command ends): every process that ends during the run leaves a record of its CPU time (the user and system
+time /proc shows, the kernel's tick-based figures, at its exit), however short it lived. A record is matched to its sampled command line by pid and start time; a process never sampled (it
 lived under half a second) is counted under its command name. Processes still running at the end (daemons)
-keep their sampled CPU. The sampled total is printed beside the exact one: the difference is what sampling
+keep their sampled CPU. The sampled total is printed beside the recorded one: the difference is what sampling
 misses (mostly the last half second of busy short processes, such as CLI runs). While it runs it replaces any
 process accounting the machine had, and leaves accounting off. Run inside another `--acct` run (the suite's own
 test of this script, under `suite_cpu.py --acct -- make test`), it reads the outer run's file from where it
@@ -162,7 +162,7 @@ def exact(seen: Dict[str, list], records: List[Tuple[int, float, float, str]]) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="FILE", help="also write every process seen: [cpu, cmdline, cpu at start]")
-    ap.add_argument("--acct", action="store_true", help="exact CPU from the kernel's process accounting (root)")
+    ap.add_argument("--acct", action="store_true", help="every process's CPU from the kernel's process accounting (root)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -207,7 +207,7 @@ def main() -> int:
         counted = exact(seen, records)
         sampled = sum(cpu - first for cpu, _, first in seen.values())
         print(f"\nprocess accounting: {len(records)} exit records; CPU {sum(c - f for c, _, f in counted.values()):.0f} s "
-              f"exact against {sampled:.0f} s sampled")
+              f"recorded against {sampled:.0f} s sampled")
     totals: Dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for cpu, cmd, first in counted.values():
         row = totals[kind(cmd)]

