@@ -13,8 +13,9 @@ one run, or runs made back to back.
 
 --acct (root) also turns on the kernel's process accounting (acct(2), into a file of its own, off again when the
 command ends): every process that ends during the run leaves a record of its CPU time (the user and system
-time /proc shows, the kernel's tick-based figures, at its exit), however short it lived. A record is matched to its sampled command line by pid and start time; a process never sampled (it
-lived under half a second) is counted under its command name. Processes still running at the end (daemons)
+time /proc shows, the kernel's tick-based figures, at its exit), however short it lived. A record is matched to
+its sampled command line by pid and start time; a process never sampled (it lived under half a second) is
+counted under its command name. Processes still running at the end (daemons)
 keep their sampled CPU. The sampled total is printed beside the recorded one: the difference is what sampling
 misses (mostly the last half second of busy short processes, such as CLI runs). While it runs it replaces any
 process accounting the machine had, and leaves accounting off. Run inside another `--acct` run (the suite's own
@@ -65,14 +66,14 @@ NEVER_SAMPLED = "(never sampled) "
 
 
 def kind(cmdline: str) -> str:
-    if cmdline.startswith(NEVER_SAMPLED):  # only its command name is known (--acct)
-        comm = cmdline[len(NEVER_SAMPLED):]
-        named = next((m.expand(name) for pattern, name in KINDS for m in [re.search(pattern, comm)] if m), "")
-        return named or f"short-lived (never sampled): {comm}"
+    short = cmdline.startswith(NEVER_SAMPLED)  # only its command name is known (--acct)
+    text = cmdline[len(NEVER_SAMPLED):] if short else cmdline
     for pattern, name in KINDS:
-        m = re.search(pattern, cmdline)
+        m = re.search(pattern, text)
         if m:
             return m.expand(name)
+    if short:
+        return f"short-lived (never sampled): {text}"
     first = cmdline.split()[0] if cmdline.split() else "(kernel thread or unreadable)"
     return "other: " + os.path.basename(first)[:40]
 
@@ -137,7 +138,7 @@ def boot_time() -> float:
         return float(next(line.split()[1] for line in f if line.startswith("btime ")))
 
 
-def exact(seen: Dict[str, list], records: List[Tuple[int, float, float, str]]) -> Dict[str, list]:
+def with_records(seen: Dict[str, list], records: List[Tuple[int, float, float, str]]) -> Dict[str, list]:
     """The sampled processes with the CPU their exit records give, and the processes never sampled (one entry
     each, counted under their command name): the same [cpu, cmdline, cpu at start] entries as `seen`, keyed
     "PID:START_TICKS" or, never sampled, "PID:never-sampled-N"."""
@@ -153,7 +154,8 @@ def exact(seen: Dict[str, list], records: List[Tuple[int, float, float, str]]) -
         # start within 2.5 s is the same process
         near = [(abs(at - start), key) for at, key in by_pid.get(pid, []) if abs(at - start) <= 2.5]
         if near:
-            out[min(near)[1]][0] = cpu + out[min(near)[1]][2]  # what it used before the run stays out
+            entry = out[min(near)[1]]
+            entry[0] = cpu + entry[2]  # what it used before the run stays out
         else:
             out[f"{pid}:never-sampled-{n}"] = [cpu, NEVER_SAMPLED + comm, 0.0]
     return out
@@ -204,7 +206,7 @@ def main() -> int:
         records = read_acct(acct_file, acct_from)
         if own:
             os.unlink(acct_file)
-        counted = exact(seen, records)
+        counted = with_records(seen, records)
         sampled = sum(cpu - first for cpu, _, first in seen.values())
         print(f"\nprocess accounting: {len(records)} exit records; CPU {sum(c - f for c, _, f in counted.values()):.0f} s "
               f"recorded against {sampled:.0f} s sampled")

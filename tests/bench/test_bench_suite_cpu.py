@@ -63,7 +63,7 @@ def test_a_record_is_matched_to_its_sampled_command_line_and_the_rest_counted_by
     # sampled: pid 1 started at boot + 1 tick, 0.5 s used before the run, 2.0 s at its last sample
     seen = {"1:1": [2.0, "python3 -c burn", 0.5]}
     boot = suite_cpu.boot_time()
-    exact = suite_cpu.exact(seen, [(1, float(int(boot + 1 / suite_cpu.TICK)), 3.0, "python3"),  # btime truncated
+    exact = suite_cpu.with_records(seen, [(1, float(int(boot + 1 / suite_cpu.TICK)), 3.0, "python3"),  # btime truncated
                                    (1, boot + 500.0, 0.2, "python3"),  # the same pid reused later: another process
                                    (99999999, 0.0, 0.04, "sshd")])
     assert exact["1:1"][0] == pytest.approx(3.5)  # its exit record, plus what it had used before the run
