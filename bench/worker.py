@@ -1,11 +1,16 @@
 """Worker timings on this machine: hello, discovery (psutil and /proc), dumps of N plain-Python ranks.
 
     python3 bench/worker.py [N]      (default 32 ranks; prints a table, median of 5 runs each)
+
+"start to hello, CPU" is the worker as hangscope ships it (the first stage, the payload on stdin, the node's
+/usr/bin/python3 -I -S): the CPU seconds (user + system) of the whole start, from exec to the hello and EOF,
+the mean over 20 starts. It is what every node pays at every session before its first request.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import sys
 import time
@@ -27,6 +32,15 @@ def timed(fn, runs: int = 5) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(samples)
 
 
+def start_cpu(runs: int = 20) -> float:
+    """Mean CPU seconds of one shipped worker's start (exec, payload, imports, hello, exit at EOF)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(runs):
+        WorkerProc(python="/usr/bin/python3", isolated=True).close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / runs
+
+
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     ranks = []
@@ -39,6 +53,7 @@ def main() -> int:
             WorkerProc().close()
 
         rows.append(("worker start to hello (python3 -m workers)", timed(hello)))
+        rows.append(("worker start to hello, CPU (as shipped: stage + payload, mean of 20)", start_cpu()))
         with WorkerProc() as w, WorkerProc(python="/usr/bin/python3", isolated=True) as wi:
             rows.append(("discover, psutil (%d ranks)" % n, timed(lambda: w.call("discover"))))
             rows.append(("discover, /proc only", timed(lambda: wi.call("discover"))))

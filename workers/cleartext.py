@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import hmac
 import math
-import re
 
 from workers.cleartext_model import BIGRAM_BITS
+from workers.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 # What an earlier pass already put in place of a value: the node's marker and the bundle's keyed-hash token.
 # Never judged again (a second pass over shared text changes nothing).
-HIDDEN = re.compile(r"\*\*\*|<(?:str|bytes|text) len=\d+ #[0-9a-f]{8}>")
+HIDDEN = lazy(r"\*\*\*|<(?:str|bytes|text) len=\d+ #[0-9a-f]{8}>")
 
 
 def keyed_token(key: bytes, kind: str, text: str) -> str:
@@ -44,13 +44,13 @@ def keyed_token(key: bytes, kind: str, text: str) -> str:
     digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:8]
     return "<%s len=%d #%s>" % (kind, len(text), digest)
 
-WORD = re.compile(r"[A-Za-z0-9_.+\-]+")
-_PARTS = re.compile(r"[_.+\-]+")
-_RUNS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
-_NUMBER = re.compile(r"[-+]?(?:\d{1,20}(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?")
+WORD = lazy(r"[A-Za-z0-9_.+\-]+")
+_PARTS = lazy(r"[_.+\-]+")
+_RUNS = lazy(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_NUMBER = lazy(r"[-+]?(?:\d{1,20}(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?")
 # An address or a flag word (0x7f3a9c2e4100, 0x0): a number, up to 64 bits. A longer hex string is a digest or a
 # key, judged as letters and digits (and hidden).
-_HEX = re.compile(r"0[xX][0-9a-fA-F]{1,16}")
+_HEX = lazy(r"0[xX][0-9a-fA-F]{1,16}")
 _VOWELS = frozenset("aeiouyAEIOUY")
 MAX_RUN = 24  # letters in one run: longer ones are not names (camelCase and `_` split real ones)
 MAX_WORD = 100
@@ -64,8 +64,8 @@ def _entropy(s: str) -> float:
     return -sum(k / n * math.log2(k / n) for k in counts.values())
 
 
-_CASE_RUN = re.compile(r"[a-z]{8,}|[A-Z]{8,}")
-_WORDISH = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{3,}(?![a-z])")
+_CASE_RUN = lazy(r"[a-z]{8,}|[A-Z]{8,}")
+_WORDISH = lazy(r"[A-Z]?[a-z]{3,}|[A-Z]{3,}(?![a-z])")
 
 
 def _klass(c: str) -> int:
@@ -153,8 +153,8 @@ def _part_clear(part: str) -> bool:
     return junk <= 2 or (junk == 3 and (len(part) <= 5 or worded))
 
 
-_LETTERS = re.compile(r"[A-Za-z]{6,}")
-_INNER_DIGITS = re.compile(r"(?<=[A-Za-z])[0-9]+(?=[A-Za-z])")
+_LETTERS = lazy(r"[A-Za-z]{6,}")
+_INNER_DIGITS = lazy(r"(?<=[A-Za-z])[0-9]+(?=[A-Za-z])")
 
 
 _MEMO: Dict[str, bool] = {}
@@ -190,8 +190,8 @@ def clear_text(text: str) -> bool:
     return all(clear_word(w) for w in WORD.findall(rest))
 
 
-_SPACE_OUTSIDE = re.compile(r"(?<![,:])\s")  # a space that is not after a container's `,` or a dict's `:`
-_OBJECT = re.compile(r"<[^\n<>]{0,200} at 0x[0-9a-fA-F]+>|<(?:built-in |bound )?(?:function|method|module|class)"
+_SPACE_OUTSIDE = lazy(r"(?<![,:])\s")  # a space that is not after a container's `,` or a dict's `:`
+_OBJECT = lazy(r"<[^\n<>]{0,200} at 0x[0-9a-fA-F]+>|<(?:built-in |bound )?(?:function|method|module|class)"
                      r"[^\n]{0,200}>")
 
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import re
 
+from workers.lazyre import lazy
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import List, Optional, Tuple
 
 _STRING = (r"[bBrRuUfF]{0,2}(?:'''(?:[^\\]|\\.)*?(?:'''|$)|\"\"\"(?:[^\\]|\\.)*?(?:\"\"\"|$)"
            r"|'(?:[^'\\\n]|\\.)*(?:'|$)|\"(?:[^\"\\\n]|\\.)*(?:\"|$))")
-_TOKEN = re.compile(
+_TOKEN = lazy(
     r"(?P<str>" + _STRING + r")"
     r"|(?P<comment>#[^\n]*)"
     r"|(?P<num>(?:0[xXoObB][0-9a-fA-F_]+|\d[\d_]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)[jJlL]?)"
@@ -32,7 +34,7 @@ _TOKEN = re.compile(
     r"|(?P<ws>\s+)", re.S)
 
 OPEN, CLOSE = "([{", ")]}"
-_NAMEISH = re.compile(r"-{0,2}[A-Za-z_][\w.-]{0,80}")
+_NAMEISH = lazy(r"-{0,2}[A-Za-z_][\w.-]{0,80}")
 
 
 class Token:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+
+from workers.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ ID_BYTES = 8  # 16 hex characters: collisions need ~4e9 distinct stacks
 MAX_SENT = 1 << 14  # stack ids a connection remembers having sent; past it, it forgets them all (and resends)
 OWN_FRAMES = 3  # innermost Python frames per thread whose current line's names are kept
 MAX_REPR = 400  # characters of a kept local's repr
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # an object named by its address: per process, read by nothing
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ADDRESS = lazy(r" at 0x[0-9a-fA-F]+>")  # an object named by its address: per process, read by nothing
+_NAME = lazy(r"[A-Za-z_][A-Za-z0-9_]*")
 _ALWAYS = ("rank", "world_size", "i", "signum", "sig")
 
 

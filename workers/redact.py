@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers import redact_code
 from workers.cleartext import clear_value, clear_word, high_entropy
+from workers.lazyre import lazy
 from workers.secretnames import MASK, secret_name, secret_value, strength
 
 __all__ = ["MASK", "secret_name", "secret_value", "high_entropy", "redact_text", "redact_named", "redact_argv",
@@ -40,7 +41,7 @@ __all__ = ["MASK", "secret_name", "secret_value", "high_entropy", "redact_text",
 # -- token shapes -------------------------------------------------------------------------------------------
 # Values shaped like well-known credentials, found anywhere inside a string: one alternation, one pass; the
 # group that matched names the rule (the login side counts by rule).
-_SHAPES = re.compile("|".join("(?P<%s>%s)" % (name, pattern) for name, pattern in (
+_SHAPES = lazy("|".join("(?P<%s>%s)" % (name, pattern) for name, pattern in (
     ("private_key", r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
                     r"(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"),
     ("hf_token", r"\bhf_[A-Za-z0-9]{20,}"),
@@ -63,23 +64,23 @@ _SHAPES = re.compile("|".join("(?P<%s>%s)" % (name, pattern) for name, pattern i
     ("bearer_token", r"(?<=\bBearer )[A-Za-z0-9._~+/=-]{6,}"),
 )), re.S)
 # A cheap test first: only text with one of these can hold a shape.
-_ANY_PREFIX = re.compile(r"PRIVATE KEY|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,3}-|A[KSGIRNBC][IS]A|eyJ|xox|sk|rk_|pk_"
+_ANY_PREFIX = lazy(r"PRIVATE KEY|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,3}-|A[KSGIRNBC][IS]A|eyJ|xox|sk|rk_|pk_"
                          r"|whsec_|AIza|npm_|pypi-|SG\.|Basic |Bearer |slack|[0-9a-f]{32}")
 
 # -- URLs -----------------------------------------------------------------------------------------------------
 # scheme://user:password@host -> scheme://user:***@host. The password runs to the *last* `@` of the authority
 # (a password may hold `@`); an empty user too (redis://:pw@host).
-_URL_CREDENTIALS = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'`<>\\]*:)"
+_URL_CREDENTIALS = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'`<>\\]*:)"
                               r"(?P<pw>[^\s/?#\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+(?:[/?#\s\"'`<>\\,;)\]}]|$))")
 # scheme://USER@host with no password: USER is a token unless it reads like a user name (git@, alice@)
-_URL_USER = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s:/?#@\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+)")
+_URL_USER = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s:/?#@\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+)")
 # user/password@host (Oracle, DB2 connect strings); not a package at a version (`org/pkg@v1.2`)
-_DSN = re.compile(r"(?<![\w/.:@%$-])(?P<user>[A-Za-z_][\w$#.-]{0,63})/(?P<pw>[^\s/@\"'`<>]{1,200})"
+_DSN = lazy(r"(?<![\w/.:@%$-])(?P<user>[A-Za-z_][\w$#.-]{0,63})/(?P<pw>[^\s/@\"'`<>]{1,200})"
                   r"@(?!v?\d+(?:\.\d+)*\b)(?=[A-Za-z0-9\[])")
 # the path and query of a URL: a segment or a query value that is not safe by the default-deny rule and long
 # enough to carry a token (a webhook's token, a presigned signature) is masked
-_URL_REST = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#\"'`<>\\]+)(?P<rest>[/?][^\s\"'`<>\\]*)")
-_SEGMENT = re.compile(r"(?<=[/=&?])[^/?&=#;]{16,}")
+_URL_REST = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#\"'`<>\\]+)(?P<rest>[/?][^\s\"'`<>\\]*)")
+_SEGMENT = lazy(r"(?<=[/=&?])[^/?&=#;]{16,}")
 
 # -- structure: a secret-named name, then its value -----------------------------------------------------------
 # A value: a quoted string (also strace's escaped quotes, Python's b''/r''/f'', a Markdown code span), a
@@ -95,22 +96,22 @@ _VALUE = (r"(?P<val>" + _Q + r"|0x[0-9a-fA-F]+[ \t]+" + _Q +  # gdb: a char* arg
           r"|(?:(?!\\[rnt\"'])[^\s\"'`,;&|)\]}<])+)")
 # "name": value / 'name': value / \"name\": value / ("name", value) / ["--flag", value] / cfg["name"] = value:
 # dict reprs, JSON, strace'd JSON, pairs, command lists, subscript assignments.
-_KEYVAL = re.compile(r"(?P<q>\\?[\"'])(?P<name>-{0,2}[A-Za-z_][\w .-]{0,80}?)(?P=q)\]?\s*(?::|=>?|,)\s*" + _VALUE)
+_KEYVAL = lazy(r"(?P<q>\\?[\"'])(?P<name>-{0,2}[A-Za-z_][\w .-]{0,80}?)(?P=q)\]?\s*(?::|=>?|,)\s*" + _VALUE)
 # name=value, name = value, name: value, name: Type = value, name == value (kwargs, assignments, headers,
 # env, log lines, YAML).
 _ESC = r"(?<=\\[nrt])"  # just after an escaped newline or tab in a repr or strace string: a new field starts
-_ASSIGN = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Za-z_][\w.-]*?)(?P<sep>\s*(?::\s*[A-Za-z_][\w.\[\], |]*?\s+)?==?\s*"
+_ASSIGN = lazy(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Za-z_][\w.-]*?)(?P<sep>\s*(?::\s*[A-Za-z_][\w.\[\], |]*?\s+)?==?\s*"
                      r"|[ \t]*:[ \t]*)(?!=)" + _VALUE)
 # --flag value / --flag=value in free text (a shell command, a -c program). A value after a space never starts
 # with "-" (that is the next flag), so "--use-auth --token x" still reaches --token.
-_FLAG = re.compile(r"(?P<flag>(?:" + _ESC + r"|(?<![\w\\-]))--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
+_FLAG = lazy(r"(?P<flag>(?:" + _ESC + r"|(?<![\w\\-]))--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
 # NAME value: an upper-case secret name, a space, its value (AWS_SECRET_ACCESS_KEY wJal..., PASS x in a
 # protocol line); and NCCL's echo of its environment ("NCCL_IB_AUTH_TOKEN set by environment to x").
-_SPACED = re.compile(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]|PASS|PASSWORD|PASSWD|TOKEN|SECRET|APIKEY)"
+_SPACED = lazy(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]|PASS|PASSWORD|PASSWD|TOKEN|SECRET|APIKEY)"
                      r"(?P<sep>[ \t]+(?:set by environment to[ \t]+)?)(?![-=:])" + _VALUE)
 # A password word in prose, then its value: "password hunter2", "(passcode 4821)", "password is x", a netrc
 # line's "password x". Only words that mean nothing else (`pass`, `token`, `secret` begin ordinary sentences).
-_PROSE = re.compile(r"(?i)(?P<name>\b(?:password|passwd|passcode|passphrase|passkey)s?)(?P<sep>[ \t]+(?:(?:is|was|of|"
+_PROSE = lazy(r"(?i)(?P<name>\b(?:password|passwd|passcode|passphrase|passkey)s?)(?P<sep>[ \t]+(?:(?:is|was|of|"
                     r"for [\w.@-]+|:)[ \t]+)?)(?![-=:])" + _VALUE)
 _PROSE_KEEP = frozenset({"is", "was", "are", "were", "for", "of", "to", "in", "on", "and", "or", "not", "the", "a",
                          "an", "with", "from", "required", "missing", "invalid", "incorrect", "wrong", "expired",
@@ -121,36 +122,36 @@ _PROSE_KEEP = frozenset({"is", "was", "are", "were", "for", "of", "to", "in", "o
                          "true", "false", "argument", "parameter", "option", "variable", "env"})
 # A protocol's login command, in a line of text or a thread name (the bytes on a socket are not text at all:
 # workers/tooltext.py): everything after the verb to the end of the line is its credentials.
-_PROTOCOL = re.compile(r"(?<![\w-])(?P<name>AUTH|LOGIN|PASS|addauth)(?P<sep>[ \t]+)"
+_PROTOCOL = lazy(r"(?<![\w-])(?P<name>AUTH|LOGIN|PASS|addauth)(?P<sep>[ \t]+)"
                        r"(?P<val>(?:(?!\\[rn])[^\r\n\"'])+)")
 # Headers whose whole value (to the end of the line or the string) is a credential.
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
-_HEADER = re.compile(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
+_HEADER = lazy(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
                      r"(?P<sep>[ \t]*:[ \t]*(?:" + _SCHEME + r"[ \t]+)?)"
                      r"(?P<val>(?:(?!\\[rnt\"']|&(?:quot|#x27|#39|lt|gt);)[^\n\"'<])+)")
 
 # -- short flags that carry a password --------------------------------------------------------------------------
 # `-p VALUE` (sshpass, redis-cli -a's cousins, mysql's spaced form), `-pVALUE` (mysql), `-u user:pw` / `--user
 # user:pw` (curl, wget). A number after -p is a port (`ssh -p 22`), a path a directory (`mkdir -p /x`).
-_SHORT_P = re.compile(r"(?<![\w\\/.-])-p(?P<sep>[ \t]+(?!-)|)(?P<val>(?P<q>\\?[\"'`])[^\s\"'`]+(?P=q)"
+_SHORT_P = lazy(r"(?<![\w\\/.-])-p(?P<sep>[ \t]+(?!-)|)(?P<val>(?P<q>\\?[\"'`])[^\s\"'`]+(?P=q)"
                       r"|[^\s\"'`,;&|)\]}<]+)")
 # (in a command list's repr, `'-u', 'user:pw'`: the flag's closing quote and the comma are its separator)
-_USER_PAIR = re.compile(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)"
+_USER_PAIR = lazy(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)"
                         r"(?P<sep>[ \t]+|=|\\?[\"'`][ \t]*,[ \t]*)(?P<q>\\?[\"'`]?)"
                         r"(?P<user>[^\s:\"'`]+):(?P<val>[^\s\"'`]+)")
 
 # -- long high-entropy strings ---------------------------------------------------------------------------------
-_CANDIDATE = re.compile(r"(?:" + _ESC + r"|(?<![\w+=\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
+_CANDIDATE = lazy(r"(?:" + _ESC + r"|(?<![\w+=\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
 # base64 with `/` in it (an AWS secret key): judged whole, a path's components never look this random together
-_CANDIDATE_B64 = re.compile(r"(?<![\w+=/\\-])[A-Za-z0-9+/]{28,}={0,2}(?![\w+=/-])")
+_CANDIDATE_B64 = lazy(r"(?<![\w+=/\\-])[A-Za-z0-9+/]{28,}={0,2}(?![\w+=/-])")
 # A run of 12+ letters and digits mixing upper and lower case that the default-deny rule does not read as a name:
 # a token glued to a word (`uploader-<token>`), a directory named after one, an OS thread name (15 characters at
 # most). With digits in it, that is enough; of letters alone, it must also switch case as often as random letters
 # do and not be mostly words (`GruvboxDarkStyle`, `NetFxSdkVersion` read as CamelCase and stay): measured on the
 # 80,000 mixed-case identifiers of the stdlib, site-packages and torch's headers, 0.05 % masked (half of them
 # base64 test data), and 6 in 10 random letter tokens of 12-20 characters.
-_MIXED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{12,}(?![A-Za-z0-9])")
-_WORDISH = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{3,}(?![a-z])")
+_MIXED = lazy(r"(?<![A-Za-z0-9])[A-Za-z0-9]{12,}(?![A-Za-z0-9])")
+_WORDISH = lazy(r"[A-Z]?[a-z]{3,}|[A-Z]{3,}(?![a-z])")
 
 
 def _random_letters(token: str) -> bool:
@@ -160,7 +161,7 @@ def _random_letters(token: str) -> bool:
     if switches < 0.3 * (len(token) - 1):
         return False
     return sum(len(w) for w in _WORDISH.findall(token)) < 0.5 * len(token)
-_SRI = re.compile(r"sha(?:256|384|512)-[A-Za-z0-9+/]+=*")
+_SRI = lazy(r"sha(?:256|384|512)-[A-Za-z0-9+/]+=*")
 
 
 def _ents(text: str, hits: Optional[Dict[str, int]]) -> str:
@@ -215,8 +216,8 @@ def _unquote(val: str) -> "tuple[str, str, str]":
     return "", val, ""
 
 
-_ALREADY = re.compile(r"(?:" + _SCHEME + r"\s+)?(?:\*\*\*)?[\s:,;]*")
-_CALL = re.compile(r"[A-Za-z_][\w.]*\(.*\)", re.S)
+_ALREADY = lazy(r"(?:" + _SCHEME + r"\s+)?(?:\*\*\*)?[\s:,;]*")
+_CALL = lazy(r"[A-Za-z_][\w.]*\(.*\)", re.S)
 
 
 def _hidden(inner: str) -> bool:
@@ -324,9 +325,9 @@ def _dsn(text: str, hits: Optional[Dict[str, int]]) -> str:
 
 # Every secret name holds one of these (workers/secretnames.py): text without any cannot match a structural
 # rule, and most text (frames, paths, numbers, syscalls) has none.
-_NAME_HINT = re.compile(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
+_NAME_HINT = lazy(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
                         r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac")  # searched in the lower-cased text
-_PAT_HINT = re.compile(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
+_PAT_HINT = lazy(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
 
 
 def redact_text(text: str, hits: Optional[Dict[str, int]] = None, code: bool = False) -> str:

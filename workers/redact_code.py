@@ -11,8 +11,6 @@ mistake code for a value (token shapes, URL credentials, entropy, a password wor
 
 from __future__ import annotations
 
-import re
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Callable, Dict, List, Optional
@@ -21,11 +19,12 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 
 from workers.codetext import split_literal, tokens
 from workers.codetext import owners as literal_owners
+from workers.lazyre import lazy
 from workers.secretnames import MASK, secret_name, secret_value, strength
 
 # Calls whose arguments are credentials, by a word of the callee's name (besides names that say secret).
 _AUTH_CALLS = frozenset({"login", "logon", "signin", "authenticate", "authorize", "auth", "hmac", "basicauth"})
-_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_SPLIT = lazy(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _USER_FLAGS = frozenset({"-u", "--user", "--proxy-user", "-U"})
 
 

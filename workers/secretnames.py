@@ -11,9 +11,8 @@ the value is *about* the secret rather than the secret (`token_count`, `pass_idx
 
 from __future__ import annotations
 
-import re
-
 from workers.cleartext import clear_value
+from workers.lazyre import lazy
 
 MASK = "***"
 
@@ -46,7 +45,7 @@ _ABOUT = {"count", "counts", "num", "number", "idx", "index", "indices", "ids", 
           "steps", "per", "total", "offset", "position", "positions", "start", "end", "memory", "first", "second",
           "last", "forward", "backward"}
 
-_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_WORD_SPLIT = lazy(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 _STRENGTH: dict = {}  # name -> strength; the same few local and variable names come back on every frame
 
@@ -92,7 +91,7 @@ def secret_name(name: str) -> bool:
     return strength(name) > 0
 
 
-_HARMLESS = re.compile(r"[-+]?\d[\d_]*(?:\.\d*)?(?:[eE][-+]?\d+)?|True|False|None|true|false|none|null")
+_HARMLESS = lazy(r"[-+]?\d[\d_]*(?:\.\d*)?(?:[eE][-+]?\d+)?|True|False|None|true|false|none|null")
 
 
 def secret_value(name: str, value: str) -> bool:
@@ -109,4 +108,4 @@ def secret_value(name: str, value: str) -> bool:
     return not (v == "" or _HARMLESS.fullmatch(v) is not None or clear_value(v))
 
 
-_PAIR = re.compile(r"[^\s:/@]+:(?!\d+$)[^\s:/@]+")
+_PAIR = lazy(r"[^\s:/@]+:(?!\d+$)[^\s:/@]+")

@@ -24,10 +24,11 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Dict, Optional
 
 from workers.cleartext import clear_word
+from workers.lazyre import lazy
 
 # strace's string argument: "..." with C escapes, then `...` when cut at -s
-_STRACE_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"(?:\.\.\.)?')
-_CALL = re.compile(r"^(?:\[pid\s+\d+\]\s+)?(?:\d\d:\d\d:\d\d\.\d+\s+)?(?:<\.\.\. (?P<resumed>[a-z_][a-z0-9_]*) "
+_STRACE_STRING = lazy(r'"(?:[^"\\\n]|\\.)*"(?:\.\.\.)?')
+_CALL = lazy(r"^(?:\[pid\s+\d+\]\s+)?(?:\d\d:\d\d:\d\d\.\d+\s+)?(?:<\.\.\. (?P<resumed>[a-z_][a-z0-9_]*) "
                    r"resumed>|(?P<call>[a-z_][a-z0-9_]*)\()")
 # Calls whose first string argument is a path (strace prints it in full, whatever -s says).
 _PATH_CALLS = frozenset({
@@ -37,8 +38,8 @@ _PATH_CALLS = frozenset({
     "symlink", "symlinkat", "truncate", "utimensat", "inotify_add_watch", "statfs", "getxattr", "lgetxattr",
     "setxattr", "listxattr", "mknod", "mknodat", "chroot", "umount2", "mount", "name_to_handle_at", "utime",
     "utimes", "futimesat", "swapon", "swapoff", "acct"})
-_VERB = re.compile(r"[+\-]?[A-Z][A-Z0-9_./-]{1,15}")
-_VERB_END = re.compile(r"[ \t]|\\[rnt0]|\\x|$")
+_VERB = lazy(r"[+\-]?[A-Z][A-Z0-9_./-]{1,15}")
+_VERB_END = lazy(r"[ \t]|\\[rnt0]|\\x|$")
 
 
 def _verb(payload: str) -> str:
@@ -84,9 +85,9 @@ def strace_text(text: str, verbs: bool = False, hits: Optional[Dict[str, int]] =
 
 
 # gdb's C string: "..." with escapes, optionally followed by `...` (cut by print elements) or a `<repeats N times>`
-_GDB_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"(?:\.\.\.)?')
-_ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9a-fA-F]+|.)")
-_THREAD_HEADER = re.compile(r"^\s*(?:\*\s*)?(?:Thread|\[Switching to thread|\[New Thread)\b")
+_GDB_STRING = lazy(r'"(?:[^"\\\n]|\\.)*"(?:\.\.\.)?')
+_ESCAPE = lazy(r"\\(?:[0-7]{1,3}|x[0-9a-fA-F]+|.)")
+_THREAD_HEADER = lazy(r"^\s*(?:\*\s*)?(?:Thread|\[Switching to thread|\[New Thread)\b")
 
 
 def gdb_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import time
 
@@ -20,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from workers.lazyre import lazy
 from workers.redact import redact_text
 
 TAIL_BYTES = 16 << 10  # read from the end of the file
@@ -27,7 +27,7 @@ MAX_LINES = 30  # lines kept from where the error starts
 MAX_CHARS = 3000
 MAX_ERROR_FILE = 256 << 10
 CONTEXT = 3  # lines kept above an error line that is not inside a traceback
-ERROR_LINE = re.compile(
+ERROR_LINE = lazy(
     r"Traceback \(most recent call last\)|\b[A-Z]\w*(Error|Exception|Interrupt)\b(:|$)|\bNCCL (WARN|ERROR)\b|"
     r"\bWatchdog caught\b|\bCUDA error\b|\bSegmentation fault\b|\bcore dumped\b|\bfatal( error)?:|"
     r"\bterminate called\b|\bKilled\b|\bsignal \d+ \(SIG[A-Z]+\)")

@@ -20,10 +20,11 @@ the store names, with the rank, comes back.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import struct
 import time
+
+from workers.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
@@ -33,7 +34,7 @@ VALIDATE, GET, CHECK, PING, LIST_KEYS = 0, 3, 5, 13, 17
 MAGIC = 0x3C85F7CE
 READY = 0
 # The default group's per-rank gloo keys (torch 2.x): /default_pg/<group>//<device type>//<context>/<rank>
-RANK_KEY = re.compile(r"^/?default_pg/([^/]{1,64})//([a-z]{1,16})//(\d{1,4})/(\d{1,7})$")
+RANK_KEY = lazy(r"^/?default_pg/([^/]{1,64})//([a-z]{1,16})//(\d{1,4})/(\d{1,7})$")
 FALLBACK_KEY = "/default_pg/0//cpu//0/%d"  # CHECKed by name where LIST_KEYS is unknown
 MAX_KEYS = 100000  # keys a listing may have
 MAX_KEY_BYTES = 1024

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 
@@ -41,6 +40,7 @@ from workers import loops as loopinfo
 from workers import procinfo, pstate
 from workers.collect import guard
 from workers.collect import pyglobals_probe as probe
+from workers.lazyre import lazy
 from workers.request import Cancelled, Request
 
 PROBE_TIMEOUT = 10.0  # an interpreter start on a node whose cores the job keeps busy
@@ -49,7 +49,7 @@ MAX_CACHED = 16
 MAX_FRAMES = 256  # frames of the main thread searched for its `<module>` frame
 # What /proc/PID/exe must be called to be started as a probe: an interpreter (`python3.11`, `python3.13t`),
 # never another program that embeds Python.
-_PYTHON_NAME = re.compile(r"^python[0-9.]*[a-z]?$")
+_PYTHON_NAME = lazy(r"^python[0-9.]*[a-z]?$")
 _SETPRIV_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 if TYPE_CHECKING:

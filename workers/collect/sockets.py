@@ -9,7 +9,6 @@ walks the kernel's whole TCP hash) joined with `ss -tin` run in that namespace.
 from __future__ import annotations
 
 import os
-import re
 import struct
 
 TYPE_CHECKING = False
@@ -17,11 +16,12 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
     from typing import Any, Dict, List, Optional, Tuple
 
 from workers import procinfo
+from workers.lazyre import lazy
 
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
-_SS_INFO = re.compile(r"\b(backoff|lastsnd|lastrcv|lastack|bytes_acked|bytes_received):(\d+)")
-_SS_RETRANS = re.compile(r"\bretrans:(\d+)/(\d+)")
+_SS_INFO = lazy(r"\b(backoff|lastsnd|lastrcv|lastack|bytes_acked|bytes_received):(\d+)")
+_SS_RETRANS = lazy(r"\bretrans:(\d+)/(\d+)")
 
 
 def socket_inodes(pid: int) -> List[int]:
