@@ -10,9 +10,8 @@ import getpass
 import os
 from typing import Any, Optional, Sequence
 
-import asyncssh
-
 from app.errors import TransportError
+from app.transport.sshlib import asyncssh
 
 # asyncssh's default identity files, in its order (public_key._DEFAULT_KEY_FILES)
 DEFAULT_IDENTITIES = ("id_ed25519_sk", "id_ecdsa_sk", "id_ed448", "id_ed25519", "id_ecdsa", "id_rsa", "id_dsa")

@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, cast
 
-import asyncssh
-
 from app.errors import TransportError
 from app.transport import bootstrap
 from app.transport.auth import auth_failure
@@ -26,6 +24,8 @@ from app.transport.base import ExitInfo, WorkerConnection
 from app.transport.files import DEFAULT_CONFIGS, usable
 from app.transport.hostkeys import HostKeyCheck, KnownHostsCache, known_hosts_paths
 from app.transport.push import lend_pyspy
+from app.transport.sshconfig import HostConfig
+from app.transport.sshlib import asyncssh
 
 THROTTLE_BACKOFF = 0.25  # seconds before the first retry; doubled each time, with jitter
 
@@ -125,8 +125,9 @@ class SshTransport:
 
     def host_config(self, host: str, user: Optional[str], port: Optional[int]) -> asyncssh.config.SSHClientConfig:
         """The ssh config as it applies to this host (first value wins across files, as in OpenSSH)."""
-        # load() is typed as returning the base class; called on SSHClientConfig it builds one.
-        return cast(asyncssh.config.SSHClientConfig, asyncssh.config.SSHClientConfig.load(
+        # load() is typed as returning the base class; called on HostConfig it builds one. HostConfig tokenizes
+        # each file once per process: a config with a block per node is not read again for every node.
+        return cast(asyncssh.config.SSHClientConfig, HostConfig.load(
             None, self.config_paths, False, False, False, getpass.getuser(),
             user if user else (), host, port if port else ()))
 

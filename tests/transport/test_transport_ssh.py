@@ -16,6 +16,7 @@ import pytest
 from app.errors import TransportError
 from app.transport.login_tools import local_pyspy
 from app.transport.ssh import SshOptions, SshTransport
+from app.transport.sshconfig import HostConfig
 from workers import protocol
 
 import cluster as cluster_mod
@@ -445,13 +446,16 @@ async def test_the_ssh_config_is_read_once_per_connection(ssh_cluster, monkeypat
     # parsed for the connection is handed to asyncssh instead of being parsed a second time.
     c = ssh_cluster
     parsed = []
-    real = asyncssh.config.SSHConfig.parse
 
-    def counting(self, path):  # type: ignore[no-untyped-def]
-        parsed.append(str(path))
-        return real(self, path)
+    def counting(real):  # type: ignore[no-untyped-def]
+        def parse(self, path):  # type: ignore[no-untyped-def]
+            parsed.append(str(path))
+            return real(self, path)
+        return parse
 
-    monkeypatch.setattr(asyncssh.config.SSHConfig, "parse", counting)
+    # asyncssh's parser, and hangscope's (app/transport/sshconfig.py: the same, over lines tokenized once)
+    monkeypatch.setattr(asyncssh.config.SSHConfig, "parse", counting(asyncssh.config.SSHConfig.parse))
+    monkeypatch.setattr(HostConfig, "parse", counting(HostConfig.parse))
     t = SshTransport(_opts(c))
     w = await t.open("node01")
     try:
