@@ -4,6 +4,7 @@ as compiling them, the node's tracebacks still name <hangscope>/..., and a sourc
 from __future__ import annotations
 
 import compileall
+import json
 import marshal
 import os
 import zlib
@@ -21,8 +22,12 @@ def _package(tmp_path: Path, body: str) -> Path:
 
 
 def _code(payload: bootstrap.Payload) -> dict:
-    raw = zlib.decompress(payload.data)
+    raw = zlib.decompress(payload.data[:payload.head])  # the first stream: the module list, then the code
     return marshal.loads(raw[raw.index(b"\n") + 1:])
+
+
+def _sources(payload: bootstrap.Payload) -> dict:
+    return json.loads(zlib.decompress(payload.data[payload.head:]))  # the second stream
 
 
 def _filenames(code) -> set[str]:
@@ -44,8 +49,7 @@ def test_a_cached_module_ships_the_same_code_as_a_compiled_one(tmp_path: Path) -
     cached = bootstrap._pack(root)
     assert list(root.rglob("*.pyc"))
     # the same sources and equal code objects (marshal's back-references may differ: they follow object identity)
-    raw_cached, raw_compiled = zlib.decompress(cached.data), zlib.decompress(compiled.data)
-    assert raw_cached[:raw_cached.index(b"\n")] == raw_compiled[:raw_compiled.index(b"\n")]
+    assert _sources(cached) == _sources(compiled) and _sources(cached)["workers.mod"] == BODY
     assert _code(cached) == _code(compiled)
     assert _code(compiled)["workers.mod"] == compile(BODY, "<hangscope>/workers/mod.py", "exec", dont_inherit=True)
     # every code object, nested functions and methods included, is named as the node shows it

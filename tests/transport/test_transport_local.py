@@ -82,14 +82,15 @@ def _payload_with_marked_code(tmp_path: Path, blob: bytes | None = None) -> boot
     (root / "__main__.py").write_text("import sys\ndef main(options):\n    from workers import mod\n"
                                       "    sys.stdout.write(mod.X)\n    return 0\n")
     payload = bootstrap.build_payload.__wrapped__(root)
-    raw = zlib.decompress(payload.data)
+    raw = zlib.decompress(payload.data[:payload.head])  # the module list, then the compiled code
     head, _, code = raw.partition(b"\n")
-    modules = json.loads(head)
-    assert modules["workers.mod"][1] == 'X = "source"\n'
+    assert json.loads(head)["workers.mod"] is False
+    assert json.loads(zlib.decompress(payload.data[payload.head:]))["workers.mod"] == 'X = "source"\n'
     shipped = marshal.loads(code)
     shipped["workers.mod"] = compile('X = "code"\n', bootstrap.module_filename("workers.mod", False), "exec")
-    raw = head + b"\n" + (marshal.dumps(shipped) if blob is None else blob)
-    return bootstrap.Payload(data=zlib.compress(raw), modules=payload.modules, magic=payload.magic)
+    first = zlib.compress(head + b"\n" + (marshal.dumps(shipped) if blob is None else blob))
+    return bootstrap.Payload(data=first + payload.data[payload.head:], modules=payload.modules, head=len(first),
+                             magic=payload.magic)
 
 
 @pytest.mark.parametrize("python,blob,expect", [
