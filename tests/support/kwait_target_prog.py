@@ -110,12 +110,23 @@ def asyncio_read(args):
     asyncio.run(main())
 
 
+def asleep(pid):
+    """Wait (bounded) until the child sleeps: right after exec it may still be running (state R) on a busy
+    machine, and the tests read its state."""
+    for _ in range(2000):
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        time.sleep(0.005)
+
+
 def wait_child(args):
     """wait4 on one child that sleeps; another child is killed by SIGKILL and left a zombie."""
     sleeper = subprocess.Popen(["sleep", "86400"])
     victim = subprocess.Popen(["sleep", "86400"])
     os.kill(victim.pid, 9)
     os.waitid(os.P_PID, victim.pid, os.WEXITED | os.WNOWAIT)  # dead, and left unreaped: a zombie
+    asleep(sleeper.pid)
     ready(sleeper.pid, victim.pid)
     os.waitpid(sleeper.pid, 0)
 
@@ -123,6 +134,8 @@ def wait_child(args):
 def wait_any(args):
     """wait4(-1): any of two sleeping children."""
     kids = [subprocess.Popen(["sleep", "86400"]) for _ in range(2)]
+    for k in kids:
+        asleep(k.pid)
     ready(*(k.pid for k in kids))
     os.wait()
 
