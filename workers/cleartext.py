@@ -192,7 +192,7 @@ def clear_text(text: str) -> bool:
 
 _SPACE_OUTSIDE = lazy(r"(?<![,:])\s")  # a space that is not after a container's `,` or a dict's `:`
 _OBJECT = lazy(r"<[^\n<>]{0,200} at 0x[0-9a-fA-F]+>|<(?:built-in |bound )?(?:function|method|module|class)"
-                     r"[^\n]{0,200}>")
+               r"[^\n]{0,200}>")
 
 
 def clear_value(value: str) -> bool:

@@ -65,18 +65,18 @@ _SHAPES = lazy("|".join("(?P<%s>%s)" % (name, pattern) for name, pattern in (
 )), re.S)
 # A cheap test first: only text with one of these can hold a shape.
 _ANY_PREFIX = lazy(r"PRIVATE KEY|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,3}-|A[KSGIRNBC][IS]A|eyJ|xox|sk|rk_|pk_"
-                         r"|whsec_|AIza|npm_|pypi-|SG\.|Basic |Bearer |slack|[0-9a-f]{32}")
+                   r"|whsec_|AIza|npm_|pypi-|SG\.|Basic |Bearer |slack|[0-9a-f]{32}")
 
 # -- URLs -----------------------------------------------------------------------------------------------------
 # scheme://user:password@host -> scheme://user:***@host. The password runs to the *last* `@` of the authority
 # (a password may hold `@`); an empty user too (redis://:pw@host).
 _URL_CREDENTIALS = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'`<>\\]*:)"
-                              r"(?P<pw>[^\s/?#\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+(?:[/?#\s\"'`<>\\,;)\]}]|$))")
+                        r"(?P<pw>[^\s/?#\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+(?:[/?#\s\"'`<>\\,;)\]}]|$))")
 # scheme://USER@host with no password: USER is a token unless it reads like a user name (git@, alice@)
 _URL_USER = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s:/?#@\"'`<>\\]+)(?=@[^\s@/?#\"'`<>\\]+)")
 # user/password@host (Oracle, DB2 connect strings); not a package at a version (`org/pkg@v1.2`)
 _DSN = lazy(r"(?<![\w/.:@%$-])(?P<user>[A-Za-z_][\w$#.-]{0,63})/(?P<pw>[^\s/@\"'`<>]{1,200})"
-                  r"@(?!v?\d+(?:\.\d+)*\b)(?=[A-Za-z0-9\[])")
+            r"@(?!v?\d+(?:\.\d+)*\b)(?=[A-Za-z0-9\[])")
 # the path and query of a URL: a segment or a query value that is not safe by the default-deny rule and long
 # enough to carry a token (a webhook's token, a presigned signature) is masked
 _URL_REST = lazy(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#\"'`<>\\]+)(?P<rest>[/?][^\s\"'`<>\\]*)")
@@ -101,18 +101,18 @@ _KEYVAL = lazy(r"(?P<q>\\?[\"'])(?P<name>-{0,2}[A-Za-z_][\w .-]{0,80}?)(?P=q)\]?
 # env, log lines, YAML).
 _ESC = r"(?<=\\[nrt])"  # just after an escaped newline or tab in a repr or strace string: a new field starts
 _ASSIGN = lazy(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Za-z_][\w.-]*?)(?P<sep>\s*(?::\s*[A-Za-z_][\w.\[\], |]*?\s+)?==?\s*"
-                     r"|[ \t]*:[ \t]*)(?!=)" + _VALUE)
+               r"|[ \t]*:[ \t]*)(?!=)" + _VALUE)
 # --flag value / --flag=value in free text (a shell command, a -c program). A value after a space never starts
 # with "-" (that is the next flag), so "--use-auth --token x" still reaches --token.
 _FLAG = lazy(r"(?P<flag>(?:" + _ESC + r"|(?<![\w\\-]))--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+(?!-))" + _VALUE)
 # NAME value: an upper-case secret name, a space, its value (AWS_SECRET_ACCESS_KEY wJal..., PASS x in a
 # protocol line); and NCCL's echo of its environment ("NCCL_IB_AUTH_TOKEN set by environment to x").
 _SPACED = lazy(r"(?:" + _ESC + r"|(?<![\w\\/.-]))(?P<name>[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]|PASS|PASSWORD|PASSWD|TOKEN|SECRET|APIKEY)"
-                     r"(?P<sep>[ \t]+(?:set by environment to[ \t]+)?)(?![-=:])" + _VALUE)
+               r"(?P<sep>[ \t]+(?:set by environment to[ \t]+)?)(?![-=:])" + _VALUE)
 # A password word in prose, then its value: "password hunter2", "(passcode 4821)", "password is x", a netrc
 # line's "password x". Only words that mean nothing else (`pass`, `token`, `secret` begin ordinary sentences).
 _PROSE = lazy(r"(?i)(?P<name>\b(?:password|passwd|passcode|passphrase|passkey)s?)(?P<sep>[ \t]+(?:(?:is|was|of|"
-                    r"for [\w.@-]+|:)[ \t]+)?)(?![-=:])" + _VALUE)
+              r"for [\w.@-]+|:)[ \t]+)?)(?![-=:])" + _VALUE)
 _PROSE_KEEP = frozenset({"is", "was", "are", "were", "for", "of", "to", "in", "on", "and", "or", "not", "the", "a",
                          "an", "with", "from", "required", "missing", "invalid", "incorrect", "wrong", "expired",
                          "changed", "reset", "set", "must", "should", "will", "has", "have", "had", "be", "been",
@@ -123,22 +123,22 @@ _PROSE_KEEP = frozenset({"is", "was", "are", "were", "for", "of", "to", "in", "o
 # A protocol's login command, in a line of text or a thread name (the bytes on a socket are not text at all:
 # workers/tooltext.py): everything after the verb to the end of the line is its credentials.
 _PROTOCOL = lazy(r"(?<![\w-])(?P<name>AUTH|LOGIN|PASS|addauth)(?P<sep>[ \t]+)"
-                       r"(?P<val>(?:(?!\\[rn])[^\r\n\"'])+)")
+                 r"(?P<val>(?:(?!\\[rn])[^\r\n\"'])+)")
 # Headers whose whole value (to the end of the line or the string) is a credential.
 _SCHEME = r"(?:Bearer|Basic|Token|Digest|Bot|Negotiate|AWS4-HMAC-SHA256|token|bearer|basic)"
 _HEADER = lazy(r"(?i)(?P<name>\b(?:set-)?cookie|\bproxy-authorization|\bauthorization)"
-                     r"(?P<sep>[ \t]*:[ \t]*(?:" + _SCHEME + r"[ \t]+)?)"
-                     r"(?P<val>(?:(?!\\[rnt\"']|&(?:quot|#x27|#39|lt|gt);)[^\n\"'<])+)")
+               r"(?P<sep>[ \t]*:[ \t]*(?:" + _SCHEME + r"[ \t]+)?)"
+               r"(?P<val>(?:(?!\\[rnt\"']|&(?:quot|#x27|#39|lt|gt);)[^\n\"'<])+)")
 
 # -- short flags that carry a password --------------------------------------------------------------------------
 # `-p VALUE` (sshpass, redis-cli -a's cousins, mysql's spaced form), `-pVALUE` (mysql), `-u user:pw` / `--user
 # user:pw` (curl, wget). A number after -p is a port (`ssh -p 22`), a path a directory (`mkdir -p /x`).
 _SHORT_P = lazy(r"(?<![\w\\/.-])-p(?P<sep>[ \t]+(?!-)|)(?P<val>(?P<q>\\?[\"'`])[^\s\"'`]+(?P=q)"
-                      r"|[^\s\"'`,;&|)\]}<]+)")
+                r"|[^\s\"'`,;&|)\]}<]+)")
 # (in a command list's repr, `'-u', 'user:pw'`: the flag's closing quote and the comma are its separator)
 _USER_PAIR = lazy(r"(?<![\w\\/.-])(?P<flag>-u|--user|--proxy-user|-U)"
-                        r"(?P<sep>[ \t]+|=|\\?[\"'`][ \t]*,[ \t]*)(?P<q>\\?[\"'`]?)"
-                        r"(?P<user>[^\s:\"'`]+):(?P<val>[^\s\"'`]+)")
+                  r"(?P<sep>[ \t]+|=|\\?[\"'`][ \t]*,[ \t]*)(?P<q>\\?[\"'`]?)"
+                  r"(?P<user>[^\s:\"'`]+):(?P<val>[^\s\"'`]+)")
 
 # -- long high-entropy strings ---------------------------------------------------------------------------------
 _CANDIDATE = lazy(r"(?:" + _ESC + r"|(?<![\w+=\\-]))[A-Za-z0-9+_-]{20,}={0,2}(?![\w+=-])")
@@ -326,7 +326,7 @@ def _dsn(text: str, hits: Optional[Dict[str, int]]) -> str:
 # Every secret name holds one of these (workers/secretnames.py): text without any cannot match a structural
 # rule, and most text (frames, paths, numbers, syscalls) has none.
 _NAME_HINT = lazy(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
-                        r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac")  # searched in the lower-cased text
+                  r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac")  # searched in the lower-cased text
 _PAT_HINT = lazy(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
 
 

@@ -29,7 +29,7 @@ from workers.lazyre import lazy
 # strace's string argument: "..." with C escapes, then `...` when cut at -s
 _STRACE_STRING = lazy(r'"(?:[^"\\\n]|\\.)*"(?:\.\.\.)?')
 _CALL = lazy(r"^(?:\[pid\s+\d+\]\s+)?(?:\d\d:\d\d:\d\d\.\d+\s+)?(?:<\.\.\. (?P<resumed>[a-z_][a-z0-9_]*) "
-                   r"resumed>|(?P<call>[a-z_][a-z0-9_]*)\()")
+             r"resumed>|(?P<call>[a-z_][a-z0-9_]*)\()")
 # Calls whose first string argument is a path (strace prints it in full, whatever -s says).
 _PATH_CALLS = frozenset({
     "open", "openat", "openat2", "creat", "stat", "lstat", "newfstatat", "fstatat64", "statx", "access", "faccessat",
