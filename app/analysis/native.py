@@ -98,13 +98,12 @@ def native_call(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Fact]:
 
 def pipe_write(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Fact]:
     """A thread asleep in write() on a full pipe."""
-    threads = sorted(r.threads, key=lambda t: not t.is_main)
-    for t in threads:
-        if t.state != "S" or t.syscall not in WRITES or "pipe" not in t.wchan:
-            continue
-        f = next((g for g in t.frames if not g.native and not is_library(g)), None) or _innermost_python(t)
-        return _fact("pipe_write", r, t, f, odd)
-    return None
+    writing = [t for t in r.threads if t.state == "S" and t.syscall in WRITES and "pipe" in t.wchan]
+    if not writing:
+        return None
+    t = min(writing, key=lambda t: not t.is_main)  # the main thread first, else the first in the rank's order
+    f = next((g for g in t.frames if not g.native and not is_library(g)), None) or _innermost_python(t)
+    return _fact("pipe_write", r, t, f, odd)
 
 
 def native_facts(ranks: Sequence[RankSnapshot], odd: Collection[RankKey]) -> List[Fact]:

@@ -36,7 +36,7 @@ from app.analysis.fold import count_phrase, short_keys
 from app.analysis.health import StateEvidence
 from app.analysis.frames import clean, ddp_reducer, in_backward, path_collective, place_frames
 from app.analysis.options import AnalysisOptions, selector
-from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket, rank_key
+from app.model import Frame, ProgressCounters, RankSnapshot, Snapshot, TcpSocket, ThreadStack, rank_key
 
 # waiting: unchanged, but in a collective while a slow node's ranks hold the progressing job back; slow: unchanged,
 # but working on that slow node (its cgroup throttles it, it waits for a CPU): neither is stuck
@@ -104,7 +104,10 @@ class _Signatures:
         self._same: Dict[tuple, tuple] = {}
 
     def __call__(self, rank: RankSnapshot) -> Optional[tuple]:
-        t = self._pick(rank)
+        return self.of_thread(self._pick(rank))
+
+    def of_thread(self, t: Optional[ThreadStack]) -> Optional[tuple]:
+        """The signature of a rank whose chosen thread is `t` (picked by the caller)."""
         if t is None or not t.frames:
             return None
         known = self._by_frames.get(id(t.frames))
@@ -128,12 +131,17 @@ def _store_socket(s: TcpSocket, master_port: Optional[int]) -> bool:
 def socket_bytes(before: RankSnapshot, after: RankSnapshot) -> Tuple[Optional[int], Optional[int]]:
     """(bytes to peers, bytes to the store) that moved on the rank's TCP sockets between two samples; None
     when the counters are unknown (an old snapshot, a kernel without them)."""
-    old = {(s.local, s.peer): s for s in before.sockets}
+    prior = before.sockets
+    # a node lists a rank's sockets in the same order on each read while they stay open: then the socket at the
+    # same place is the same socket, and no dict of them is built (100k ranks a sample, issue 27)
+    same = len(prior) == len(after.sockets) and all(
+        o.local == s.local and o.peer == s.peer for o, s in zip(prior, after.sockets))
+    old = None if same else {(s.local, s.peer): s for s in prior}
     peers = store = None
-    for s in after.sockets:
+    for i, s in enumerate(after.sockets):
         if s.state == "LISTEN" or s.bytes_acked is None or s.bytes_received is None:
             continue
-        o = old.get((s.local, s.peer))
+        o = prior[i] if old is None else old.get((s.local, s.peer))
         if o is not None and (o.bytes_acked is None or o.bytes_received is None):
             continue
         moved = s.bytes_acked + s.bytes_received - ((o.bytes_acked or 0) + (o.bytes_received or 0) if o else 0)
@@ -206,12 +214,17 @@ def _path_flags(path: Tuple, cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]
     return flags
 
 
+_UNPICKED: Any = object()
+
+
 def _in_collective(rank: RankSnapshot, options: AnalysisOptions, sockets_active: Any,
-                   cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None) -> Optional[bool]:
+                   cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None,
+                   thread: Optional[ThreadStack] = _UNPICKED) -> Optional[bool]:
     """Whether the rank's thread waits in a collective: torch.distributed's own frames, or autograd's backward
     when it is DDP's (its Reducer shows natively, or its sockets to the peers move). `sockets_active`: a bool,
-    or a function asked only when the answer depends on it."""
-    t = selector(options)(rank)
+    or a function asked only when the answer depends on it. `thread`: the rank's chosen thread when the caller
+    has picked it (selector(options))."""
+    t = selector(options)(rank) if thread is _UNPICKED else thread
     if t is None or not t.frames:
         return None
     collective, backward = _path_flags(t.path, cache)
@@ -228,17 +241,26 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
         return ()
     # one sample per moment: the current snapshot passed again in the history is not a second sample
     ordered = sorted({s.taken_at: s for s in samples}.values(), key=attrgetter("taken_at"))
-    seen: Dict[ProgressKey, List[Tuple[float, Optional[tuple], float, RankSnapshot]]] = {}
+    # per rank and sample: (when, signature, cpu time, the rank, its chosen thread), the thread picked once
+    seen: Dict[ProgressKey, List[Tuple[float, Optional[tuple], float, RankSnapshot, Optional[ThreadStack]]]] = {}
     signature = _Signatures(options)
+    pick = selector(options)
     for snap in ordered:
+        taken_at = snap.taken_at
         for r in snap.ranks:
-            seen.setdefault((r.node, r.pid, r.start_time), []).append(
-                (snap.taken_at, signature(r), r.cpu_time, r))
+            t = pick(r)
+            entry = (taken_at, signature.of_thread(t), r.cpu_time, r, t)
+            key = (r.node, r.pid, r.start_time)
+            got = seen.get(key)
+            if got is None:
+                seen[key] = [entry]
+            else:
+                got.append(entry)
     latest = ordered[-1].taken_at
     out = []
     flags: Dict[int, Tuple[Tuple, _PathFlags]] = {}
     for key, history in seen.items():
-        when, sig, _, rank = history[-1]
+        when, sig, _, rank, thread = history[-1]
         if when != latest:
             out.append(RankProgress(*key, rank.rank, "gone", since=when, duration=latest - when,
                                     samples=len(history)))
@@ -270,7 +292,7 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
             status = "unknown"  # not enough samples yet
         activity = _activity(cpu, options)
         if activity in ("spinning", "busy"):
-            t = selector(options)(rank)
+            t = thread
             if t is not None and polls(t):
                 activity = "polling"  # a CUDA synchronisation, NCCL's init: the CPU it uses is its wait's
         out.append(RankProgress(*key, rank.rank, status, since, latest - since, run, cpu, activity,
@@ -278,7 +300,7 @@ def track(samples: Sequence[Snapshot], options: AnalysisOptions = AnalysisOption
                                 net_bytes=moves.get("net"), store_bytes=moves.get("store"),
                                 ctx_switches=moves.get("ctx"), io_bytes=moves.get("io"),
                                 **_window([h[3] for h in history], options, flags,
-                                          asleep=activity == "sleeping"),
+                                          asleep=activity == "sleeping", threads=[h[4] for h in history]),
                                 held=_held(rank)))
     out.sort(key=lambda p: (p.rank is None, p.rank or 0, p.node, p.pid, p.start_time))
     return tuple(out)
@@ -367,9 +389,14 @@ def collectives_issued(before: RankSnapshot, after: RankSnapshot) -> int:
 
 
 def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
-            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None, asleep: bool = False) -> dict:
+            cache: Optional[Dict[int, Tuple[Tuple, _PathFlags]]] = None, asleep: bool = False,
+            threads: Optional[Sequence[Optional[ThreadStack]]] = None) -> dict:
     """Over every sample of one rank: run-queue wait and throttling shares, where its thread was. `asleep`: it
-    used no CPU between the last two samples (then a thread in autograd's backward waits, see waits_now)."""
+    used no CPU between the last two samples (then a thread in autograd's backward waits, see waits_now).
+    `threads`: each sample's chosen thread, when the caller has picked them."""
+    if threads is None:
+        pick = selector(options)
+        threads = [pick(r) for r in ranks]
     with_counters = [r for r in ranks if r.counters is not None]
     out: dict = {}
     if len(with_counters) >= 2:
@@ -391,19 +418,19 @@ def _window(ranks: Sequence[RankSnapshot], options: AnalysisOptions,
             out["cgroup"] = clean(f"{cg.path} ({cg.quota_us / cg.period_us:.0%} of a CPU)", 200)
     inside = outside = running = 0
     where: Optional[bool] = None
-    for before, after in zip((None,) + tuple(ranks[:-1]), ranks):
+    for before, after, thread in zip((None,) + tuple(ranks[:-1]), ranks, threads):
         def active(before: Optional[RankSnapshot] = before, after: RankSnapshot = after) -> bool:
             moved = before is not None and (socket_bytes(before, after)[0] or 0) > 0
             return moved or sockets_active(after)
 
-        where = _in_collective(after, options, active, cache)
+        where = _in_collective(after, options, active, cache, thread)
         if where is True:
             inside += 1
         elif where is False:
             outside += 1
         state = after.counters.state if after.counters is not None else after.state
         running += state == "R"
-    if where is False and asleep and _path_flags(selector(options)(ranks[-1]).path, cache)[1]:  # type: ignore[union-attr]
+    if where is False and asleep and _path_flags(threads[-1].path, cache)[1]:  # type: ignore[union-attr]
         # in autograd's backward without using a CPU between samples: not computing the backward but waiting in
         # it, for DDP's gradient all_reduce, whose sockets fall quiet once every peer has sent what it could
         where = True

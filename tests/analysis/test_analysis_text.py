@@ -31,6 +31,25 @@ def test_summary_has_verdict_findings_classes_and_node_failures() -> None:
     assert all(len(line) <= 100 for line in lines)
 
 
+def test_a_finding_about_one_rank_started_by_srun_gives_its_slurm_task_ids() -> None:
+    slurm = (("SLURM_PROCID", "5"), ("SLURM_NODEID", "1"), ("SLURM_LOCALID", "1"))
+    ranks = [rank(r, f"node{r // 4 + 1:02d}", LOADING if r == 5 else ALL_REDUCE, world=8,
+                  env=(("RANK", str(r)), *(((k, str(r if k == "SLURM_PROCID" else v)) for k, v in slurm))))
+             for r in range(8)]
+    snap = snapshot(ranks)
+    analysis = analyze(snap)
+    lines = summary_text(snap, analysis, width=100).splitlines()
+    assert analysis.findings[0].ranks == (("node02", 1005),)
+    at = lines.index("   1. [high] rank 5 is in `next_batch` (loader.py:31) while 7 others wait in `all_reduce`")
+    assert "      RANK 5: SLURM_PROCID=5 SLURM_NODEID=1 SLURM_LOCALID=1" in lines[at:]
+    # only the rank a finding names alone: no other rank's task ids are listed
+    assert sum(1 for line in lines if "SLURM_PROCID=" in line) == 1
+    # without srun's environment, no such line
+    plain = snapshot([rank(r, f"node{r // 4 + 1:02d}", LOADING if r == 5 else ALL_REDUCE, world=8)
+                      for r in range(8)])
+    assert "SLURM_PROCID" not in summary_text(plain, analyze(plain))
+
+
 def test_node_failures_aggregate_by_kind() -> None:
     err = ErrorInfo("ptrace_denied", "denied")
     ranks = [RankSnapshot(node=f"node{n:02d}", pid=p, start_time=1, rank=(n - 3) * 2 + p, error=err)

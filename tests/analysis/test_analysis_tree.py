@@ -222,12 +222,22 @@ def test_stacks_thousands_of_frames_deep() -> None:
 
 
 def test_folded_lists_are_capped_with_how_many_more() -> None:
+    from ClusterShell.RangeSet import RangeSet
+
     from app.analysis.fold import MAX_PARTS, fold_ints, fold_nodes
 
     assert fold_ints(range(0, 10_000, 2)) == ",".join(str(i) for i in range(0, 2 * MAX_PARTS, 2)) \
         + f" and {5000 - MAX_PARTS:,} more"
     assert fold_ints(range(0, 10_000, 2), limit=None).count(",") == 4999
     assert fold_ints(range(100)) == "0-99"  # one range: nothing to cap
+    # capped: the first MAX_PARTS runs as ClusterShell folds them, and how many values the others hold
+    rng = random.Random(11)
+    for _ in range(300):
+        ints = rng.sample(range(400), rng.randint(1, 300)) + list(range(rng.randint(0, 50)))
+        runs = str(RangeSet.fromlist([str(i) for i in ints])).split(",")
+        shown, left = runs[:MAX_PARTS], runs[MAX_PARTS:]
+        held = sum(int(r.split("-")[-1]) - int(r.split("-")[0]) + 1 for r in left)
+        assert fold_ints(ints) == ",".join(shown) + (f" and {held:,} more" if left else "")
     nodes = [f"gpu{i:05d}" for i in range(0, 12_500, 3)]
     folded = fold_nodes(nodes)
     assert folded.startswith("gpu[00000,00003,") and folded.endswith(f"] and {len(nodes) - MAX_PARTS:,} more")
