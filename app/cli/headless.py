@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import sys
+import threading
 import time
 from typing import List, Optional, Sequence, TextIO
 
@@ -39,6 +41,27 @@ def session_options(args: argparse.Namespace):
     )
 
 
+# What the report loads (every room of the analysis, the summary's text, the redaction of what is written: ~0.3 s
+# of imports on a slow login node): loaded in a thread while the nodes connect and dump, rather than before the
+# first connection (the session needs none of it) or after the last reply (issue 27, the CLI at 16 x 4).
+REPORT_MODULES = ("app.analysis.core", "app.analysis.text", "app.report.redact", "app.report.share")
+
+
+def preload(modules: Sequence[str]) -> threading.Thread:
+    """Import `modules` in a thread (started here); join it before using them. A module that fails to import is
+    left for the caller's own import to report."""
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                return
+
+    thread = threading.Thread(target=run, name="hangscope-preload", daemon=True)
+    thread.start()
+    return thread
+
+
 def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inputs: Sequence[str] = ()) -> int:
     """Run one collection over hosts (None = this machine) and report it; returns the exit code. `inputs`:
     the files the command read, which no output may replace."""
@@ -52,6 +75,7 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
             progress.update(event.node)
 
     session = Session(hosts, session_options(args), on_event=on_event)
+    loading = preload(REPORT_MODULES + (("app.report",) if args.export else ()))
 
     history: List[Snapshot] = []
     stop: List[asyncio.Event] = []  # set by the first Ctrl+C: ends the wait between samples at once
@@ -99,6 +123,7 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
 
     def answer(snap: object) -> int:
         assert isinstance(snap, Snapshot)
+        loading.join()  # no module is imported by two threads at once
         samples = history
         if getattr(args, "job", None):
             snap, samples = pick_job(snap, history, args.job)
@@ -106,7 +131,10 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
                       tar=args.tar, inputs=inputs, raw=getattr(args, "raw", False))
 
     closing: List[asyncio.Future] = []
-    code = run_interruptible(collect, cancel, after=answer, finish=closing)
+    try:
+        code = run_interruptible(collect, cancel, after=answer, finish=closing)
+    finally:
+        loading.join()  # a failed run does not exit with the thread midway through an import
     assert isinstance(code, int)
     return code
 

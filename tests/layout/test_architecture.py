@@ -146,3 +146,29 @@ def test_the_cycle_check_finds_a_circle() -> None:
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
     assert _one_circle(graph, ["p.a", "p.b", "p.c"]) == (
         "p.a -> p.b (line 7)\n  p.b -> p.c (line 7)\n  p.c -> p.a (line 7)")
+
+
+def test_what_the_cli_needs_to_connect_loads_no_analysis_core() -> None:
+    """The CLI opens its connections before it loads the analysis (app/analysis/__init__.py: a thin root): the
+    session, its transports and the decode load only the rooms they use, and the report's modules are loaded
+    by headless.preload while the nodes work; `from app.analysis import analyze` still gives the analysis."""
+    code = """if True:
+        import sys
+        import app.cli, app.cli.headless, app.session, app.session.session, app.transport.connect, app.decode.replies
+        before = sorted(m for m in sys.modules if m.startswith("app.analysis"))
+        from app.cli.headless import REPORT_MODULES, preload
+        preload(("no.such.module",) + REPORT_MODULES).join()  # the failing name ends the thread, quietly
+        after_bad = "app.analysis.core" in sys.modules
+        preload(REPORT_MODULES).join()
+        loaded = all(m in sys.modules for m in REPORT_MODULES)
+        from app.analysis import Analysis, analyze
+        import app.analysis
+        print(repr((before, after_bad, loaded, analyze.__module__, Analysis.__module__,
+                    app.analysis.progress.__name__)))
+    """
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after_bad, loaded, analyze_module, analysis_module, progress = eval(out.stdout)
+    assert "app.analysis.core" not in before and len(before) < 10, before
+    assert not after_bad and loaded
+    assert (analyze_module, analysis_module, progress) == ("app.analysis.core",) * 2 + ("app.analysis.progress",)
