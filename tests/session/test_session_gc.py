@@ -76,7 +76,7 @@ def test_the_cycles_of_a_failed_pass_are_freed_at_its_end(collections: list) -> 
         garbage = weakref.ref(_Cycle())  # an exception kept in a task makes such a cycle
         assert garbage() is not None
         pause.clean = False
-    assert garbage() is None and collections == [1]
+    assert garbage() is None and 1 in collections  # collected before the freeze, not frozen with the pass
 
 
 def test_a_clean_pass_is_frozen_without_walking_it_and_a_later_full_collection_frees_what_it_left(
@@ -85,9 +85,9 @@ def test_a_clean_pass_is_frozen_without_walking_it_and_a_later_full_collection_f
         left = weakref.ref(_Cycle())
         built = [[i] for i in range(1000)]
         pause.clean = True
-    assert collections == [] and gc.get_freeze_count() >= len(built)  # no collection walked the new snapshot
-    assert left() is not None  # frozen with the rest: bounded, and freed below
+    # no collection walked the pass before the freeze (its cycle would be gone): all of it is frozen, the cycle too
+    assert left() is not None and gc.get_freeze_count() >= len(built)
     for _ in range(FULL_COLLECT_EVERY - 1):
         with gc_paused() as pause:
             pause.clean = True
-    assert collections == [2] and left() is None and gc.get_freeze_count() >= len(built)
+    assert 2 in collections and left() is None and gc.get_freeze_count() >= len(built)

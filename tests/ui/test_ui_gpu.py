@@ -157,8 +157,7 @@ async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw(tmp_path) 
         assert isinstance(app.screen, GpuProgressScreen)
         await until(pilot, lambda: "local 1" in screen_text(app) and "■" in screen_text(app),
                     "both ranks' phases on the progress screen", timeout=60)
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results screen", timeout=90)
-        text = screen_text(app)
+        text = await results_with(pilot, app, lambda t: "peak busbw" in t, "the bench results", timeout=90)
         assert "GPU test bench on 1 node," in text and ": OK" in text
         assert "OK: all_reduce sum = world size 2" in text  # the verdict in words
         assert text.count("sum 2") == 2  # per rank: OK with the checked sum
@@ -168,8 +167,7 @@ async def test_bench_from_the_tui_shows_progress_then_ranks_and_busbw(tmp_path) 
         await pilot.press("ctrl+p", *"GPU test results")
         await until(pilot, lambda: "GPU test results" in screen_text(app), "the palette's hit")
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results again")
-        assert "peak busbw" in screen_text(app)
+        await results_with(pilot, app, lambda t: "peak busbw" in t, "the results again")
         await pilot.press("escape", "e", "ctrl+a", "ctrl+k", *str(tmp_path / "report"), "enter")
         await app.workers.wait_for_complete()
     assert await until_gone(needle) == []
@@ -183,8 +181,7 @@ async def test_a_rank_that_cannot_start_is_shown_broken_with_its_error() -> None
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("G", "enter")
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results screen", timeout=45)
-        text = screen_text(app)
+        text = await results_with(pilot, app, lambda t: "last output lines:" in t, "the results", timeout=45)
         assert "PROBLEM FOUND" in text and "not started *" in text and "No module named" in text
         assert "last output lines:" in text
 
@@ -206,8 +203,7 @@ async def test_cancel_stops_the_test_and_every_process_of_it() -> None:
         await pilot.press("G")  # ... and G shows its progress again, not a new setup
         assert isinstance(app.screen, GpuProgressScreen)
         await pilot.press("c")
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the results screen", timeout=60)
-        assert "INTERRUPTED" in screen_text(app)
+        await results_with(pilot, app, lambda t: "INTERRUPTED" in t, "the interrupted results", timeout=60)
         assert not app.gpu_tests.running
     assert await until_gone(needle) == []
 
@@ -323,6 +319,37 @@ async def setup_shown(pilot, app) -> str:
     return screen_text(app)
 
 
+NET_ROW = re.compile(r"\s*node0\d\s+\S+:\d+\s")
+SANITY_ROW = re.compile(r"\s*node0\d\s+\d+\s")
+
+
+async def results_with(pilot, app, ready, what: str, timeout: float = 30) -> str:
+    """The GPU test results' text once the screen is up and its picture holds `ready` (a predicate on the text):
+    the screen is pushed before its content is laid out and drawn, so one picture, one deadline."""
+    def drawn() -> bool:
+        return isinstance(app.screen, GpuResultsScreen) and ready(screen_text(app))
+    try:
+        await until(pilot, drawn, what, timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {what} after {timeout:.0f} s: {type(app.screen).__name__} shows\n"
+                             f"{screen_text(app)}") from None
+    return screen_text(app)
+
+
+async def results_shown(pilot, app, row: re.Pattern, rows: int, what: str, timeout: float) -> str:
+    """The GPU test results' text once the screen is up with its `rows` node rows drawn: the rows come in after the
+    screen is pushed (CI saw the net results screen with none of them yet), so it is one picture, one deadline."""
+    def drawn() -> bool:
+        return isinstance(app.screen, GpuResultsScreen) and sum(
+            1 for line in screen_text(app).splitlines() if row.match(line)) >= rows
+    try:
+        await until(pilot, drawn, what, timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {what} with {rows} node rows after {timeout:.0f} s: {type(app.screen).__name__} "
+                             f"shows\n{screen_text(app)}") from None
+    return screen_text(app)
+
+
 @pytest.mark.cluster
 @pytest.mark.torch
 @pytest.mark.timeout(180)
@@ -337,9 +364,8 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
         text = await setup_shown(pilot, app)
         assert "node03  suspect" in text and "pairs on 4 nodes: node01, node02, node03, node04" in text
         await pilot.press("n", "enter")  # the network check instead: does every node reach the job's master?
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the net results", timeout=60)
-        text = screen_text(app)
-        rows = [line for line in text.splitlines() if re.match(r"\s*node0\d\s+\S+:\d+\s", line)]
+        text = await results_shown(pilot, app, NET_ROW, 4, "the net results", timeout=60)
+        rows = [line for line in text.splitlines() if NET_ROW.match(line)]
         assert len(rows) == 4 and all(line.split()[3] == "open" for line in rows), text
         assert "every node reaches" in text and "NCCL would use eth0 on every node" in text
         await pilot.press("escape")
@@ -355,8 +381,7 @@ async def test_from_the_suspect_in_the_grid_to_net_and_sanity_results_over_ssh(c
         text = await setup_shown(pilot, app)
         assert "sanity on 2 nodes: node01, node02" in text, text
         await pilot.press("enter")  # the job's own python, taken from its ranks' /proc/PID/exe
-        await until(pilot, lambda: isinstance(app.screen, GpuResultsScreen), "the sanity results", timeout=120)
-        text = screen_text(app)
+        text = await results_shown(pilot, app, SANITY_ROW, 2, "the sanity results", timeout=120)
         assert "GPU test sanity on 2 nodes," in text and ": OK" in text, text
         assert "OK: all_reduce sum = world size 2, barrier passed (gloo)" in text
         assert text.count("sum 2") == 2 and "node02  1     0      OK" in text
