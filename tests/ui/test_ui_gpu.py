@@ -337,17 +337,9 @@ async def results_with(pilot, app, ready, what: str, timeout: float = 30) -> str
 
 
 async def results_shown(pilot, app, row: re.Pattern, rows: int, what: str, timeout: float) -> str:
-    """The GPU test results' text once the screen is up with its `rows` node rows drawn: the rows come in after the
-    screen is pushed (CI saw the net results screen with none of them yet), so it is one picture, one deadline."""
-    def drawn() -> bool:
-        return isinstance(app.screen, GpuResultsScreen) and sum(
-            1 for line in screen_text(app).splitlines() if row.match(line)) >= rows
-    try:
-        await until(pilot, drawn, what, timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"no {what} with {rows} node rows after {timeout:.0f} s: {type(app.screen).__name__} "
-                             f"shows\n{screen_text(app)}") from None
-    return screen_text(app)
+    """results_with(), ready once `rows` node rows are drawn (CI saw the net results screen with none of them yet)."""
+    return await results_with(pilot, app, lambda text: sum(1 for line in text.splitlines() if row.match(line)) >= rows,
+                              f"{what} with {rows} node rows", timeout=timeout)
 
 
 @pytest.mark.cluster
