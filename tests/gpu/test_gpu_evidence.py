@@ -335,7 +335,8 @@ def test_worker_collects_gpu_evidence_once_per_collect_from_fake_tools(tmp_path)
     with start_rank(0) as t:
         bindir = _fakes(tmp_path, t.pid)
         with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
-            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
+            items, done = w.call("collect", {"pids": [t.pid],
+                                             "gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
             assert done["type"] == "done", done
             raw = [i["gpu_evidence"] for i in items if "gpu_evidence" in i]
             assert len(raw) == 1, "one per node per collect"
@@ -351,9 +352,10 @@ def test_worker_collects_gpu_evidence_once_per_collect_from_fake_tools(tmp_path)
             rank = [i["rank"] for i in items if "rank" in i and i["rank"]["pid"] == t.pid][0]
             assert rank["gpus"][0]["index"] == 3, "discovery's GPU use from the same fake nvidia-smi"
             # auto: this rank maps neither libnccl nor libcuda, so nothing is collected, at no cost
-            items, _ = w.call("collect", {"gpu_evidence": "auto", "ras": True, "timeout": 20}, timeout=180)
+            items, _ = w.call("collect", {"pids": [t.pid],
+                                          "gpu_evidence": "auto", "ras": True, "timeout": 20}, timeout=180)
             assert not [i for i in items if "gpu_evidence" in i]
-            items, _ = w.call("collect", {"timeout": 20}, timeout=180)
+            items, _ = w.call("collect", {"pids": [t.pid], "timeout": 20}, timeout=180)
             assert not [i for i in items if "gpu_evidence" in i], "off unless asked"
 
 
@@ -363,7 +365,8 @@ def test_nvidia_smi_that_never_answers_is_killed_at_its_deadline_and_said(tmp_pa
         bindir = _fakes(tmp_path, t.pid, hang=True)
         with WorkerProc(env={"PATH": gpu_fakes.path_with(bindir)}) as w:
             started = time.monotonic()
-            items, done = w.call("collect", {"gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=120)
+            items, done = w.call("collect", {"pids": [t.pid],
+                                             "gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=120)
             took = time.monotonic() - started
             assert done["type"] == "done", done
             # discovery's query (5 s) and the collector's (skipped: it knows) are the deadlines that apply;
@@ -554,7 +557,8 @@ def test_gpu_evidence_collector_on_the_oldest_supported_python(tmp_path) -> None
         bindir = _fakes(tmp_path, t.pid)
         with WorkerProc(python=py39, isolated=True, env={"PATH": gpu_fakes.path_with(bindir)}) as w:
             assert w.hello["python"].startswith("3.9")
-            items, done = w.call("collect", {"gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
+            items, done = w.call("collect", {"pids": [t.pid],
+                                             "gpu_evidence": "on", "ras": True, "timeout": 20}, timeout=180)
             assert done["type"] == "done", done
             ev = parse_gpu.gpu_evidence([i for i in items if "gpu_evidence" in i][0]["gpu_evidence"])
             assert ev is not None and ev.smi == "ok" and ev.xids[0].xid == 79 and ev.ras.status == "ok"
@@ -626,7 +630,8 @@ def test_without_nvidia_smi_nvml_is_read_through_ctypes_in_a_child(tmp_path) -> 
     gpu_fakes.dmesg(bindir, recorded("dmesg-xids.txt"))  # no nvidia-smi on this PATH
     with start_rank(0) as t, WorkerProc(env={"PATH": gpu_fakes.path_with(bindir),
                                              "LD_LIBRARY_PATH": str(lib.parent)}) as w:
-        items, done = w.call("collect", {"gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=180)
+        items, done = w.call("collect", {"pids": [t.pid],
+                                         "gpu_evidence": "on", "ras": False, "timeout": 20}, timeout=180)
         assert done["type"] == "done" and t.pid
         raw = [i["gpu_evidence"] for i in items if "gpu_evidence" in i][0]
     assert raw["smi"]["via"] == "nvml", raw["smi"]

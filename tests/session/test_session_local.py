@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -86,6 +87,13 @@ def _mine(ranks: tuple[RankSnapshot, ...] | list[RankSnapshot], stand_ins: dict[
     return [r for r in ranks if r.pid in stand_ins]
 
 
+def _only(stand_ins: dict[int, int]) -> str:
+    """A --match for this module's stand-ins alone. The suite's clusters run hung torch jobs on this machine too
+    (their ranks are this machine's processes): a local session that discovered everything would py-spy every
+    one of them, pausing ranks another test is reading at that moment (CI: a hung rank read in `t` state)."""
+    return re.escape(psutil.Process(next(iter(stand_ins))).cmdline()[1])
+
+
 def _worker_children() -> set[int]:
     """This process's children that run the bootstrap stage (the local transport's workers)."""
     found = set()
@@ -100,7 +108,8 @@ def _worker_children() -> set[int]:
 
 async def test_snapshot_then_warm_refresh(stand_ins: dict[int, int]) -> None:
     events: list[SessionEvent] = []
-    session = Session(None, SessionOptions(collect=CollectOptions(locals=True)), on_event=events.append)
+    session = Session(None, SessionOptions(collect=CollectOptions(locals=True), match=_only(stand_ins)),
+                      on_event=events.append)
     try:
         t0 = time.monotonic()
         snap = await session.snapshot()
@@ -144,7 +153,7 @@ async def test_cancel_keeps_what_arrived(stand_ins: dict[int, int]) -> None:
         if isinstance(event, RankUpdate) and event.rank.collected:
             session.cancel()  # as a user pressing Ctrl+C when the first dump arrived
 
-    session = Session(None, SessionOptions(), on_event=on_event)
+    session = Session(None, SessionOptions(match=_only(stand_ins)), on_event=on_event)
     try:
         t0 = time.monotonic()
         snap = await session.snapshot()
@@ -163,7 +172,7 @@ async def test_cancel_keeps_what_arrived(stand_ins: dict[int, int]) -> None:
 
 
 async def test_strace_and_gdb_land_on_the_ranks(stand_ins: dict[int, int]) -> None:
-    session = Session(None, SessionOptions())
+    session = Session(None, SessionOptions(match=_only(stand_ins)))
     try:
         snap = await session.snapshot()
         pid = min(stand_ins)
@@ -196,7 +205,7 @@ async def test_a_failing_start_is_a_failed_node_not_an_exception() -> None:
 
 
 async def test_a_dead_worker_is_replaced_on_the_next_refresh(stand_ins: dict[int, int]) -> None:
-    session = Session(None, SessionOptions())
+    session = Session(None, SessionOptions(match=_only(stand_ins)))
     try:
         first = await session.snapshot()
         (old,) = _worker_children()
@@ -274,7 +283,7 @@ async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_
 
     monkeypatch.setattr(replies, "decode_stacks", stacks)
     monkeypatch.setattr(replies, "decode_compact_dump", dump)
-    session = Session(None, SessionOptions(collect=CollectOptions(locals=True)))
+    session = Session(None, SessionOptions(collect=CollectOptions(locals=True), match=_only(stand_ins)))
     try:
         snap = await session.snapshot()
         assert set().union(*(used[pid] for pid in stand_ins)) <= added  # the stack table came, compact dumps
@@ -304,7 +313,7 @@ async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_
 
 async def test_end_workers_ends_them_without_waiting_and_close_still_waits(stand_ins: dict[int, int]) -> None:
     # the headless CLI sends every worker its EOF, prints the summary meanwhile, then close() waits for the exits
-    session = Session(None, SessionOptions())
+    session = Session(None, SessionOptions(match=_only(stand_ins)))
     try:
         await session.snapshot()
         (worker,) = _worker_children()
