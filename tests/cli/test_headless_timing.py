@@ -11,6 +11,7 @@ import pytest
 from app.cli.headless import next_sample_delay
 from app.cli.run import run_interruptible
 from app.model import RankSnapshot, Snapshot
+from procstate import describe
 
 
 def _snap(*dump_started):
@@ -121,9 +122,13 @@ def test_a_second_ctrl_c_while_the_summary_is_written_aborts_at_once():
         assert proc.stdout.readline().strip() == "reporting"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # say what the child was doing: stopped, traced, the signal masked...
+            raise AssertionError(f"not aborted 20 s after the second Ctrl+C: {describe(proc.pid)}") from None
     finally:
         proc.kill()
+        proc.communicate()  # its pipes closed, whatever happened
     assert proc.returncode == 130, err
     assert "aborted" in err and "returned" not in out and "Traceback" not in err, (out, err)
     assert time.monotonic() - t0 < 10, "aborted at once, not after the 30 s summary"

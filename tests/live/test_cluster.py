@@ -15,6 +15,7 @@ import cluster_sweep as sweep
 from cluster import Cluster, build_cluster, run_login
 from waiting import wait_until
 from jobs import Job, _main_thread
+from procstate import describe
 
 pytestmark = pytest.mark.cluster
 
@@ -213,18 +214,6 @@ def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_suppo
     assert _leftovers(rid, Path(workdir), set(pidns)) == []
 
 
-def _tracer(host_pid: int) -> str:
-    """Who traces a process now (a rank in `t` state is stopped by one): its pid and command line, or ""."""
-    try:
-        status = Path(f"/proc/{host_pid}/status").read_text()
-        tracer = int(next(line.split()[1] for line in status.splitlines() if line.startswith("TracerPid:")))
-        if not tracer:
-            return ""
-        return f"traced by {tracer}: " + Path(f"/proc/{tracer}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (OSError, StopIteration, ValueError) as e:
-        return f"tracer unknown: {e}"
-
-
 @pytest.mark.torch
 def test_hung_job_ranks_are_blocked_where_the_scenario_says(hung_job: Job, cluster: Cluster) -> None:
     assert sorted(hung_job.ranks) == list(range(8)) and hung_job.culprit == 5
@@ -233,7 +222,7 @@ def test_hung_job_ranks_are_blocked_where_the_scenario_says(hung_job: Job, clust
         assert loc.step == 3
         assert loc.where == ("data_loading" if rank == hung_job.culprit else "all_reduce")
         state, syscall, *_ = _main_thread(loc.host_pid) or ("gone", "")
-        assert state == "S" and syscall != "running", (rank, state, syscall, _tracer(loc.host_pid))
+        assert state == "S" and syscall != "running", (rank, state, syscall, describe(loc.host_pid))
         dump = cluster[loc.node].run(["py-spy", "dump", "--pid", str(loc.pid)], timeout=30).stdout
         assert "train (app/demo/job.py:" in dump
         if rank == hung_job.culprit:
