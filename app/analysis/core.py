@@ -318,6 +318,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
                                     history=bool(history), incomplete=bool(grouping.no_stack),
                                     sockets=any(rank_facts.sockets), locals_collected=snapshot.options.locals,
                                     moving=any(p.net_bytes for p in progress),
+                                    progressing=len({p.node for p in progress if p.status == "progressing"}) > 1,
                                     explained=any(f.culprit and f.strength == "high" for f in facts),
                                     ddp=classes[0].collective is None and _ddp_wait(ranks, classes[0], options)))
     if not classes:

@@ -92,6 +92,7 @@ class IdenticalEvidence(Evidence):
     ddp: bool  # they wait in DDP's gradient all_reduce inside backward
     network: bool  # a network fact names a stall
     moving: bool  # their sockets moved bytes between samples: the links work
+    progressing: bool  # ranks on more than one node progress between samples: collectives across nodes complete
     explained: bool  # a [high] culprit fact explains the wait
     sockets: bool  # socket data was collected
     locals_missing: bool
@@ -290,11 +291,13 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
 
 def identical_fact(c: StackClass, *, locals_missing: bool, network: bool, history: bool, incomplete: bool = False,
                    sockets: bool = True, locals_collected: bool = False, moving: bool = False,
-                   explained: bool = False, ddp: bool = False) -> Fact:
+                   explained: bool = False, ddp: bool = False, progressing: bool = False) -> Fact:
     """Every rank at the same place: say so, and where the answer can come from instead. "Check the links" is
     advice for when nothing else explains it (`explained`: a [high] culprit fact does), never [high]: sockets
-    that move bytes between samples (`moving`) say the links work."""
-    sure = network or moving or explained
+    that move bytes between samples (`moving`) say the links work, and so do ranks on several nodes that progress
+    between samples (`progressing`): their collectives across nodes complete."""
+    sure = network or moving or explained or progressing
     return Fact("all_identical", ranks_who(c.ranks, c.numbers), "high" if sure else "medium",
-                IdenticalEvidence(c, ddp, network, moving, explained, sockets, locals_missing, locals_collected,
+                IdenticalEvidence(c, ddp, network, moving, progressing, explained, sockets, locals_missing,
+                                  locals_collected,
                                   history, incomplete), culprit=False, class_index=c.index)

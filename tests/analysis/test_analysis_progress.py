@@ -394,6 +394,14 @@ def test_all_ranks_at_one_place_advice_follows_the_evidence() -> None:
     same = next(f for f in control.findings if f.kind == "all_identical")
     assert "check the links" not in same.detail and "the links work" in same.detail
 
+    # a job that progresses on several nodes by its stacks alone (socket bytes not measured, or none moved between
+    # these two samples): its collectives across nodes complete, so the links work, and no guess at them
+    stacks_moved = analyze(ddp_sample(11.0, {}, cpu=1.2, sent=0, frames=ALL_REDUCE),
+                           history=[ddp_sample(10.0, {}, cpu=1.0, sent=0)])
+    assert {p.status for p in stacks_moved.progress} == {"progressing"}
+    same = next(f for f in stacks_moved.findings if f.kind == "all_identical")
+    assert "check the links" not in same.detail and "the links work" in same.detail
+
 
 def test_counters_of_old_snapshots_are_absent_and_the_stacks_decide() -> None:
     before, now = sample(10.0, {r: 11 for r in range(8)}), sample(20.0, {r: 12 for r in range(8)})

@@ -197,6 +197,8 @@ def identical_text(f: Fact) -> Text:
         hints.append("the network finding names the node whose sockets stall")
     elif e.moving:
         hints.append("their sockets moved bytes between samples: the links work")
+    elif e.progressing:
+        hints.append("ranks on several nodes progress between samples, so their collectives complete: the links work")
     elif e.explained:
         hints.append("the findings above say what they wait for")
     elif e.sockets:
