@@ -299,5 +299,4 @@ def identical_fact(c: StackClass, *, locals_missing: bool, network: bool, histor
     sure = network or moving or explained or progressing
     return Fact("all_identical", ranks_who(c.ranks, c.numbers), "high" if sure else "medium",
                 IdenticalEvidence(c, ddp, network, moving, progressing, explained, sockets, locals_missing,
-                                  locals_collected,
-                                  history, incomplete), culprit=False, class_index=c.index)
+                                  locals_collected, history, incomplete), culprit=False, class_index=c.index)

@@ -8,16 +8,15 @@ import os
 from pathlib import Path
 
 
-def tracer(pid: int) -> str:
-    """Who traces `pid` now (a process in `t` state is stopped by one): "traced by PID: COMMAND", or ""."""
+def _tracer(tracer_pid: str) -> str:
+    """Who traces a process, from its status's TracerPid (a process in `t` state is stopped by one)."""
+    if tracer_pid in ("", "0"):
+        return "not traced"
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        by = int(next(line.split()[1] for line in status.splitlines() if line.startswith("TracerPid:")))
-        if not by:
-            return ""
-        return f"traced by {by}: " + Path(f"/proc/{by}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except (OSError, StopIteration, ValueError) as e:
-        return f"tracer unknown: {e}"
+        return f"traced by {tracer_pid}: " + Path(f"/proc/{tracer_pid}/cmdline").read_bytes().replace(
+            b"\0", b" ").decode(errors="replace").strip()
+    except OSError as e:
+        return f"traced by {tracer_pid} ({e.strerror})"
 
 
 def describe(pid: int) -> str:
@@ -37,6 +36,6 @@ def describe(pid: int) -> str:
         parts.append(f"{name} {text.split()[0] if name == 'syscall' and text else text.replace(chr(10), ' ')}")
     parts += [f"{k} {status[k].strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt",
                                                    "voluntary_ctxt_switches") if k in status]
-    parts.append(tracer(pid) or "not traced")
+    parts.append(_tracer(status.get("TracerPid", "").strip()))
     parts.append(f"load {' '.join(str(round(x, 1)) for x in os.getloadavg())}")
     return "; ".join(parts)
