@@ -21,7 +21,6 @@ safe one included), and the structure of a channel (strace payloads, gdb strings
 
 from __future__ import annotations
 
-import hmac
 import math
 
 from workers.cleartext_model import BIGRAM_BITS
@@ -40,7 +39,11 @@ HIDDEN = lazy(r"\*\*\*|<(?:str|bytes|text) len=\d+ #[0-9a-f]{8}>")
 
 def keyed_token(key: bytes, kind: str, text: str) -> str:
     """`<kind len=N #hash>`, what is shown for a word the rule does not let through: 8 hex digits of HMAC-SHA256
-    under `key` (the bundle's, the file's or the TUI session's), so equal texts give equal tokens under one key."""
+    under `key` (the bundle's, the file's or the TUI session's), so equal texts give equal tokens under one key.
+    hmac is imported here, at the first token: it loads OpenSSL (~4 ms), which a worker, whose redaction never
+    makes a token, does not otherwise need at its start."""
+    import hmac
+
     digest = hmac.new(key, text.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:8]
     return "<%s len=%d #%s>" % (kind, len(text), digest)
 
