@@ -175,6 +175,16 @@ class SshTransport:
             client = _Client(HostKeyCheck(known, self.options.accept_new_host_keys))
             try:
                 conn, timings = await self._connect_once(host, name, user, port, client, known, cfg, deadline)
+            except TransportError as exc:
+                if attempt and exc.code == "connect_timeout":
+                    # sshd dropped this node's earlier attempts, and a retry then ran out of the deadline (an
+                    # overloaded sshd: slow to answer, or still at MaxStartups): the cause seen first is the one to
+                    # act on, whatever the last attempt's symptom
+                    detail = exc.message[len(name) + 2:] if exc.message.startswith(name + ": ") else exc.message
+                    raise TransportError(
+                        "throttled", f"{name}: sshd closed the connection before its banner {attempt} time(s) "
+                        f"(MaxStartups), then a retry ran out of the deadline: {detail}", phase=exc.phase) from None
+                raise
             except _Throttled:
                 pause = delay * (0.5 + random.random())
                 if attempt >= self.options.throttle_retries or time.monotonic() + pause >= deadline:

@@ -243,6 +243,47 @@ async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> N
         sshd.wait(timeout=10)
 
 
+async def test_a_node_throttled_and_then_out_of_time_is_named_throttled(ssh_cluster, tmp_path) -> None:
+    # sshd drops the first attempts (MaxStartups), then the node stops answering: the retry runs out of the
+    # connect deadline. The cause to act on is the throttling (seen beside two CPU burners: 32 names behind one
+    # sshd with MaxStartups 3, a retry's key exchange outlasting the deadline), said with what the retry met.
+    c = ssh_cluster
+    node = c["node02"]
+    config = tmp_path / "sshd_config_throttled"
+    config.write_text((node.dir / "sshd_config").read_text()
+                      .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
+                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
+                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))
+    log = tmp_path / "sshd2.log"
+    with open(log, "wb") as out:
+        sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
+    rule = ("INPUT", "-p", "tcp", "--dport", "2222", "-j", "DROP")
+    holder, blocked = None, False
+    try:
+        wait_until(lambda: node.listening(2222), 10, "the throttled sshd to listen")
+        holder = socket.create_connection((node.ip, 2222), timeout=5)
+        holder.recv(100)  # the one slot is taken: sshd drops every new connection before its banner
+        t = SshTransport(_opts(c, throttle_retries=50, connect_timeout=6.0))
+        opening = asyncio.ensure_future(t.open("node02", port=2222))
+        await wait_until_async(lambda: "past MaxStartups" in log.read_text(errors="replace") or opening.done(), 30,
+                               "sshd to drop the connection")
+        node.iptables("-A", *rule)  # from now on nothing reaches sshd: the next retry times out
+        blocked = True
+        with pytest.raises(TransportError) as err:
+            await opening
+        e = err.value
+        assert e.code == "throttled", e
+        assert "node02" in e.message and "MaxStartups" in e.message and "deadline" in e.message, e.message
+        assert "no TCP connection" in e.message, e.message  # what the last attempt met
+    finally:
+        if blocked:
+            node.iptables("-D", *rule)
+        if holder is not None:
+            holder.close()
+        sshd.kill()
+        sshd.wait(timeout=10)
+
+
 async def test_proxyjump_from_ssh_config(ssh_cluster, tmp_path) -> None:
     c = ssh_cluster
     config = tmp_path / "config"
