@@ -201,17 +201,24 @@ async def test_sshd_killed_mid_session_is_lost(ssh_cluster) -> None:
         node.start_sshd()
 
 
-async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> None:
-    c = ssh_cluster
-    node = c["node02"]
+def _throttled_sshd(node, tmp_path):
+    """A second sshd on the node, port 2222, MaxStartups 1, logging VERBOSE (each connection it drops); (its
+    process, its log)."""
     config = tmp_path / "sshd_config_throttled"
     config.write_text((node.dir / "sshd_config").read_text()
                       .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
                       .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
-                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))  # VERBOSE: sshd logs each connection it drops
+                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))
     log = tmp_path / "sshd2.log"
     with open(log, "wb") as out:
         sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
+    return sshd, log
+
+
+async def test_throttled_by_maxstartups_then_retried(ssh_cluster, tmp_path) -> None:
+    c = ssh_cluster
+    node = c["node02"]
+    sshd, log = _throttled_sshd(node, tmp_path)
 
     def drops() -> int:
         return log.read_text(errors="replace").count("past MaxStartups")
@@ -249,14 +256,7 @@ async def test_a_node_throttled_and_then_out_of_time_is_named_throttled(ssh_clus
     # sshd with MaxStartups 3, a retry's key exchange outlasting the deadline), said with what the retry met.
     c = ssh_cluster
     node = c["node02"]
-    config = tmp_path / "sshd_config_throttled"
-    config.write_text((node.dir / "sshd_config").read_text()
-                      .replace("Port 22", "Port 2222").replace("MaxStartups 500:30:1000", "MaxStartups 1")
-                      .replace(f"PidFile {node.dir / 'sshd.pid'}", f"PidFile {tmp_path / 'sshd2.pid'}")
-                      .replace("LogLevel ERROR", "LogLevel VERBOSE"))
-    log = tmp_path / "sshd2.log"
-    with open(log, "wb") as out:
-        sshd = node.spawn([cluster_mod.SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=out)
+    sshd, log = _throttled_sshd(node, tmp_path)
     rule = ("INPUT", "-p", "tcp", "--dport", "2222", "-j", "DROP")
     holder, blocked = None, False
     try:
