@@ -25,6 +25,7 @@ from app.transport import bootstrap
 from app.transport.local import spawn_worker, start_local
 from workers import protocol
 from workers.gputest.marked import marked_pids
+from procstate import wait_exec
 from waiting import wait_until_async
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240), pytest.mark.usefixtures("torch_support")]
@@ -115,6 +116,7 @@ async def test_the_interpreter_comes_from_the_jobs_ranks(worker) -> None:
                             env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"})
     try:
+        wait_exec(rank.pid)  # its command line and environment are what the runner reads
         runner = GpuTestRunner({"local": worker}, GpuTestOptions())
         pre = await runner.preflight()
         # this rank's interpreter (other jobs' ranks on this shared machine are discovered too; not this test's)
@@ -139,6 +141,7 @@ async def test_a_rank_started_through_a_venv_symlink_by_a_relative_path_keeps_it
     rank = subprocess.Popen(["./bin/python", "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
                             cwd=str(venv), env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     try:
+        wait_exec(rank.pid)  # its command line is what rank_python reads
         from workers.gputest.interpreters import rank_python
         python, why = rank_python(rank.pid)
     finally:

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 import jobs
+from procstate import wait_exec
 from app.decode import replies as parse
 from app.analysis import analyze
 from app.analysis.flight import flight_analysis, rank_text
@@ -151,6 +152,7 @@ def impostor(job: jobs.Job, tmp_path: Path) -> Iterator[subprocess.Popen]:
     with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], env=env,
                           stdin=subprocess.PIPE) as proc:  # the with closes its stdin pipe too
         try:
+            wait_exec(proc.pid)  # its environment is what the tests read
             yield proc
         finally:
             proc.kill()
