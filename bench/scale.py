@@ -25,7 +25,7 @@ Per size, in a fresh process each (peak memory is the process's own):
                   wall, CPU ms/node, and how many nodes that answered it were marked as timed out
 A watchdog stops a size that passes --max-gb of RSS or --max-seconds and prints how far it got.
 
-    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep] [--ranks 8]
+    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep] [--bytecode]
     sudo python3 bench/scale.py --record     # re-record bench/data/scale_replies.json on the test cluster
     python3 bench/scale.py --before main     # the same table for main's code (login side and worker replies),
                                              # measured by the bench and recording of BASELINE_BENCH
@@ -624,6 +624,9 @@ def main() -> None:
     ap.add_argument("--before", metavar="REF",
                     help="measure REF's code instead (main: the login side and worker replies before issue 27), with "
                          f"the bench and recording of {BASELINE_BENCH}, in a temporary git worktree")
+    ap.add_argument("--bytecode", action="store_true",
+                    help="write app/ and workers/ bytecode caches first, as an installed hangscope has them (without "
+                         "it, whatever caches the checkout holds are used; under PYTHONDONTWRITEBYTECODE none may be)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--profile", metavar="FILE", help="with --one: write a cProfile of CPU time (not wall) to FILE")
     args = ap.parse_args()
@@ -645,9 +648,13 @@ def main() -> None:
             prof.dump_stats(args.profile)
         print(json.dumps(row), flush=True)
         return
+    if args.bytecode:  # the first pass imports the analysis and builds the worker payload on the clock (~0.5 s)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "app", "workers"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
     print(f"# SIMULATION (FAKE transport replaying recorded replies; real login-side code), "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cpus, "
-          f"load {os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]}", flush=True)
+          f"load {os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]}"
+          + ("; app/ and workers/ bytecode cached (--bytecode)" if args.bytecode else ""), flush=True)
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
         load = os.getloadavg()[0]

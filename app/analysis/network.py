@@ -164,13 +164,15 @@ def _median_without(ordered: Sequence[float], value: float) -> float:
 
 
 def network_findings(snapshot: Snapshot, *, same_place: bool, same_stack: bool = False,
-                     sockets: Optional[Sequence[Tuple[TcpSocket, ...]]] = None) -> List[Fact]:
+                     sockets: Optional[Sequence[Tuple[TcpSocket, ...]]] = None,
+                     addresses: Optional[Dict[str, str]] = None) -> List[Fact]:
     """Name the node or link whose sockets stall, with the sockets as evidence. `same_place`: every rank on one
     stack in one iteration; `same_stack`: on one stack, perhaps in different iterations. `sockets`: each
-    rank's sockets when the caller has read them already (columns.Facts)."""
+    rank's sockets when the caller has read them already (columns.Facts); `addresses`: the snapshot's
+    address_map() when the caller has made it."""
     if not any(map(_sockets, snapshot.ranks) if sockets is None else sockets):
         return []
-    addresses = address_map(snapshot)
+    addresses = address_map(snapshot) if addresses is None else addresses
     stalls = stalled_sockets(snapshot, addresses)
     silent = not stalls
     if silent:
