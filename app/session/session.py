@@ -32,6 +32,7 @@ from app.session.peer_names import PeerNamer
 from app.transport import bootstrap
 from app.transport.base import WorkerConnection, next_request_id
 from app.transport.connect import Connector
+from app.transport.within import within
 from workers import protocol
 
 if TYPE_CHECKING:  # what the worker sends (app.decode reads every value with a check)
@@ -150,7 +151,7 @@ class _Gate:
 
     async def wait(self, at_most: float) -> None:
         try:
-            await asyncio.wait_for(self._open.wait(), at_most)
+            await within(self._open.wait(), at_most)
         except asyncio.TimeoutError:
             pass
 

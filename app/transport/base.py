@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from workers.protocol import Call, Hello
 from app.transport import bootstrap, lines
 from app.transport.request import Request, WorkerRequestError
+from app.transport.within import within
 from workers import protocol
 
 __all__ = ["ByteReader", "ByteWriter", "ExitInfo", "Request", "WorkerConnection", "WorkerRequestError"]
@@ -144,12 +145,12 @@ class WorkerConnection:
         try:
             try:
                 self._stdin.write(payload)
-                await asyncio.wait_for(self._stdin.drain(), timeout)
+                await within(self._stdin.drain(), timeout)
             except asyncio.TimeoutError:
                 raise
             except Exception:
                 pass  # the channel is already gone: the stdout reader finds out why and fails the hello
-            hello = await asyncio.wait_for(asyncio.shield(self._hello), max(0.0, t0 + timeout - time.monotonic()))
+            hello = await within(asyncio.shield(self._hello), max(0.0, t0 + timeout - time.monotonic()))
         except asyncio.TimeoutError:
             err = TransportError("timeout", f"{self.name}: the worker did not start within {timeout:.1f} s"
                                  f"{self._stderr_note()}", phase="start",
@@ -215,7 +216,7 @@ class WorkerConnection:
 
     async def _drain(self, timeout: float) -> None:
         try:
-            await asyncio.wait_for(self._stdin.drain(), timeout)
+            await within(self._stdin.drain(), timeout)
         except Exception:  # a dead channel or a node that stopped reading: the reader task decides
             pass
 
@@ -368,7 +369,7 @@ class WorkerConnection:
         if len(self._tasks) > 1:  # let stderr drain so that the message can quote it
             await asyncio.wait(self._tasks[1:], timeout=1.0)
         try:
-            info = await asyncio.wait_for(self._wait_exit(), EXIT_WAIT)
+            info = await within(self._wait_exit(), EXIT_WAIT)
         except Exception:
             if self._kill is not None:
                 self._kill()
