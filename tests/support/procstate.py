@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from waiting import wait_until
+
 
 def _tracer(tracer_pid: str) -> str:
     """Who traces a process, from its status's TracerPid (a process in `t` state is stopped by one)."""
@@ -46,10 +48,7 @@ def wait_exec(pid: int, timeout: float = 10.0) -> None:
     execve has replaced its memory, but the kernel sets up the new command line and environment a moment later,
     and until then /proc/PID/cmdline and /proc/PID/environ read as empty (seen on a loaded machine in 110 of
     300 spawns). A test that reads them (as discovery does) waits here first."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not Path(f"/proc/{pid}/cmdline").read_bytes():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pid {pid} has no command line {timeout} s after it was started: {describe(pid)}")
-        time.sleep(0.005)
+    try:
+        wait_until(Path(f"/proc/{pid}/cmdline").read_bytes, timeout, f"pid {pid}'s command line", interval=0.005)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}: {describe(pid)}") from None
