@@ -115,7 +115,6 @@ class WorkerConnection:
         self._stderr_len = 0
         self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
         self._closing = False
         self.hello: Hello = {}
         self.error: Optional[TransportError] = None  # why the worker is gone, once it is
@@ -206,13 +205,14 @@ class WorkerConnection:
         if self.closed:
             return
         try:
+            # Written, not drained: the channel sends what it buffers as the peer's window or pipe allows, and a
+            # drain would only make this caller wait for that. request() stays synchronous, and a pass sends
+            # ~2 messages a node: a drain task beside each (a task, a deadline timer, a coroutine; ~15 us) was
+            # waited for by nobody (what a request sends is small; a node that stops reading fails its request
+            # by its deadline, which counts from the node's own activity: request.py).
             self._stdin.write(protocol.encode(msg))
         except Exception:  # the channel is already gone; the stdout reader reports why
             return
-        # request() stays synchronous; the drain (flow control, with a deadline) runs beside it.
-        task = asyncio.get_running_loop().create_task(self._drain(EXIT_WAIT))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _drain(self, timeout: float) -> None:
         try:
