@@ -291,3 +291,58 @@ async def test_a_corrupt_zlib_frame_is_a_protocol_error_naming_the_node() -> Non
     with pytest.raises(TransportError) as err:
         await req.collect()
     assert err.value.code == "protocol" and "node01" in str(err.value) and "compressed frame" in str(err.value)
+
+
+def _zlib_frames(messages: list[bytes], cut: Optional[int] = None) -> bytes:
+    """The messages as a worker sends them after its hello: one zlib stream, a `z <n>` frame per message, each
+    flushed (workers/server.py)."""
+    import zlib
+
+    z = zlib.compressobj(6, zlib.DEFLATED, 15)
+    out = []
+    for msg in messages:
+        packed = z.compress(msg) + z.flush(zlib.Z_SYNC_FLUSH)
+        out.append(b"z %d\n" % len(packed) + packed)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096, 1 << 30])
+async def test_a_run_of_frames_read_at_once_is_unpacked_into_every_message_in_order(chunk: int) -> None:
+    """The reader inflates the whole frames it holds in one call (base.BATCH_BYTES at most): every message of
+    them reaches its request, in order, whatever the chunking; a frame larger than the batch (random, so it does
+    not compress) is still read whole, and a plain line between frames ends a run and is read too."""
+    import base64
+    import random
+
+    big = base64.b64encode(random.Random(7).randbytes(300_000)).decode()  # > BATCH_BYTES compressed
+    hello = protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1, "compress": "zlib"})
+    conn, out, _ = await _connected(hello)
+    reqs = [conn.request(protocol.PING({}), timeout=5.0, req_id=100 + i) for i in range(60)]
+    first = [protocol.encode({"type": "item", "id": 100 + i % 30, "data": {"n": i}}) for i in range(90)]
+    first.insert(40, protocol.encode({"type": "item", "id": 105, "data": {"big": big}}))
+    stream = (_zlib_frames(first + [_done(100 + i) for i in range(30)])
+              + b"".join(_done(130 + i) for i in range(30)))  # then plain lines (a reader takes both)
+    for i in range(0, len(stream), chunk):
+        out.feed(stream[i:i + chunk])
+    got = [await r.collect() for r in reqs]
+    for i, (items, done) in enumerate(got):
+        assert done == {}
+        if i >= 30:
+            assert items == []
+            continue
+        want: list[Any] = [{"n": n} for n in range(i, 90, 30)]
+        if i == 5:
+            want.insert(2, {"big": big})  # the 41st message: after n=5 and n=35, before n=65
+        assert items == want, i
+
+
+async def test_a_malformed_header_after_whole_frames_is_a_protocol_error_once_those_frames_are_read() -> None:
+    hello = protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": 1, "compress": "zlib"})
+    conn, out, _ = await _connected(hello)
+    good = conn.request(protocol.PING({}), timeout=5.0, req_id=150)
+    bad = conn.request(protocol.PING({}), timeout=5.0, req_id=151)
+    out.feed(_zlib_frames([_item(150, 1), _done(150)]) + b"z 12x\n" + b"\0" * 12)
+    assert await good.collect() == ([{"n": 1}], {})
+    with pytest.raises(TransportError) as err:
+        await bad.collect()
+    assert err.value.code == "protocol" and "malformed frame header" in str(err.value)
