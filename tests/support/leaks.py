@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Iterable, List, Set, Tuple
@@ -18,6 +19,7 @@ from typing import Callable, Dict, FrozenSet, Iterable, List, Set, Tuple
 import psutil
 
 from waiting import wait_until
+from workers import procinfo
 
 GRACE_S = 10.0  # generous: a loaded 2-core machine may take seconds to reap a process tree
 
@@ -43,7 +45,12 @@ def _exempt() -> Set[int]:
 
 @dataclass(frozen=True)
 class Picture:
-    children: FrozenSet[Tuple[int, float]]  # (pid, create time): a reused pid is another process
+    # (pid, start in clock ticks after boot): a reused pid is another process. Not psutil's create_time(), which
+    # adds the boot time read again from /proc/stat at every call: the kernel derives that from the wall clock,
+    # so a clock step (a VM's clock set again under load) moved every process's create time at once, and every
+    # child, the session's clusters and jobs included, read as new and was killed as a leak (24 tests failed in
+    # one run beside two CPU burners: "connection refused" from a shared cluster whose nodes were killed)
+    children: FrozenSet[Tuple[int, int]]
     threads: FrozenSet[int]  # Thread.ident
     fds: Dict[int, str]  # fd -> what it refers to (readlink)
 
@@ -53,8 +60,8 @@ def _children() -> FrozenSet[Tuple[int, float]]:
     for p in psutil.Process().children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE:  # exited: holds nothing but its exit status
-                out.add((p.pid, p.create_time()))
-        except psutil.Error:  # gone meanwhile
+                out.add((p.pid, procinfo.start_time(p.pid)))
+        except (psutil.Error, procinfo.Gone, OSError, IndexError, ValueError):  # gone meanwhile
             pass
     return frozenset(out)
 
@@ -114,8 +121,7 @@ def kill_leaked_children(before: Picture) -> None:
         if pid in exempt:
             continue
         try:
-            p = psutil.Process(pid)
-            if p.create_time() == started:
-                p.kill()
-        except psutil.Error:
+            if procinfo.start_time(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+        except (procinfo.Gone, OSError, IndexError, ValueError):  # gone meanwhile
             pass
