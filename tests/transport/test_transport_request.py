@@ -293,7 +293,7 @@ async def test_a_corrupt_zlib_frame_is_a_protocol_error_naming_the_node() -> Non
     assert err.value.code == "protocol" and "node01" in str(err.value) and "compressed frame" in str(err.value)
 
 
-def _zlib_frames(messages: list[bytes], cut: Optional[int] = None) -> bytes:
+def _zlib_frames(messages: list[bytes]) -> bytes:
     """The messages as a worker sends them after its hello: one zlib stream, a `z <n>` frame per message, each
     flushed (workers/server.py)."""
     import zlib
@@ -310,7 +310,8 @@ def _zlib_frames(messages: list[bytes], cut: Optional[int] = None) -> bytes:
 async def test_a_run_of_frames_read_at_once_is_unpacked_into_every_message_in_order(chunk: int) -> None:
     """The reader inflates the whole frames it holds in one call (base.BATCH_BYTES at most): every message of
     them reaches its request, in order, whatever the chunking; a frame larger than the batch (random, so it does
-    not compress) is still read whole, and a plain line between frames ends a run and is read too."""
+    not compress) is still read whole, and the plain lines after the frames are read too (a plain line between
+    two frames: test_the_real_workers_zlib_frames_are_read_whatever_the_chunking)."""
     import base64
     import random
 
