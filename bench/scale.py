@@ -25,7 +25,7 @@ Per size, in a fresh process each (peak memory is the process's own):
                   wall, CPU ms/node, and how many nodes that answered it were marked as timed out
 A watchdog stops a size that passes --max-gb of RSS or --max-seconds and prints how far it got.
 
-    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep] [--bytecode]
+    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep|deep_ranked] [--bytecode]
     sudo python3 bench/scale.py --record     # re-record bench/data/scale_replies.json on the test cluster
     python3 bench/scale.py --before main     # the same table for main's code (login side and worker replies),
                                              # measured by the bench and recording of BASELINE_BENCH
@@ -123,8 +123,32 @@ def _numbered(msg: Dict[str, Any]) -> Dict[str, Any]:
     return dict(msg, data={"rank": item})
 
 
+def _own_locals(msgs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The deep recording as a job that passes its rank down its stack: the stand-in's `ready` argument (a path
+    ending in the local rank, in every frame of its recursion) ends in the rank's global number instead, so no
+    two ranks of the simulated job keep the same locals (the recording's 8 ranks repeat on every node)."""
+    local = {m["data"]["rank"]["pid"]: m["data"]["rank"]["local_rank"] for m in msgs
+             if "rank" in (m.get("data") or {})}
+    out = []
+    for m in msgs:
+        dump = (m.get("data") or {}).get("dump")
+        if isinstance(dump, dict) and dump.get("pid") in local:
+            n = local[dump["pid"]]
+            threads = [dict(t, locals=[[i, name, value.replace(f"ready-{n}\"", f"ready-@R{n}@\"") if name == "ready"
+                                        else value, arg] for i, name, value, arg in t.get("locals") or []])
+                       for t in dump.get("threads") or []]
+            m = dict(m, data={"dump": dict(dump, threads=threads)})
+        out.append(m)
+    return out
+
+
+SHAPES = {"small": "small", "deep": "deep", "deep_ranked": "deep"}  # shape -> the recording it replays
+
+
 def load_recording(shape: str) -> Recording:
-    rec = json.loads(DATA.read_text())[shape]
+    rec = json.loads(DATA.read_text())[SHAPES[shape]]
+    if shape == "deep_ranked":
+        rec = dict(rec, passes=[_own_locals(msgs) for msgs in rec["passes"]])
     marks = {"@HOST@": "%(host)s", "@ID@": "%(id)d", "@NODE@": "%(node)d", "@WORLD@": "%(world)d"}
     marks.update({f"@R{i}@": f"%(r{i})d" for i in range(RANKS_RECORDED)})
     before: List[List[bytes]] = []
@@ -611,8 +635,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,12500", help="node counts (default 100,1000,12500)")
     ap.add_argument("--ranks", type=int, default=RANKS_RECORDED, help=argparse.SUPPRESS)  # as recorded
-    ap.add_argument("--shape", default="small", choices=("small", "deep"),
-                    help="the recorded stacks: small (stand-in ranks, 6 frames) or deep (~60 frames with locals)")
+    ap.add_argument("--shape", default="small", choices=tuple(SHAPES),
+                    help="the recorded stacks: small (stand-in ranks, 6 frames), deep (~60 frames with locals; the "
+                         "recording's 8 ranks repeat on every node) or deep_ranked (deep, with an argument that "
+                         "holds the rank's global number in every frame: no two ranks keep the same locals)")
     ap.add_argument("--max-gb", type=float, default=6.0, help="stop a size past this RSS (default 6)")
     ap.add_argument("--max-seconds", type=float, default=1800.0, help="stop a size after this long (default 1800)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")

@@ -53,3 +53,33 @@ def test_bench_scale_floor_prices_what_the_pass_builds(tmp_path: Path) -> None:
     assert row["ranks"] == 160 and row["objects_per_rank"] >= 5, row
     assert all(row[k] > 0 for k in ("pass_us", "objects_us", "analysis_us", "parse_us")), row
     assert abs(row["floor_us"] - (row["objects_us"] + row["analysis_us"] + row["parse_us"])) < 1e-6, row
+
+
+def test_bench_scale_deep_ranked_gives_each_simulated_rank_its_own_locals(tmp_path: Path) -> None:
+    # The harsh shape: the deep recording with the stand-in's `ready` argument (in every frame of its recursion)
+    # ending in each rank's global number, as a job that passes its rank down its stack. Two nodes' bytes for
+    # the same recorded rank differ in exactly that, in every frame; and the shape runs end to end.
+    sys.path[:0] = [str(ROOT / "bench")]
+    try:
+        import scale
+    finally:
+        del sys.path[0]
+    rec = scale.load_recording("deep_ranked")
+    dumps = [t for t in rec.after[0] if b'"dump"' in t and b'"ready"' in t]
+    assert len(dumps) == scale.RANKS_RECORDED
+    for node in (0, 5):
+        values = {b"host": b"sim", b"node": node, b"world": 48, b"id": 1}
+        values.update({b"r%d" % i: node * 8 + i for i in range(scale.RANKS_RECORDED)})
+        ends = set()
+        for line in dumps:
+            kept = json.loads(line % values)["data"]["dump"]["threads"][0]["locals"]
+            readies = {v for _, name, v, _ in kept if name == "ready"}
+            assert len(readies) == 1 and sum(1 for _, name, _, _ in kept if name == "ready") > 50, readies
+            ends.add(next(iter(readies)).rsplit("/", 1)[1])
+        assert ends == {f'ready-{node * 8 + i}"' for i in range(scale.RANKS_RECORDED)}, ends
+    out = tmp_path / "ranked.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--sizes", "4", "--shape", "deep_ranked", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["ranks_seen"] == 32 and row["pass1_failed"] == 0 and row["refresh_failed"] == 0, row
