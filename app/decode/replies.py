@@ -521,9 +521,20 @@ def decode_dump(item: DumpItem) -> Dumped:
 StackTable = dict
 
 MAX_STACKS = 1 << 14  # entries one table holds; a worker forgets what it sent past workers/compact.py MAX_SENT
-# A thread's frames with the locals it kept, by (stack id, its locals): ranks on the same stack in the same loop
-# iteration share one tuple (and its path, computed once: model/frames.py share()).
-_WITH_LOCALS: BoundedMemo[tuple, tuple[Frame, ...]] = BoundedMemo(1 << 16)
+# A thread's frames with the locals it kept, by (its stack's frames, its locals): ranks on the same stack in the
+# same loop iteration share one tuple (and its path, computed once: model/frames.py share()).
+# Weighed by the locals its keys hold (a deep stack's thread keeps ~180), so that ranks whose locals all differ
+# (a job that passes its rank down a 60-frame stack) cannot keep tens of thousands of keys alive.
+MAX_KEPT = 1 << 18
+_WITH_LOCALS: BoundedMemo[tuple, tuple[tuple[Frame, ...], tuple[Frame, ...]]] = BoundedMemo(MAX_KEPT)
+# Below that, each distinct kept local once, and each frame with the same locals once: where one local differs
+# per rank (its rank, in every frame of a recursion), its other locals and the frames without it stay shared, and
+# a rank costs the frames that are its own, not 60 frames and 180 locals (issue 27: ~65 KB a rank, 6 GB at
+# 12,500 x 8). A frame's entry holds the frame it was built on, so an id in the table is that frame's.
+_LOCALS: BoundedMemo[tuple, Local] = BoundedMemo(MAX_KEPT)
+_FRAMES_WITH: BoundedMemo[tuple, tuple[Frame, Frame]] = BoundedMemo(MAX_KEPT)
+_LOCAL = Builder(Local).make
+_FRAME = Builder(Frame).make
 
 
 # Stack table entries already decoded for some connection, by id: (the entry as it came, its frames). A job's
@@ -576,24 +587,48 @@ def _kept_key(raw: Any) -> tuple:
     return tuple(out)
 
 
-def _with_locals(sid: str, frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
+def _local(name: str, value: str, arg: bool) -> Local:
+    key = (name, value, arg)
+    got = _LOCALS.get(key)
+    if got is None:
+        name, value = _str(name), _str(value)  # interned when short: the key and the Local hold the same text
+        got = _LOCALS.add((name, value, arg), _LOCAL(name=name, repr=value, arg=arg))
+    return got
+
+
+def _with_locals(frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
     """The stack's frames with this thread's kept locals (and the loop iteration they give) in place."""
-    key = (sid, kept)
+    # by the table's frames tuple, not the node's id for it: equal entries share one tuple (decode_stacks), and a
+    # node that sends other frames under a known id must not get, nor give, another node's frames; the entry holds
+    # the tuple, so its id is never reused while the entry is in the table
+    key = (id(frames), kept)
     got = _WITH_LOCALS.get(key)
-    if got is not None:
-        return got
-    by_frame: dict[int, list[Local]] = {}
+    if got is not None and got[0] is frames:
+        return got[1]
+    # per frame: its id, then name, repr, arg of each of its locals (one flat list: the frame's key below)
+    by_frame: dict[int, list] = {}
+    count = len(frames)
     for i, name, value, arg in kept:
-        if 0 <= i < len(frames):
-            by_frame.setdefault(i, []).append(Local(name, value, arg))
+        if 0 <= i < count:
+            got_i = by_frame.get(i)
+            if got_i is None:
+                by_frame[i] = [id(frames[i]), name, value, arg]
+            else:
+                got_i += (name, value, arg)
     out = list(frames)
-    for i, local_vars in by_frame.items():
+    for i, flat in by_frame.items():
         f = frames[i]
-        lv = tuple(local_vars)
-        out[i] = Frame(function=f.function, filename=f.filename, line=f.line, module=f.module, native=f.native,
+        fkey = tuple(flat)
+        known = _FRAMES_WITH.get(fkey)
+        if known is not None and known[0] is f:
+            out[i] = known[1]
+            continue
+        lv = tuple([_local(flat[k], flat[k + 1], flat[k + 2]) for k in range(1, len(flat), 3)])
+        frame = _FRAME(function=f.function, filename=f.filename, line=f.line, module=f.module, native=f.native,
                        locals=lv, loops=f.loops, iteration=iteration(f.loops, lv, f.line) if f.loops else (),
                        source=f.source, withs=f.withs)
-    return _WITH_LOCALS.add(key, share(tuple(out)))
+        out[i] = _FRAMES_WITH.add(fkey, (f, frame), weight=len(lv))[1]
+    return _WITH_LOCALS.add(key, (frames, share(tuple(out))), weight=len(kept) + 1)[1]
 
 
 def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
@@ -620,7 +655,7 @@ def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
             frames = ()
         kept = _kept_key(t.get("locals"))
         if kept and frames:
-            frames = _with_locals(sid, frames, kept)  # type: ignore[arg-type]
+            frames = _with_locals(frames, kept)
         threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
                                name == "MainThread" or tid == pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):

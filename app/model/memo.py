@@ -30,13 +30,18 @@ class BoundedMemo(Generic[K, V]):
         self.get = self._table.get  # the table is only ever cleared in place: this stays valid
 
     def add(self, key: K, value: V, weight: int = 1) -> V:
-        held = self._table.get(key)
-        if held is not None:
-            return held
+        # one lookup of the key when there is room (a tuple's hash is not cached: a thread's ~180 kept locals
+        # were hashed three times a rank, app/decode/replies.py)
+        table = self._table
         if self.weight + weight > self.limit:
+            held = table.get(key)
+            if held is not None:
+                return held
             self.clear()
-        self.weight += weight
-        return self._table.setdefault(key, value)
+        got = table.setdefault(key, value)
+        if got is value:
+            self.weight += weight
+        return got
 
     def clear(self) -> None:
         self._table.clear()

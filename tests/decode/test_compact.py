@@ -119,3 +119,95 @@ def test_a_stack_another_connection_sent_is_decoded_once_but_an_id_is_never_take
     third: dict = {}
     replies.decode_stacks(json.loads(json.dumps({sid: entry})), third)
     assert third[sid] is first[sid]
+
+
+# -- deep stacks whose ranks keep other locals (issue 27: 12,500 x 8 with a rank passed down 60 frames) ----------
+
+def _deep_entry(depth: int) -> Dict[str, Any]:
+    """A stack table entry of `depth` Python frames (a recursion, as a model's layers are), innermost first."""
+    return {"frames": [{"name": "layer", "filename": "/job/model.py", "line": 40 + n % 3, "module": None}
+                       for n in range(depth)], "loops": {}, "source": {}, "context": 0}
+
+
+def _deep_dump(pid: int, sid: str, depth: int, rank: int, own_frames: range) -> Dict[str, Any]:
+    """A compact dump whose one thread keeps `depth` and `step` in every frame (the same on every rank) and its
+    rank in the frames of `own_frames` (an argument passed down)."""
+    kept: List[List[Any]] = []
+    for n in range(depth):
+        kept += [[n, "depth", str(n), True], [n, "step", "6", True]]
+        if n in own_frames:
+            kept.append([n, "rank", str(rank), True])
+    return {"pid": pid, "ok": True, "threads": [{"thread_id": pid, "os_thread_id": pid, "thread_name": "MainThread",
+                                                  "active": False, "owns_gil": False, "stack": sid,
+                                                  "locals": kept}]}
+
+
+def _decode_deep(ranks: int, depth: int, own_frames: range) -> List[replies.Dumped]:
+    table: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({"deepstack": _deep_entry(depth)})), table)
+    return [replies.decode_compact_dump(json.loads(json.dumps(_deep_dump(100 + r, "deepstack", depth, r,
+                                                                         own_frames))), table)
+            for r in range(ranks)]
+
+
+def test_ranks_whose_locals_differ_in_a_few_frames_share_every_other_frame_and_local() -> None:
+    """A job passes its rank down a few of its 60 frames: each rank's dump holds its own frames only where its
+    rank is, and the same frame objects everywhere else (and one object per distinct local): the login side's
+    memory per rank stays in kilobytes (it was 60 frames and 180 locals of its own, ~65 KB)."""
+    a, b = (d.threads[0].frames for d in _decode_deep(2, 60, range(2)))
+    assert [f.function for f in a] == ["layer"] * 60
+    for n in range(60):
+        names = [(lc.name, lc.repr) for lc in a[n].locals]
+        assert names[:2] == [("depth", str(n)), ("step", "6")]
+        if n < 2:
+            assert names[2:] == [("rank", "0")] and [(lc.name, lc.repr) for lc in b[n].locals][2:] == [("rank", "1")]
+            assert a[n] is not b[n] and a[n] != b[n]
+            assert a[n].locals[0] is b[n].locals[0] and a[n].locals[1] is b[n].locals[1]  # the shared ones once
+        else:
+            assert a[n] is b[n]  # equal frames: one object
+    assert a != b
+
+
+def test_a_rank_passed_down_every_frame_still_shares_the_locals_that_are_equal() -> None:
+    """The worst case: the rank is a local of every frame, so no frame is shared; every `depth`/`step` local is
+    still one object for all ranks, and each rank's own value one object for all its frames."""
+    dumps = _decode_deep(3, 60, range(60))
+    frames = [d.threads[0].frames for d in dumps]
+    for n in range(60):
+        assert len({id(f[n]) for f in frames}) == 3
+        assert len({id(f[n].locals[0]) for f in frames}) == 1 and len({id(f[n].locals[1]) for f in frames}) == 1
+    for f in frames:
+        assert len({id(fr.locals[2]) for fr in f}) == 1  # its rank: one Local for its 60 frames
+
+
+def test_the_locals_the_decode_tables_keep_stay_under_their_limit(monkeypatch: Any) -> None:
+    """Ranks whose locals all differ fill the decode's tables with nothing any other rank reuses: what they hold
+    is bounded by the locals they keep (a count of entries let 65,536 keys of 180 locals each live on: over a GB
+    at 12,500 x 8), so a long TUI session or a huge job cannot grow them without end."""
+    limit = 2000
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH, replies._LOCALS):
+        monkeypatch.setattr(memo, "limit", limit)
+        memo.clear()
+    _decode_deep(40, 60, range(60))  # 40 ranks x 180 locals: 7,200 kept locals, none shared between ranks
+    held = sum(len(kept) for _, kept in replies._WITH_LOCALS._table)
+    assert 0 < held <= limit
+    assert sum((len(key) - 1) // 3 for key in replies._FRAMES_WITH._table) <= limit
+    assert 0 < len(replies._LOCALS) <= limit
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH, replies._LOCALS):
+        memo.clear()
+
+
+def test_a_node_that_sends_other_frames_under_a_known_id_never_gets_nor_gives_another_nodes_frames() -> None:
+    """Two connections, one stack id: the honest node's table holds the job's stack, the hostile one's other
+    frames under the same id; ranks with the same kept locals on both read each their own node's frames."""
+    honest: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({"sameid": _deep_entry(3)})), honest)
+    forged = _deep_entry(3)
+    forged["frames"][0]["name"] = "not_what_the_id_says"
+    hostile: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({"sameid": forged})), hostile)
+    item = _deep_dump(7, "sameid", 3, 0, range(3))
+    got_hostile = replies.decode_compact_dump(json.loads(json.dumps(item)), hostile).threads[0].frames
+    got_honest = replies.decode_compact_dump(json.loads(json.dumps(item)), honest).threads[0].frames
+    assert got_hostile[0].function == "not_what_the_id_says"
+    assert [f.function for f in got_honest] == ["layer"] * 3
