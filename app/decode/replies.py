@@ -596,8 +596,29 @@ def _local(name: str, value: str, arg: bool) -> Local:
     return got
 
 
-def _with_locals(frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
-    """The stack's frames with this thread's kept locals (and the loop iteration they give) in place."""
+def _same_locals(before: tuple[Frame, ...], frames: tuple[Frame, ...], kept: tuple) -> bool:
+    """Whether `before` (built by _with_locals on these very frames) holds exactly the locals `kept` names, in
+    their order: then it is what _with_locals would build from them."""
+    if len(before) != len(frames):
+        return False
+    j, n = 0, len(kept)
+    for i, f in enumerate(before):
+        if f is frames[i]:
+            continue
+        for lc in f.locals:
+            if j == n:
+                return False
+            k = kept[j]
+            if k[0] != i or k[1] != lc.name or k[2] != lc.repr or k[3] is not lc.arg:
+                return False
+            j += 1
+    return j == n
+
+
+def _with_locals(frames: tuple[Frame, ...], kept: tuple, before: tuple[Frame, ...] | None = None
+                 ) -> tuple[Frame, ...]:
+    """The stack's frames with this thread's kept locals (and the loop iteration they give) in place; `before`,
+    what the thread's last pass gave on the same frames, is taken again when its locals are the same."""
     # by the table's frames tuple, not the node's id for it: equal entries share one tuple (decode_stacks), and a
     # node that sends other frames under a known id must not get, nor give, another node's frames; the entry holds
     # the tuple, so its id is never reused while the entry is in the table
@@ -605,6 +626,11 @@ def _with_locals(frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
     got = _WITH_LOCALS.get(key)
     if got is not None and got[0] is frames:
         return got[1]
+    # A rank whose locals are its own (in no table any more at 100k ranks) keeps its frames from one pass to the
+    # next while they do not change: the TUI's last snapshot and the new one share them (a refresh built them
+    # all again: two snapshots' worth of per-rank frames at once).
+    if before is not None and _same_locals(before, frames, kept):
+        return before
     # per frame: its id, then name, repr, arg of each of its locals (one flat list: the frame's key below)
     by_frame: dict[int, list] = {}
     count = len(frames)
@@ -631,9 +657,17 @@ def _with_locals(frames: tuple[Frame, ...], kept: tuple) -> tuple[Frame, ...]:
     return _WITH_LOCALS.add(key, (frames, share(tuple(out))), weight=len(kept) + 1)[1]
 
 
-def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
+# A node's threads of its last pass, for the next one: (pid, tid) -> (the table's frames, the frames with its
+# locals). A session keeps one per node and replaces it each pass (app/session/session.py _collect_decoder).
+ThreadsBefore = dict
+
+
+def decode_compact_dump(item: DumpItem, table: StackTable,
+                        last: tuple[ThreadsBefore, ThreadsBefore] | None = None) -> Dumped:
     """A compact dump item (workers/compact.py) read against its connection's stack table: as decode_dump reads
-    a full one, but each thread's frames come from the table (shared), with the locals the item kept."""
+    a full one, but each thread's frames come from the table (shared), with the locals the item kept. `last`:
+    (the node's threads of its last pass, those of this one, filled here), so that a thread whose frames and
+    locals did not change keeps its frame objects."""
     procfs = _procfs_threads(item)
     by_nstid = {t["nstid"]: tid for tid, t in procfs.items() if _int(t.get("nstid")) is not None}
     pid = _int(item.get("pid"))
@@ -655,7 +689,13 @@ def decode_compact_dump(item: DumpItem, table: StackTable) -> Dumped:
             frames = ()
         kept = _kept_key(t.get("locals"))
         if kept and frames:
-            frames = _with_locals(frames, kept)
+            if last is None:
+                frames = _with_locals(frames, kept)
+            else:
+                before = last[0].get((pid, tid))
+                base = frames
+                frames = _with_locals(frames, kept, before[1] if before is not None and before[0] is frames else None)
+                last[1][(pid, tid)] = (base, frames)
         threads.append(_thread(tid, name, t.get("active") is True, t.get("owns_gil") is True, frames,
                                name == "MainThread" or tid == pid, procfs.get(tid)))
     for tid in sorted(set(procfs) - seen):

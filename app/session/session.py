@@ -107,11 +107,16 @@ def dump_skew(ranks: Sequence[RankSnapshot]) -> Optional[float]:
     return round(max(starts) - min(starts), 6) if len(starts) > 1 else None
 
 
-def _collect_decoder(node: str, stacks: replies.StackTable) -> Callable[[Any], tuple[Optional[CollectItemKey], Any]]:
+def _collect_decoder(node: str, shared: dict[str, Any]) -> Callable[[Any], tuple[Optional[CollectItemKey], Any]]:
     """How a node's collect items are read in the connection's reader: (the item's key, its value in the model:
     a RankSnapshot, a decoded dump, the GPU evidence; discovery's summary as it came, with the time it was read;
-    None when malformed). `stacks` is the connection's stack table (compact dumps refer to it): read in the
-    reader too, in the order the node sent, before the dumps that use it."""
+    None when malformed). `shared` is what the connection's decoders keep between requests: its stack table
+    (compact dumps refer to it: read in the reader too, in the order the node sent, before the dumps that use
+    it), and per node the threads of its last pass (replies.decode_compact_dump)."""
+    stacks: replies.StackTable = shared.setdefault("stacks", {})
+    mine = "threads " + node  # a relay's nodes share their relay's connection
+    threads: tuple[replies.ThreadsBefore, replies.ThreadsBefore] = (shared.pop(mine, None) or {}, {})
+    shared[mine] = threads[1]
     def decode(item: dict) -> tuple[Optional[CollectItemKey], Any]:
         # each item carries one key (protocol.CollectItem); app.decode checks each value it takes
         key = protocol.collect_item_key(item)
@@ -130,7 +135,7 @@ def _collect_decoder(node: str, stacks: replies.StackTable) -> Callable[[Any], t
         if key == "rank":
             return key, replies.rank_from_discover(node, cast("RankInfo", value))
         if "threads" in value and "pyspy" not in value:  # compact (workers/compact.py)
-            return key, replies.decode_compact_dump(cast("DumpItem", value), stacks)
+            return key, replies.decode_compact_dump(cast("DumpItem", value), stacks, threads)
         return key, replies.decode_dump(cast("DumpItem", value))  # dump, process_dump
     return decode
 
@@ -536,7 +541,7 @@ class Session:
             # each item is read into the model in the connection's reader as it arrives (_collect_decoder)
             req = cast("Request[tuple[Optional[CollectItemKey], Any], CollectDone]",
                        conn.request(protocol.COLLECT(args), timeout=DISCOVER_TIMEOUT,
-                                    decode=_collect_decoder(node.name, conn.shared.setdefault("stacks", {})),
+                                    decode=_collect_decoder(node.name, conn.shared),
                                     req_id=pass_id))
             async for key, value in req:
                 if key == "gpu_evidence":  # GPU-side evidence (workers/collect/gpu_evidence.py)

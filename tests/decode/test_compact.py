@@ -211,3 +211,31 @@ def test_a_node_that_sends_other_frames_under_a_known_id_never_gets_nor_gives_an
     got_honest = replies.decode_compact_dump(json.loads(json.dumps(item)), honest).threads[0].frames
     assert got_hostile[0].function == "not_what_the_id_says"
     assert [f.function for f in got_honest] == ["layer"] * 3
+
+
+def test_a_thread_whose_frames_and_locals_did_not_change_keeps_its_frames_from_the_last_pass() -> None:
+    """The TUI holds its last snapshot while it takes the next: a rank with locals of its own (no table holds
+    them at 100k ranks) keeps its frame objects from one pass to the next while its stack and its locals stay
+    the same, and gets new ones, with the new values, as soon as one local changes."""
+    table: dict = {}
+    replies.decode_stacks(json.loads(json.dumps({"deepstack": _deep_entry(60)})), table)
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        memo.clear()  # as after a table started over: nothing but the last pass can give the frames back
+    first: tuple = ({}, {})
+    item = _deep_dump(100, "deepstack", 60, 3, range(60))
+    one = replies.decode_compact_dump(json.loads(json.dumps(item)), table, first).threads[0].frames
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        memo.clear()
+    second: tuple = (first[1], {})
+    two = replies.decode_compact_dump(json.loads(json.dumps(item)), table, second).threads[0].frames
+    assert two is one
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        memo.clear()
+    moved = copy.deepcopy(item)
+    moved["threads"][0]["locals"][-1][2] = "4"  # one value changed (the innermost... outermost frame's rank)
+    three = replies.decode_compact_dump(json.loads(json.dumps(moved)), table, (second[1], {})).threads[0].frames
+    assert three is not one and three[:59] == one[:59] and three[59] != one[59]
+    assert [(lc.name, lc.repr) for lc in three[59].locals][-1] == ("rank", "4")
+    other = _deep_dump(100, "deepstack", 60, 3, range(59))  # the same values, one local fewer
+    four = replies.decode_compact_dump(json.loads(json.dumps(other)), table, (second[1], {})).threads[0].frames
+    assert four is not one and [lc.name for lc in four[59].locals] == ["depth", "step"]

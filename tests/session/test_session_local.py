@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -277,9 +277,9 @@ async def test_past_all_locals_nodes_a_rank_carries_what_the_analysis_reads_and_
         added.update(k for k in raw if k not in table)
         return decode_stacks(raw, table)
 
-    def dump(item: dict, table: dict) -> replies.Dumped:
+    def dump(item: dict, table: dict, threads: Any = None) -> replies.Dumped:
         used[item["pid"]] = {t["stack"] for t in item.get("threads") or []}
-        return decode_compact_dump(item, table)  # type: ignore[arg-type]
+        return decode_compact_dump(item, table, threads)  # type: ignore[arg-type]
 
     monkeypatch.setattr(replies, "decode_stacks", stacks)
     monkeypatch.setattr(replies, "decode_compact_dump", dump)
