@@ -114,7 +114,7 @@ def _collect_decoder(node: str, shared: dict[str, Any]) -> Callable[[Any], tuple
     (compact dumps refer to it: read in the reader too, in the order the node sent, before the dumps that use
     it), and per node the threads of its last pass (replies.decode_compact_dump)."""
     stacks: replies.StackTable = shared.setdefault("stacks", {})
-    mine = "threads " + node  # a relay's nodes share their relay's connection
+    mine = "threads " + node  # whose they are, should a connection ever read several nodes
     threads: tuple[replies.ThreadsBefore, replies.ThreadsBefore] = (shared.pop(mine, None) or {}, {})
     shared[mine] = threads[1]
     def decode(item: dict) -> tuple[Optional[CollectItemKey], Any]:
