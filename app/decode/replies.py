@@ -598,9 +598,7 @@ def _local(name: str, value: str, arg: bool) -> Local:
 
 def _same_locals(before: tuple[Frame, ...], frames: tuple[Frame, ...], kept: tuple) -> bool:
     """Whether `before` (built by _with_locals on these very frames) holds exactly the locals `kept` names, in
-    their order: then it is what _with_locals would build from them."""
-    if len(before) != len(frames):
-        return False
+    their order: then it is what _with_locals would build from them (a copy of `frames`, position by position)."""
     j, n = 0, len(kept)
     for i, f in enumerate(before):
         if f is frames[i]:

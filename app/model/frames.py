@@ -52,11 +52,11 @@ class WithInfo:
 # Frames are the model's most numerous objects where ranks keep locals of their own (60 a rank in a deep stack,
 # issue 27): with slots a frame is ~110 bytes, without ~160 built by __init__ and ~220 built without it
 # (app/decode/build.py: reading __dict__ gives the instance a dict object of its own). Python >= 3.10; on 3.9 a
-# frame keeps its dict.
-_SLOTS: dict = {"slots": True} if sys.version_info >= (3, 10) else {}
+# frame keeps its dict. RankSnapshot (app/model/rank.py) takes the same.
+SLOTS: dict = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, **SLOTS)
 class Frame:
     """One stack frame. Python frames carry locals and loops when collected; native frames carry a module."""
 

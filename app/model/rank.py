@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import typing
 from dataclasses import dataclass
 from typing import Literal, Optional, Protocol, Tuple
 
 from app.model.flight import FlightRecord
-from app.model.frames import ThreadStack
+from app.model.frames import SLOTS, ThreadStack
 from app.model.process import (
     ErrorInfo,
     ErrorOutput,
@@ -38,8 +37,7 @@ def rank_key(r: _OnNode) -> RankKey:
 
 # A rank's ~50 attributes are more than CPython shares a key table for (30), so each RankSnapshot carried a dict
 # of its own (~1.5 KB; 100k ranks a pass at 12,500 nodes, issue 27): slots hold them in ~0.4 KB (python >= 3.10;
-# on 3.9 a rank keeps its dict).
-_SLOTS: dict = {"slots": True} if sys.version_info >= (3, 10) else {}
+# on 3.9 a rank keeps its dict: frames.SLOTS).
 
 
 class _Derived:
@@ -48,7 +46,7 @@ class _Derived:
     __slots__ = ("enters_with",)
 
 
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, **SLOTS)
 class RankSnapshot(_Derived):
     """One rank process at one moment: identity, /proc facts, and its stacks when collected."""
 

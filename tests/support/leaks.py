@@ -55,7 +55,7 @@ class Picture:
     fds: Dict[int, str]  # fd -> what it refers to (readlink)
 
 
-def _children() -> FrozenSet[Tuple[int, float]]:
+def _children() -> FrozenSet[Tuple[int, int]]:
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
