@@ -370,6 +370,36 @@ async def test_events_stream_into_the_grid_before_the_snapshot_is_done():
         assert "gpu7: connecting" in screen_text(app)
 
 
+async def test_a_flood_of_session_events_is_applied_in_few_messages_newest_first_and_in_pass_order(monkeypatch):
+    # A 12,500-node pass emits ~260,000 node and rank updates: one app message each cost more than the redraws
+    # they fed. They join one batch until it is applied; a finished snapshot closes the batch, so what comes
+    # after it (the next pass) is not wiped when the snapshot is added.
+    import app.ui.core as core
+
+    applied = []
+    real = core.HangscopeCore.on_session_batch
+
+    def counting(self, message):
+        applied.append(len(message.events))
+        real(self, message)
+
+    monkeypatch.setattr(core.HangscopeCore, "on_session_batch", counting)
+    app = HangscopeApp(ReplaySource([build_snapshot()]), start=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.collecting = True
+        first = build_snapshot(nodes=1, per_node=2, prefix="gpu")
+        for state in ("connecting", "discovering", "collecting"):
+            app._on_source_event(NodeUpdate(NodeStatus(name="gpu7", state=state)))
+        for _ in range(500):  # the same two ranks again and again: the newest of each is what counts
+            for r in first.ranks:
+                app._on_source_event(RankUpdate(r))
+        app._on_source_event(SnapshotDone(first))
+        app._on_source_event(NodeUpdate(NodeStatus(name="gpu8", state="connecting")))  # the next pass begins
+        await until(pilot, lambda: len(app.history) == 1 and applied == [3, 1], "the batches and the snapshot")
+        assert app.live_nodes == {"gpu8": NodeStatus(name="gpu8", state="connecting")}, app.live_nodes
+        assert not app.live_ranks
+
+
 async def test_history_is_bounded_by_the_ranks_it_holds(monkeypatch):
     import app.ui.core as app_module
 
