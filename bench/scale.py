@@ -25,7 +25,13 @@ Per size, in a fresh process each (peak memory is the process's own):
                   wall, CPU ms/node, and how many nodes that answered it were marked as timed out
 A watchdog stops a size that passes --max-gb of RSS or --max-seconds and prints how far it got.
 
-    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep|deep_ranked] [--bytecode]
+With --ui each size runs through the TUI instead (HangscopeApp headless under Textual's test driver, 160x50, as
+`hangscope HOSTS` opens it; every session event goes through the app as it does live):
+  TUI first picture  wall seconds from the app's creation to the first snapshot analysed and drawn (the verdict
+                     line, the grid), CPU ms/node as above; session events: node and rank updates the app took
+  TUI refresh        `R` pressed and confirmed: wall seconds to the second snapshot drawn
+
+    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep|deep_ranked] [--bytecode] [--ui]
     sudo python3 bench/scale.py --record     # re-record bench/data/scale_replies.json on the test cluster
     python3 bench/scale.py --before main     # the same table for main's code (login side and worker replies),
                                              # measured by the bench and recording of BASELINE_BENCH
@@ -511,6 +517,76 @@ def one_size(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: flo
     return out
 
 
+def one_size_ui(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: float) -> Dict[str, Any]:
+    """The same FAKE nodes through the TUI (HangscopeApp, headless under Textual's test driver, 160x50), as
+    `hangscope HOSTS` opens it: its first picture (the first snapshot analysed and drawn: the verdict line, the
+    grid) and a refresh (`R`, confirmed), with every session event going through the app as it does live."""
+    from textual.pilot import Pilot  # noqa: F401  (Textual's test driver, loaded before the clock starts)
+
+    from app.ui.app import HangscopeApp
+    from app.ui.source import LiveSource
+
+    stage = ["setup"]
+    started = time.monotonic()
+    out: Dict[str, Any] = {"nodes": nodes, "ranks": ranks, "shape": shape, "ui": True}
+    threading.Thread(target=_watchdog, args=(max_gb, max_seconds, started, stage, out), daemon=True).start()
+    rec = load_recording(shape)
+    names = [f"sim{i:05d}" for i in range(nodes)]
+
+    async def picture(app: Any, count: int, t0: float) -> float:
+        """Wall seconds from t0 until the app holds `count` snapshots, has drawn the last one and collects no more."""
+        while not (len(app.history) >= count and app.views.get(app.position) is not None and not app.collecting):
+            await asyncio.sleep(0.02)
+        return time.monotonic() - t0
+
+    async def run() -> None:
+        opts = FakeOptions(collect=CollectOptions(locals=True))
+        fake = FakeConnector(rec, names, ranks)
+        stage.append("building the FAKE replies")
+        fake.prebuild()
+        object.__setattr__(opts, "fake", fake)
+        base._REQUEST_IDS = itertools.count(1)
+        gc.collect()
+        events = [0]
+        cpu0, fake0, t0 = _cpu(), FakeCpu.seconds, time.monotonic()
+        stage.append("the TUI's first picture")
+        source = LiveSource([HostSpec(name=n, host=n, slots=ranks) for n in names], opts)
+        app = HangscopeApp(source)
+        listener = app._on_source_event
+
+        def counting(event: Any) -> None:
+            events[0] += 1
+            listener(event)
+
+        app._on_source_event = counting  # type: ignore[method-assign]
+        async with app.run_test(size=(160, 50)) as pilot:
+            out["first_picture_s"] = await picture(app, 1, t0)
+            cpu = _cpu() - cpu0 - (FakeCpu.seconds - fake0)
+            out["cpu_ms_node"] = cpu / nodes * 1000
+            out["events"] = events[0]
+            await pilot.pause()
+            snap = app.history[-1]
+            out["ranks_seen"] = sum(1 for r in snap.ranks if r.threads)
+            out["pass1_timed_out"] = sum(1 for n in snap.nodes if n.error is not None and n.error.code == "timeout")
+            out["verdict"] = str(app.main.query_one("#verdict").render())[:160]
+            stage.append("the TUI's refresh")
+            t1 = time.monotonic()
+            await pilot.press("R")  # refresh all: py-spy pauses each rank, so the TUI asks first
+            while type(app.screen).__name__ != "ConfirmScreen":
+                await asyncio.sleep(0.01)
+            await pilot.press("y")
+            out["refresh_s"] = await picture(app, 2, t1)
+            snap2 = app.history[-1]
+            out["refresh_timed_out"] = sum(1 for n in snap2.nodes if n.error is not None and n.error.code == "timeout")
+            stage.append("close")
+            app.exit(0)
+
+    asyncio.run(run())
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["wall_s"] = time.monotonic() - started
+    return out
+
+
 # -- recording --------------------------------------------------------------------------------------------
 
 def record() -> None:
@@ -581,6 +657,8 @@ def _record_shape(cluster_mod: Any, depth: int) -> Dict[str, Any]:
 # -- the table --------------------------------------------------------------------------------------------
 
 def table(rows: List[Dict[str, Any]]) -> str:
+    if rows and all(r.get("ui") for r in rows):
+        return ui_table(rows)
     head = ("| nodes x ranks | first headline s | CPU ms/node | GC % | analysis s | bytes/node | peak MB "
             "| pass 1: answering nodes timed out | refresh s | refresh CPU ms/node | refresh GC % "
             "| refresh: answering nodes timed out | --print lines |")
@@ -598,6 +676,22 @@ def table(rows: List[Dict[str, Any]]) -> str:
             f"| {r['analysis_cpu']:.2f} | {r['bytes_node'] / 1024:.1f} KiB | {r['peak_mb']:.0f} "
             f"| {r.get('pass1_timed_out', '?')} of {r['nodes']} | {r['refresh_s']:.2f} | {r['refresh_cpu_ms_node']:.2f} | {100 * r['refresh_gc_share']:.0f} "
             f"| {r['refresh_timed_out']} of {r['nodes']} | {r.get('print_lines', '?')} |")
+    return "\n".join(lines)
+
+
+def ui_table(rows: List[Dict[str, Any]]) -> str:
+    head = ("| nodes x ranks | TUI first picture s | CPU ms/node | session events | peak MB "
+            "| pass 1: answering nodes timed out | TUI refresh s | refresh: answering nodes timed out |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        size = f"{r['nodes']:,} x {r['ranks']} ({r['shape']}, TUI)"
+        if "first_picture_s" not in r:
+            lines.append(f"| {size} | {r.get('stopped', '?')} |" + " |" * (head.count("|") - 3))
+            continue
+        refresh = f"{r['refresh_s']:.2f}" if "refresh_s" in r else r.get("stopped", "?")
+        lines.append(f"| {size} | {r['first_picture_s']:.2f} | {r['cpu_ms_node']:.2f} | {r['events']:,} "
+                     f"| {r['peak_mb']:.0f} | {r['pass1_timed_out']} of {r['nodes']} | {refresh} "
+                     f"| {r.get('refresh_timed_out', '?')} of {r['nodes']} |")
     return "\n".join(lines)
 
 
@@ -653,9 +747,14 @@ def main() -> None:
     ap.add_argument("--bytecode", action="store_true",
                     help="write app/ and workers/ bytecode caches first, as an installed hangscope has them (without "
                          "it, whatever caches the checkout holds are used; under PYTHONDONTWRITEBYTECODE none may be)")
+    ap.add_argument("--ui", action="store_true",
+                    help="through the TUI (headless, Textual's test driver) instead of --print: its first picture and "
+                         "a refresh, every session event through the app")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--profile", metavar="FILE", help="with --one: write a cProfile of CPU time (not wall) to FILE")
     args = ap.parse_args()
+    if args.ui and (args.fail or args.before or args.print_to):
+        ap.error("--ui measures the TUI on answering nodes: without --fail, --before or --print-to")
     if args.record:
         return record()
     if args.before:
@@ -668,7 +767,11 @@ def main() -> None:
 
             prof = cProfile.Profile(time.process_time)  # CPU time: the wall clock of a loaded machine misleads
             prof.enable()
-        row = one_size(args.one, args.ranks, args.shape, args.max_gb, args.max_seconds, args.fail, args.print_to)
+        if args.ui:
+            row = one_size_ui(args.one, args.ranks, args.shape, args.max_gb, args.max_seconds)
+        else:
+            row = one_size(args.one, args.ranks, args.shape, args.max_gb, args.max_seconds, args.fail,
+                           args.print_to)
         if args.profile:
             prof.disable()
             prof.dump_stats(args.profile)
@@ -686,18 +789,18 @@ def main() -> None:
         load = os.getloadavg()[0]
         done = subprocess.run([sys.executable, __file__, "--one", str(n), "--ranks", str(args.ranks), "--shape",
                                args.shape, "--max-gb", str(args.max_gb), "--max-seconds", str(args.max_seconds),
-                               "--fail", str(args.fail)],
+                               "--fail", str(args.fail)] + (["--ui"] if args.ui else []),
                               capture_output=True, text=True)
         last = (done.stdout.strip().splitlines() or ["{}"])[-1]
         try:
             row = json.loads(last)
         except ValueError:
             row = {"stopped": f"failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"}
-        row.update(nodes=n, ranks=args.ranks, shape=args.shape, load=load, fail=args.fail)
+        row.update(nodes=n, ranks=args.ranks, shape=args.shape, load=load, fail=args.fail, ui=args.ui)
         rows.append(row)
         print(table([row]).splitlines()[-1] + f"  (load {load:.1f})", flush=True)
-        if "headline" in row:
-            print(f"  headline: {row['headline']}", flush=True)
+        if "headline" in row or "verdict" in row:
+            print(f"  headline: {row.get('headline') or row['verdict']}", flush=True)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -26,6 +26,20 @@ def test_bench_scale_replays_recorded_replies_through_the_login_side(tmp_path: P
     assert row["bytes_node"] > 0 and row["cpu_ms_node"] > 0, row
 
 
+def test_bench_scale_ui_times_the_tuis_first_picture_and_refresh_over_the_same_fake_nodes(tmp_path: Path) -> None:
+    # --ui: the same SIMULATION through the TUI as `hangscope HOSTS` opens it: every simulated rank reaches the
+    # app's snapshot, the verdict line names the lead, the refresh (R, confirmed) completes, nothing timed out.
+    out = tmp_path / "scale-ui.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--sizes", "20", "--ui", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| 20 x 8 (small, TUI) |" in done.stdout and "TUI first picture s" in done.stdout, done.stdout
+    (row,) = json.loads(out.read_text())
+    assert row["ranks_seen"] == 160 and row["pass1_timed_out"] == 0 and row["refresh_timed_out"] == 0, row
+    assert row["first_picture_s"] > 0 and row["refresh_s"] > 0 and row["events"] >= 20 * (8 + 1), row
+    assert "rank 1 (pid 58 on sim00000)" in row["verdict"], row
+
+
 def test_bench_scale_floor_prices_what_the_pass_builds(tmp_path: Path) -> None:
     # The floor's "objects" row constructs, per rank, the model objects the real pass built (frames shared, as a
     # stack id wire shares them): every kind of a rank's parts is among them, the ranks it constructs equal the
