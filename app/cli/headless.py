@@ -66,13 +66,15 @@ def collect_and_report(hosts: Optional[Sequence], args: argparse.Namespace, inpu
     """Run one collection over hosts (None = this machine) and report it; returns the exit code. `inputs`:
     the files the command read, which no output may replace."""
     from app.cli.run import run_interruptible
-    from app.session import NodeUpdate, Session
+    from app.session import NodeUpdate, Session, SnapshotDone
 
-    progress = None if args.quiet else _NodeProgress(sys.stderr)
+    progress = None if args.quiet else NodeProgress(sys.stderr, len(hosts) if hosts else 1)
 
     def on_event(event) -> None:
         if progress is not None and isinstance(event, NodeUpdate):
             progress.update(event.node)
+        elif progress is not None and isinstance(event, SnapshotDone):
+            progress.pass_done(event.snapshot)
 
     session = Session(hosts, session_options(args), on_event=on_event)
     loading = preload(REPORT_MODULES + (("app.report",) if args.export else ()))
@@ -307,15 +309,53 @@ def load_snapshot(path: str) -> Snapshot:
 
 
 
-class _NodeProgress:
-    """One stderr line per node when it finishes or fails, so a long collection shows it is alive."""
+PER_NODE_LINES = 32  # nodes up to which each node's end is a progress line of its own
+NAMED_FAILURES = 20  # past them: the failed nodes named, this many a pass, then counted
+COUNT_EVERY = 2.0  # seconds between two count lines of a larger job
 
-    def __init__(self, stream: TextIO) -> None:
+
+class NodeProgress:
+    """Progress on stderr, so a long collection shows it is alive. Up to PER_NODE_LINES nodes, one line per node
+    when it finishes or fails. Past that a node's line would be one of thousands a pass (25,000 lines for the
+    default two samples of 12,500 nodes): a count line at most every COUNT_EVERY seconds while nodes answer, the
+    failed nodes by name (the first NAMED_FAILURES of a pass, then counted), and the count when the pass ends."""
+
+    def __init__(self, stream: TextIO, nodes: int, clock=time.monotonic) -> None:
         self.stream = stream
+        self.nodes = nodes
+        self.clock = clock
         self.reported: dict = {}
+        self.each = nodes <= PER_NODE_LINES
+        self.passes = 0
+        self._new_pass()
+
+    def _new_pass(self) -> None:
+        self.passes += 1
+        self.ended: dict = {}  # node -> its last end state this pass
+        self.named = 0
+        self.started: Optional[float] = None  # the pass's first node event (not the wait between samples)
+        self.last = self.clock()
+
+    def _write(self, line: str) -> None:
+        self.stream.write(_printable(line) + "\n")
+        self.stream.flush()
 
     def update(self, node) -> None:
-        if node.state not in ("done", "partial", "failed") or self.reported.get(node.name) == node.state:
+        if self.started is None:
+            self.started = self.last = self.clock()
+        if node.state not in ("done", "partial", "failed"):
+            return
+        if not self.each:
+            self.ended[node.name] = node.state
+            if node.state == "failed" and self.named < NAMED_FAILURES:
+                self.named += 1
+                self._write(f"{node.name}: failed: {node.error.message if node.error is not None else node.state}")
+            now = self.clock()
+            if now - self.last >= COUNT_EVERY:
+                self.last = now
+                self._write(self._count(now))
+            return
+        if self.reported.get(node.name) == node.state:
             return
         self.reported[node.name] = node.state
         if node.state == "failed" and node.error is not None:
@@ -323,8 +363,26 @@ class _NodeProgress:
         else:
             total = sum(sec for _, sec in node.timings)
             line = f"{node.name}: {node.state}, {node.ranks_found} rank(s) in {total:.2f} s"
-        self.stream.write(_printable(line) + "\n")
-        self.stream.flush()
+        self._write(line)
+
+    def _count(self, now: float, snap: Optional[Snapshot] = None) -> str:
+        states = list(self.ended.values())
+        failed = states.count("failed")
+        answered = len(states) - failed
+        tail = ""
+        if snap is not None:
+            tail = f", {len(snap.ranks):,} rank(s)"
+        if failed > self.named:
+            tail += f" ({failed - self.named:,} failed node(s) not named above: see the summary)"
+        began = now if self.started is None else self.started
+        return (f"hangscope: sample {self.passes}: {answered:,} of {self.nodes:,} node(s) answered, {failed:,} "
+                f"failed{tail}, {now - began:.1f} s")
+
+    def pass_done(self, snap: Snapshot) -> None:
+        """The end of a pass (its snapshot): a larger job's count line for it; the next pass counts afresh."""
+        if not self.each:
+            self._write(self._count(self.clock(), snap))
+        self._new_pass()
 
 
 def _printable(text: str) -> str:
