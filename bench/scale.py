@@ -14,8 +14,8 @@ CPU is in the figures: on a real cluster the key exchange is ~10 ms of login CPU
 srun or through relays, docs/performance.md), and every node dumps on its own cores.
 
 Per size, in a fresh process each (peak memory is the process's own):
-  first headline  wall seconds from the Session's creation to the first pass's summary text (the TUI's first
-                  picture, the headline of `--print --samples 1`)
+  first headline  wall seconds from the Session's creation to the first pass's summary text (the headline of
+                  `--print --samples 1`; the TUI's first picture is --ui's)
   CPU ms/node     this process's CPU seconds per node (user + system), minus the FAKE's own (building and feeding
                   the replayed bytes, measured apart), for the first pass with its analysis and summary
   GC %            the share of that CPU spent in the garbage collector (gc.callbacks)
