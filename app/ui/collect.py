@@ -217,9 +217,11 @@ class CollectMixin(HangscopeCore):
         if view is None:
             return
         history = self.history[max(0, self.position - 10):self.position]
-        # Rendering the HTML of a large job takes a while: a thread keeps the screen responsive.
+        # Rendering the HTML of a large job takes a while: a thread keeps the screen responsive. A description of
+        # its own: Textual describes a worker by repr() of its work otherwise, here of every rank and finding.
         self.run_worker(partial(self._export_in_thread, view.snapshot, view.analysis, os.path.expanduser(path),
-                                history, self.gpu_results), thread=True, group="export", exit_on_error=False)
+                                history, self.gpu_results), thread=True, group="export", exit_on_error=False,
+                        name="export", description=f"export to {path}")
 
     def _export_in_thread(self, snapshot, analysis, path: str, history, tests=None) -> None:
         from app.report import export_bundle

@@ -275,12 +275,24 @@ async def test_palette_lists_every_action_and_opens_gpu_tests():
         assert isinstance(app.screen, HelpScreen)
 
 
-async def test_export_writes_the_report_bundle(tmp_path):
+def _no_rank_repr(monkeypatch) -> None:
+    """A rank formatted whole is a bug at scale: Textual describes a worker by repr() of its work unless told
+    otherwise, which for a thread handed a snapshot was every rank (seconds and gigabytes at 100,000 ranks)."""
+    from app.model import RankSnapshot
+
+    def refuse(self) -> str:
+        raise AssertionError("a rank was formatted with repr()")
+
+    monkeypatch.setattr(RankSnapshot, "__repr__", refuse)
+
+
+async def test_export_writes_the_report_bundle(tmp_path, monkeypatch):
     snap = build_snapshot(nodes=2, per_node=2, culprit=3)
     app = HangscopeApp(ReplaySource([snap]))
     target = tmp_path / "report"
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        _no_rank_repr(monkeypatch)
         await pilot.press("e")
         assert isinstance(app.screen, PathScreen)
         await pilot.press("ctrl+a", "ctrl+k", *str(target), "enter")
