@@ -60,6 +60,9 @@ class CollectMixin(HangscopeCore):
         if self.collecting:
             self.notify(f"still {self.collecting_what}; Ctrl+C cancels it", severity="warning")
             return False
+        if self.analysing:  # its snapshot is not in the history yet: what a collection would add or replace
+            self.notify(f"still analysing {counted(len(self.analysing[0].ranks), 'rank')}", severity="warning")
+            return False
         self.collecting = True
         self.collecting_what = {"snapshot": "collecting", "refresh": "refreshing", "watch": "sampling",
                                 "strace": "running strace", "gdb": "running gdb"}[kind]
@@ -145,8 +148,8 @@ class CollectMixin(HangscopeCore):
         self._update_topbar()
 
     def _watch_tick(self) -> None:
-        if self.collecting:
-            return  # the previous sample is still running: skip, never queue up
+        if self.collecting or self.analysing:
+            return  # the previous sample is still running or being analysed: skip, never queue up
         # Non-blocking sampling never pauses the ranks; py-spy refuses it with native frames.
         opts = dataclasses.replace(self.source.options, nonblocking=True, native=False)
         self.start_collection("watch", options=opts)

@@ -7,6 +7,7 @@ two build on this class, not on each other.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Dict, List, Optional, Set
 
 from rich.text import Text
@@ -30,6 +31,8 @@ from app.ui.view import View, build_view, filter_keys, progress_text
 HISTORY_LIMIT = 100  # snapshots kept to step back through (and to tell stuck from progressing) ...
 HISTORY_RANKS = 200_000  # ... but no more ranks than this in all of them: a watched 4,096-rank job keeps ~48
 VIEWS_KEPT = 4  # analysed snapshots cached; stepping further back analyses again
+THREADED_VIEW_RANKS = 10_000  # a finished snapshot this large is analysed in a thread (~2-5 s at 100,000 ranks):
+# meanwhile the app takes keys and shows the last picture; smaller ones are analysed at once, as they arrive
 LIVE_REDRAW = 0.1  # seconds between redraws while ranks stream in, at least ...
 LIVE_REDRAW_SHARE = 0.1  # ... and at most this share of the time spent redrawing: a redraw lays out every rank
 # that has arrived (~0.3 s at 100,000 ranks here), and the pass it shows runs on the same event loop
@@ -76,6 +79,7 @@ class HangscopeCore(App[int]):
         self._redraw_pending = False
         self._redraw_cost = 0.0  # seconds the last live redraw took
         self._batch: Optional[SessionBatch] = None  # posted, not yet applied: later updates join it
+        self.analysing: List[Snapshot] = []  # finished snapshots whose analysis runs in a thread, in order
         self.main = MainScreen()
         self.collecting = False
         self.collecting_what = ""
@@ -131,7 +135,43 @@ class HangscopeCore(App[int]):
     def on_session_message(self, message: SessionMessage) -> None:
         event = message.event
         if isinstance(event, SnapshotDone):
-            self.add_snapshot(event.snapshot)
+            if len(event.snapshot.ranks) < THREADED_VIEW_RANKS and not self.analysing:
+                self.add_snapshot(event.snapshot)
+                return
+            self.analysing.append(event.snapshot)  # after the ones before it: history keeps the passes' order
+            if len(self.analysing) == 1:
+                self._analyse_next()
+
+    def _analyse_next(self) -> None:
+        """The analysis of the first snapshot waiting for one, in a thread, against the samples before it as
+        the history will hold them when it is added (what current_view would analyse it with)."""
+        snap = self.analysing[0]
+        kept = self._history_limit(snap) - 1
+        earlier = self.history[len(self.history) - kept:] if kept < len(self.history) else self.history
+        earlier = earlier[-10:]
+        self._update_topbar()
+        # named: Textual describes a worker by repr() of its work otherwise, here of every rank of every sample
+        self.run_worker(partial(self._analyse, snap, list(earlier)), thread=True, group="analysis",
+                        exit_on_error=False, name="analysis", description="the analysis of a finished snapshot")
+
+    def _analyse(self, snap: Snapshot, earlier: List[Snapshot]) -> None:
+        try:
+            view: Optional[View] = build_view(snap, earlier)
+        except Exception:  # analysed again on the event loop, which reports it as it always did
+            view = None
+        self.call_from_thread(self._analysed, snap, view)
+
+    def _analysed(self, snap: Snapshot, view: Optional[View]) -> None:
+        self.analysing.pop(0)
+        self.add_snapshot(snap, view=view)
+        if self.analysing:
+            self._analyse_next()
+        else:
+            self._update_topbar()
+
+    @staticmethod
+    def _history_limit(snap: Snapshot) -> int:
+        return max(3, min(HISTORY_LIMIT, HISTORY_RANKS // max(len(snap.ranks), 1)))
 
     def _schedule_redraw(self) -> None:
         if not self._redraw_pending:
@@ -157,8 +197,9 @@ class HangscopeCore(App[int]):
         return Snapshot(taken_at=base.taken_at, options=base.options, nodes=tuple(nodes.values()),
                         ranks=tuple(ranks.values()))
 
-    def add_snapshot(self, snap: Snapshot, *, replace: bool = False) -> None:
-        """A finished snapshot: a new history entry (or, for strace/gdb results, the latest one updated)."""
+    def add_snapshot(self, snap: Snapshot, *, replace: bool = False, view: Optional[View] = None) -> None:
+        """A finished snapshot: a new history entry (or, for strace/gdb results, the latest one updated).
+        `view`: its analysis, made already against the samples before it (_analyse_next)."""
         self.live_nodes.clear()
         self.live_ranks.clear()
         if replace and self.history:
@@ -166,11 +207,13 @@ class HangscopeCore(App[int]):
             self.views.pop(len(self.history) - 1, None)
         else:
             self.history.append(snap)
-            limit = max(3, min(HISTORY_LIMIT, HISTORY_RANKS // max(len(snap.ranks), 1)))
+            limit = self._history_limit(snap)
             while len(self.history) > limit:
                 self.history.pop(0)
                 self.views = {i - 1: v for i, v in self.views.items() if i > 0}
                 self.position = max(self.position - 1, 0)
+            if view is not None:
+                self.views[len(self.history) - 1] = view
         if self.follow or self.position < 0:
             self.position = len(self.history) - 1
         self.show_position()
@@ -249,6 +292,8 @@ class HangscopeCore(App[int]):
             out.append(f"  {len(self.marked)} marked", style="bold")
         if self.collecting:
             out.append(f"  {self.collecting_what}…", style="bold #5fafff")
+        elif self.analysing:
+            out.append(f"  analysing {counted(len(self.analysing[0].ranks), 'rank')}…", style="bold #5fafff")
         if self.watching:
             out.append(f"  watch {self.interval:g}s", style="bold #5fd75f")
         if self.query_text:

@@ -412,6 +412,45 @@ async def test_a_flood_of_session_events_is_applied_in_few_messages_newest_first
         assert not app.live_ranks
 
 
+async def test_a_large_snapshot_is_analysed_in_a_thread_while_the_app_takes_keys(monkeypatch):
+    # At 100,000 ranks the analysis takes seconds; on the event loop the app took no key meanwhile. A snapshot of
+    # THREADED_VIEW_RANKS or more is analysed in a thread (here 1: every snapshot), against the samples before
+    # it as the history holds them; until it lands the last picture stays, keys work, and a collection waits.
+    import threading
+
+    import app.ui.core as core
+
+    release = threading.Event()
+    calls = []
+    real = core.build_view
+
+    def slow(snap, earlier=()):
+        calls.append((snap.taken_at, [e.taken_at for e in earlier]))
+        assert release.wait(30), "the test never released the analysis"
+        return real(snap, earlier)
+
+    monkeypatch.setattr(core, "THREADED_VIEW_RANKS", 1)
+    monkeypatch.setattr(core, "build_view", slow)
+    _no_rank_repr(monkeypatch)
+    first = build_snapshot(nodes=2, per_node=2)
+    second = later(first, 10)
+    app = HangscopeApp(ReplaySource([first, second]), start=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app._on_source_event(SnapshotDone(first))
+        await until(pilot, lambda: "analysing 4 ranks" in screen_text(app), "the analysis under way")
+        assert not app.history
+        await pilot.press("question_mark")  # a key, taken while the analysis runs
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+        await pilot.press("escape")
+        assert not app.start_collection("refresh")  # its snapshot is not in the history yet
+        release.set()
+        await until(pilot, lambda: len(app.history) == 1 and "snapshot 1/1" in screen_text(app), "the picture")
+        app._on_source_event(SnapshotDone(second))
+        await until(pilot, lambda: len(app.history) == 2 and "snapshot 2/2" in screen_text(app), "the second")
+        assert "analysing" not in screen_text(app)
+    assert calls == [(first.taken_at, []), (second.taken_at, [first.taken_at])]
+
+
 async def test_history_is_bounded_by_the_ranks_it_holds(monkeypatch):
     import app.ui.core as app_module
 
