@@ -29,7 +29,8 @@ With --ui each size runs through the TUI instead (HangscopeApp headless under Te
 `hangscope HOSTS` opens it; every session event goes through the app as it does live):
   TUI first picture  wall seconds from the app's creation to the first snapshot analysed and drawn (the verdict
                      line, the grid), CPU ms/node as above; session events: node and rank updates the app took
-  TUI refresh        `R` pressed and confirmed: wall seconds to the second snapshot drawn
+  TUI refresh        `R` pressed and confirmed: wall seconds to the second snapshot drawn (the FAKE replays two
+                     passes: a third pass's replayed bytes would not continue the node's zlib stream)
 
     python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep|deep_ranked] [--bytecode] [--ui]
     sudo python3 bench/scale.py --record     # re-record bench/data/scale_replies.json on the test cluster
@@ -578,6 +579,9 @@ def one_size_ui(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: 
             out["refresh_s"] = await picture(app, 2, t1)
             snap2 = app.history[-1]
             out["refresh_timed_out"] = sum(1 for n in snap2.nodes if n.error is not None and n.error.code == "timeout")
+            out["refresh_failed"] = sum(1 for n in snap2.nodes if n.state != "done")
+            out["refresh_ranks_seen"] = sum(1 for r in snap2.ranks if r.threads)
+            out["refresh_errors"] = sorted({n.error.message[:200] for n in snap2.nodes if n.error is not None})[:3]
             stage.append("close")
             app.exit(0)
 

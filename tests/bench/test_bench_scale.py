@@ -36,6 +36,7 @@ def test_bench_scale_ui_times_the_tuis_first_picture_and_refresh_over_the_same_f
     assert "| 20 x 8 (small, TUI) |" in done.stdout and "TUI first picture s" in done.stdout, done.stdout
     (row,) = json.loads(out.read_text())
     assert row["ranks_seen"] == 160 and row["pass1_timed_out"] == 0 and row["refresh_timed_out"] == 0, row
+    assert row["refresh_ranks_seen"] == 160 and row["refresh_failed"] == 0, row
     assert row["first_picture_s"] > 0 and row["refresh_s"] > 0 and row["events"] >= 20 * (8 + 1), row
     assert "rank 1 (pid 58 on sim00000)" in row["verdict"], row
 
