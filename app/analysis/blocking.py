@@ -477,6 +477,19 @@ def _replace(w: ThreadWait, **kw: Any) -> ThreadWait:
     return replace(w, **kw)
 
 
+EMPTY_STATEMENTS = ("pass", "...", "continue")  # a loop body of only these does nothing but test its condition
+
+
+def _empty_body(f: Frame, loop: LoopInfo) -> bool:
+    """The loop's body, every line of it in the frame's source, holds only EMPTY_STATEMENTS (and comments)."""
+    text = dict(f.source)
+    body = range(loop.line + 1, loop.end_line + 1)
+    if not body or any(n not in text for n in body):
+        return False
+    statements = [text[n].split("#", 1)[0].strip() for n in body]
+    return any(statements) and all(st in EMPTY_STATEMENTS or not st for st in statements)
+
+
 def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float], motion: Optional[Motion]) -> ThreadWait:
     at = caller or next((f for f in t.frames if not f.native), None)
     loop = _enclosing_loop(at) if at is not None else None
@@ -490,7 +503,10 @@ def _running(t: ThreadStack, caller: Optional[Frame], cpu: Optional[float], moti
         not below or (at.line == loop.line and all(f.native or is_library(f) for f in below)))
     stayed = motion is not None and motion.running_before and not motion.moved_own
     hot = (cpu is not None and cpu >= SPIN_CPU) or (own_loop and (stayed or cpu is None or cpu >= SPIN_CPU_LOADED))
-    at_condition = loop is not None and loop.kind == "while" and at is not None and at.line == loop.line
+    # at the condition: on the `while` header, or anywhere in a body that does nothing (`while not done: pass`):
+    # py-spy shows such a loop at either line, as the sample happens to fall, and both are the same spin
+    at_condition = loop is not None and loop.kind == "while" and at is not None and (
+        at.line == loop.line or _empty_body(at, loop))
     spinning = hot and (at_condition or (motion is not None and motion.stayed_s >= SPIN_PROOF_S))
     return ThreadWait("spinning" if spinning else "running", "running", "cpu", "itself", frame=at, caller=caller,
                       syscall=t.syscall, wchan=t.wchan, poll=loop, details=_loop_values(at, loop),

@@ -323,6 +323,34 @@ def test_library_code_below_a_loops_body_line_computes_and_is_no_spin() -> None:
     assert thread_wait(_polling((lib("json/decoder.py", "decode"),), line=41), motion=stayed).state == "running"
 
 
+def _body(body: Tuple[Tuple[int, str], ...]) -> ThreadStack:
+    loop = LoopInfo("while", 642, 642 + len(body), "while not self.flushed:")
+    source = ((642, "        while not self.flushed:  # the writer sets it"),) + body
+    frame = Frame("BufferedLog.flush", JOB, 643, source=source, loops=(loop,))
+    return thread(frame, syscall="running", wchan="", state="R")
+
+
+@pytest.mark.parametrize("body", [((643, "            pass"),),
+                                  ((643, "            ...  # nothing to do"), (644, ""), (645, "            continue"))])
+def test_a_thread_on_the_body_of_a_while_loop_that_does_nothing_spins_as_on_its_header(body: tuple) -> None:
+    """`while not done: pass` is sampled at its header or at its `pass`, as py-spy happens to fall: at either it
+    only tests its condition. A fifth of a core (a loaded node), just caught there: spinning."""
+    fresh = Motion(cpu=0.22, moved=False, moved_own=False, running_before=True)
+    w = thread_wait(_body(body), motion=fresh)
+    assert (w.state, w.poll is not None) == ("spinning", True), w
+
+
+def test_a_while_loops_body_that_computes_or_is_not_all_in_the_source_is_no_proof_of_a_spin() -> None:
+    fresh = Motion(cpu=0.22, moved=False, moved_own=False, running_before=True)
+    assert thread_wait(_body(((643, "            n = step(n)"),)), motion=fresh).state == "running"
+    unread = _body(((643, "            pass"),))
+    frame = unread.frames[0]
+    wider = LoopInfo("while", 642, 650, "while not self.flushed:")  # lines 644-650 not in the frame's source
+    partial = thread(Frame(frame.function, frame.filename, 643, source=frame.source, loops=(wider,)),
+                     syscall="running", wchan="", state="R")
+    assert thread_wait(partial, motion=fresh).state == "running"
+
+
 # --- waits that poll on a CPU ---------------------------------------------------------------------------------
 
 
