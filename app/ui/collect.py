@@ -219,7 +219,7 @@ class CollectMixin(HangscopeCore):
         view = self.current_view
         if view is None:
             return
-        history = self.history[max(0, self.position - 10):self.position]
+        history = self.earlier_samples()
         # Rendering the HTML of a large job takes a while: a thread keeps the screen responsive. A description of
         # its own: Textual describes a worker by repr() of its work otherwise, here of every rank and finding.
         self.run_worker(partial(self._export_in_thread, view.snapshot, view.analysis, os.path.expanduser(path),

@@ -31,6 +31,7 @@ from app.ui.view import View, build_view, filter_keys, progress_text
 HISTORY_LIMIT = 100  # snapshots kept to step back through (and to tell stuck from progressing) ...
 HISTORY_RANKS = 200_000  # ... but no more ranks than this in all of them: a watched 4,096-rank job keeps ~48
 VIEWS_KEPT = 4  # analysed snapshots cached; stepping further back analyses again
+EARLIER_SAMPLES = 10  # samples before a snapshot that its analysis reads to tell stuck from progressing
 THREADED_VIEW_RANKS = 10_000  # a finished snapshot this large is analysed in a thread (~2-5 s at 100,000 ranks):
 # meanwhile the app takes keys and shows the last picture; smaller ones are analysed at once, as they arrive
 LIVE_REDRAW = 0.1  # seconds between redraws while ranks stream in, at least ...
@@ -146,9 +147,7 @@ class HangscopeCore(App[int]):
         """The analysis of the first snapshot waiting for one, in a thread, against the samples before it as
         the history will hold them when it is added (what current_view would analyse it with)."""
         snap = self.analysing[0]
-        kept = self._history_limit(snap) - 1
-        earlier = self.history[len(self.history) - kept:] if kept < len(self.history) else self.history
-        earlier = earlier[-10:]
+        earlier = self.history[-min(self._history_limit(snap) - 1, EARLIER_SAMPLES):]  # the limit is at least 3
         self._update_topbar()
         # named: Textual describes a worker by repr() of its work otherwise, here of every rank of every sample
         self.run_worker(partial(self._analyse, snap, list(earlier)), thread=True, group="analysis",
@@ -168,6 +167,10 @@ class HangscopeCore(App[int]):
             self._analyse_next()
         else:
             self._update_topbar()
+
+    def earlier_samples(self) -> List[Snapshot]:
+        """The samples before the one shown that its analysis and its export read (stuck from progressing)."""
+        return self.history[max(0, self.position - EARLIER_SAMPLES):self.position]
 
     @staticmethod
     def _history_limit(snap: Snapshot) -> int:
@@ -225,7 +228,7 @@ class HangscopeCore(App[int]):
         view = self.views.get(self.position)
         if view is None:
             # Earlier samples of the same job tell stuck from progressing.
-            view = build_view(self.history[self.position], self.history[max(0, self.position - 10):self.position])
+            view = build_view(self.history[self.position], self.earlier_samples())
             self.views[self.position] = view
             for old in sorted(self.views, key=lambda i: abs(i - self.position))[VIEWS_KEPT:]:
                 del self.views[old]  # each view holds an analysis of every rank: keep the nearest few
