@@ -620,10 +620,15 @@ def _with_locals(frames: tuple[Frame, ...], kept: tuple, before: tuple[Frame, ..
     # by the table's frames tuple, not the node's id for it: equal entries share one tuple (decode_stacks), and a
     # node that sends other frames under a known id must not get, nor give, another node's frames; the entry holds
     # the tuple, so its id is never reused while the entry is in the table
+    # Either table is used only while it pays (BoundedMemo.use): where every rank's locals are its own, neither
+    # key ever comes back, and hashing ~180 locals to miss and storing what nobody reads was ~a fifth of a rank.
+    whole = _WITH_LOCALS.use()
     key = (id(frames), kept)
-    got = _WITH_LOCALS.get(key)
-    if got is not None and got[0] is frames:
-        return got[1]
+    if whole:
+        got = _WITH_LOCALS.get(key)
+        if got is not None and got[0] is frames:
+            _WITH_LOCALS.hits += 1
+            return got[1]
     # A rank whose locals are its own (in no table any more at 100k ranks) keeps its frames from one pass to the
     # next while they do not change: the TUI's last snapshot and the new one share them (a refresh built them
     # all again: two snapshots' worth of per-rank frames at once).
@@ -640,19 +645,24 @@ def _with_locals(frames: tuple[Frame, ...], kept: tuple, before: tuple[Frame, ..
             else:
                 got_i += (name, value, arg)
     out = list(frames)
+    memo = _FRAMES_WITH
     for i, flat in by_frame.items():
         f = frames[i]
-        fkey = tuple(flat)
-        known = _FRAMES_WITH.get(fkey)
-        if known is not None and known[0] is f:
-            out[i] = known[1]
-            continue
+        fkey = None
+        if memo.use():
+            fkey = tuple(flat)
+            known = memo.get(fkey)
+            if known is not None and known[0] is f:
+                memo.hits += 1
+                out[i] = known[1]
+                continue
         lv = tuple([_local(flat[k], flat[k + 1], flat[k + 2]) for k in range(1, len(flat), 3)])
         frame = _FRAME(function=f.function, filename=f.filename, line=f.line, module=f.module, native=f.native,
                        locals=lv, loops=f.loops, iteration=iteration(f.loops, lv, f.line) if f.loops else (),
                        source=f.source, withs=f.withs)
-        out[i] = _FRAMES_WITH.add(fkey, (f, frame), weight=len(lv))[1]
-    return _WITH_LOCALS.add(key, (frames, share(tuple(out))), weight=len(kept) + 1)[1]
+        out[i] = frame if fkey is None else memo.add(fkey, (f, frame), weight=len(lv))[1]
+    built = share(tuple(out))
+    return _WITH_LOCALS.add(key, (frames, built), weight=len(kept) + 1)[1] if whole else built
 
 
 # A node's threads of its last pass, for the next one: (pid, tid) -> (the table's frames, the frames with its

@@ -239,3 +239,35 @@ def test_a_thread_whose_frames_and_locals_did_not_change_keeps_its_frames_from_t
     other = _deep_dump(100, "deepstack", 60, 3, range(59))  # the same values, one local fewer
     four = replies.decode_compact_dump(json.loads(json.dumps(other)), table, (second[1], {})).threads[0].frames
     assert four is not one and [lc.name for lc in four[59].locals] == ["depth", "step"]
+
+
+def test_ranks_whose_locals_all_differ_turn_the_locals_tables_sparse_and_decode_the_same_frames(
+        monkeypatch: Any) -> None:
+    """A rank passed down every frame: no rank's kept locals, nor any of its frames with them, come back, so the
+    two tables stop being asked by every rank (BoundedMemo.use); what each rank decodes is what it decodes with
+    the tables whole, and when ranks share their locals again, the tables are whole again and the ranks share
+    one tuple of frames."""
+    from app.model import memo as memo_mod
+
+    monkeypatch.setattr(memo_mod, "JUDGE_EVERY", 16)
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        monkeypatch.setattr(memo, "every", 1)
+        monkeypatch.setattr(memo, "hits", 0)
+        monkeypatch.setattr(memo, "asked", 0)
+        memo.clear()
+    own = _decode_deep(40, 20, range(20))
+    assert replies._WITH_LOCALS.every == memo_mod.SPARSE and replies._FRAMES_WITH.every == memo_mod.SPARSE
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        monkeypatch.setattr(memo, "every", 1)
+        memo.clear()
+    whole = _decode_deep(40, 20, range(20))
+    assert [d.threads[0].frames for d in own] == [d.threads[0].frames for d in whole]
+    assert [[lc.repr for lc in d.threads[0].frames[-1].locals] for d in own][:3] == [["19", "6", str(r)]
+                                                                                  for r in range(3)]
+    # ranks on the same stack with the same locals (no rank among them) keep the tables whole and share frames
+    for memo in (replies._WITH_LOCALS, replies._FRAMES_WITH):
+        memo.clear()
+    shared = _decode_deep(32 * memo_mod.SPARSE, 20, range(0))  # two judgements of the calls let through
+    assert replies._WITH_LOCALS.every == 1
+    assert len({id(d.threads[0].frames) for d in shared[-8:]}) == 1  # every rank since: one tuple
+    assert len({d.threads[0].frames for d in shared}) == 1  # and before, equal ones

@@ -161,3 +161,37 @@ def test_a_bounded_memo_keeps_the_first_value_and_starts_over_at_its_limit() -> 
     assert len(memo) == 2 and memo.weight == 3
     memo.add("b", 1)  # over the limit: the table starts over, then holds the new entry
     assert len(memo) == 1 and get("a") is None and get("b") == 1  # the bound `get` still reads the table
+
+
+def test_a_memo_that_never_finds_its_keys_is_used_one_call_in_sparse_until_they_come_back() -> None:
+    """Keys that never come back (each rank's own locals) cost a hash to miss and a store nobody reads: after a
+    judgement with fewer than one hit in PAYS, only one call in SPARSE uses the memo; when the calls that do
+    find their keys again, it is used by every call from the next judgement on."""
+    from app.model import memo as memo_mod
+
+    memo: memo_mod.BoundedMemo[int, int] = memo_mod.BoundedMemo(1 << 20)
+    for k in range(memo_mod.JUDGE_EVERY):
+        assert memo.use()
+        memo.add(k, k)  # every call a miss
+    uses = [memo.use() for _ in range(10 * memo_mod.SPARSE)]
+    assert uses.count(True) == 10 and uses[memo_mod.SPARSE - 1] and not any(uses[:memo_mod.SPARSE - 1])
+    calls = 0
+    while memo.every != 1:  # the same key again and again: each call that uses the memo finds it
+        calls += 1
+        assert calls <= memo_mod.SPARSE * memo_mod.JUDGE_EVERY * 2
+        if memo.use():
+            if memo.get(7) is not None:
+                memo.hits += 1
+            else:
+                memo.add(7, 7)
+    assert calls <= memo_mod.SPARSE * (memo_mod.JUDGE_EVERY + 1)  # within the judgement after they came back
+    assert all(memo.use() for _ in range(100))
+
+
+def test_a_memo_whose_callers_do_not_ask_is_whole_whatever_it_finds() -> None:
+    from app.model.memo import JUDGE_EVERY, BoundedMemo
+
+    memo: BoundedMemo[int, int] = BoundedMemo(1 << 20)
+    for k in range(3 * JUDGE_EVERY):
+        memo.add(k, k)
+    assert memo.every == 1
