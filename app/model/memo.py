@@ -4,8 +4,8 @@
 Each table is a dict shared by every snapshot the process builds, emptied as a whole when its weight (entries,
 or frames for a path) would pass its limit: that bounds a TUI that runs for days and ranks whose loop counters
 all differ, while a snapshot holds a few hundred distinct frames. Sharing is an optimisation only: after a
-table starts over, equal values may be distinct objects, and no conclusion changes
-(tests/model/test_interning.py).
+table starts over, or while it is sparse (a table whose keys do not come back is asked by one call in SPARSE),
+equal values may be distinct objects, and no conclusion changes (tests/model/test_interning.py).
 """
 
 from __future__ import annotations
