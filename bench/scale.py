@@ -32,7 +32,7 @@ With --ui each size runs through the TUI instead (HangscopeApp headless under Te
   TUI refresh        `R` pressed and confirmed: wall seconds to the second snapshot drawn (the FAKE replays two
                      passes: a third pass's replayed bytes would not continue the node's zlib stream)
 
-    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|deep|deep_ranked] [--bytecode] [--ui]
+    python3 bench/scale.py [--sizes 100,1000,12500] [--shape small|small_ranked|deep|deep_ranked] [--bytecode] [--ui]
     sudo python3 bench/scale.py --record     # re-record bench/data/scale_replies.json on the test cluster
     python3 bench/scale.py --before main     # the same table for main's code (login side and worker replies),
                                              # measured by the bench and recording of BASELINE_BENCH
@@ -149,12 +149,13 @@ def _own_locals(msgs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-SHAPES = {"small": "small", "deep": "deep", "deep_ranked": "deep"}  # shape -> the recording it replays
+# shape -> the recording it replays; a *_ranked shape gives every simulated rank locals of its own (_own_locals)
+SHAPES = {"small": "small", "small_ranked": "small", "deep": "deep", "deep_ranked": "deep"}
 
 
 def load_recording(shape: str) -> Recording:
     rec = json.loads(DATA.read_text())[SHAPES[shape]]
-    if shape == "deep_ranked":
+    if shape.endswith("_ranked"):
         rec = dict(rec, passes=[_own_locals(msgs) for msgs in rec["passes"]])
     marks = {"@HOST@": "%(host)s", "@ID@": "%(id)d", "@NODE@": "%(node)d", "@WORLD@": "%(world)d"}
     marks.update({f"@R{i}@": f"%(r{i})d" for i in range(RANKS_RECORDED)})
@@ -735,8 +736,10 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=RANKS_RECORDED, help=argparse.SUPPRESS)  # as recorded
     ap.add_argument("--shape", default="small", choices=tuple(SHAPES),
                     help="the recorded stacks: small (stand-in ranks, 6 frames), deep (~60 frames with locals; the "
-                         "recording's 8 ranks repeat on every node) or deep_ranked (deep, with an argument that "
-                         "holds the rank's global number in every frame: no two ranks keep the same locals)")
+                         "recording's 8 ranks repeat on every node, so every rank keeps the locals of 12,499 others), "
+                         "or small_ranked / deep_ranked (the same, with an argument that holds the rank's global "
+                         "number in every frame that keeps it: no two ranks keep the same locals, as in a real job, "
+                         "where object addresses and paths differ from rank to rank)")
     ap.add_argument("--max-gb", type=float, default=6.0, help="stop a size past this RSS (default 6)")
     ap.add_argument("--max-seconds", type=float, default=1800.0, help="stop a size after this long (default 1800)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")

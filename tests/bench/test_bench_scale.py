@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "scale.py"
 
@@ -70,16 +72,18 @@ def test_bench_scale_floor_prices_what_the_pass_builds(tmp_path: Path) -> None:
     assert abs(row["floor_us"] - (row["objects_us"] + row["analysis_us"] + row["parse_us"])) < 1e-6, row
 
 
-def test_bench_scale_deep_ranked_gives_each_simulated_rank_its_own_locals(tmp_path: Path) -> None:
-    # The harsh shape: the deep recording with the stand-in's `ready` argument (in every frame of its recursion)
-    # ending in each rank's global number, as a job that passes its rank down its stack. Two nodes' bytes for
-    # the same recorded rank differ in exactly that, in every frame; and the shape runs end to end.
+@pytest.mark.parametrize("shape, frames", [("deep_ranked", 50), ("small_ranked", 1)])
+def test_bench_scale_ranked_shapes_give_each_simulated_rank_its_own_locals(tmp_path: Path, shape: str,
+                                                                           frames: int) -> None:
+    # The harsh shapes: a recording with the stand-in's `ready` argument (in every frame that keeps it: all of
+    # the deep recursion's) ending in each rank's global number, as a job that passes its rank down its stack.
+    # Two nodes' bytes for the same recorded rank differ in exactly that, in every such frame; the shape runs.
     sys.path[:0] = [str(ROOT / "bench")]
     try:
         import scale
     finally:
         del sys.path[0]
-    rec = scale.load_recording("deep_ranked")
+    rec = scale.load_recording(shape)
     dumps = [t for t in rec.after[0] if b'"dump"' in t and b'"ready"' in t]
     assert len(dumps) == scale.RANKS_RECORDED
     for node in (0, 5):
@@ -89,11 +93,11 @@ def test_bench_scale_deep_ranked_gives_each_simulated_rank_its_own_locals(tmp_pa
         for line in dumps:
             kept = json.loads(line % values)["data"]["dump"]["threads"][0]["locals"]
             readies = {v for _, name, v, _ in kept if name == "ready"}
-            assert len(readies) == 1 and sum(1 for _, name, _, _ in kept if name == "ready") > 50, readies
+            assert len(readies) == 1 and sum(1 for _, name, _, _ in kept if name == "ready") > frames, readies
             ends.add(next(iter(readies)).rsplit("/", 1)[1])
         assert ends == {f'ready-{node * 8 + i}"' for i in range(scale.RANKS_RECORDED)}, ends
     out = tmp_path / "ranked.json"
-    done = subprocess.run([sys.executable, str(BENCH), "--sizes", "4", "--shape", "deep_ranked", "--json", str(out)],
+    done = subprocess.run([sys.executable, str(BENCH), "--sizes", "4", "--shape", shape, "--json", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())
