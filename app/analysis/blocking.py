@@ -22,7 +22,7 @@ text layer says it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
 from app.analysis.frames import bare_name, collective_of, is_library, is_machinery
@@ -580,6 +580,11 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
                                   "waits until every rank of the group has joined the same collective"),
                           by="frame", collective=coll)
     assert outer_site is not None
+    if outer_site.phased:
+        # the phase the thread is in: the innermost specific site below the call (not a generic wait under it)
+        phase = next((m[1] for m in matches[:-1] if m[1] is not None and not m[1].generic and not m[1].phased), None)
+        if phase is not None:
+            outer_site = replace(phase, operation=outer_site.operation, timeout=outer_site.timeout or phase.timeout)
     # a site that only says "waits" in general (Condition.wait) under the job's own line: a C call on the caller's
     # line may say more (a socket read under selectors is still a socket)
     return _from_site(outer_site, outer_frame, caller, t, how=how_name, by="frame")

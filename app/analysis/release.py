@@ -35,6 +35,7 @@ PartyKind = Literal["thread", "process", "rank", "host", "person", "time", "itse
 NoneReason = Literal[
     "", "no_other_thread", "no_related_thread", "no_holder", "no_writer", "no_reader", "no_worker", "workers_idle", "no_child",
     "no_holder_process", "not_read", "search_incomplete", "unknown_rule",
+    "inherited",  # the child has exited and the pipe it wrote is still open: a process it started holds it
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -137,6 +138,8 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             return Release(tuple(replace(p, wait=stacks[p.pid].wait, what=stacks[p.pid].what) if p.pid in stacks
                                  else p for p in kernel.parties), complete=kernel.complete)
         return found if found.parties else kernel
+    if rule == "output":
+        return _output(wait, thread, ctx)
     if rule in ("peer", "writer", "reader", "lock_holder"):
         return _other_end(wait, thread, ctx, rule)
     if rule == "person":
@@ -267,9 +270,28 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             return Release(tuple(parties[:MAX_PARTIES]), "workers_idle")
         return Release(tuple(busy[:MAX_PARTIES]))
     kids = _children(ctx, wait, role="worker")
+    if kids.parties and all(p.wait is not None and not _busy(p) and not p.state for p in kids.parties):
+        # every worker process waits for its next task while the call waits for a result: no worker runs it (one
+        # that took it died: a pool replaces a killed worker and its task is lost)
+        return Release(kids.parties, "workers_idle")
     if kids.parties or kids.none != "no_child":
         return kids
     return Release(none="no_worker")
+
+
+def _output(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """The end of a child's output (subprocess's communicate): the processes the node found holding the pipe's
+    write end when it could read the call's fd; else the children, the pipe's first writers. Every child exited
+    while the read still waits: the write end is held by a process a child started (it inherited the pipe), which
+    the node's read would name ("inherited")."""
+    if thread.waits is not None:
+        writers = _other_end(wait, thread, ctx, "writer")
+        if writers.parties:
+            return writers
+    kids = _children(ctx, wait, role="child")
+    if kids.parties and all(p.state == "zombie" for p in kids.parties):
+        return Release(kids.parties, "inherited")
+    return kids
 
 
 def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:

@@ -71,6 +71,7 @@ Release = Literal[
     "producer",  # threads (queue.Queue) or processes (multiprocessing) that put into it
     "consumer",  # threads that take from a full queue
     "children",  # the process's children
+    "output",  # the processes holding the write end of a child's output pipes: the child and what it started
     "peer",  # the socket's other end
     "writer",  # the process holding the pipe or terminal's write end, or a person
     "reader",  # the process holding the pipe's read end
@@ -106,6 +107,9 @@ class Site:
     module: str = ""  # CALL_SITES: the module the function is called through (`time.sleep`), "" for methods
     timeout: str = ""  # the local that holds the call's timeout ("timeout"), when it has one
     generic: bool = False  # a low-level wait under many APIs (Condition.wait): a higher site says more
+    # a call that waits for several things in turn (subprocess.run: the child's output to end, then its exit): the
+    # innermost specific site below it says which one the thread is in; the operation stays the call the job made
+    phased: bool = False
 
 
 def _site(files: Tuple[str, ...], functions: str, operation: str, resource: Resource, release: Release, reason: str,
@@ -194,11 +198,16 @@ FRAME_SITES: Tuple[Site, ...] = (
     # --- subprocess and os
     _site(("subprocess.py",), "Popen.wait Popen._wait wait _wait _try_wait Popen._try_wait", "subprocess wait",
           "child", "children", "waits until the child process exits", timeout="timeout"),
-    _site(("subprocess.py",), "Popen.communicate Popen._communicate communicate _communicate", "subprocess "
-          "communicate", "child", "children", "reads the child's output until it closes it, then waits for its "
-          "exit", timeout="timeout"),
+    # communicate() reads the child's output pipes to their end (EOF), then waits for its exit (Popen.wait above):
+    # EOF comes when every process holding a write end has closed it, the child and anything it started that
+    # inherited the pipe (a daemon it left behind keeps the pipe open after the child has exited)
+    _site(("subprocess.py",), "Popen._communicate _communicate", "subprocess communicate", "pipe", "output",
+          "reads the child's output until every process holding the pipe's write end has closed it (EOF): the "
+          "child, and any process it started that inherited the pipe", timeout="timeout"),
+    _site(("subprocess.py",), "Popen.communicate communicate", "subprocess communicate", "child", "children",
+          "reads the child's output to its end, then waits for its exit", timeout="timeout", phased=True),
     _site(("subprocess.py",), "run check_output check_call call", "subprocess.run", "child", "children",
-          "runs a command and waits until it exits", timeout="timeout"),
+          "runs a command and waits until it exits", timeout="timeout", phased=True),
     _site(("os.py",), "_spawnvef spawnv spawnve spawnvp", "os.spawn", "child", "children",
           "waits until the spawned process exits"),
     # --- sockets, selectors, ssl, http

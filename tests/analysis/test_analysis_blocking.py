@@ -7,6 +7,7 @@ so each case is the table's entry applied to a stack, not a scenario."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence, Tuple
 
 import pytest
@@ -98,6 +99,18 @@ def test_calls_on_a_line_are_read_with_their_receivers() -> None:
     ((lib("subprocess.py", "Popen._try_wait", 2011), lib("subprocess.py", "Popen._wait", 2053),
       lib("subprocess.py", "Popen.wait", 1264), lib("subprocess.py", "run", 550), job("sync", 9, "subprocess.run(cmd)")),
      "subprocess.run", "child", "children"),
+    # subprocess.run with its output captured: first it reads the output to its end (EOF), then waits for the exit;
+    # the phase below the call says which (a generic selector wait under it says neither)
+    ((lib("selectors.py", "_PollLikeSelector.select", 415), lib("subprocess.py", "Popen._communicate", 2108),
+      lib("subprocess.py", "Popen.communicate", 1209), lib("subprocess.py", "run", 550),
+      job("hook", 9, "res = subprocess.run(cmd, capture_output=True)")), "subprocess.run", "pipe", "output"),
+    ((lib("subprocess.py", "Popen._try_wait", 2011), lib("subprocess.py", "Popen._wait", 2053),
+      lib("subprocess.py", "Popen.wait", 1264), lib("subprocess.py", "Popen._communicate", 2120),
+      lib("subprocess.py", "Popen.communicate", 1209), lib("subprocess.py", "check_output", 466),
+      job("hook", 9, "out = subprocess.check_output(cmd)")), "subprocess.run", "child", "children"),
+    ((lib("selectors.py", "_PollLikeSelector.select", 415), lib("subprocess.py", "Popen._communicate", 2108),
+      lib("subprocess.py", "Popen.communicate", 1209), job("hook", 9, "out, err = proc.communicate()")),
+     "subprocess communicate", "pipe", "output"),
     ((lib("selectors.py", "EpollSelector.select", 468), lib("asyncio/base_events.py", "BaseEventLoop._run_once", 1898),
       lib("asyncio/base_events.py", "BaseEventLoop.run_forever", 607),
       lib("asyncio/base_events.py", "BaseEventLoop.run_until_complete", 640), lib("asyncio/runners.py", "Runner.run", 118),
@@ -273,6 +286,56 @@ def test_a_dataloader_waits_for_its_worker_processes_and_their_own_waits() -> No
     assert links[0].wait.operation == "DataLoader next batch"
     assert links[0].release.parties[0].pid == 812
     assert links[1].wait.operation == "time.sleep" and links[1].wait.poll is not None
+
+
+def _communicating() -> ThreadStack:
+    return thread(lib("selectors.py", "_PollLikeSelector.select", 415), lib("subprocess.py", "Popen._communicate", 2108),
+                  lib("subprocess.py", "Popen.communicate", 1209), lib("subprocess.py", "run", 550),
+                  job("hook", 9, "res = subprocess.run(cmd, capture_output=True)"), syscall="restart_syscall",
+                  wchan="poll_schedule_timeout.constprop.0")
+
+
+def test_a_childs_output_that_never_ends_after_its_exit_is_held_by_what_it_started() -> None:
+    """communicate() reads until every holder of the pipe's write end closes it: a child that has exited (a zombie
+    not reaped yet, since the exit is waited for after the output) while the read still waits leaves a process it
+    started holding the pipe. A live child is the writer itself; the node's read of the fd, when it has one,
+    names the holders."""
+    main = _communicating()
+    w = wait_of(main)
+    gone = JobProcess("node01", 367, 1, "child", "subprocess", of=(100,), state="Z")
+    rel = release(w, main, Context(rank(main), processes=(gone,)))
+    assert rel.none == "inherited" and [p.pid for p in rel.parties] == [367] and rel.parties[0].state == "zombie"
+    alive = JobProcess("node01", 368, 1, "child", "subprocess", of=(100,), state="S", cmdline=("aws", "s3", "cp"))
+    rel = release(w, main, Context(rank(main), processes=(alive,)))
+    assert rel.none == "" and [p.pid for p in rel.parties] == [368]
+    pipe = WaitFd(5, "pipe:[77]", "pipe", "read", others=(OtherEnd("writer", 400, "ckpt-indexer", "S"),))
+    read = replace(main, syscall="poll", waits=KernelWait("poll", "fd", fd=5, fds=(pipe,)))
+    rel = release(wait_of(read), read, Context(rank(read), processes=(gone,)))
+    assert [(p.pid, p.role) for p in rel.parties] == [(400, "writer")]
+
+
+def test_a_pool_whose_workers_all_wait_for_a_task_will_never_give_the_result() -> None:
+    """Pool.map waits for results while every worker process waits for its next task: none runs the call (a pool
+    replaces a worker that was killed, and the task it held is lost). One worker still at work is the one."""
+    main = thread(lib("threading.py", "Condition.wait", 320), lib("multiprocessing/pool.py", "MapResult.get", 768),
+                  lib("multiprocessing/pool.py", "Pool.map", 367), job("tokenize", 40, "out = pool.map(f, chunks)"))
+
+    def worker(pid: int, *top: Frame) -> JobProcess:
+        t = thread(*top, lib("multiprocessing/pool.py", "worker", 114), lib("multiprocessing/process.py",
+                   "BaseProcess._bootstrap", 314), tid=pid)
+        return JobProcess("node01", pid, 1, "child", "multiprocessing child", of=(100,), state="S", threads=(t,))
+
+    idle = [worker(115, lib("multiprocessing/connection.py", "Connection._recv", 395),
+                   lib("multiprocessing/queues.py", "SimpleQueue.get", 364)),
+            worker(125, lib("multiprocessing/synchronize.py", "SemLock.__enter__", 95),
+                   lib("multiprocessing/queues.py", "SimpleQueue.get", 363))]
+    w = wait_of(main)
+    assert (w.resource, w.release) == ("pool", "worker")
+    rel = release(w, main, Context(rank(main), processes=tuple(idle)))
+    assert rel.none == "workers_idle" and sorted(p.pid for p in rel.parties) == [115, 125]
+    busy = worker(130, job("tokenize_chunk", 12, "return len(text.split())"))
+    rel = release(w, main, Context(rank(main), processes=(idle[0], busy)))
+    assert rel.none == "" and 130 in [p.pid for p in rel.parties]
 
 
 # --- states ---------------------------------------------------------------------------------------------------

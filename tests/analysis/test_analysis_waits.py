@@ -20,6 +20,7 @@ from app.analysis.prose import RENDERERS
 from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
 from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
+from app.model import KernelWait, OtherEnd, ThreadStack, WaitFd
 from app.model import ProgressCounters, Snapshot, TcpSocket
 from app.model.codec import snapshot_from_json
 
@@ -392,3 +393,63 @@ def test_a_launcher_with_no_rank_below_it_waits_for_its_rendezvous() -> None:
     e = next(e for e in g.edges if e.kind == "rendezvous")
     assert g.vertex(e.waiter).label == "torchrun pid 77 on node03"  # type: ignore[union-attr]
     assert root_numbers(analyze(snapshot(ranks))) == {1}
+
+
+CAPTURED_RUN = stack("_PollLikeSelector.select (/usr/lib/python3.11/selectors.py:415)",
+                     "Popen._communicate (/usr/lib/python3.11/subprocess.py:2108)",
+                     "Popen.communicate (/usr/lib/python3.11/subprocess.py:1209)",
+                     "run (/usr/lib/python3.11/subprocess.py:550)", "save_hook (job.py:88)", "train (job.py:57)",
+                     "<module> (job.py:120)")
+POOL_MAP = stack("Condition.wait (/usr/lib/python3.11/threading.py:320)",
+                 "MapResult.get (/usr/lib/python3.11/multiprocessing/pool.py:768)",
+                 "Pool.map (/usr/lib/python3.11/multiprocessing/pool.py:367)", "tokenize (job.py:70)",
+                 "train (job.py:57)", "<module> (job.py:120)")
+IDLE_POOL_WORKER = stack("Connection._recv (/usr/lib/python3.11/multiprocessing/connection.py:395)",
+                         "SimpleQueue.get (/usr/lib/python3.11/multiprocessing/queues.py:364)",
+                         "worker (/usr/lib/python3.11/multiprocessing/pool.py:114)",
+                         "BaseProcess._bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314)")
+
+
+def _headline(a: Analysis, snap: Snapshot) -> str:
+    """The verdict the summary starts with: its first paragraph, its lines joined."""
+    return " ".join(summary_text(snap, a).split("\n\n", 1)[0].split())
+
+
+def test_a_captured_run_whose_child_exited_says_what_it_started_holds_the_pipe() -> None:
+    """subprocess.run(capture_output=True) reads the child's output to its end before it waits for the exit: with
+    the child a zombie, what the rank waits for is the pipe a process the child started still holds (its exit was
+    never the wait: 'let the waiting code notice a dead child' would send the reader the wrong way)."""
+    ranks = list(job(8, 4, rank2=CAPTURED_RUN))
+    snap = with_processes(snapshot(ranks), [job_process(4300, "child", (1002,), state="Z", kind="subprocess")])
+    a = analyze(snap)
+    line = _headline(a, snap)
+    assert line.startswith("hangscope: Rank 2 (pid 1002 on node01) is blocked in `subprocess.run`"), line
+    assert "subprocess.run" in line and "end of its child's output" in line, line
+    assert "pid 4300" in line and "inherited the pipe's write end" in line and "ls -l /proc/1002/fd" in line, line
+    assert "notice a dead child" not in line, line
+
+
+def test_a_pool_map_whose_workers_all_wait_for_tasks_says_the_result_never_comes() -> None:
+    ranks = list(job(8, 4, rank5=POOL_MAP))
+    workers = [job_process(pid, "child", (1005,), node="node02", kind="multiprocessing child",
+                           threads=(ThreadStack(pid, "MainThread", frames=IDLE_POOL_WORKER, is_main=True),))
+               for pid in (5100, 5101)]
+    snap = with_processes(snapshot(ranks), workers)
+    a = analyze(snap)
+    assert root_numbers(a) == {5}
+    line = _headline(a, snap)
+    assert "all idle" in line and "pid 5100, 5101" in line and "never comes" in line and "dmesg" in line, line
+
+
+def test_a_manager_proxy_call_waits_for_the_manager_process_and_names_it_when_it_is_held() -> None:
+    proxy = stack("Connection._recv (/usr/lib/python3.11/multiprocessing/connection.py:395)",
+                  "BaseProxy._callmethod (/usr/lib/python3.11/multiprocessing/managers.py:822)",
+                  "__setitem__ (<string>:2)", "record (job.py:77)", "train (job.py:57)", "<module> (job.py:120)")
+    ranks = list(job(8, 4, rank3=proxy))
+    sock = WaitFd(4, "socket:[88]", "socket", "read", "unix", others=(OtherEnd("peer", 211, "python3", "T"),))
+    main = dataclasses.replace(ranks[3].threads[0], syscall="read", wchan="unix_stream_read_generic",
+                               waits=KernelWait("read", "fd", fd=4, fds=(sock,)))
+    ranks[3] = dataclasses.replace(ranks[3], threads=(main,))
+    snap = with_processes(snapshot(ranks), [job_process(211, "child", (1003,), state="T", kind="multiprocessing child")])
+    line = _headline(analyze(snap), snap)
+    assert "waiting for its manager process to answer the call" in line and "kill -CONT 211" in line, line

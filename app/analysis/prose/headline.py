@@ -266,6 +266,14 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     node = clean(r.node, 60)
     rel = last.release
     first = rel.parties[0] if rel.parties else None
+    if rel.none == "workers_idle" and first is not None and first.kind == "process":
+        return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
+                "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "
+                "concurrent.futures, whose pool raises BrokenProcessPool instead of waiting")
+    if rel.none == "inherited":
+        return (f"find the process that still holds the pipe: `ls -l /proc/{r.pid}/fd` on {node} names it "
+                "(pipe:[N]), `lsof -n | grep` that pipe shows its other holders; start background helpers with "
+                "their output redirected (`> /dev/null 2>&1`), and give the call a timeout")
     if first is not None and first.kind == "process" and first.pid is not None:
         if first.state == "stopped":
             return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"

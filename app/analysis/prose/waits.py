@@ -82,6 +82,8 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
             return "idle, waiting for work"
         return f"waiting for an item in the queue{obj}"
     if r == "process_queue":
+        if "manager" in w.operation:  # a proxy's call: the manager's server process answers it
+            return f"waiting for its manager process to answer the call{obj}"
         return f"waiting for data from another process{obj}"
     if r == "pool":
         return "waiting for the results of a process pool"
@@ -98,6 +100,8 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "pipe":
         target = _detail(w, "target")
         on = f" ({_q(target, 40)})" if target else ""
+        if w.release == "output":
+            return f"waiting for the end of its child's output (EOF on the pipe it reads{on})"
         if w.release == "reader":
             return f"waiting for the reader of a full pipe{on}"
         return f"waiting for data on a pipe or file{on}"
@@ -207,6 +211,7 @@ _NONE = {
     "no_worker": "no worker thread or process is alive to run it",
     "workers_idle": "its executor's workers are all idle: the call is not running",
     "no_child": "no child process of it was found",
+    "inherited": "its child has exited, yet the pipe stays open: a process the child started holds its write end",
     "no_holder_process": "no process was found holding it",
     "not_read": "",
     "search_incomplete": "the node's search for the other end was cut short by its bounds",
@@ -231,7 +236,22 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     if w.release == "joined":
         return f": {who}"
     if w.release == "worker":
+        if rel.none == "workers_idle":
+            names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
+            if first.kind == "process":
+                pids = ", ".join(str(p.pid) for p in rel.parties[:6]) + (" ..." if len(rel.parties) > 6 else "")
+                return (f"; its worker processes are all idle, waiting for their next task (pid {pids}): none runs "
+                        "what it waits for, so its result never comes (a pool replaces a worker that was killed, "
+                        "and the task that worker held is lost)")
+            return f"; its executor's workers are all idle ({names}): the call is not running"
         return f", which {who} runs" + ("" if len(rel.parties) == 1 else f" (and {len(rel.parties) - 1} more workers)")
+    if w.release == "output":
+        if rel.none == "inherited":
+            child = f"pid {first.pid} {_q(first.name, 80)}" if first.pid is not None else "process"
+            return (f"; the child {child} has exited (a zombie not yet reaped), yet the pipe stays open: a process "
+                    "it started inherited the pipe's write end and holds it")
+        role = "the child" if first.role == "child" else "held open by"
+        return f"; {role} {who}" + (f" (and {len(rel.parties) - 1} more)" if len(rel.parties) > 1 else "")
     if first.same and first.role == "interrupted":
         return (", which the code the handler interrupted, lower on its own stack, would release: that cannot run "
                 "until the handler returns")
