@@ -94,13 +94,16 @@ class RankProgress:
 
 class _Signatures:
     """A rank's signature (where its chosen thread stands: each place frame's function, file, line and loop
-    iteration), made once per distinct stack: ranks that stand in one place share their frames (decode
-    interns them), and every rank of every sample kept its own copy of a 60-frame signature (~1 GB over two
-    samples of 100k deep ranks, issue 27). Equal signatures come back as one object."""
+    iteration), made once per distinct place: from the thread's interned path (ThreadStack.path: the frames'
+    function, file, line, module, native flag and iteration, all a signature reads, one tuple for every thread
+    at the same lines in the same iteration), not once per frames tuple, which differs from rank to rank where
+    each rank keeps locals of its own (object addresses, its rank number). Every rank of every sample kept its
+    own copy of a 60-frame signature once (~1 GB over two samples of 100k deep ranks, issue 27). Equal
+    signatures come back as one object."""
 
     def __init__(self, options: AnalysisOptions) -> None:
         self._pick = selector(options)
-        self._by_frames: Dict[int, Tuple[Tuple[Frame, ...], Optional[tuple]]] = {}  # id(frames) -> (frames, sig)
+        self._by_path: Dict[int, Tuple[Tuple[Frame, ...], Optional[tuple]]] = {}  # id(path) -> (path, sig)
         self._same: Dict[tuple, tuple] = {}
 
     def __call__(self, rank: RankSnapshot) -> Optional[tuple]:
@@ -110,12 +113,13 @@ class _Signatures:
         """The signature of a rank whose chosen thread is `t` (picked by the caller)."""
         if t is None or not t.frames:
             return None
-        known = self._by_frames.get(id(t.frames))
-        if known is not None and known[0] is t.frames:
+        path = t.path
+        known = self._by_path.get(id(path))
+        if known is not None and known[0] is path:
             return known[1]
-        sig = tuple(map(_signature_part, place_frames(t.frames)))
+        sig = tuple(map(_signature_part, place_frames(path)))
         sig = self._same.setdefault(sig, sig)
-        self._by_frames[id(t.frames)] = (t.frames, sig)  # the frames held, so their id is not reused meanwhile
+        self._by_path[id(path)] = (path, sig)  # the path held, so its id is not reused meanwhile
         return sig
 
 

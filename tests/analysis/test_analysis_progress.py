@@ -563,3 +563,24 @@ def test_ranks_on_one_stack_share_one_signature_and_a_rank_elsewhere_has_its_own
     for r in (a, later):
         assert signature(r) == tuple((f.function, f.filename, f.line, f.iteration)
                                      for f in place_frames(r.main_thread.frames))
+
+
+def test_ranks_whose_frames_keep_locals_of_their_own_are_signed_once_per_place() -> None:
+    """Each rank keeps its own locals (an object's address, its rank number) in the same frames: its frames tuple is
+    its own, its place is not. The signature comes from the thread's interned path, once per place, and equals
+    the one its own frames give."""
+    from app.analysis.options import AnalysisOptions
+    from app.analysis.progress import _Signatures
+
+    def own(r: int) -> RankSnapshot:
+        frames = tuple(replace(f, locals=(Local("peer", f"<socket at 0x7f{r:04x}>", True),))
+                       for f in in_step(ALL_REDUCE, 10))
+        return rank(r, "node01", frames)
+
+    signature = _Signatures(AnalysisOptions())
+    ranks = [own(r) for r in range(4)]
+    assert len({r.main_thread.frames for r in ranks}) == 4 and len({id(r.main_thread.path) for r in ranks}) == 1
+    assert len({id(signature(r)) for r in ranks}) == 1
+    assert signature(ranks[3]) == tuple((f.function, f.filename, f.line, f.iteration)
+                                        for f in place_frames(ranks[3].main_thread.frames))
+    assert len(signature._by_path) == 1
