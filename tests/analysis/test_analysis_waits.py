@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +20,7 @@ from app.analysis.prose import RENDERERS
 from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
 from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
-from app.model import KernelWait, OtherEnd, ThreadStack, WaitFd
+from app.model import KernelWait, LoopInfo, OtherEnd, ThreadStack, WaitFd
 from app.model import ProgressCounters, Snapshot, TcpSocket
 from app.model.codec import snapshot_from_json
 
@@ -453,3 +453,25 @@ def test_a_manager_proxy_call_waits_for_the_manager_process_and_names_it_when_it
     snap = with_processes(snapshot(ranks), [job_process(211, "child", (1003,), state="T", kind="multiprocessing child")])
     line = _headline(analyze(snap), snap)
     assert "waiting for its manager process to answer the call" in line and "kill -CONT 211" in line, line
+
+
+def _sleeping(loop: str, code: str, left: float) -> Tuple[RankSnapshot, ...]:
+    frames = (Frame("retrying", "/home/alice/job.py", 60, loops=(LoopInfo("for", 57, 61, loop),),
+                    source=((60, code),)),) + stack("train (job.py:57)", "<module> (job.py:120)")
+    ranks = list(job(8, 4, rank1=frames))
+    main = dataclasses.replace(ranks[1].threads[0], syscall="clock_nanosleep", wchan="hrtimer_nanosleep",
+                               waits=KernelWait("clock_nanosleep", "sleep", timeout=left))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(main,))
+    return tuple(ranks)
+
+
+def test_one_long_sleep_in_a_loop_says_when_it_wakes_and_a_short_one_polls() -> None:
+    """The node reads how long a sleep has left: an hour left is not a loop that checks again every so often (a
+    back-off grown long, a retry-after honoured), whatever loop it sits in; a second left is a poll."""
+    long = snapshot(list(_sleeping("for attempt in range(attempts):", "time.sleep(delay)", 3596.25)))
+    line = _headline(analyze(long), long)
+    assert "in one sleep with 60 min left" in line and "wakes by itself in about 60 min" in line, line
+    assert "polls for something" not in line, line
+    short = snapshot(list(_sleeping("for attempt in range(attempts):", "time.sleep(delay)", 0.75)))
+    line = _headline(analyze(short), short)
+    assert "polling in the loop" in line and "left" not in line.split("Next:")[0], line

@@ -29,7 +29,7 @@ from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import thread_label, thread_where
-from app.analysis.prose.waits import chain_text, where
+from app.analysis.prose.waits import chain_text, duration, long_sleep, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
 from app.analysis.release import Link
@@ -302,6 +302,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "different key name, a branch that skipped it); give store.wait a timeout")
     if res == "cpu":
         return "the loop never exits: fix its condition, and make it wait (an Event, a sleep) instead of spinning"
+    left = long_sleep(w)
+    if left is not None:
+        return (f"it wakes by itself in about {duration(left)}; if it should not wait that long, see what decided the "
+                "delay (a back-off that grew, a retry-after from a server, seconds taken for milliseconds) and cap it")
     if res == "timer" and w.poll is not None:
         return ("the loop polls for something that does not happen: find why its condition never turns true, and "
                 "give it a deadline")

@@ -125,6 +125,10 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "device":
         return "waiting for the GPU to finish its queued work"
     if r == "timer":
+        left = long_sleep(w)
+        if left is not None:  # one sleep outlasts any sampling: what matters is when it wakes, not that it loops
+            inside = f" inside the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}" if w.poll else ""
+            return f"in one sleep with {duration(left)} left (the node read its deadline){inside}"
         if w.poll is not None:
             return (f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}: it sleeps and checks "
                     "again")
@@ -148,6 +152,33 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "gil":
         return "holding the GIL in native code"
     return "the mechanism is not known"
+
+
+# A sleep with this much time left (the node reads a sleep's deadline) is not a poll that checks every so often:
+# it will not look again for minutes, whatever loop it is in (a back-off grown long, a delay in the wrong unit)
+LONG_SLEEP_S = 60.0
+
+
+def long_sleep(w: ThreadWait) -> Optional[float]:
+    """Seconds left in the sleep the thread is in, when the node read them and they are LONG_SLEEP_S or more."""
+    if w.resource != "timer":
+        return None
+    try:
+        left = float(w.detail("kernel_timeout"))
+    except ValueError:
+        return None
+    return left if LONG_SLEEP_S <= left < float("inf") else None
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `60 min`, `3.5 h`, `4 days`."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 def _polls(w: ThreadWait) -> str:
