@@ -583,8 +583,9 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
     if outer_site.phased:
         # the phase the thread is in: the innermost specific site below the call (not a generic wait under it)
         phase = next((m[1] for m in matches[:-1] if m[1] is not None and not m[1].generic and not m[1].phased), None)
-        if phase is not None:
-            outer_site = replace(phase, operation=outer_site.operation, timeout=outer_site.timeout or phase.timeout)
+        if phase is not None:  # what it waits on is the phase's; the call, its name and arguments, the job's
+            outer_site = replace(phase, files=outer_site.files, functions=outer_site.functions,
+                                 operation=outer_site.operation, timeout=outer_site.timeout or phase.timeout)
     # a site that only says "waits" in general (Condition.wait) under the job's own line: a C call on the caller's
     # line may say more (a socket read under selectors is still a socket)
     return _from_site(outer_site, outer_frame, caller, t, how=how_name, by="frame")

@@ -295,6 +295,14 @@ def _communicating() -> ThreadStack:
                   wchan="poll_schedule_timeout.constprop.0")
 
 
+def test_a_phase_of_a_call_keeps_the_calls_own_name_and_argument() -> None:
+    t = thread(lib("subprocess.py", "Popen._try_wait", 2011), lib("subprocess.py", "Popen.wait", 1264),
+               lib("subprocess.py", "Popen._communicate", 2120), lib("subprocess.py", "Popen.communicate", 1209),
+               lib("subprocess.py", "check_output", 466), job("hook", 9, "out = subprocess.check_output(cmd)"))
+    w = wait_of(t)
+    assert (w.operation, w.resource, w.detail("argument")) == ("subprocess.run", "child", "cmd")
+
+
 def test_a_childs_output_that_never_ends_after_its_exit_is_held_by_what_it_started() -> None:
     """communicate() reads until every holder of the pipe's write end closes it: a child that has exited (a zombie
     not reaped yet, since the exit is waited for after the output) while the read still waits leaves a process it
