@@ -469,3 +469,22 @@ def test_a_thread_on_a_cpu_in_a_loops_body_computes_until_it_has_stood_there_lon
     plain = thread(job("main", 40, "model(x)"), syscall="running", wchan="", state="R")
     assert thread_wait(plain, motion=Motion(cpu=1.0, running_before=True, stayed_s=2.0)).state == "running"
     assert thread_wait(plain, motion=Motion(cpu=1.0, running_before=True, stayed_s=30.0)).state == "spinning"
+
+
+def test_a_future_whose_executors_threads_all_wait_for_work_is_not_running() -> None:
+    """An executor's worker threads all idle while a caller waits on a future: the call is not running (said as
+    such, not 'which its thread runs')."""
+    from app.analysis.prose.waits import release as release_text
+    from app.analysis.release import Link, Party
+
+    main = thread(lib("threading.py", "Condition.wait", 320), lib("concurrent/futures/_base.py", "Future.result", 456),
+                  job("upload", 80, "fut.result()"))
+    idle = thread(lib("threading.py", "Condition.wait", 320), lib("queue.py", "SimpleQueue.get", 171),
+                  lib("concurrent/futures/thread.py", "_worker", 81), lib("threading.py", "Thread.run", 982), tid=2,
+                  name="ThreadPoolExecutor-0_0", main=False)
+    w = wait_of(main)
+    r = rank(main, idle)
+    rel = release(w, main, Context(r))
+    assert rel.none == "workers_idle" and [p.name for p in rel.parties] == ["ThreadPoolExecutor-0_0"]
+    text = release_text(Link(Party("thread", "node01", 100, 1, 3, role="waiter"), w, rel), r)
+    assert "all idle" in text and "the call is not running" in text and "runs" not in text.split("(")[0], text
