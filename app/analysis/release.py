@@ -426,11 +426,37 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             break
         seen.add(ident)
         if nxt.kind != "thread" or nxt.pid != r.pid:
-            links.append(Link(nxt, nxt.wait, Release()))  # another process: its own release is not followed here
+            # another process: its own release is not followed here, but for one case: a pipe or socket whose
+            # other end is this very rank's process (a child writing into a full pipe only the rank reads, while
+            # the rank waits for it to exit): each waits for the other
+            back = _back_to(nxt, r, ctx)
+            links.append(Link(nxt, nxt.wait, back))
+            if back.parties:
+                links.append(Link(back.parties[0], wait, Release((Party("thread", r.node, r.pid, thread.tid, r.rank,
+                                                                        role="cycle"),))))
             break
         at = next((t for t in r.threads if t.tid == nxt.tid), None)
         who, wait = nxt, nxt.wait
     return tuple(links)
+
+
+def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> Release:
+    """For a process party of a chain that waits on a pipe or a socket (its main thread, as the node read its fd):
+    the rank's own process when it holds the other end; else nothing (the party's own release is not followed)."""
+    w = p.wait
+    if p.kind != "process" or w is None or w.release not in ("reader", "writer", "peer"):
+        return Release()
+    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    main = next((t for t in proc.threads if t.is_main), proc.threads[0] if proc.threads else None) if proc else None
+    kw = main.waits if main is not None else None
+    if kw is None:
+        return Release()
+    for f in kw.fds:
+        for o in f.others:
+            if o.pid == r.pid and p.node == r.node and o.role in ("reader", "writer", "peer"):
+                return Release((Party("process", r.node, r.pid, None, r.rank, r.cmdline[0] if r.cmdline else "",
+                                      role=o.role),))
+    return Release()
 
 
 def job_code(t: ThreadStack) -> bool:

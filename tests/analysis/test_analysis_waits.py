@@ -475,3 +475,21 @@ def test_one_long_sleep_in_a_loop_says_when_it_wakes_and_a_short_one_polls() -> 
     short = snapshot(list(_sleeping("for attempt in range(attempts):", "time.sleep(delay)", 0.75)))
     line = _headline(analyze(short), short)
     assert "polling in the loop" in line and "left" not in line.split("Next:")[0], line
+
+
+def test_a_child_writing_into_a_pipe_only_its_waiting_parent_reads_is_a_deadlock() -> None:
+    """Popen(stdout=PIPE, stderr=PIPE) then wait(): the child blocks writing into the full pipe, whose only
+    reader is the rank, and the rank waits for the child to exit: each waits for the other."""
+    waiting = stack("Popen._try_wait (/usr/lib/python3.11/subprocess.py:2011)",
+                    "Popen.wait (/usr/lib/python3.11/subprocess.py:1264)", "audit (job.py:90)", "train (job.py:57)",
+                    "<module> (job.py:120)")
+    ranks = list(job(8, 4, rank0=waiting))
+    pipe = WaitFd(2, "pipe:[5135456]", "pipe", "write", others=(OtherEnd("reader", 1000, "python3", "S"),))
+    child_main = ThreadStack(68, "MainThread", frames=stack("<module> (/usr/local/bin/shard-audit:8)"), is_main=True,
+                             state="S", syscall="write", wchan="pipe_write",
+                             waits=KernelWait("write", "fd", fd=2, fds=(pipe,)))
+    child = job_process(68, "child", (1000,), kind="subprocess", threads=(child_main,))
+    snap = with_processes(snapshot(ranks), [child])
+    line = _headline(analyze(snap), snap)
+    assert line.startswith("hangscope: Rank 0 (pid 1000 on node01) is blocked in `subprocess wait`"), line
+    assert "which waits for the first: a deadlock" in line and "each waits for the other" in line, line
