@@ -430,33 +430,52 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             # other end is this very rank's process (a child writing into a full pipe only the rank reads, while
             # the rank waits for it to exit): each waits for the other
             back = _back_to(nxt, r, ctx)
-            links.append(Link(nxt, nxt.wait, back))
-            if back.parties:
-                links.append(Link(back.parties[0], wait, Release((Party("thread", r.node, r.pid, thread.tid, r.rank,
-                                                                        role="cycle"),))))
+            if not back:
+                links.append(Link(nxt, nxt.wait, Release()))
+                break
+            links += back
+            links.append(Link(back[-1].release.parties[0], wait,
+                              Release((Party("thread", r.node, r.pid, thread.tid, r.rank, role="cycle"),))))
             break
         at = next((t for t in r.threads if t.tid == nxt.tid), None)
         who, wait = nxt, nxt.wait
     return tuple(links)
 
 
-def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> Release:
-    """For a process party of a chain that waits on a pipe or a socket (its main thread, as the node read its fd):
-    the rank's own process when it holds the other end; else nothing (the party's own release is not followed)."""
+def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
+    """For a process party of a chain: the links back to the rank when the process waits on a pipe or a socket
+    whose other end the node found to be the rank's own process, with its main thread, or with a thread of its
+    own that its main thread joins (a child's exit waits for its queue's feeder thread, which writes into a full
+    pipe the rank would read after the join); else none (the party's own release is not followed)."""
     w = p.wait
-    if p.kind != "process" or w is None or w.release not in ("reader", "writer", "peer"):
-        return Release()
     proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
-    main = next((t for t in proc.threads if t.is_main), proc.threads[0] if proc.threads else None) if proc else None
-    kw = main.waits if main is not None else None
-    if kw is None:
-        return Release()
-    for f in kw.fds:
+    if p.kind != "process" or w is None or proc is None or p.node != r.node:
+        return []
+    main = next((t for t in proc.threads if t.is_main), proc.threads[0] if proc.threads else None)
+    if main is None:
+        return []
+    if w.release in ("reader", "writer", "peer"):
+        end = _rank_end(main, r)
+        return [Link(p, w, Release((end,)))] if end is not None else []
+    if w.release == "joined":
+        for t in proc.threads:
+            if t is main:
+                continue
+            tw = thread_wait(t, proc.hold)
+            end = _rank_end(t, r) if tw.release in ("reader", "writer", "peer") else None
+            if end is not None:
+                party = Party("thread", p.node, p.pid, t.tid, None, t.name, role="joined", wait=tw)
+                return [Link(p, w, Release((party,))), Link(party, tw, Release((end,)))]
+    return []
+
+
+def _rank_end(t: ThreadStack, r: RankSnapshot) -> Optional[Party]:
+    """The rank's own process as the other end of the pipe or socket this thread (of another process) waits on."""
+    for f in t.waits.fds if t.waits is not None else ():
         for o in f.others:
-            if o.pid == r.pid and p.node == r.node and o.role in ("reader", "writer", "peer"):
-                return Release((Party("process", r.node, r.pid, None, r.rank, r.cmdline[0] if r.cmdline else "",
-                                      role=o.role),))
-    return Release()
+            if o.pid == r.pid and not o.own and o.role in ("reader", "writer", "peer"):
+                return Party("process", r.node, r.pid, None, r.rank, r.cmdline[0] if r.cmdline else "", role=o.role)
+    return None
 
 
 def job_code(t: ThreadStack) -> bool:

@@ -493,3 +493,28 @@ def test_a_child_writing_into_a_pipe_only_its_waiting_parent_reads_is_a_deadlock
     line = _headline(analyze(snap), snap)
     assert line.startswith("hangscope: Rank 0 (pid 1000 on node01) is blocked in `subprocess wait`"), line
     assert "which waits for the first: a deadlock" in line and "each waits for the other" in line, line
+
+
+def test_a_child_whose_exit_joins_a_thread_writing_to_its_waiting_parent_is_a_deadlock() -> None:
+    """Process.join() before the queue is read: the child's exit joins its queue's feeder thread, which writes
+    into the full pipe only the rank would read, after the join."""
+    joining = stack("Popen.wait (/usr/lib/python3.11/multiprocessing/popen_fork.py:43)",
+                    "BaseProcess.join (/usr/lib/python3.11/multiprocessing/process.py:149)", "index (job.py:95)",
+                    "train (job.py:57)", "<module> (job.py:120)")
+    ranks = list(job(8, 4, rank1=joining))
+    pipe = WaitFd(6, "pipe:[5137100]", "pipe", "write", others=(OtherEnd("reader", 1001, "python3", "S"),
+                                                                  OtherEnd("reader", 126, "python3", "S", own=True)))
+    feeder = ThreadStack(127, "QueueFeederThread", frames=stack(
+        "Connection._send (/usr/lib/python3.11/multiprocessing/connection.py:373)",
+        "Queue._feed (/usr/lib/python3.11/multiprocessing/queues.py:250)",
+        "Thread.run (/usr/lib/python3.11/threading.py:982)"), state="S", syscall="write", wchan="pipe_write",
+        waits=KernelWait("write", "fd", fd=6, fds=(pipe,)))
+    exiting = ThreadStack(126, "MainThread", frames=stack(
+        "Thread._wait_for_tstate_lock (/usr/lib/python3.11/threading.py:1132)",
+        "Thread.join (/usr/lib/python3.11/threading.py:1112)",
+        "Queue._finalize_join (/usr/lib/python3.11/multiprocessing/queues.py:199)"), is_main=True, state="S")
+    child = job_process(126, "child", (1001,), kind="multiprocessing child", threads=(exiting, feeder))
+    snap = with_processes(snapshot(ranks), [child])
+    line = _headline(analyze(snap), snap)
+    assert "`QueueFeederThread`" in line and "which waits for the first: a deadlock" in line, line
+    assert "before `join()`" in line, line

@@ -266,10 +266,12 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     node = clean(r.node, 60)
     rel = last.release
     first = rel.parties[0] if rel.parties else None
-    if first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.kind == "process":
+    if (first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.pid is not None
+            and links[-2].who.pid != r.pid):
         # the rank and a process of its own (a child) each wait for the other through a pipe or a socket
-        return ("each waits for the other: read the child's pipes while waiting for it (`communicate()`, or a "
-                "thread per pipe), or send its output to a file or DEVNULL; give the wait a timeout")
+        return ("each waits for the other: take what the child sends before waiting for it (its pipes with "
+                "`communicate()` or a thread per pipe, its queue's items before `join()`), or send its output to a "
+                "file or DEVNULL; give the wait a timeout")
     if rel.none == "workers_idle" and first is not None and first.kind == "process":
         return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
                 "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "
