@@ -36,6 +36,7 @@ NoneReason = Literal[
     "", "no_other_thread", "no_related_thread", "no_holder", "no_writer", "no_reader", "no_worker", "workers_idle", "no_child",
     "no_holder_process", "not_read", "search_incomplete", "unknown_rule",
     "inherited",  # the child has exited and the pipe it wrote is still open: a process it started holds it
+    "forked_held",  # a forked child waits for a lock no thread of its own holds, and none of its parent's does now
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -75,7 +76,8 @@ class Release:
         """It was looked for and no one can: the answer itself."""
         return not self.parties and self.none in ("no_other_thread", "no_related_thread", "no_holder", "no_writer",
                                                   "no_reader",
-                                                  "no_worker", "workers_idle", "no_child", "no_holder_process")
+                                                  "no_worker", "workers_idle", "no_child", "no_holder_process",
+                                                  "forked_held")
 
 
 @dataclass
@@ -397,8 +399,18 @@ def certain(wait: ThreadWait, rel: Release) -> bool:
     if wait.release in ("notifier", "producer", "consumer", "threads"):
         return False
     if wait.release == "worker":
-        return len(rel.parties) == 1
+        # idle workers are the answer (none runs the call), not someone the chain goes on through
+        return rel.none != "workers_idle" and (len(rel.parties) == 1 or alike(rel.parties))
     return rel.parties[0].role in _CERTAIN_ROLES or wait.release in ("children", "time", "person", "kernel")
+
+
+def alike(parties: Sequence[Party]) -> bool:
+    """Whether several workers all wait the same way (the same operation on the same object at the same place):
+    any one of them stands for the others, so the chain follows the first."""
+    keys = {(p.wait.operation, p.wait.resource, p.wait.detail("object"),
+             p.wait.frame.filename if p.wait.frame is not None else "",
+             p.wait.frame.line if p.wait.frame is not None else 0) if p.wait is not None else None for p in parties}
+    return len(parties) > 1 and None not in keys and len(keys) == 1
 
 
 def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None) -> Tuple[Link, ...]:
@@ -426,9 +438,14 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             break
         seen.add(ident)
         if nxt.kind != "thread" or nxt.pid != r.pid:
-            # another process: its own release is not followed here, but for one case: a pipe or socket whose
-            # other end is this very rank's process (a child writing into a full pipe only the rank reads, while
-            # the rank waits for it to exit): each waits for the other
+            # another process: its own release is not followed here, but for two cases: a lock it waits for (its
+            # own threads, then, for a process forked from the rank, the rank's: a fork copies a held lock), and a
+            # pipe or socket whose other end is this very rank's process (a child writing into a full pipe only
+            # the rank reads, while the rank waits for it to exit): each waits for the other
+            inside = _lock_inside(nxt, r, ctx)
+            if inside is not None:
+                links.append(inside)
+                break
             back = _back_to(nxt, r, ctx)
             if not back:
                 links.append(Link(nxt, nxt.wait, Release()))
@@ -440,6 +457,49 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
         at = next((t for t in r.threads if t.tid == nxt.tid), None)
         who, wait = nxt, nxt.wait
     return tuple(links)
+
+
+# Frames a process forked without exec keeps from its parent's stack (the fork returns into them in the child)
+_FORK_FRAMES = (("multiprocessing/popen_fork.py", "_launch"),)
+_FORK_CALL = re.compile(r"\bfork\(\)")
+
+
+def forked(proc: JobProcess) -> bool:
+    """Whether a process is a fork of its parent that did not exec: its stack goes on below the fork call."""
+    for t in proc.threads:
+        for f in t.frames:
+            if any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name for suffix, name in _FORK_FRAMES):
+                return True
+            line = next((text for n, text in f.source if n == f.line), "")
+            if not f.native and _FORK_CALL.search(line) and "os.fork" in line:
+                return True
+    return False
+
+
+def _lock_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link]:
+    """For a process party of a chain waiting for a lock: who holds it. A thread of that process inside a block of
+    the same lock; else, when the process is the rank's child forked without exec, a thread of the rank holding
+    it (the fork copied the lock held, never the thread that would release it: "fork_holder"), or nobody now
+    ("forked_held": held when the process forked, or taken with acquire() and never released). None: not a lock,
+    or not known."""
+    w = p.wait
+    if p.kind != "process" or w is None or w.release != "holder" or p.node != r.node:
+        return None
+    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    key = _lock_key(w)
+    if proc is None or key is None:
+        return None
+    for t in proc.threads:
+        if key in held(t):
+            return Link(p, w, Release((Party("thread", p.node, p.pid, t.tid, None, t.name, role="holder",
+                                             main=t.is_main, wait=thread_wait(t, proc.hold)),)))
+    if r.pid not in proc.of or proc.role != "child" or not forked(proc):
+        return None
+    for t in r.threads:
+        if key in held(t):
+            return Link(p, w, Release((Party("thread", r.node, r.pid, t.tid, r.rank, t.name, role="fork_holder",
+                                             main=t.is_main),)))
+    return Link(p, w, Release(none="forked_held"))
 
 
 def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:

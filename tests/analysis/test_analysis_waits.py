@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ from app.analysis.prose import RENDERERS
 from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
 from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
-from app.model import KernelWait, LoopInfo, OtherEnd, ThreadStack, WaitFd
+from app.model import KernelWait, LoopInfo, OtherEnd, ThreadStack, WaitFd, WithInfo
 from app.model import ProgressCounters, Snapshot, TcpSocket
 from app.model.codec import snapshot_from_json
 
@@ -429,16 +430,20 @@ def test_a_captured_run_whose_child_exited_says_what_it_started_holds_the_pipe()
     assert "notice a dead child" not in line, line
 
 
-def test_a_pool_map_whose_workers_all_wait_for_tasks_says_the_result_never_comes() -> None:
+@pytest.mark.parametrize("pids", [(5100, 5101), (5100,)])
+def test_a_pool_map_whose_workers_all_wait_for_tasks_says_the_result_never_comes(pids: Tuple[int, ...]) -> None:
+    """However many workers the pool has left, idle ones are the answer, not a step to follow into (one idle
+    worker was followed, and its idle wait read as the thing to see about)."""
     ranks = list(job(8, 4, rank5=POOL_MAP))
     workers = [job_process(pid, "child", (1005,), node="node02", kind="multiprocessing child",
                            threads=(ThreadStack(pid, "MainThread", frames=IDLE_POOL_WORKER, is_main=True),))
-               for pid in (5100, 5101)]
+               for pid in pids]
     snap = with_processes(snapshot(ranks), workers)
     a = analyze(snap)
     assert root_numbers(a) == {5}
     line = _headline(a, snap)
-    assert "all idle" in line and "pid 5100, 5101" in line and "never comes" in line and "dmesg" in line, line
+    assert "all idle" in line and f"pid {', '.join(map(str, pids))})" in line and "never comes" in line, line
+    assert "dmesg" in line and "that one is" not in line, line
 
 
 def test_a_manager_proxy_call_waits_for_the_manager_process_and_names_it_when_it_is_held() -> None:
@@ -518,3 +523,66 @@ def test_a_child_whose_exit_joins_a_thread_writing_to_its_waiting_parent_is_a_de
     line = _headline(analyze(snap), snap)
     assert "`QueueFeederThread`" in line and "which waits for the first: a deadlock" in line, line
     assert "before `join()`" in line, line
+
+
+FUTURE_RESULT = stack("Condition.wait (/usr/lib/python3.11/threading.py:327)",
+                      "Future.result (/usr/lib/python3.11/concurrent/futures/_base.py:451)", "stats (job.py:95)",
+                      "train (job.py:57)", "<module> (job.py:120)")
+_ENTERING = (Frame("column_stats", "/home/alice/job.py", 170, source=((170, "    with _STATS_LOCK:"),),
+                   withs=(WithInfo(170, 173, "with _STATS_LOCK:", ("_STATS_LOCK",), entering=True),)),
+             *stack("_process_worker (/usr/lib/python3.11/concurrent/futures/process.py:261)",
+                    "BaseProcess.run (/usr/lib/python3.11/multiprocessing/process.py:108)",
+                    "BaseProcess._bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314)"))
+FORKED_TAIL = stack("Popen._launch (/usr/lib/python3.11/multiprocessing/popen_fork.py:71)",
+                    "Popen.__init__ (/usr/lib/python3.11/multiprocessing/popen_fork.py:19)",
+                    "BaseProcess.start (/usr/lib/python3.11/multiprocessing/process.py:121)",
+                    "ProcessPoolExecutor._spawn_process (/usr/lib/python3.11/concurrent/futures/process.py:785)",
+                    "stats (job.py:94)", "train (job.py:57)", "<module> (job.py:120)")
+SPAWNED_TAIL = stack("_main (/usr/lib/python3.11/multiprocessing/spawn.py:133)",
+                     "spawn_main (/usr/lib/python3.11/multiprocessing/spawn.py:120)", "<module> (<string>:1)")
+HEARTBEAT = (Frame("beat", "/home/alice/job.py", 192, source=((192, "            time.sleep(2.0)"),),
+                   withs=(WithInfo(189, 192, "with _STATS_LOCK:", ("_STATS_LOCK",)),)),
+             *stack("Thread.run (/usr/lib/python3.11/threading.py:982)"))
+
+
+def _pool_on_a_lock(tail: Tuple[Frame, ...], beating: bool, held_inside: bool = False) -> Snapshot:
+    ranks = list(job(8, 4, rank5=FUTURE_RESULT))
+    beat = HEARTBEAT if beating else stack("beat (job.py:186)", "Thread.run (/usr/lib/python3.11/threading.py:982)")
+    ranks[5] = dataclasses.replace(ranks[5], threads=(*ranks[5].threads, ThreadStack(1013, "heartbeat", frames=beat)))
+    workers = []
+    for pid in (5100, 5101):
+        threads = [ThreadStack(pid, "MainThread", frames=_ENTERING + tail, is_main=True, state="S")]
+        if held_inside:
+            threads.append(ThreadStack(pid + 50, "flusher", frames=HEARTBEAT))
+        workers.append(job_process(pid, "child", (1005,), node="node02", kind="multiprocessing child",
+                                   threads=tuple(threads)))
+    return with_processes(snapshot(ranks), workers)
+
+
+def test_pool_workers_forked_while_a_rank_thread_held_their_lock_say_so_and_how_to_avoid_it() -> None:
+    """A ProcessPoolExecutor's workers, forked while the rank's heartbeat thread was inside `with _STATS_LOCK:`,
+    all block entering the same lock: the copy a fork made is held by no thread of theirs. The chain goes through
+    one worker (both wait the same way) to the lock and says where its holder was."""
+    snap = _pool_on_a_lock(FORKED_TAIL, beating=True)
+    line = _headline(analyze(snap), snap)
+    assert line.startswith("hangscope: Rank 5 (pid 1005 on node02) is blocked in `Future.result`"), line
+    assert "(and 1 more worker, waiting the same way)" in line, line
+    assert "waiting for the lock `_STATS_LOCK`, which no thread of pid 5100 holds" in line, line
+    assert "forked from the rank while the rank's thread `heartbeat` held it" in line, line
+    assert "'spawn'" in line.split("Next:")[1], line
+    # nobody in the rank holds it now: still a lock copied held (or leaked), said without naming a holder
+    snap = _pool_on_a_lock(FORKED_TAIL, beating=False)
+    line = _headline(analyze(snap), snap)
+    assert "no thread of that process holds it: it was forked while a thread of its parent held" in line, line
+    assert "heartbeat" not in line, line
+
+
+def test_pool_workers_on_a_lock_without_a_fork_are_not_said_to_have_inherited_it() -> None:
+    """Spawned workers (a fresh interpreter: nothing of the parent's state) waiting for a lock: no fork claim; one
+    of their own threads inside the block is the holder."""
+    snap = _pool_on_a_lock(SPAWNED_TAIL, beating=True)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the lock `_STATS_LOCK`" in line and "fork" not in line, line
+    snap = _pool_on_a_lock(SPAWNED_TAIL, beating=True, held_inside=True)
+    line = _headline(analyze(snap), snap)
+    assert "which pid 5100's thread `flusher` holds" in line and "fork" not in line, line

@@ -276,6 +276,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
                 "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "
                 "concurrent.futures, whose pool raises BrokenProcessPool instead of waiting")
+    if (first is not None and first.role == "fork_holder") or rel.none == "forked_held":
+        return ("a lock held when a process forks stays held in the child for good: start the worker processes "
+                "with 'spawn' or 'forkserver' (`mp_context=multiprocessing.get_context(\"spawn\")`), or create the "
+                "pool before any thread takes the lock; give the wait a timeout")
     if rel.none == "inherited":
         return (f"find the process that still holds the pipe: `ls -l /proc/{r.pid}/fd` on {node} names it "
                 "(pipe:[N]), `lsof -n | grep` that pipe shows its other holders; start background helpers with "

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 from app.analysis.blocking import ThreadWait
 from app.analysis.facts import Fact
 from app.analysis.frames import clean, named
-from app.analysis.release import Link, Party, Release
+from app.analysis.release import Link, Party, Release, alike
 from app.analysis.suspects import WaitEvidence
 from app.model import RankSnapshot
 
@@ -244,6 +244,9 @@ _NONE = {
     "no_child": "no child process of it was found",
     "inherited": "its child has exited, yet the pipe stays open: a process the child started holds its write end",
     "no_holder_process": "no process was found holding it",
+    "forked_held": "no thread of that process holds it: it was forked while a thread of its parent held the lock "
+                   "(a fork copies a held lock, never the thread that would release it), or the lock was taken with "
+                   "acquire() and never released",
     "not_read": "",
     "search_incomplete": "the node's search for the other end was cut short by its bounds",
     "unknown_rule": "",
@@ -260,6 +263,12 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     first = rel.parties[0]
     who = party(first, rank)
     if w.release == "holder":
+        if first.role == "fork_holder":
+            of = f"pid {link.who.pid}" if link.who.pid is not None else "that process"
+            holder = (f"the rank's main thread" if first.main else
+                      f"the rank's thread {_q(first.name, 60)}" if first.name else f"the rank's thread {first.tid}")
+            return (f", which no thread of {of} holds: it was forked from the rank while {holder} held it (a fork "
+                    "copies a held lock, never the thread that would release it)")
         if first.same:
             return (", which it already holds itself lower on its own stack: a non-reentrant lock taken twice by "
                     "the same thread can never be released")
@@ -275,7 +284,11 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                         "and the task that worker held is lost)")
             names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
             return f"; its executor's workers are all idle ({names}): the call is not running"
-        return f", which {who} runs" + ("" if len(rel.parties) == 1 else f" (and {len(rel.parties) - 1} more workers)")
+        if len(rel.parties) == 1:
+            return f", which {who} runs"
+        more = len(rel.parties) - 1
+        same = ", waiting the same way" if alike(rel.parties) else ""
+        return f", which {who} runs (and {more} more worker{'s' if more != 1 else ''}{same})"
     if w.release == "output":
         if rel.none == "inherited":
             child = f"pid {first.pid} {_q(first.name, 80)}" if first.pid is not None else "process"
