@@ -265,7 +265,7 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     if w.release == "holder":
         if first.role == "fork_holder":
             of = f"pid {link.who.pid}" if link.who.pid is not None else "that process"
-            holder = (f"the rank's main thread" if first.main else
+            holder = ("the rank's main thread" if first.main else
                       f"the rank's thread {_q(first.name, 60)}" if first.name else f"the rank's thread {first.tid}")
             return (f", which no thread of {of} holds: it was forked from the rank while {holder} held it (a fork "
                     "copies a held lock, never the thread that would release it)")
@@ -286,9 +286,9 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
             return f"; its executor's workers are all idle ({names}): the call is not running"
         if len(rel.parties) == 1:
             return f", which {who} runs"
-        more = len(rel.parties) - 1
+        others = len(rel.parties) - 1
         same = ", waiting the same way" if alike(rel.parties) else ""
-        return f", which {who} runs (and {more} more worker{'s' if more != 1 else ''}{same})"
+        return f", which {who} runs (and {others} more worker{'s' if others != 1 else ''}{same})"
     if w.release == "output":
         if rel.none == "inherited":
             child = f"pid {first.pid} {_q(first.name, 80)}" if first.pid is not None else "process"
