@@ -37,6 +37,7 @@ NoneReason = Literal[
     "no_holder_process", "not_read", "search_incomplete", "unknown_rule",
     "inherited",  # the child has exited and the pipe it wrote is still open: a process it started holds it
     "forked_held",  # a forked child waits for a lock no thread of its own holds, and none of its parent's does now
+    "clients_exited",  # an accept nobody connected to, while every process the rank started has exited
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -142,6 +143,8 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         return found if found.parties else kernel
     if rule == "output":
         return _output(wait, thread, ctx)
+    if rule == "peer" and _accepting(wait, thread):
+        return _clients(wait, thread, ctx)
     if rule in ("peer", "writer", "reader", "lock_holder"):
         return _other_end(wait, thread, ctx, rule)
     if rule == "person":
@@ -296,6 +299,26 @@ def _output(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     return kids
 
 
+def _accepting(wait: ThreadWait, thread: ThreadStack) -> bool:
+    """A wait for a client to connect: the node read an accept on a listening socket, or the site says accept."""
+    if thread.waits is not None and thread.waits.fds:
+        return any(f.access == "accept" for f in thread.waits.fds)
+    return "accept" in wait.operation
+
+
+def _clients(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """Who would end an accept: nobody is known (a client is anyone who connects), unless the node found one. But
+    when every process the rank started has exited, a client it started to connect back (an evaluator, a helper
+    handed the address) never will: those children, as candidates ("clients_exited")."""
+    found = _other_end(wait, thread, ctx, "peer")
+    if found.parties:
+        return found
+    kids = _children(ctx, wait, role="client")
+    if kids.parties and all(p.state == "zombie" for p in kids.parties):
+        return Release(kids.parties, "clients_exited")
+    return found
+
+
 def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:
     main = next((t for t in p.threads if t.is_main), p.threads[0] if p.threads else None)
     state = ""
@@ -342,7 +365,7 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
         parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
                              state=_state_word(o.state), exit=_exit(o)))
     complete = all(f.complete for f in kw.fds) and kw.children_complete
-    sockets = [f for f in kw.fds if f.kind == "socket" and f.peer]
+    sockets = [f for f in kw.fds if f.kind == "socket" and f.peer and not no_peer(f.peer)]
     if not parties and sockets:
         f = sockets[0]
         r = ctx.rank_at.get(f.peer)
@@ -360,6 +383,13 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
             return Release(none=none)
         return Release(none="search_incomplete" if not complete else "not_read", complete=complete)
     return Release(tuple(parties[:MAX_PARTIES]), complete=complete)
+
+
+def no_peer(address: str) -> bool:
+    """A socket's "peer" that is none: a listening or unconnected socket shows the wildcard (0.0.0.0:0, [::]:0,
+    *:*), which is not a host to check."""
+    host, _, port = address.rpartition(":")
+    return port in ("0", "*", "") or host.strip("[]") in ("0.0.0.0", "::", "*", "")
 
 
 def _name(o: OtherEnd) -> str:

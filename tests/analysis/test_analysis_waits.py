@@ -586,3 +586,46 @@ def test_pool_workers_on_a_lock_without_a_fork_are_not_said_to_have_inherited_it
     snap = _pool_on_a_lock(SPAWNED_TAIL, beating=True, held_inside=True)
     line = _headline(analyze(snap), snap)
     assert "which pid 5100's thread `flusher` holds" in line and "fork" not in line, line
+
+
+ACCEPTING = stack("socket.accept (/usr/lib/python3.11/socket.py:294)",
+                  "Listener.accept (/usr/lib/python3.11/multiprocessing/connection.py:479)", "evaluate (job.py:80)",
+                  "train (job.py:57)", "<module> (job.py:120)")
+
+
+def _accepting(listen: WaitFd, children: Sequence[JobProcess] = ()) -> Snapshot:
+    ranks = list(job(8, 4, rank7=ACCEPTING))
+    main = dataclasses.replace(ranks[7].threads[0], syscall="accept4", wchan="unix_wait_for_peer",
+                               waits=KernelWait("accept4", "fd", fd=15, fds=(listen,)))
+    ranks[7] = dataclasses.replace(ranks[7], threads=(main,))
+    return with_processes(snapshot(ranks), list(children))
+
+
+UNIX_LISTEN = WaitFd(15, "socket:[5153050]", "socket", "accept", "unix", local="/tmp/job/eval-rank7.sock",
+                     state="LISTEN")
+
+
+def test_an_accept_whose_started_processes_all_exited_says_the_client_never_comes() -> None:
+    """A rank listens for a helper it started to connect back; the helper died at start (a zombie): nobody is
+    found on the socket's other end, and every process the rank started has exited."""
+    dead = job_process(396, "child", (1007,), node="node02", kind="subprocess", state="Z")
+    snap = _accepting(UNIX_LISTEN, [dead])
+    line = _headline(analyze(snap), snap)
+    assert "waiting for a client to connect to `/tmp/job/eval-rank7.sock`" in line, line
+    assert "every process it started has exited (pid 396" in line and "never will" in line, line
+    assert "pid 396 has exited: find why" in line, line
+    # a child still alive may yet connect: no such claim
+    alive = job_process(396, "child", (1007,), node="node02", kind="subprocess", state="S")
+    snap = _accepting(UNIX_LISTEN, [alive])
+    line = _headline(analyze(snap), snap)
+    assert "never will" not in line and "has exited" not in line, line
+    assert "find the client that should connect to /tmp/job/eval-rank7.sock" in line, line
+
+
+def test_a_listening_socket_s_wildcard_is_no_peer_to_check() -> None:
+    """A TCP listener reads 0.0.0.0:0 as its peer: that is no host, and no next step sends anyone to check it."""
+    tcp = WaitFd(15, "socket:[88]", "socket", "accept", "tcp", local="0.0.0.0:29650", peer="0.0.0.0:0",
+                 state="LISTEN")
+    snap = _accepting(tcp)
+    line = _headline(analyze(snap), snap)
+    assert "0.0.0.0:0" not in line and "find the client that should connect to 0.0.0.0:29650" in line, line

@@ -330,6 +330,11 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return f"see what the child does (`ps --ppid {r.pid}` on {node}); end it or give the wait a timeout"
     if res == "file_lock":
         return "see which process holds the file lock (`cat /proc/locks`, `fuser FILE`) and why it keeps it"
+    if res == "socket" and "accept" in w.operation:
+        where_to = w.detail("local")
+        to = f" to {clean(where_to, 60)}" if where_to else ""
+        return (f"find the client that should connect{to}: is it running, and was it given this address? Give the "
+                "accept a timeout")
     if res in ("socket", "http"):
         return f"see which peer it waits for: `ss -tnp` on {node} (pid {r.pid}); give the call a timeout"
     if res == "device":

@@ -312,6 +312,10 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         role = {"notifier": "could set it", "producer": "could put into it",
                 "consumer": "could take from it"}[w.release]
         return f"; the threads that {role}: {names}" + (" ..." if len(rel.parties) > 3 else "")
+    if rel.none == "clients_exited":
+        kids = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
+        return (f"; nobody has connected, and every process it started has exited ({kids}): a client it started "
+                "to connect back never will")
     if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
                 "peer": "its peer is"}[w.release]
