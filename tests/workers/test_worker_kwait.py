@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -155,6 +156,25 @@ def test_a_socket_with_a_timeout_polls_it_and_the_poll_names_the_socket_and_its_
             (fd,) = w.fds
             assert (fd.kind, fd.proto, fd.access) == ("socket", "tcp", "read")
             assert [(o.role, o.pid) for o in fd.others] == [("peer", srv.pid)]
+
+
+def test_a_poll_resumed_after_a_stop_is_read_as_the_poll_it_continues() -> None:
+    """A stop (a ptrace attach: py-spy's dump, an earlier sample's or anyone's; here SIGSTOP and SIGCONT) makes a
+    poll resume as restart_syscall: its fds and its peer are still read, from the call's own arguments."""
+    with target("server") as srv:
+        port = srv.ready[1]
+        with target("recv", f"127.0.0.1:{port}", "--timeout") as t:
+            accepted(srv)
+            in_call(t.pid, ["poll"])
+            os.kill(t.pid, signal.SIGSTOP)
+            wait_until(lambda: proc_state(t.pid) == "T", 10, "the target to stop", interval=0.01)
+            os.kill(t.pid, signal.SIGCONT)
+            raw, w = waits(t.pid, ["restart_syscall"])
+            assert w.syscall == "poll" and w.family == "poll" and w.fds_total == 1, raw
+            (fd,) = w.fds
+            assert (fd.kind, fd.proto, fd.access) == ("socket", "tcp", "read")
+            assert [(o.role, o.pid) for o in fd.others] == [("peer", srv.pid)]
+            assert any("restart_syscall" in n for n in w.notes), raw
 
 
 def test_asyncio_waits_in_epoll_on_its_connection_and_names_the_server() -> None:

@@ -57,6 +57,12 @@ FAMILIES = dict([(n, "fd") for n in _READS + _WRITES + tuple(_OTHER_FD) + tuple(
                 + [(n, "futex") for n in ("futex", "futex_waitv")]
                 + [(n, "sleep") for n in ("nanosleep", "clock_nanosleep")])
 
+# A call stopped by a ptrace attach (a py-spy dump: an earlier sample's, or anyone's) or by a signal without a
+# handler resumes as restart_syscall when the kernel keeps its state aside (poll; a futex or a nanosleep with a
+# relative timeout). The syscall line then names restart_syscall, yet its argument registers are the call's own,
+# as first made: the kernel function it sleeps in says which call it continues.
+_RESTARTED = (("poll_schedule_timeout", "poll"), ("do_sys_poll", "poll"), ("futex", "futex"))
+
 _F_SETLKW, _F_OFD_SETLKW = 7, 38
 _FUTEX_WAITS = (0, 6, 9, 11, 13)  # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 _AT_FDCWD = -100
@@ -171,7 +177,12 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
         for t in threads:
             if not isinstance(t, dict) or t.get("state") not in ("S", "D"):
                 continue
-            family = FAMILIES.get(t.get("syscall") or "")
+            name = str(t.get("syscall") or "")
+            restarted = name == "restart_syscall"
+            if restarted:
+                wchan = str(t.get("wchan") or "")
+                name = next((call for prefix, call in _RESTARTED if wchan.startswith(prefix)), name)
+            family = FAMILIES.get(name)
             raw = str(t.get("syscall_raw") or "").split()
             if family is None or len(raw) < 7:
                 continue
@@ -180,17 +191,21 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
             except ValueError:
                 continue
             if family == "futex":  # the common case costs nothing: no read at all
-                t["waits"] = _futex(t["syscall"], args)
+                t["waits"] = _futex(name, args)
+                if restarted:
+                    t["waits"]["notes"] = [_RESUMED]
                 continue
             if ctx is None:
                 ctx = Reader(cache, pid, process)
             try:
-                t["waits"] = _wait(ctx, t["syscall"], family, args, t.get("state") == "D")
+                t["waits"] = _wait(ctx, name, family, args, t.get("state") == "D")
+                if restarted:
+                    t["waits"]["notes"] = ([_RESUMED] + t["waits"].get("notes", []))[:MAX_NOTES]
                 if _left_call(pid, t, raw):
                     t["waits"].setdefault("notes", []).append(
                         "the thread left this call while it was read: what it waits on may have changed")
             except Exception as exc:  # never lose the dump over one thread's call: say what failed instead
-                t["waits"] = {"syscall": t["syscall"], "family": family,
+                t["waits"] = {"syscall": name, "family": family,
                               "notes": ["not read: %s: %s" % (type(exc).__name__, str(exc)[:200])]}
             waiting += 1
     finally:
@@ -204,6 +219,9 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
     if ctx.index.built:
         what += "; /proc/*/fd of %d processes searched once for this request" % ctx.index.scanned
     return what + ")"
+
+
+_RESUMED = "resumed as restart_syscall (after a stop or a signal): read as the call it continues, its arguments as made"
 
 
 def _left_call(pid: int, t: Dict[str, Any], raw: List[str]) -> bool:
