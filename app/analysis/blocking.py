@@ -630,6 +630,8 @@ def _kernel_details(t: ThreadStack) -> Tuple[Detail, ...]:
         out.append(Detail("kernel_timeout", "none" if kw.timeout < 0 else f"{kw.timeout:g}"))
     if kw.fds_total is not None and kw.fds_total > 1:
         out.append(Detail("watched", str(kw.fds_total)))
+    if kw.signals:
+        out.append(Detail("signals", ", ".join(kw.signals)[:MAX_DETAIL]))
     return tuple(out)
 
 

@@ -17,6 +17,7 @@ MAX_FDS = 64
 MAX_OTHERS = 8
 MAX_NOTES = 8
 MAX_ARGS = 16
+MAX_SIGNALS = 16
 _FAMILIES = frozenset(get_args(WaitFamily))
 _KINDS = frozenset(get_args(FdKind))
 _ROLES = frozenset(get_args(EndRole))
@@ -25,6 +26,7 @@ _PROTOS = frozenset(("tcp", "udp", "unix", ""))
 _LOCK_TYPES = frozenset(("FLOCK", "POSIX", "OFDLCK", ""))
 _LOCK_MODES = frozenset(("READ", "WRITE", ""))
 _ADDRESS = re.compile(r"0x[0-9a-f]{1,16}")
+_SIGNAL = re.compile(r"SIG[A-Z0-9]{2,8}(\+[0-9]{1,2})?|signal [0-9]{1,2}")
 _INT32 = 1 << 31
 
 
@@ -146,7 +148,7 @@ def kernel_wait(raw: Any) -> Optional[KernelWait]:
     family = _one_of(g("family"), _FAMILIES)
     if not family:
         return None
-    address, fds, children, notes = g("address"), g("fds"), g("children"), g("notes")
+    address, fds, children, notes, signals = g("address"), g("fds"), g("children"), g("notes"), g("signals")
     return _KERNEL_WAIT(
         syscall=_str(g("syscall"), 40), family=family, fd=_int(g("fd")),
         fds=tuple(f for f in (wait_fd(r) for r in _list(fds, MAX_FDS)) if f is not None) if fds else (),
@@ -156,4 +158,5 @@ def kernel_wait(raw: Any) -> Optional[KernelWait]:
         lock_type=_one_of(g("lock_type"), _LOCK_TYPES), lock_mode=_one_of(g("lock_mode"), _LOCK_MODES),
         path=_str(g("path"), 1000),
         address=address if isinstance(address, str) and _ADDRESS.fullmatch(address) else "",
+        signals=tuple(n for n in strs(signals, MAX_SIGNALS, 16) if _SIGNAL.fullmatch(n)) if signals else (),
         notes=_notes(notes) if notes else ())

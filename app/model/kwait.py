@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Tuple
 
-WaitFamily = Literal["fd", "poll", "epoll", "wait", "lock", "open", "futex", "sleep"]
+WaitFamily = Literal["fd", "poll", "epoll", "wait", "lock", "open", "futex", "sleep", "signal"]
 FdKind = Literal["pipe", "fifo", "socket", "tty", "file", "device", "eventfd", "epoll", "other", ""]
 EndRole = Literal["reader", "writer", "listener", "peer", "holder", "child"]
 
@@ -68,7 +68,8 @@ class KernelWait:
 
     syscall: str  # the call, e.g. "read", "poll", "wait4"
     # fd: a call on one fd (or two: splice); poll: poll or select; epoll; wait: for a child; lock: flock or
-    # fcntl's F_SETLKW; open: an open that blocks (a FIFO's); futex; sleep: nanosleep, clock_nanosleep
+    # fcntl's F_SETLKW; open: an open that blocks (a FIFO's); futex; sleep: nanosleep, clock_nanosleep; signal:
+    # rt_sigtimedwait (sigwait and its kin)
     family: WaitFamily
     fd: Optional[int] = None  # the call's fd argument (epoll: the epoll fd; lock: the locked file's)
     # what it waits on: the call's fd, the fds a poll/select/epoll watches (at most 64), an open's file
@@ -87,6 +88,7 @@ class KernelWait:
     lock_mode: str = ""  # READ or WRITE
     path: str = ""  # lock: the locked file; open: the path being opened
     address: str = ""  # futex: the futex word's address ("0x7f..."), nothing more is named at this level
+    signals: Tuple[str, ...] = ()  # signal: the signals it waits for ("SIGUSR2", "SIGRTMIN+3"), at most 16
     notes: Tuple[str, ...] = ()  # what /proc did not tell, and why (memory not read: the process is stopped, ...)
 
     @property

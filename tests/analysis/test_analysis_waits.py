@@ -629,3 +629,25 @@ def test_a_listening_socket_s_wildcard_is_no_peer_to_check() -> None:
     snap = _accepting(tcp)
     line = _headline(analyze(snap), snap)
     assert "0.0.0.0:0" not in line and "find the client that should connect to 0.0.0.0:29650" in line, line
+
+
+def test_a_signal_wait_names_the_signal_and_how_to_release_it_by_hand() -> None:
+    """sigwait: the signals as the node read the waiting set (whatever the code calls them), else as the call
+    names them; the next step says who should send it, and the kill that releases it."""
+    waiting = (Frame("sigwait", "/usr/lib/python3.11/signal.py", 58),
+               Frame("handshake", "/home/alice/job.py", 244, source=((244, "        signal.sigwait(WANTED)"),)),
+               *stack("train (job.py:57)", "<module> (job.py:120)"))
+    ranks = list(job(8, 4, rank4=waiting))
+    main = dataclasses.replace(ranks[4].threads[0], syscall="rt_sigtimedwait", wchan="do_sigtimedwait",
+                               waits=KernelWait("rt_sigtimedwait", "signal", timeout=-1.0, signals=("SIGUSR2",)))
+    ranks[4] = dataclasses.replace(ranks[4], threads=(main,))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for SIGUSR2" in line and "kill -USR2 1004" in line and "should send SIGUSR2" in line, line
+    # not read by the node: the call's own words
+    written = (waiting[0], Frame("handshake", "/home/alice/job.py", 244,
+                                 source=((244, "        signal.sigwait({signal.SIGUSR1, signal.SIGTERM})"),)),
+               *waiting[2:])
+    snap = snapshot(list(job(8, 4, rank4=written)))
+    line = _headline(analyze(snap), snap)
+    assert "waiting for SIGUSR1 or SIGTERM" in line and "kill -USR1 1004" in line, line

@@ -186,7 +186,17 @@ def spin(args):
     return w
 
 
+def sigwait(args):
+    """sigwait for SIGUSR2 and a real-time signal (blocked first, as sigwait needs)."""
+    import signal
+    wanted = {signal.SIGUSR2, signal.SIGRTMIN + 3}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+    ready()
+    signal.sigwait(wanted)
+
+
 if __name__ == "__main__":
     {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server,
      "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child,
-     "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin}[sys.argv[1]](sys.argv[2:])
+     "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
+     "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])

@@ -177,6 +177,12 @@ def test_a_poll_resumed_after_a_stop_is_read_as_the_poll_it_continues() -> None:
             assert any("restart_syscall" in n for n in w.notes), raw
 
 
+def test_sigwait_names_the_signals_it_waits_for_and_no_timeout() -> None:
+    with target("sigwait") as t:
+        raw, w = waits(t.pid, ["rt_sigtimedwait"])
+        assert w.family == "signal" and w.signals == ("SIGUSR2", "SIGRTMIN+3") and w.timeout == -1.0, raw
+
+
 def test_asyncio_waits_in_epoll_on_its_connection_and_names_the_server() -> None:
     with target("server") as srv:
         port = srv.ready[1]

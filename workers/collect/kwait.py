@@ -55,7 +55,8 @@ FAMILIES = dict([(n, "fd") for n in _READS + _WRITES + tuple(_OTHER_FD) + tuple(
                 + [(n, "lock") for n in ("flock", "fcntl")]
                 + [(n, "open") for n in ("open", "openat", "openat2")]
                 + [(n, "futex") for n in ("futex", "futex_waitv")]
-                + [(n, "sleep") for n in ("nanosleep", "clock_nanosleep")])
+                + [(n, "sleep") for n in ("nanosleep", "clock_nanosleep")]
+                + [("rt_sigtimedwait", "signal")])
 
 # A call stopped by a ptrace attach (a py-spy dump: an earlier sample's, or anyone's) or by a signal without a
 # handler resumes as restart_syscall when the kernel keeps its state aside (poll; a futex or a nanosleep with a
@@ -258,6 +259,8 @@ def _wait(ctx: Reader, name: str, family: str, args: List[int], d_state: bool) -
         _open(ctx, name, args, out)
     elif family == "sleep":
         _sleep(ctx, name, args, out)
+    elif family == "signal":
+        _signals(ctx, args, out)
     if ctx.refused:
         why = "the thread is in uninterruptible sleep (D)" if d_state and not ctx.refusal else ctx.refusal
         out["notes"].append("its memory was not read: %s" % why)
@@ -524,3 +527,24 @@ def _sleep(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> None
         out["notes"].append("an absolute deadline on clock %d" % clock)
         return
     out["timeout"] = round(max(0.0, asked - now), 6)
+
+
+_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS",
+                 8: "SIGFPE", 9: "SIGKILL", 10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2", 13: "SIGPIPE", 14: "SIGALRM",
+                 15: "SIGTERM", 16: "SIGSTKFLT", 17: "SIGCHLD", 18: "SIGCONT", 19: "SIGSTOP", 20: "SIGTSTP",
+                 21: "SIGTTIN", 22: "SIGTTOU", 23: "SIGURG", 24: "SIGXCPU", 25: "SIGXFSZ", 26: "SIGVTALRM",
+                 27: "SIGPROF", 28: "SIGWINCH", 29: "SIGIO", 30: "SIGPWR", 31: "SIGSYS"}  # x86_64 and aarch64 alike
+MAX_SIGNALS = 16
+
+
+def _signals(ctx: Reader, args: List[int], out: Dict[str, Any]) -> None:
+    """rt_sigtimedwait (sigwait, sigwaitinfo, sigtimedwait): the signals it waits for (its set, 64 bits, read from
+    memory) and its timeout (none: -1)."""
+    out["timeout"] = ctx.timespec(args[2]) if args[2] else -1.0
+    data = ctx.read(args[0], 8) if args[0] else None
+    if data is None:
+        return
+    bits = struct.unpack("<Q", data)[0]
+    names = [_SIGNAL_NAMES.get(n) or ("SIGRTMIN+%d" % (n - 34) if n >= 34 else "signal %d" % n)
+             for n in range(1, 65) if bits >> (n - 1) & 1]
+    out["signals"] = names[:MAX_SIGNALS]

@@ -29,7 +29,7 @@ from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import thread_label, thread_where
-from app.analysis.prose.waits import chain_text, duration, long_sleep, where
+from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
 from app.analysis.release import Link
@@ -310,6 +310,16 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         key = w.detail("key") or w.detail("argument")
         return (f"find which rank should set {clean(key, 60) or 'the key'} in the store and why it did not (a "
                 "different key name, a branch that skipped it); give store.wait a timeout")
+    if res == "signal":
+        names = signals(w)
+        if names:
+            sig = names[0]
+            kill = sig[3:] if sig.startswith("SIG") else sig.rsplit(" ", 1)[-1]
+            return (f"find the process that should send {' or '.join(names)} to pid {r.pid} and why it did not (its "
+                    f"log; is it running?); `kill -{kill} {r.pid}` on {node} releases this wait by hand; give the "
+                    "wait a timeout (`signal.sigtimedwait`)")
+        return (f"find which signal it waits for (`grep Sig /proc/{r.pid}/status` on {node}: SigBlk) and the process "
+                "that should send it; give the wait a timeout")
     if res == "cpu":
         return "the loop never exits: fix its condition, and make it wait (an Event, a sleep) instead of spinning"
     left = long_sleep(w)

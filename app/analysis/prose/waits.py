@@ -3,6 +3,8 @@ and the middle of the headline. Every remote string (names, command lines, paths
 
 from __future__ import annotations
 
+import re
+
 from typing import List, Optional, Sequence, Tuple
 
 from app.analysis.blocking import ThreadWait
@@ -146,12 +148,25 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "event_loop":
         return "its asyncio event loop waits for a task or I/O that does not come"
     if r == "signal":
-        return "waiting for a signal"
+        names = signals(w)
+        return f"waiting for {' or '.join(names)} (sent by another process, or by itself from another thread)" \
+            if names else "waiting for a signal"
     if r == "native":
         return f"inside a native call that does not return (it sleeps in {_q(w.syscall or '?', 30)})"
     if r == "gil":
         return "holding the GIL in native code"
     return "the mechanism is not known"
+
+
+_SIGNAL_NAME = re.compile(r"\bSIG(?:RTMIN\+\d{1,2}|RTMAX-\d{1,2}|[A-Z]{2,7}\d?)\b")
+
+
+def signals(w: ThreadWait) -> List[str]:
+    """The signals a signal wait waits for: as the node read its set, else as its call names them (`{SIGUSR2}`)."""
+    read = w.detail("signals")
+    if read:
+        return [n.strip() for n in read.split(",") if n.strip()][:4]
+    return list(dict.fromkeys(_SIGNAL_NAME.findall(w.detail("argument"))))[:4]
 
 
 # A sleep with this much time left (the node reads a sleep's deadline) is not a poll that checks every so often:
