@@ -294,9 +294,12 @@ def _output(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         if writers.parties:
             return writers
     kids = _children(ctx, wait, role="child")
-    if kids.parties and all(p.state == "zombie" for p in kids.parties):
-        return Release(kids.parties, "inherited")
-    return kids
+    return Release(kids.parties, "inherited") if _all_exited(kids) else kids
+
+
+def _all_exited(kids: Release) -> bool:
+    """Children were found and every one has exited (zombies): whatever they were to do, they will not."""
+    return bool(kids.parties) and all(p.state == "zombie" for p in kids.parties)
 
 
 def _accepting(wait: ThreadWait, thread: ThreadStack) -> bool:
@@ -311,12 +314,8 @@ def _clients(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     when every process the rank started has exited, a client it started to connect back (an evaluator, a helper
     handed the address) never will: those children, as candidates ("clients_exited")."""
     found = _other_end(wait, thread, ctx, "peer")
-    if found.parties:
-        return found
-    kids = _children(ctx, wait, role="client")
-    if kids.parties and all(p.state == "zombie" for p in kids.parties):
-        return Release(kids.parties, "clients_exited")
-    return found
+    kids = _children(ctx, wait, role="client") if not found.parties else Release()
+    return Release(kids.parties, "clients_exited") if _all_exited(kids) else found
 
 
 def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:
