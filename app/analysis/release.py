@@ -38,6 +38,9 @@ NoneReason = Literal[
     "inherited",  # the child has exited and the pipe it wrote is still open: a process it started holds it
     "forked_held",  # a forked child waits for a lock no thread of its own holds, and none of its parent's does now
     "clients_exited",  # an accept nobody connected to, while every process the rank started has exited
+    "no_loop",  # a coroutine's future (run_coroutine_threadsafe) and no thread runs an asyncio event loop
+    "undone",  # Queue.join, and every consumer waits for the next item of that queue: a task_done() is missing
+    "forked_no_workers",  # a forked child waits for an executor's future and no thread of its own is a worker
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -78,7 +81,7 @@ class Release:
         return not self.parties and self.none in ("no_other_thread", "no_related_thread", "no_holder", "no_writer",
                                                   "no_reader",
                                                   "no_worker", "workers_idle", "no_child", "no_holder_process",
-                                                  "forked_held")
+                                                  "forked_held", "no_loop", "forked_no_workers")
 
 
 @dataclass
@@ -124,12 +127,16 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if rule in ("notifier", "producer", "consumer"):
         if wait.resource in ("process_queue", "pool"):
             return _children(ctx, wait, role="producer")
+        if wait.operation == "queue.Queue.join":
+            return _joined_queue(wait, thread, ctx)
         return _related_threads(wait, thread, ctx, role=rule)
     if rule == "threads":
         return _other_threads(thread, ctx, role="thread", non_daemon=True)
     if rule == "joined":
         return _joined(wait, thread, ctx)
     if rule == "worker":
+        if _submitted_to_loop(wait):
+            return _loop_threads(thread, ctx)
         return _workers(wait, thread, ctx)
     if rule == "children":
         # the node's own read of the wait (the pid it waits for, zombies with their signal) first, then the
@@ -237,6 +244,23 @@ def _related_threads(wait: ThreadWait, thread: ThreadStack, ctx: Context, role: 
     return Release(tuple(parties[:MAX_PARTIES]))
 
 
+def _self_address(f: Optional[Frame]) -> str:
+    return next((m for loc in f.locals if loc.name == "self" for m in _ADDRESS_IN.findall(loc.repr)), "") \
+        if f is not None else ""
+
+
+def _joined_queue(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """Queue.join waits until every item put has been marked done: its consumers (the threads on that queue). When
+    every one of them waits in get() on the same queue, the queue is empty and still not every item was marked
+    done: a task_done() call is missing (an item taken on a path that does not call it), "undone"."""
+    rel = _related_threads(wait, thread, ctx, role="consumer")
+    queue = _self_address(wait.frame)
+    if queue and rel.parties and all(p.wait is not None and p.wait.operation == "queue.Queue.get"
+                                     and _self_address(p.wait.frame) == queue for p in rel.parties):
+        return Release(rel.parties, "undone")
+    return rel
+
+
 def _joined(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     """The thread whose Thread object the join's `self` names (the same address in its own bootstrap frame)."""
     frame = wait.frame
@@ -258,16 +282,22 @@ _WORKER_THREADS = (("concurrent/futures/thread.py", "_worker"),  # ThreadPoolExe
                    ("multiprocessing/pool.py", "worker"))  # multiprocessing.pool.ThreadPool's workers
 
 
-def _worker_thread(t: ThreadStack) -> bool:
+_LOADER_THREADS = _WORKER_THREADS[1:2]
+
+
+def _worker_thread(t: ThreadStack, kinds: Tuple[Tuple[str, str], ...] = _WORKER_THREADS) -> bool:
     return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
-               for f in t.frames for suffix, name in _WORKER_THREADS)
+               for f in t.frames for suffix, name in kinds)
 
 
 def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     """Executor, pool or loader workers: the threads that run their work (busy ones first: running a call), else
     the process's children (a process pool, DataLoader workers). A thread that is neither is never taken for one:
-    with no worker alive, nobody runs the call."""
-    workers = [t for t in ctx.rank.threads if t.tid != thread.tid and _worker_thread(t)]
+    with no worker alive, nobody runs the call. A DataLoader's batches come from its own workers (its worker
+    processes, its pin-memory thread), never from a thread pool the job runs beside it."""
+    loader = wait.resource == "process_queue"
+    kinds = _LOADER_THREADS if loader else _WORKER_THREADS
+    workers = [t for t in ctx.rank.threads if t.tid != thread.tid and _worker_thread(t, kinds)]
     if workers:
         parties = [_thread_party(ctx, t, "worker") for t in workers]
         busy = [p for p in parties if _busy(p)]
@@ -275,6 +305,8 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             return Release(tuple(parties[:MAX_PARTIES]), "workers_idle")
         return Release(tuple(busy[:MAX_PARTIES]))
     kids = _children(ctx, wait, role="worker")
+    if loader and any(p.what == "data-loader worker" for p in kids.parties):
+        kids = replace(kids, parties=tuple(p for p in kids.parties if p.what == "data-loader worker"))
     if kids.parties and all(p.wait is not None and not _busy(p) and not p.state for p in kids.parties):
         # every worker process waits for its next task while the call waits for a result: no worker runs it (one
         # that took it died: a pool replaces a killed worker and its task is lost)
@@ -282,6 +314,34 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if kids.parties or kids.none != "no_child":
         return kids
     return Release(none="no_worker")
+
+
+# Frames of a thread that runs an asyncio event loop (run_forever, or one step of it running a callback)
+_LOOP_FRAMES = (("asyncio/base_events.py", "run_forever"), ("asyncio/base_events.py", "_run_once"))
+
+
+def _submitted_to_loop(wait: ThreadWait) -> bool:
+    """A future's result from asyncio.run_coroutine_threadsafe: its coroutine runs on an event loop's thread, not
+    on an executor's workers (the call is on the waiting line or beside it: `fut = ...` then `fut.result()`)."""
+    f = wait.caller
+    return f is not None and any("run_coroutine_threadsafe" in text for _, text in f.source)
+
+
+def _loop_thread(t: ThreadStack) -> bool:
+    return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
+               for f in t.frames for suffix, name in _LOOP_FRAMES)
+
+
+def _loop_threads(thread: ThreadStack, ctx: Context) -> Release:
+    """Who runs a coroutine submitted with run_coroutine_threadsafe: the thread running the event loop. The waiter
+    itself when it is that thread (it waits for what only its own loop can run: a deadlock); none: nobody runs
+    a loop, so the coroutine never starts."""
+    loops = [t for t in ctx.rank.threads if _loop_thread(t)]
+    if not loops:
+        return Release(none="no_loop")
+    parties = [_thread_party(ctx, t, "loop", same=t.tid == thread.tid) for t in loops]
+    parties.sort(key=lambda p: not p.same)
+    return Release(tuple(parties[:MAX_PARTIES]))
 
 
 def _output(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
@@ -417,7 +477,7 @@ class Link:
 
 
 _CERTAIN_ROLES = ("holder", "joined", "writer", "reader", "lock_holder", "child", "peer", "listener", "cycle",
-                  "person")
+                  "person", "loop")
 
 
 def certain(wait: ThreadWait, rel: Release) -> bool:
@@ -427,6 +487,8 @@ def certain(wait: ThreadWait, rel: Release) -> bool:
         return False
     if wait.release in ("notifier", "producer", "consumer", "threads"):
         return False
+    if rel.parties[0].role == "loop":
+        return len(rel.parties) == 1
     if wait.release == "worker":
         # idle workers are the answer (none runs the call), not someone the chain goes on through
         return rel.none != "workers_idle" and (len(rel.parties) == 1 or alike(rel.parties))
@@ -471,7 +533,7 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             # own threads, then, for a process forked from the rank, the rank's: a fork copies a held lock), and a
             # pipe or socket whose other end is this very rank's process (a child writing into a full pipe only
             # the rank reads, while the rank waits for it to exit): each waits for the other
-            inside = _lock_inside(nxt, r, ctx)
+            inside = _lock_inside(nxt, r, ctx) or _no_workers_inside(nxt, r, ctx)
             if inside is not None:
                 links.append(inside)
                 break
@@ -529,6 +591,19 @@ def _lock_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link]:
             return Link(p, w, Release((Party("thread", r.node, r.pid, t.tid, r.rank, t.name, role="fork_holder",
                                              main=t.is_main),)))
     return Link(p, w, Release(none="forked_held"))
+
+
+def _no_workers_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link]:
+    """For a process party of a chain waiting for an executor's future: when no thread of that process is a worker
+    and the process is the rank's fork, the executor was made before the fork, which copies only the forking
+    thread: nobody in it will run the call ("forked_no_workers")."""
+    w = p.wait
+    if p.kind != "process" or w is None or w.release != "worker" or w.resource != "future" or p.node != r.node:
+        return None
+    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    if proc is None or r.pid not in proc.of or not forked(proc) or any(_worker_thread(t) for t in proc.threads):
+        return None
+    return Link(p, w, Release(none="forked_no_workers"))
 
 
 def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:

@@ -651,3 +651,93 @@ def test_a_signal_wait_names_the_signal_and_how_to_release_it_by_hand() -> None:
     snap = snapshot(list(job(8, 4, rank4=written)))
     line = _headline(analyze(snap), snap)
     assert "waiting for SIGUSR1 or SIGTERM" in line and "kill -USR1 1004" in line, line
+
+
+_THREAD_RUN = stack("Thread.run (/usr/lib/python3.11/threading.py:982)")
+_LOOP_STEP = stack("Handle._run (/usr/lib/python3.11/asyncio/events.py:80)",
+                   "BaseEventLoop._run_once (/usr/lib/python3.11/asyncio/base_events.py:1922)",
+                   "BaseEventLoop.run_forever (/usr/lib/python3.11/asyncio/base_events.py:607)") + _THREAD_RUN
+_COROUTINE_RESULT = stack("Condition.wait (/usr/lib/python3.11/threading.py:327)",
+                          "Future.result (/usr/lib/python3.11/concurrent/futures/_base.py:451)")
+
+
+def _submitting(line: int, where: str) -> Frame:
+    return Frame(where, "/home/alice/job.py", line,
+                 source=((line, "        ok = asyncio.run_coroutine_threadsafe(self._ask(step), self.loop).result()"),))
+
+
+def _with_loop_thread(loop_frames: Tuple[Frame, ...]) -> Snapshot:
+    ranks = list(job(8, 4, rank4=_COROUTINE_RESULT + (_submitting(262, "control"),) + stack("train (job.py:57)")))
+    loop = ThreadStack(1040, "io-loop", frames=loop_frames)
+    ranks[4] = dataclasses.replace(ranks[4], threads=(*ranks[4].threads, loop))
+    return snapshot(ranks)
+
+
+def test_a_coroutine_s_result_waits_for_the_event_loop_thread_and_follows_what_blocks_it() -> None:
+    """run_coroutine_threadsafe(...).result(): the coroutine runs on the event loop's thread, not on an executor's
+    workers; a synchronous call inside a coroutine (a socket read) holds up the whole loop."""
+    reading = stack("socket.recv_into (/usr/lib/python3.11/socket.py:706)", "_token (job.py:251)") + _LOOP_STEP
+    snap = _with_loop_thread(reading)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the result of a coroutine submitted to an asyncio event loop" in line, line
+    assert "which the loop runs on its thread `io-loop`" in line and "inside a coroutine" in line, line
+    assert "no worker thread" not in line and "run_in_executor" in line.split("Next:")[1], line
+
+
+def test_a_coroutine_s_result_awaited_on_the_loop_s_own_thread_is_a_deadlock() -> None:
+    on_itself = _COROUTINE_RESULT + (_submitting(283, "_auth_headers"),) + stack("_upload (job.py:291)") + _LOOP_STEP
+    snap = _with_loop_thread(on_itself)
+    line = _headline(analyze(snap), snap)
+    assert "from the loop's own thread: the loop cannot run the coroutine while this thread waits for it" in line, line
+    assert "never wait for `run_coroutine_threadsafe(...).result()` on the loop's own thread" in line, line
+    # no event loop at all: the coroutine never starts
+    ranks = list(job(8, 4, rank4=_COROUTINE_RESULT + (_submitting(262, "control"),) + stack("train (job.py:57)")))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "no thread of the process runs an asyncio event loop" in line, line
+
+
+_QUEUE_JOIN = (Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+               Frame("Queue.join", "/usr/lib/python3.11/queue.py", 90, locals=(Local("self", "<Queue at 0x7f01>"),)),
+               Frame("flush", "/home/alice/job.py", 234, locals=(Local("self", "<Metrics at 0x7f02>"),),
+                     source=((234, "        self.q.join()"),)),
+               *stack("train (job.py:57)", "<module> (job.py:120)"))
+
+
+def _consumer(queue: str) -> ThreadStack:
+    return ThreadStack(1031, "metrics-writer", frames=(
+        Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+        Frame("Queue.get", "/usr/lib/python3.11/queue.py", 171, locals=(Local("self", f"<Queue at {queue}>"),)),
+        Frame("_write", "/home/alice/job.py", 218, locals=(Local("self", "<Metrics at 0x7f02>"),)), *_THREAD_RUN))
+
+
+def test_queue_join_with_its_consumer_idle_on_the_same_queue_says_a_task_done_is_missing() -> None:
+    """Queue.join waits for task_done() calls, not for room: its consumer waiting in get() on the same queue means
+    the queue is empty and an item was taken without task_done()."""
+    ranks = list(job(8, 4, rank1=_QUEUE_JOIN))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(*ranks[1].threads, _consumer("0x7f01")))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting until every item put into the queue `self.q` is marked done" in line, line
+    assert "room in the full queue" not in line and "a `task_done()` call is missing" in line, line
+    # a consumer on another queue says nothing of the kind
+    ranks[1] = dataclasses.replace(ranks[1], threads=(ranks[1].threads[0], _consumer("0x7f99")))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "marked done" in line and "task_done()` call is missing" not in line, line
+
+
+def test_a_dataloader_s_batches_come_from_its_worker_processes_not_a_thread_pool_beside_it() -> None:
+    """The rank runs a thread pool of its own (idle) beside its DataLoader; the DataLoader's worker process, forked
+    after that pool was made, waits for a future of the pool's copy, which has no thread in it."""
+    idle_pool = ThreadStack(1051, "feat-decode_0", frames=stack(
+        "_worker (/usr/lib/python3.11/concurrent/futures/thread.py:81)") + _THREAD_RUN)
+    ranks = list(job(8, 4, rank5=LOADER_QUEUE))
+    ranks[5] = dataclasses.replace(ranks[5], threads=(*ranks[5].threads, idle_pool))
+    worker = ThreadStack(5200, "MainThread", is_main=True, frames=_COROUTINE_RESULT + stack(
+        "__getitem__ (/home/alice/data.py:415)",
+        "_worker_loop (/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py:308)") + FORKED_TAIL)
+    snap = with_processes(snapshot(ranks), [job_process(5200, "child", (1005,), node="node02", threads=(worker,))])
+    line = _headline(analyze(snap), snap)
+    assert "feat-decode" not in line and "which pid 5200" in line, line
+    assert "the executor was made before the process forked" in line and "worker_init_fn" in line, line

@@ -276,10 +276,29 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
                 "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "
                 "concurrent.futures, whose pool raises BrokenProcessPool instead of waiting")
+    if first is not None and first.role == "loop" and first.same:
+        return ("never wait for `run_coroutine_threadsafe(...).result()` on the loop's own thread: `await` the "
+                "coroutine there instead (and run blocking helpers with `loop.run_in_executor`)")
+    # a thread the chain went through runs the event loop and is stuck in a call of its own: what to do about that
+    # call, after saying that it holds up the loop (unless the loop waits for itself: said above for that link)
+    at = next((i for i, link in enumerate(links[:-1]) if link.release.parties
+               and link.release.parties[0].role == "loop" and not link.release.parties[0].same), None)
+    if at is not None:
+        rest = _wait_next(links[at + 1:], c)
+        if first is not None and first.role == "loop":
+            return rest
+        return ("a synchronous call inside a coroutine holds up the event loop that the waiting thread needs: make it "
+                f"asynchronous (an async client, or `await loop.run_in_executor(None, ...)`); {rest}")
     if (first is not None and first.role == "fork_holder") or rel.none == "forked_held":
         return ("a lock held when a process forks stays held in the child for good: start the worker processes "
                 "with 'spawn' or 'forkserver' (`mp_context=multiprocessing.get_context(\"spawn\")`), or create the "
                 "pool before any thread takes the lock; give the wait a timeout")
+    if rel.none == "forked_no_workers":
+        return ("make the executor in the process that uses it, after the fork (a DataLoader's `worker_init_fn`, or "
+                "created on first use in each process), or start the workers with 'spawn'; give the wait a timeout")
+    if rel.none == "undone":
+        return ("find the path where a consumer takes an item and does not call `task_done()` (a `continue`, an early "
+                "return, an exception): call it in a `finally`; or wait for the consumer another way than `join()`")
     if rel.none == "inherited":
         return (f"find the process that still holds the pipe: `ls -l /proc/{r.pid}/fd` on {node} names it "
                 "(pipe:[N]), `lsof -n | grep` that pipe shows its other holders; start background helpers with "

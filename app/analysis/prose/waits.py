@@ -76,8 +76,12 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     if r == "thread":
         return "waiting for a thread to end"
     if r == "future":
+        if rel is not None and (rel.none == "no_loop" or (rel.parties and rel.parties[0].role == "loop")):
+            return f"waiting for the result of a coroutine{obj} submitted to an asyncio event loop"
         return f"waiting for the result of a future{obj} that an executor runs"
     if r == "queue":
+        if w.operation == "queue.Queue.join":
+            return f"waiting until every item put into the queue{obj} is marked done (`task_done()`)"
         if w.release == "consumer":
             return f"waiting for room in the full queue{obj}"
         if w.operation == "executor worker idle":
@@ -255,6 +259,10 @@ _NONE = {
     "no_writer": "no process holds the other end open for writing: nothing will come",
     "no_reader": "no process holds its read end",
     "no_worker": "no worker thread or process is alive to run it",
+    "no_loop": "it is a coroutine's, and no thread of the process runs an asyncio event loop: it never starts",
+    "forked_no_workers": "no thread of that process runs the executor's calls: the executor was made before the "
+                         "process forked, and a fork copies only the thread that forked (the workers stay in the "
+                         "parent)",
     "workers_idle": "its executor's workers are all idle: the call is not running",
     "no_child": "no child process of it was found",
     "inherited": "its child has exited, yet the pipe stays open: a process the child started holds its write end",
@@ -277,6 +285,10 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         return f"; {text}" if text else ""
     first = rel.parties[0]
     who = party(first, rank)
+    if rel.none == "undone":
+        names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
+        return (f"; its consumers ({names}) wait for the next item: the queue is empty, yet not every item taken was "
+                "marked done: a `task_done()` call is missing")
     if w.release == "holder":
         if first.role == "fork_holder":
             of = f"pid {link.who.pid}" if link.who.pid is not None else "that process"
@@ -290,6 +302,11 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         return f", which {who} holds"
     if w.release == "joined":
         return f": {who}"
+    if w.release == "worker" and first.role == "loop":
+        if first.same:
+            return (", from the loop's own thread: the loop cannot run the coroutine while this thread waits for it, "
+                    "a deadlock")
+        return f", which the loop runs on {who}"
     if w.release == "worker":
         if rel.none == "workers_idle":
             if first.kind == "process":
@@ -391,7 +408,12 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
         if link.release.parties and link.release.parties[0].role == "cycle":
             parts.append("which waits for the first: a deadlock")
             break
-        parts.append(f"that one is {operation(w)}{where(w)}, {resource(w, link.release)}{release(link, rank)}")
+        inside = ""
+        if links[i - 1].release.parties and links[i - 1].release.parties[0].role == "loop" \
+                and w.resource != "event_loop":
+            inside = " (inside a coroutine: a synchronous call there stops the whole event loop)"
+        parts.append(f"that one is {operation(w)}{where(w)}{inside}, {resource(w, link.release)}"
+                     f"{release(link, rank)}")
     return "; ".join(parts)
 
 
