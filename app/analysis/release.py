@@ -176,6 +176,27 @@ def _lock_key(wait: ThreadWait) -> Optional[LockKey]:
     return (at.filename, obj)
 
 
+# Library code that takes an object's lock with acquire() and gives it back in a `finally` (no `with` block to
+# read): (file suffix, function, the call its frame is in while it holds the lock). The lock is its `self`'s.
+_HOLDING_CALLS = (("logging/__init__.py", "Handler.handle", "self.emit("),  # a handler's lock while it emits
+                  ("logging/__init__.py", "Handler.flush", "self.stream.flush("),
+                  ("logging/__init__.py", "StreamHandler.flush", "self.stream.flush("))
+# ... and where a thread waits for that lock: (file suffix, function)
+_ACQUIRING = (("logging/__init__.py", "Handler.acquire"),)
+
+
+def _holds_by_call(t: ThreadStack, owner: str) -> bool:
+    """Whether a thread is inside library code that holds the lock of the object at `owner` (_HOLDING_CALLS)."""
+    for f in t.frames:
+        if f.native or _self_address(f) != owner:
+            continue
+        line = next((text for n, text in f.source if n == f.line), "")
+        if any(f.filename.endswith(suffix) and f.function == name and call in line
+               for suffix, name, call in _HOLDING_CALLS):
+            return True
+    return False
+
+
 def _holder(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     key = _lock_key(wait)
     if key is None:
@@ -186,6 +207,11 @@ def _holder(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     for t in ctx.rank.threads:
         if t.tid != thread.tid and key in held(t):
             parties.append(_thread_party(ctx, t, "holder"))
+    f = wait.frame
+    if not parties and f is not None and any(f.filename.endswith(s) and f.function == n for s, n in _ACQUIRING):
+        owner = _self_address(f)
+        parties += [_thread_party(ctx, t, "holder") for t in ctx.rank.threads
+                    if t.tid != thread.tid and owner and _holds_by_call(t, owner)]
     return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
 
 

@@ -741,3 +741,34 @@ def test_a_dataloader_s_batches_come_from_its_worker_processes_not_a_thread_pool
     line = _headline(analyze(snap), snap)
     assert "feat-decode" not in line and "which pid 5200" in line, line
     assert "the executor was made before the process forked" in line and "worker_init_fn" in line, line
+
+
+_HANDLER = "<StreamHandler at 0x7ff827f8cc10>"
+_LOGGING = "/usr/lib/python3.11/logging/__init__.py"
+
+
+def test_a_logging_call_waits_for_the_handler_lock_held_by_a_thread_writing_to_a_full_pipe() -> None:
+    """logging takes a handler's lock with acquire() (no `with` to read) and holds it while it emits: the main
+    thread's log call waits for the thread blocked writing the record into a full pipe; the sentence starts with
+    the main thread, where the rank is stuck."""
+    logging_main = (Frame("Handler.acquire", _LOGGING, 927, locals=(Local("self", _HANDLER),),
+                          source=((927, "            self.lock.acquire()"),)),
+                    Frame("Handler.handle", _LOGGING, 976, locals=(Local("self", _HANDLER),),
+                          source=((976, "            self.acquire()"),)),
+                    Frame("Logger.info", _LOGGING, 1489),
+                    Frame("report", "/home/alice/job.py", 381, source=((381, '        log.info("step %d", step)'),)),
+                    *stack("train (job.py:57)", "<module> (job.py:120)"))
+    ranks = list(job(8, 4, rank0=logging_main))
+    main = dataclasses.replace(ranks[0].threads[0], syscall="futex", wchan="futex_wait_queue")
+    emitting = ThreadStack(1010, "stats-reporter", state="S", syscall="write", wchan="pipe_write", frames=(
+        Frame("StreamHandler.emit", _LOGGING, 1113, locals=(Local("self", _HANDLER),),
+              source=((1113, "            stream.write(msg + self.terminator)"),)),
+        Frame("Handler.handle", _LOGGING, 978, locals=(Local("self", _HANDLER),),
+              source=((978, "                self.emit(record)"),)),
+        Frame("Logger.info", _LOGGING, 1489), Frame("stats", "/home/alice/job.py", 377), *_THREAD_RUN))
+    ranks[0] = dataclasses.replace(ranks[0], threads=(main, emitting))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert line.startswith("hangscope: Rank 0's main thread is blocked in `Lock.acquire`"), line
+    assert "waiting for a logging handler's lock (to log a record), held by its thread `stats-reporter`, which is " \
+           "blocked writing to a full pipe" in line, line

@@ -142,6 +142,26 @@ def _single_reason(odd: bool, why: str) -> str:
                   "; but the stacks do not single this rank out, so it may not be what the others wait for")
 
 
+def _held_up_by(r: RankSnapshot, t: ThreadStack) -> str:
+    """When the main thread waits for a lock that thread `t` holds (a logging handler's, say), what it waits in,
+    so that the sentence starts where the rank is stuck: `main thread is blocked in ..., waiting for ...`; ""
+    otherwise."""
+    from app.analysis.blocking import thread_wait
+    from app.analysis.prose.waits import operation, resource, where
+    from app.analysis.release import Context, release
+
+    main = r.main_thread
+    if main is None or main.tid == t.tid or not main.frames:
+        return ""
+    w = thread_wait(main, r.hold)
+    if w.release != "holder":
+        return ""
+    rel = release(w, main, Context(r))
+    if not rel.parties or rel.parties[0].tid != t.tid:
+        return ""
+    return f"main thread is {operation(w)}{where(w)}, {resource(w, rel)}"
+
+
 def native_text(f: Fact) -> Text:
     from app.analysis.native import NativeEvidence
 
@@ -183,7 +203,9 @@ def native_text(f: Fact) -> Text:
             e.odd, f"the main thread sleeps in `{clean(t.syscall, 40)}` right below the job's own code")
     at = f" in {named(frame)}" if frame is not None else ""
     reader, reader_detail = pipe_reader(r)
-    title = (f"{who}'s {thread_label(t)} is blocked writing to a full pipe{at}: "
+    waiting = _held_up_by(r, t)
+    title = (f"{who}'s {waiting + ', held by its ' if waiting else ''}{thread_label(t)}"
+             f"{', which' if waiting else ''} is blocked writing to a full pipe{at}: "
              + (f"{reader}, which holds its read end, does not read" if reader else
                 "the process reading the other end has stopped reading"))
     detail = (f"{who} on {node}: its {thread_label(t)} sleeps in `{clean(t.syscall, 40)}` with the kernel "

@@ -64,6 +64,9 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     r = w.resource
     obj = _obj(w)
     if r == "lock":
+        f = w.frame
+        if f is not None and f.function == "Handler.acquire" and f.filename.endswith("logging/__init__.py"):
+            return "waiting for a logging handler's lock (to log a record)"
         return f"waiting for the lock{obj}"
     if r == "condition":
         return f"waiting for a notify() on the condition{obj}"
