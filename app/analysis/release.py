@@ -41,6 +41,7 @@ NoneReason = Literal[
     "no_loop",  # a coroutine's future (run_coroutine_threadsafe) and no thread runs an asyncio event loop
     "undone",  # Queue.join, and every consumer waits for the next item of that queue: a task_done() is missing
     "forked_no_workers",  # a forked child waits for an executor's future and no thread of its own is a worker
+    "starved",  # a pool's worker waits for a task of its pool while every other worker does too
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -316,6 +317,14 @@ def _worker_thread(t: ThreadStack, kinds: Tuple[Tuple[str, str], ...] = _WORKER_
                for f in t.frames for suffix, name in kinds)
 
 
+def _pool_of(t: ThreadStack) -> str:
+    """Which ThreadPoolExecutor a worker thread serves: its `_worker` frame's work queue's address ("" unread)."""
+    for f in t.frames:
+        if f.function == "_worker" and f.filename.endswith("concurrent/futures/thread.py"):
+            return next((m for loc in f.locals if loc.name == "work_queue" for m in _ADDRESS_IN.findall(loc.repr)), "")
+    return ""
+
+
 def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     """Executor, pool or loader workers: the threads that run their work (busy ones first: running a call), else
     the process's children (a process pool, DataLoader workers). A thread that is neither is never taken for one:
@@ -329,6 +338,13 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         busy = [p for p in parties if _busy(p)]
         if not busy:
             return Release(tuple(parties[:MAX_PARTIES]), "workers_idle")
+        pool = _pool_of(thread)
+        mates = [p for p, t in zip(parties, workers) if _pool_of(t) == pool]  # the same pool's (all: not read)
+        if _worker_thread(thread, kinds) and wait.resource == "future" and mates and all(
+                p.wait is not None and p.wait.resource == "future" for p in mates):
+            # a worker waiting for a task of its own pool while every other worker does the same: that task is
+            # queued behind them, and no worker is free to take it
+            return Release(tuple(mates[:MAX_PARTIES]), "starved")
         return Release(tuple(busy[:MAX_PARTIES]))
     kids = _children(ctx, wait, role="worker")
     if loader and any(p.what == "data-loader worker" for p in kids.parties):
@@ -517,7 +533,7 @@ def certain(wait: ThreadWait, rel: Release) -> bool:
         return len(rel.parties) == 1
     if wait.release == "worker":
         # idle workers are the answer (none runs the call), not someone the chain goes on through
-        return rel.none != "workers_idle" and (len(rel.parties) == 1 or alike(rel.parties))
+        return rel.none not in ("workers_idle", "starved") and (len(rel.parties) == 1 or alike(rel.parties))
     return rel.parties[0].role in _CERTAIN_ROLES or wait.release in ("children", "time", "person", "kernel")
 
 

@@ -772,3 +772,28 @@ def test_a_logging_call_waits_for_the_handler_lock_held_by_a_thread_writing_to_a
     assert line.startswith("hangscope: Rank 0's main thread is blocked in `Lock.acquire`"), line
     assert "waiting for a logging handler's lock (to log a record), held by its thread `stats-reporter`, which is " \
            "blocked writing to a full pipe" in line, line
+
+
+def _pool_worker(tid: int, queue: str, inner: bool) -> ThreadStack:
+    waiting = _COROUTINE_RESULT + stack("load_part (job.py:190)") if inner else ()
+    loop = Frame("_worker", "/usr/lib/python3.11/concurrent/futures/thread.py", 83 if inner else 81,
+                 locals=(Local("work_queue", f"<SimpleQueue at {queue}>"),))
+    return ThreadStack(tid, f"shard-io_{tid % 10}", frames=(*waiting, loop, *_THREAD_RUN))
+
+
+def test_pool_workers_waiting_for_tasks_of_their_own_pool_are_starved_and_said_so() -> None:
+    """Each worker of a 2-thread pool runs a task that waits for inner tasks submitted to the same pool: the inner
+    tasks stay queued, no worker is free. Not 'which its other worker runs'."""
+    ranks = list(job(8, 4, rank6=_COROUTINE_RESULT + stack("prefetch (job.py:196)", "train (job.py:57)")))
+    ranks[6] = dataclasses.replace(ranks[6], threads=(*ranks[6].threads, _pool_worker(1061, "0x7f5d", True),
+                                                       _pool_worker(1060, "0x7f5d", True)))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "every other worker of its pool (its thread `shard-io_0`) waits for a result of the pool too" in line, line
+    assert "pool starvation" in line.split("Next:")[1] and "second executor" in line, line
+    # the other worker is idle, or serves another pool: no starvation
+    for other in (_pool_worker(1060, "0x7f5d", False), _pool_worker(1060, "0x9999", True)):
+        ranks[6] = dataclasses.replace(ranks[6], threads=(*ranks[6].threads[:2], other))
+        snap = snapshot(ranks)
+        line = _headline(analyze(snap), snap)
+        assert "starvation" not in line, line

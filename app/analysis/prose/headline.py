@@ -272,6 +272,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return ("each waits for the other: take what the child sends before waiting for it (its pipes with "
                 "`communicate()` or a thread per pipe, its queue's items before `join()`), or send its output to a "
                 "file or DEVNULL; give the wait a timeout")
+    if rel.none == "starved":
+        return ("the pool's workers each wait for a task queued behind them in the same pool, so no worker is left to "
+                "run it (pool starvation): do not wait inside a pool's task for another task of that pool; run the "
+                "inner tasks on a second executor, or in the task itself")
     if rel.none == "workers_idle" and first is not None and first.kind == "process":
         return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
                 "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "

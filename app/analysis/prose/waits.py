@@ -311,6 +311,10 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                     "a deadlock")
         return f", which the loop runs on {who}"
     if w.release == "worker":
+        if rel.none == "starved":
+            names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
+            return (f"; every other worker of its pool ({names}) waits for a result of the pool too: the call is "
+                    "queued behind them and no worker is free to run it (pool starvation)")
         if rel.none == "workers_idle":
             if first.kind == "process":
                 pids = ", ".join(str(p.pid) for p in rel.parties[:6]) + (" ..." if len(rel.parties) > 6 else "")
@@ -409,7 +413,13 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
                          f"{release(link, rank)}")
             continue
         if link.release.parties and link.release.parties[0].role == "cycle":
-            parts.append("which waits for the first: a deadlock")
+            back = link.release.parties[0]
+            again = next((k for k in links[:i] if (k.who.node, k.who.pid, k.who.tid) == (back.node, back.pid, back.tid)),
+                         None)
+            if again is None or again is links[0]:
+                parts.append("which waits for the first: a deadlock")
+            else:
+                parts.append(f"which waits for {party(again.who, rank)} again: a deadlock")
             break
         inside = ""
         if links[i - 1].release.parties and links[i - 1].release.parties[0].role == "loop" \
