@@ -591,6 +591,21 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
     return _from_site(outer_site, outer_frame, caller, t, how=how_name, by="frame")
 
 
+_IMPORT_FRAMES = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module", "_ModuleLockManager.__enter__")
+
+
+def importing(t: ThreadStack, outermost: bool = True) -> List[str]:
+    """The modules a thread is importing, from importlib's frames' `name` locals (outermost first; the innermost
+    first with outermost=False); empty where locals were not read."""
+    names: List[str] = []
+    for f in t.frames:
+        if f.function in _IMPORT_FRAMES and "importlib" in f.filename:
+            value = next((loc.repr.strip('"\'') for loc in f.locals if loc.name == "name"), "")
+            if value and value not in names:
+                names.append(value)
+    return names[::-1] if outermost else names
+
+
 def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack, *, call: Optional[Call] = None,
                how: str = "", by: str = "frame", cpu: Optional[float] = None) -> ThreadWait:
     details = _identity(site, call, frame, caller) + _kernel_details(t)
@@ -600,6 +615,10 @@ def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack
         details += _loop_values(caller, poll)
     if site.resource == "terminal":  # input(): standard input
         details += (Detail("fd", "0"),)
+    if site.release == "importer":
+        modules = importing(t, outermost=False)
+        if modules:
+            details += (Detail("module", modules[0][:MAX_DETAIL]),)
     return ThreadWait("blocked", site.operation, site.resource, site.release, site=site, frame=frame, caller=caller,
                       how=how, syscall=t.syscall, wchan=t.wchan, reason=site.reason, poll=poll, details=details,
                       by=by, cpu=cpu)

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
-from app.analysis.blocking import Motion, ThreadWait, innermost_own, thread_wait
+from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, thread_wait
 from app.analysis.frames import is_library
 from app.analysis.locks import LockKey, held
 from app.model import Frame, JobProcess, OtherEnd, RankSnapshot, ThreadStack
@@ -133,6 +133,11 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         return _related_threads(wait, thread, ctx, role=rule)
     if rule == "threads":
         return _other_threads(thread, ctx, role="thread", non_daemon=True)
+    if rule == "importer":
+        module = wait.detail("module")
+        parties = [_thread_party(ctx, t, "importer") for t in ctx.rank.threads
+                   if t.tid != thread.tid and module and module in importing(t)]
+        return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
     if rule == "joined":
         return _joined(wait, thread, ctx)
     if rule == "worker":
@@ -256,8 +261,8 @@ def _related_threads(wait: ThreadWait, thread: ThreadStack, ctx: Context, role: 
     handler's wait may be for the code it interrupted, lower on its own thread: that cannot run until the
     handler returns. With no thread on that object, whoever would release it has ended (or never started)."""
     objects = _resource_objects(wait)
-    if not objects:
-        return _other_threads(thread, ctx, role)
+    if not objects:  # any other thread might: none is tied to the object ("any")
+        return _other_threads(thread, ctx, "any")
     parties: List[Party] = []
     if wait.handler is not None and wait.handler in thread.frames:
         below = thread.frames[thread.frames.index(wait.handler) + 1:]
@@ -519,7 +524,7 @@ class Link:
 
 
 _CERTAIN_ROLES = ("holder", "joined", "writer", "reader", "lock_holder", "child", "peer", "listener", "cycle",
-                  "person", "loop")
+                  "person", "loop", "importer")
 
 
 def certain(wait: ThreadWait, rel: Release) -> bool:
@@ -560,6 +565,7 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
         rel = release(wait, at, ctx)
         links.append(Link(who, wait, rel))
         if not certain(wait, rel):
+            links += _waits_back(rel, at, ctx, links)
             break
         nxt = next((p for p in rel.parties if p.wait is not None and not p.same), None)
         if nxt is None or nxt.wait is None:
@@ -646,6 +652,31 @@ def _no_workers_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link
     if proc is None or r.pid not in proc.of or not forked(proc) or any(_worker_thread(t) for t in proc.threads):
         return None
     return Link(p, w, Release(none="forked_no_workers"))
+
+
+def _waits_back(rel: Release, waiter: ThreadStack, ctx: Context, links: Sequence[Link]) -> List[Link]:
+    """Candidates are not followed (which thread would set an event is not in a stack), but for one: when the only
+    thread tied to the object (its frames hold it) waits, for sure, for the waiter itself (it holds the lock, runs
+    the import the candidate waits for), or is a thread of the chain already, neither can move: the cycle."""
+    others = [p for p in rel.parties if not p.same]
+    if len(others) != 1 or others[0].kind != "thread" or others[0].role == "any" or others[0].wait is None \
+            or others[0].pid != ctx.rank.pid:
+        return []
+    p = others[0]
+    pw = p.wait
+    r = ctx.rank
+    assert pw is not None
+    cycle = Release((Party("thread", r.node, r.pid, p.tid, r.rank, role="cycle"),))
+    if any((k.who.pid, k.who.tid) == (p.pid, p.tid) for k in links):  # it waits along the chain already
+        return [Link(p, pw, cycle)]
+    t = next((t for t in r.threads if t.tid == p.tid), None)
+    if t is None:
+        return []
+    back = release(pw, t, ctx)
+    if not certain(pw, back) or not back.parties or back.parties[0].tid != waiter.tid:
+        return []
+    return [Link(p, pw, back), Link(back.parties[0], ctx.wait_of(waiter),
+                                        Release((Party("thread", r.node, r.pid, waiter.tid, r.rank, role="cycle"),)))]
 
 
 def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:

@@ -84,6 +84,7 @@ Release = Literal[
     "itself",  # the thread itself (a spin: its loop's condition)
     "person",  # a person at a terminal
     "threads",  # the process's non-daemon threads
+    "importer",  # the thread importing the module whose import lock it waits for
     "tasks",  # the event loop's tasks and I/O
     "kernel",  # the kernel, a file system or a driver
     "unknown",
@@ -303,6 +304,9 @@ FRAME_SITES: Tuple[Site, ...] = (
           "file_lock", "lock_holder", "polls for a lock file that another process holds", timeout="timeout"),
     _site(("portalocker/portalocker.py", "portalocker/utils.py"), "lock Lock.acquire acquire", "portalocker lock",
           "file_lock", "lock_holder", "waits for a file lock that another process holds", timeout="timeout"),
+    # --- imports: a second thread importing a module another thread is still importing waits for its module lock
+    _site(("<frozen importlib._bootstrap>", "importlib/_bootstrap.py"), "_ModuleLock.acquire acquire", "import lock",
+          "lock", "importer", "waits until the thread importing the same module has finished its import"),
     # --- signals
     _site(("signal.py",), "sigwait sigwaitinfo sigtimedwait", "signal wait", "signal", "unknown",
           "waits for a signal to arrive"),

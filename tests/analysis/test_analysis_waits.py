@@ -797,3 +797,65 @@ def test_pool_workers_waiting_for_tasks_of_their_own_pool_are_starved_and_said_s
         snap = snapshot(ranks)
         line = _headline(analyze(snap), snap)
         assert "starvation" not in line, line
+
+
+_BOOT = "<frozen importlib._bootstrap>"
+
+
+def _importing(name: str, line: int) -> Tuple[Frame, ...]:
+    return (Frame("_call_with_frames_removed", _BOOT, 241), Frame("_load_unlocked", _BOOT, 690),
+            Frame("_find_and_load_unlocked", _BOOT, 1147, locals=(Local("name", f'"{name}"'),)),
+            Frame("_find_and_load", _BOOT, 1176, locals=(Local("name", f'"{name}"'),)))
+
+
+def test_a_thread_started_at_import_that_imports_the_module_back_is_a_deadlock_with_the_importer() -> None:
+    """The main thread, importing `perfhooks`, starts a sampler thread and waits for it to say it started; the
+    sampler imports a module that imports `perfhooks` back and waits for that import's lock: each waits for the
+    other (the sampler is the only thread tied to the event: its frames hold the object that owns it)."""
+    sampler = "<Sampler at 0x7ff59b029ad0>"
+    main = (Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+            Frame("Event.wait", "/usr/lib/python3.11/threading.py", 629, locals=(Local("self", "<Event at 0x7e>"),)),
+            Frame("Sampler.start", "/home/alice/perfhooks.py", 27, locals=(Local("self", sampler),),
+                  source=((27, "        self.started.wait()"),)),
+            Frame("<module>", "/home/alice/perfhooks.py", 46), *_importing("perfhooks", 46),
+            *stack("train (job.py:57)", "<module> (job.py:120)"))
+    thread = ThreadStack(1061, "perf-sampler", frames=(
+        Frame("_ModuleLock.acquire", _BOOT, 120, locals=(Local("self", "<_ModuleLock at 0x7a>"),)),
+        Frame("_lock_unlock_module", _BOOT, 224, locals=(Local("name", '"perfhooks"'),)),
+        Frame("<module>", "/home/alice/stepstats.py", 10, source=((10, "from perfhooks import INTERVAL"),)),
+        *_importing("stepstats", 10),
+        Frame("Sampler._run", "/home/alice/perfhooks.py", 30, locals=(Local("self", sampler),)), *_THREAD_RUN))
+    ranks = list(job(8, 4, rank6=main))
+    ranks[6] = dataclasses.replace(ranks[6], threads=(*ranks[6].threads, thread))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the import of `perfhooks` to finish (its module lock), which its main thread is still " \
+           "importing; which waits for the first: a deadlock" in line, line
+    assert "start the thread after the import" in line, line
+
+
+def test_a_lock_holder_waiting_for_an_event_only_the_lock_s_waiter_sets_is_a_deadlock() -> None:
+    ema = "<EmaWeights at 0x7f3>"
+    waiter = (Frame("update", "/home/alice/job.py", 480, locals=(Local("self", ema),),
+                    source=((480, "        with self.lock:"),),
+                    withs=(WithInfo(480, 484, "with self.lock:", ("self.lock",), entering=True),)),
+              *stack("train (job.py:57)", "<module> (job.py:120)"))
+    holder = ThreadStack(1011, "ema-worker", frames=(
+        Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+        Frame("Event.wait", "/usr/lib/python3.11/threading.py", 629, locals=(Local("self", "<Event at 0x7e1>"),)),
+        Frame("_update", "/home/alice/job.py", 471, locals=(Local("self", ema),),
+              source=((471, "            self.published.wait()"),),
+              withs=(WithInfo(469, 474, "with self.lock:", ("self.lock",)),)), *_THREAD_RUN))
+    ranks = list(job(8, 4, rank1=waiter))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(*ranks[1].threads, holder))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the event `self.published` to be set, which only its main thread would give: a deadlock" \
+        in line, line
+    assert "each waits for the other" in line, line
+    # the holder waiting for an event no thread is tied to (no locals read): no deadlock claimed
+    bare = ThreadStack(1011, "ema-worker", frames=tuple(dataclasses.replace(f, locals=()) for f in holder.frames))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(ranks[1].threads[0], bare))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "deadlock" not in line and "each waits" not in line, line

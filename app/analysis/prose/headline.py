@@ -28,7 +28,7 @@ from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
-from app.analysis.prose.threads import thread_label, thread_where
+from app.analysis.prose.threads import thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -179,6 +179,9 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if k == "lock_wait" and isinstance(e, LockEvidence) and e.edge is not None:
         holder = (f"its {thread_label(e.edge.holder)} ({thread_where(e.edge.holder)})" if e.edge.holder is not None
                   else "the thread that took it")
+        if e.edge.holder is not None and waits_back_for(e.rank, e.edge.holder, e.edge.waiter.thread):
+            return clean(f"each waits for the other: release `{e.edge.waiter.key[1]}` before waiting in "
+                         f"{thread_where(e.edge.holder)}, or give what it waits for before taking the lock", 300)
         return clean(f"see why {holder} does not finish; do not hold `{e.edge.waiter.key[1]}` while waiting", 300)
     if k == "lock_wait":
         return "see why the thread holding the lock does not finish; do not hold a lock while waiting"
@@ -272,6 +275,15 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return ("each waits for the other: take what the child sends before waiting for it (its pipes with "
                 "`communicate()` or a thread per pipe, its queue's items before `join()`), or send its output to a "
                 "file or DEVNULL; give the wait a timeout")
+    if any(link.wait.release == "importer" for link in links) and first is not None and first.role == "cycle":
+        return ("a thread started while a module is being imported waits for that import to end, and the import waits "
+                "for the thread: start the thread after the import (from a function the program calls), not at the "
+                "module's top level, and do not wait for it there")
+    if first is not None and first.role == "cycle" and all(link.who.kind == "thread" and link.who.pid == r.pid
+                                                           for link in links):
+        return ("these threads of the rank wait for each other (above): change the order so that one gives what the "
+                "other waits for before it waits (the item or sentinel before `join()`, the lock released before "
+                "waiting), or give one of the waits a timeout")
     if rel.none == "starved":
         return ("the pool's workers each wait for a task queued behind them in the same pool, so no worker is left to "
                 "run it (pool starvation): do not wait inside a pool's task for another task of that pool; run the "

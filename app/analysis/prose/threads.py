@@ -41,6 +41,23 @@ def rank_name(r: RankSnapshot) -> str:
     return f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
 
 
+def waits_back_for(r: RankSnapshot, holder: ThreadStack, waiter: ThreadStack) -> str:
+    """What a lock's holder waits for, when the only thread tied to it (whose frames hold the object) is the one
+    waiting for the lock: `waiting for the event `self.done` to be set`; "" otherwise."""
+    from app.analysis.prose.waits import resource
+    from app.analysis.release import Context, release
+
+    ctx = Context(r)
+    w = ctx.wait_of(holder)
+    if w.release not in ("notifier", "producer", "consumer"):
+        return ""
+    rel = release(w, holder, ctx)
+    tied = [p for p in rel.parties if not p.same]
+    if len(tied) != 1 or tied[0].role == "any" or tied[0].tid != waiter.tid:
+        return ""
+    return resource(w, rel)
+
+
 def lock_text(f: Fact) -> Text:
     e = f.data
     assert isinstance(e, LockEvidence)
@@ -63,6 +80,9 @@ def lock_text(f: Fact) -> Text:
         holder_at = thread_where(edge.holder)
         title = (f"{who}'s {thread_label(w.thread)} waits for `{clean(w.key[1], 80)}`, which its "
                  f"{thread_label(edge.holder)} holds while it is in {holder_at}")
+        back = waits_back_for(r, edge.holder, w.thread)
+        if back:
+            title += f", {back}, which only its {thread_label(w.thread)} would give: a deadlock"
         detail = (f"{thread_label(w.thread)} is blocked entering {where}; {thread_label(edge.holder)} is inside a "
                   f"`with {clean(w.key[1], 80)}:` block and {'waits' if blocked(edge.holder) else 'runs'} in "
                   f"{holder_at}, so the lock is not released")

@@ -63,6 +63,9 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
     """What the wait is for, from its resource kind and its identities: `waiting for the lock `_m``."""
     r = w.resource
     obj = _obj(w)
+    if r == "lock" and w.release == "importer":
+        module = _detail(w, "module")
+        return f"waiting for the import of {_q(module, 80) if module else 'a module'} to finish (its module lock)"
     if r == "lock":
         f = w.frame
         if f is not None and f.function == "Handler.acquire" and f.filename.endswith("logging/__init__.py"):
@@ -292,6 +295,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
         return (f"; its consumers ({names}) wait for the next item: the queue is empty, yet not every item taken was "
                 "marked done: a `task_done()` call is missing")
+    if w.release == "importer":
+        return f", which {who} is still importing"
     if w.release == "holder":
         if first.role == "fork_holder":
             of = f"pid {link.who.pid}" if link.who.pid is not None else "that process"
