@@ -4,9 +4,11 @@ tests/live/test_scenarios.py's gil, native and pipe cases, and their goldens."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from analysis_snapshots import ALL_REDUCE, rank, snapshot
 from app.analysis import analyze
-from app.model import Frame, ThreadStack
+from app.model import Frame, KernelWait, OtherEnd, ThreadStack, WaitFd
 
 F = "/job/train.py"
 T = "/usr/lib/python3.11/threading.py"
@@ -39,6 +41,19 @@ def test_the_gil_kept_in_a_sleeping_native_call_is_the_headline() -> None:
                          "(train.py:50): it sleeps in `pause`; its other Python thread, thread `shard-reader`, "
                          "cannot run")
     assert "`lib.compress_all()`" in top.detail and "py-spy dump --native" in top.detail
+
+
+def test_the_gil_kept_in_a_socket_read_says_who_is_at_the_socket_s_other_end() -> None:
+    """The node read the call's fd: a unix socket whose peer is a local agent (a ctypes.PyDLL recv on it)."""
+    sock = WaitFd(15, "socket:[6308864]", "socket", "read", "unix", peer="/run/node-agent.sock",
+                  others=(OtherEnd("peer", 303, "python", "S", cmdline=("node-agent", "--socket", "/run/node-agent.sock")),))
+    reading = dataclasses.replace(main_thread(CALL, Frame("train", F, 90), syscall="recvfrom", gil=True),
+                                  wchan="unix_stream_read_generic",
+                                  waits=KernelWait("recvfrom", "fd", fd=15, fds=(sock,)))
+    top = analyze(snapshot(job_with(reading, helper()))).findings[0]
+    assert top.kind == "gil_held", top
+    assert "it sleeps in `recvfrom`, waiting for data from `/run/node-agent.sock`; its peer is pid 303 " \
+           "`node-agent --socket /run/node-agent.sock`; its other Python thread" in top.title, top.title
 
 
 def test_a_native_call_without_the_gil_that_sleeps_for_ever_is_named() -> None:

@@ -41,6 +41,25 @@ def rank_name(r: RankSnapshot) -> str:
     return f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
 
 
+def _other_end_of(r: RankSnapshot, t: ThreadStack) -> str:
+    """What a thread asleep in a system call waits for, where the node read the call's fd and found its other end:
+    `, waiting for data from `/run/agent.sock`; its peer is pid 303 `agent``; "" otherwise."""
+    from app.analysis.blocking import thread_wait
+    from app.analysis.prose.waits import release as release_text, resource
+    from app.analysis.release import Context, Link, Party, release
+
+    if t.waits is None:
+        return ""
+    w = thread_wait(t, r.hold)
+    if w.release not in ("peer", "writer", "reader", "lock_holder"):
+        return ""
+    rel = release(w, t, Context(r))
+    if not rel.parties:
+        return ""
+    link = Link(Party("thread", r.node, r.pid, t.tid, r.rank, t.name), w, rel)
+    return f", {resource(w, rel)}{release_text(link, r)}"
+
+
 def waits_back_for(r: RankSnapshot, holder: ThreadStack, waiter: ThreadStack) -> str:
     """What a lock's holder waits for, when the only thread tied to it (whose frames hold the object) is the one
     waiting for the lock: `waiting for the event `self.done` to be set`; "" otherwise."""
@@ -201,7 +220,7 @@ def native_text(f: Fact) -> Text:
         else:
             stuck = ""
         title = (f"{who}'s {thread_label(t)} holds the GIL while blocked in native code called from {named(frame)}: "
-                 f"it sleeps in `{clean(t.syscall, 40)}`{stuck}")
+                 f"it sleeps in `{clean(t.syscall, 40)}`{_other_end_of(r, t)}{stuck}")
         detail = (f"{who} on {node}: py-spy says its {thread_label(t)} owns the GIL, and /proc says it "
                   f"sleeps in the kernel in `{clean(t.syscall, 40)}` (wchan {clean(t.wchan or '?', 60)}), called from "
                   f"{named(frame)}{_line_text(frame)}. CPython releases the GIL around its own blocking calls, so this "
