@@ -28,6 +28,7 @@ from workers.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
+    import re
     from typing import Callable, Dict
 
     Hide = Callable[[str, str], str]  # (kind, text) -> what is shown instead: "str", "bytes" or "text"
@@ -185,11 +186,28 @@ def foreign(text: str) -> bool:
     return not text.isascii() and any(c.isalnum() for c in text if ord(c) > 127)
 
 
+# A generated passphrase: words and a number joined, then one symbol (`Lantern-tundra-4085?`, `Heron-velvet-1871!`):
+# each part reads like a name, the whole is a password manager's output. Names of things do not end in `!?*#$%&^~`
+# glued to a word with digits.
+_PASSPHRASE = lazy(r"(?<![\w.+\-])(?=[\w.+\-]{0,200}?[A-Za-z]{2})(?=[\w.+\-]{0,200}?\d)[\w.+\-]{6,200}[!?*#$%&^~](?!\w)")
+_SYMBOLS = frozenset("!?*#$%&^~")
+
+
+def _passphrase_at(m: "re.Match[str]") -> bool:
+    """The word matched is a passphrase's body: a symbol glued after it, then no word character."""
+    text, end = m.string, m.end()
+    return (end < len(text) and text[end] in _SYMBOLS and (end + 1 == len(text) or not text[end + 1].isalnum())
+            and len(m.group(0)) >= 6 and any(c.isdigit() for c in m.group(0))
+            and sum(c.isalpha() for c in m.group(0)) >= 2 and _PASSPHRASE.match(text, m.start()) is not None)
+
+
 def clear_text(text: str) -> bool:
     """Every word of the text is clear, and none is foreign."""
     if foreign(text):
         return False
     rest = HIDDEN.sub(" ", text)
+    if _PASSPHRASE.search(rest):
+        return False
     return all(clear_word(w) for w in WORD.findall(rest))
 
 
@@ -229,7 +247,8 @@ def share_words(text: str, hide: Hide, kind: str = "str") -> str:
 def _words(text: str, hide: Hide, kind: str) -> str:
     if not text:
         return text
-    return WORD.sub(lambda m: m.group(0) if clear_word(m.group(0)) else hide(kind, m.group(0)), text)
+    return WORD.sub(lambda m: m.group(0) if clear_word(m.group(0)) and not _passphrase_at(m) else hide(kind, m.group(0)),
+                    text)
 
 
 def share_line(line: str, hide: Hide) -> str:

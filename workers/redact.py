@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # annotations only: see workers/__init__.py
 from workers import redact_code
 from workers.cleartext import clear_value, clear_word, high_entropy
 from workers.lazyre import lazy
-from workers.secretnames import MASK, secret_name, secret_value, strength
+from workers.secretnames import MASK, PASSWORD_ABROAD, secret_name, secret_value, strength
 
 __all__ = ["MASK", "secret_name", "secret_value", "high_entropy", "redact_text", "redact_named", "redact_argv",
            "redact_env_value", "redact_message", "redact_source", "redact_path"]
@@ -60,12 +60,18 @@ _SHAPES = lazy("|".join("(?P<%s>%s)" % (name, pattern) for name, pattern in (
     # a vendor's prefix glued to a long hex secret (`dapi` + 32 hex, `dop_v1_` + 64 hex): the prefix holds a
     # letter no hex digest has, so a bare digest (a commit, a run id) is not one
     ("prefixed_token", r"\b(?=[a-z]{0,7}[g-z])[a-z]{2,8}(?:_v\d+_|_|-)?[0-9a-f]{32,}\b"),
+    # kubeadm's bootstrap token (`kubeadm join --token abcdef.0123456789abcdef`): 6 and 16 of [a-z0-9], a digit
+    # and a letter in the secret half
+    ("kube_bootstrap_token", r"\b[a-z0-9]{6}\.(?=[a-z]{0,15}[0-9])(?=[0-9]{0,15}[a-z])[a-z0-9]{16}\b"),
+    # age's (SOPS's) secret key: its fixed prefix, then bech32
+    ("age_secret_key", r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{50,}"),
     ("basic_auth", r"(?<=\bBasic )[A-Za-z0-9+/]{8,}={0,2}"),
     ("bearer_token", r"(?<=\bBearer )[A-Za-z0-9._~+/=-]{6,}"),
 )), re.S)
 # A cheap test first: only text with one of these can hold a shape.
 _ANY_PREFIX = lazy(r"PRIVATE KEY|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,3}-|A[KSGIRNBC][IS]A|eyJ|xox|sk|rk_|pk_"
-                   r"|whsec_|AIza|npm_|pypi-|SG\.|Basic |Bearer |slack|[0-9a-f]{32}")
+                   r"|whsec_|AIza|npm_|pypi-|SG\.|Basic |Bearer |slack|[0-9a-f]{32}|AGE-SECRET-KEY-"
+                   r"|\b[a-z0-9]{6}\.[a-z0-9]{16}\b")
 
 # -- URLs -----------------------------------------------------------------------------------------------------
 # scheme://user:password@host -> scheme://user:***@host. The password runs to the *last* `@` of the authority
@@ -325,8 +331,14 @@ def _dsn(text: str, hits: Optional[Dict[str, int]]) -> str:
 
 # Every secret name holds one of these (workers/secretnames.py): text without any cannot match a structural
 # rule, and most text (frames, paths, numbers, syscalls) has none.
+_ABROAD = "|".join(sorted((re.escape(w) for w in PASSWORD_ABROAD), key=len, reverse=True))
 _NAME_HINT = lazy(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
-                  r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac")  # searched in the lower-cased text
+                  r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac|mot.de.passe|mật.khẩu|mat.khau|kata.sandi"
+                  r"|كلمة.(?:المرور|السر)|" + _ABROAD)  # searched in the lower-cased text
+# The word for password in another language, then its value after a colon, maybe a few words on (a comment
+# `# contraseña de respaldo: x`, `пароль от стенда: x`, `密码：x`): the value is masked, the words before kept.
+_PROSE_ABROAD = lazy(r"(?i)(?P<name>(?:" + _ABROAD + r"|mot.de.passe|mật.khẩu|mat.khau|kata.sandi))"
+                     r"(?P<sep>[^\n:：=\"']{0,40}?[ \t]*[:：][ \t]*)(?![-=:])" + _VALUE)
 _PAT_HINT = lazy(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
 
 
@@ -354,6 +366,8 @@ def redact_text(text: str, hits: Optional[Dict[str, int]] = None, code: bool = F
         return _ents(text, hits)
     if "pass" in lower:
         text = _named(_PROSE, text, "secret-prose", hits)
+    if ":" in text or "：" in text:
+        text = _named(_PROSE_ABROAD, text, "secret-prose", hits)
     if not code:
         if ":" in text:
             text = _named(_HEADER, text, "auth-header", hits)

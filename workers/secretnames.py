@@ -45,6 +45,59 @@ _ABOUT = {"count", "counts", "num", "number", "idx", "index", "indices", "ids", 
           "steps", "per", "total", "offset", "position", "positions", "start", "end", "memory", "first", "second",
           "last", "forward", "backward"}
 
+# "Password" in the languages teams name their keys and write their comments in: a dict key `wachtwoord`, a
+# comment `# contraseña: ...`, `密码：...`. Each means nothing but the credential in its language (`parola`,
+# `parole`, `parol`, `clave` are left out: they also mean word, speech, key). Lower case, as written there.
+PASSWORD_ABROAD = frozenset({
+    "wachtwoord",  # nl
+    "senha",  # pt
+    "contraseña", "contrasena", "contraseñas", "contrasenas",  # es
+    "motdepasse",  # fr (mot_de_passe, mot de passe: joined)
+    "kennwort",  # de (Passwort starts with pass already)
+    "hasło", "haslo",  # pl
+    "heslo",  # cs, sk
+    "lösenord", "losenord",  # sv
+    "adgangskode",  # da
+    "salasana",  # fi
+    "jelszó", "jelszo",  # hu
+    "şifre", "sifre",  # tr
+    "lozinka",  # hr, sr, bs
+    "geslo",  # sl
+    "slaptažodis", "slaptazodis",  # lt
+    "salasõna", "salasona",  # et
+    "parolă",  # ro (with its accent only: `parola` is Italian for word)
+    "пароль", "паролі", "пароля",  # ru, uk, bg
+    "κωδικός",  # el
+    "סיסמה", "סיסמא",  # he
+    "كلمةالمرور", "كلمةالسر",  # ar (two words: joined)
+    "पासवर्ड",  # hi
+    "密码", "密碼", "口令",  # zh
+    "パスワード", "暗証番号",  # ja
+    "비밀번호", "암호",  # ko
+    "mậtkhẩu", "matkhau",  # vi (two words: joined)
+    "katasandi",  # id, ms (two words: joined)
+    "รหัสผ่าน",  # th
+})
+_UNICODE_WORDS = lazy(r"[\W_]+")
+# Scripts without spaces between words (CJK, Thai): the word is found inside a longer run of letters
+_UNSPACED = tuple(w for w in PASSWORD_ABROAD if any("\u0e00" <= c <= "\u0e7f" or "\u3040" <= c <= "\u9fff"
+                                                    or "\uac00" <= c <= "\ud7af" for c in w))
+
+
+def password_abroad(name: str) -> bool:
+    """Whether a name (a key, a variable, a comment's word) is the word for password in another language."""
+    if name.isascii() and len(name) < 5:
+        return False
+    low = name.lower()
+    words = [w for w in _UNICODE_WORDS.split(low) if w]
+    if any(w.rstrip("0123456789") in PASSWORD_ABROAD or (len(w) > 5 and w.endswith("s") and w[:-1] in PASSWORD_ABROAD)
+           for w in words):
+        return True
+    if "".join(words) in PASSWORD_ABROAD or any(x in low for x in _UNSPACED):
+        return True
+    return any("".join(words[i:i + n]) in PASSWORD_ABROAD for n in (2, 3) for i in range(len(words) - n + 1))
+
+
 _WORD_SPLIT = lazy(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 _STRENGTH: dict = {}  # name -> strength; the same few local and variable names come back on every frame
@@ -66,6 +119,8 @@ def _words(name: str) -> list:
 
 
 def _word_strength(name: str) -> int:
+    if password_abroad(name):
+        return 2
     words = _words(name)
     found = 0
     strong = False

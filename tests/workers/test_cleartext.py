@@ -44,6 +44,10 @@ def test_random_hex_and_token_shapes_are_not(word: str) -> None:
     ('"/etc/ssl/private/node.pem"', True), ("'https://data.example.com/shards'", True), ("'cuda:0'", True),
     ("'Training epoch 3 of 10'", False),  # prose: a value with spaces is not one safe word
     ("'Xk9mQ2pL7vRt'", False), ("'Пароль'", False),
+    # a generated passphrase: words and a number, then a symbol; the same words without the symbol are names
+    ("'Heron-velvet-1871!'", False), ("'Lantern-tundra-4085?'", False), ("'Russet-cinder-1755*'", False),
+    ("'llama-3-8b'", True), ("'run-2024-01-05'", True), ("'https://x.example/a2b?q=1'", True),
+    ("'data/*.parquet'", True), ("'step3!'", True),
 ])
 def test_whole_values(value: str, clear: bool) -> None:
     assert clear_value(value) is clear
@@ -123,3 +127,10 @@ def test_the_rule_measures_letters_against_how_names_are_spelled() -> None:
     names = ["checkpointing", "multiprocessing", "distributed", "dataloader", "tokenizer", "attention", "gradient",
              "optimizer", "scheduler", "embedding", "allreduce", "broadcast", "barrier", "rendezvous", "elastic"]
     assert all(clear_word(n) for n in names)
+
+
+def test_a_passphrase_in_shared_text_is_hidden_and_its_neighbours_kept() -> None:
+    """A positional password (no name says secret) in a source line: the words around it stay."""
+    hide = lambda kind, text: f"<{kind}>"  # noqa: E731
+    line = "cache = redis.Redis('cache.internal', 6380, 0, 'Heron-velvet-1871!')"
+    assert share_words(line, hide) == "cache = redis.Redis('cache.internal', 6380, 0, '<str>!')"

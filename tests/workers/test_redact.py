@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.redact import redact_argv, redact_env_value, redact_text, secret_name
+from workers import redact_code
 
 HF = "hf_" + "a1B2" * 9
 GHP = "ghp_" + "Z9" * 18
@@ -61,6 +62,34 @@ def test_harmless_arguments_are_kept(argv: list) -> None:
 def test_token_shapes_are_masked_anywhere(secret: str) -> None:
     out = redact_text("before (" + secret + ") after")
     assert out == "before (***) after"
+
+
+@pytest.mark.parametrize("secret", [
+    "abcdef.0123456789abcdef", "qz81kd.4mb0s2n7x3p9q1c6",  # kubeadm bootstrap tokens
+    "AGE-SECRET-KEY-1" + "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L" * 2,  # an age (SOPS) identity
+])
+def test_more_token_shapes_are_masked_anywhere(secret: str) -> None:
+    assert redact_text("kubeadm join 10.0.0.1:6443 --join " + secret + " now") == \
+        "kubeadm join 10.0.0.1:6443 --join *** now"
+
+
+@pytest.mark.parametrize("text", ["config.transformerslayer", "resnet.pretrainedweight", "abcdef.ghijklmnopqrstuv",
+                                  "model1.checkpoint0000001"])
+def test_names_with_a_dot_are_not_bootstrap_tokens(text: str) -> None:
+    assert redact_text(text) == text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{'host': 'pg', 'wachtwoord': 'Lantern-tundra'}", "{'host': 'pg', 'wachtwoord': '***'}"),  # nl
+    ("conta = {'usuario': 'ml', 'senha': 'cinder'}", "conta = {'usuario': 'ml', 'senha': '***'}"),  # pt
+    ("mot_de_passe = 'rosebud77'", "mot_de_passe = '***'"),  # fr
+    ("# contraseña de respaldo: Lilac-cobalt", "# contraseña de respaldo: ***"),  # es, a comment
+    ("# пароль от стенда: tulpan", "# пароль от стенда: ***"),  # ru
+    ("note = '数据库密码：plumviolet'", "note = '数据库密码：***'"),  # zh, no space before the word
+    ("parola = 'ciao'", "parola = 'ciao'"),  # it: `word`, not only a password: kept
+])
+def test_the_word_for_password_in_other_languages_names_a_secret(text: str, expected: str) -> None:
+    assert redact_code.redact(text, redact_text) == expected
 
 
 def test_private_key_block_is_masked_whole() -> None:
