@@ -371,7 +371,15 @@ def _submitted_to_loop(wait: ThreadWait) -> bool:
     """A future's result from asyncio.run_coroutine_threadsafe: its coroutine runs on an event loop's thread, not
     on an executor's workers (the call is on the waiting line or beside it: `fut = ...` then `fut.result()`)."""
     f = wait.caller
-    return f is not None and any("run_coroutine_threadsafe" in text for _, text in f.source)
+    if f is None:
+        return False
+    obj = wait.detail("object")
+    for n, text in f.source:
+        if "run_coroutine_threadsafe" not in text:
+            continue
+        if n == f.line or (obj.isidentifier() and re.match(rf"\s*{re.escape(obj)}\s*=", text)):
+            return True  # on the waiting line, or the future waited on is assigned from it nearby
+    return False
 
 
 def _loop_thread(t: ThreadStack) -> bool:

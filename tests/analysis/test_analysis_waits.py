@@ -859,3 +859,22 @@ def test_a_lock_holder_waiting_for_an_event_only_the_lock_s_waiter_sets_is_a_dea
     snap = snapshot(ranks)
     line = _headline(analyze(snap), snap)
     assert "deadlock" not in line and "each waits" not in line, line
+
+
+def test_a_coroutine_future_assigned_a_line_before_is_one_and_an_executor_s_beside_it_is_not() -> None:
+    def waiting(source: Tuple[Tuple[int, str], ...]) -> Snapshot:
+        caller = Frame("control", "/home/alice/job.py", 262, source=source)
+        ranks = list(job(8, 4, rank4=_COROUTINE_RESULT + (caller,) + stack("train (job.py:57)")))
+        loop = ThreadStack(1040, "io-loop", frames=stack("socket.recv_into (/usr/lib/python3.11/socket.py:706)",
+                                                         "_token (job.py:251)") + _LOOP_STEP)
+        ranks[4] = dataclasses.replace(ranks[4], threads=(*ranks[4].threads, loop))
+        return snapshot(ranks)
+
+    snap = waiting(((261, "        fut = asyncio.run_coroutine_threadsafe(self._ask(step), self.loop)"),
+                    (262, "        ok = fut.result()")))
+    line = _headline(analyze(snap), snap)
+    assert "which the loop runs on its thread `io-loop`" in line, line
+    snap = waiting(((261, "        other = asyncio.run_coroutine_threadsafe(self._ask(step), self.loop)"),
+                    (262, "        ok = f.result()")))
+    line = _headline(analyze(snap), snap)
+    assert "event loop" not in line and "io-loop" not in line, line
