@@ -314,7 +314,8 @@ _WORKER_THREADS = (("concurrent/futures/thread.py", "_worker"),  # ThreadPoolExe
                    ("multiprocessing/pool.py", "worker"))  # multiprocessing.pool.ThreadPool's workers
 
 
-_LOADER_THREADS = _WORKER_THREADS[1:2]
+# ... of those, the ones that serve a DataLoader
+_LOADER_THREADS = (("torch/utils/data/_utils/pin_memory.py", "_pin_memory_loop"),)
 
 
 def _worker_thread(t: ThreadStack, kinds: Tuple[Tuple[str, str], ...] = _WORKER_THREADS) -> bool:
