@@ -332,12 +332,13 @@ def _dsn(text: str, hits: Optional[Dict[str, int]]) -> str:
 # Every secret name holds one of these (workers/secretnames.py): text without any cannot match a structural
 # rule, and most text (frames, paths, numbers, syscalls) has none.
 _ABROAD = "|".join(sorted((re.escape(w) for w in PASSWORD_ABROAD), key=len, reverse=True))
+_ABROAD_SPACED = r"mot.de.passe|mật.khẩu|mat.khau|kata.sandi"  # PASSWORD_ABROAD's words written apart
 _NAME_HINT = lazy(r"pass|pw|secret|token|key|auth|cred|cookie|session|sig|salt|nonce|licen|cert|pin|otp|dsn"
-                  r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac|mot.de.passe|mật.khẩu|mat.khau|kata.sandi"
+                  r"|jwt|csrf|xsrf|bearer|psk|priv|ticket|netrc|hmac|" + _ABROAD_SPACED +
                   r"|كلمة.(?:المرور|السر)|" + _ABROAD)  # searched in the lower-cased text
 # The word for password in another language, then its value after a colon, maybe a few words on (a comment
 # `# contraseña de respaldo: x`, `пароль от стенда: x`, `密码：x`): the value is masked, the words before kept.
-_PROSE_ABROAD = lazy(r"(?i)(?P<name>(?:" + _ABROAD + r"|mot.de.passe|mật.khẩu|mat.khau|kata.sandi))"
+_PROSE_ABROAD = lazy(r"(?i)(?P<name>(?:" + _ABROAD + "|" + _ABROAD_SPACED + r"))"
                      r"(?P<sep>[^\n:：=\"']{0,40}?[ \t]*[:：][ \t]*)(?![-=:])" + _VALUE)
 _PAT_HINT = lazy(r"PAT|SAS|(?<![A-Za-z])[PpSs]a[ts](?![a-z])")
 

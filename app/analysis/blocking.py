@@ -105,9 +105,13 @@ def _python(frames: Sequence[Frame]) -> List[Frame]:
     return [f for f in frames if not f.native]
 
 
+def line_text(f: Frame) -> str:
+    """The source of the line a frame is at ("" where the node did not read it)."""
+    return next((src for n, src in f.source if n == f.line), "")
+
+
 def _line(f: Frame) -> str:
-    text = next((src for n, src in f.source if n == f.line), "")
-    return text[:MAX_LINE]
+    return line_text(f)[:MAX_LINE]
 
 
 def _local(f: Frame, name: str) -> Optional[str]:

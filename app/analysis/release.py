@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
-from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, thread_wait
+from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, line_text, thread_wait
 from app.analysis.frames import is_library
 from app.analysis.locks import LockKey, held
 from app.model import Frame, JobProcess, OtherEnd, RankSnapshot, ThreadStack
@@ -196,7 +196,7 @@ def _holds_by_call(t: ThreadStack, owner: str) -> bool:
     for f in t.frames:
         if f.native or _self_address(f) != owner:
             continue
-        line = next((text for n, text in f.source if n == f.line), "")
+        line = line_text(f)
         if any(f.filename.endswith(suffix) and f.function == name and call in line
                for suffix, name, call in _HOLDING_CALLS):
             return True
@@ -318,9 +318,14 @@ _WORKER_THREADS = (("concurrent/futures/thread.py", "_worker"),  # ThreadPoolExe
 _LOADER_THREADS = (("torch/utils/data/_utils/pin_memory.py", "_pin_memory_loop"),)
 
 
-def _worker_thread(t: ThreadStack, kinds: Tuple[Tuple[str, str], ...] = _WORKER_THREADS) -> bool:
+def _has_frame(t: ThreadStack, table: Tuple[Tuple[str, str], ...]) -> bool:
+    """Whether a thread has a frame of one of `table`'s (file suffix, function) pairs."""
     return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
-               for f in t.frames for suffix, name in kinds)
+               for f in t.frames for suffix, name in table)
+
+
+def _worker_thread(t: ThreadStack, kinds: Tuple[Tuple[str, str], ...] = _WORKER_THREADS) -> bool:
+    return _has_frame(t, kinds)
 
 
 def _pool_of(t: ThreadStack) -> str:
@@ -384,8 +389,7 @@ def _submitted_to_loop(wait: ThreadWait) -> bool:
 
 
 def _loop_thread(t: ThreadStack) -> bool:
-    return any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name
-               for f in t.frames for suffix, name in _LOOP_FRAMES)
+    return _has_frame(t, _LOOP_FRAMES)
 
 
 def _loop_threads(thread: ThreadStack, ctx: Context) -> Release:
@@ -434,8 +438,17 @@ def _clients(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     return Release(kids.parties, "clients_exited") if _all_exited(kids) else found
 
 
+def _process_of(p: Party, ctx: Context) -> Optional[JobProcess]:
+    """The process beside the ranks a process party is."""
+    return next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+
+
+def _main_of(p: JobProcess) -> Optional[ThreadStack]:
+    return next((t for t in p.threads if t.is_main), p.threads[0] if p.threads else None)
+
+
 def _process_party(p: JobProcess, role: str, ctx: Context) -> Party:
-    main = next((t for t in p.threads if t.is_main), p.threads[0] if p.threads else None)
+    main = _main_of(p)
     state = ""
     if p.hold is not None and p.hold.kind in ("stopped", "traced", "frozen"):
         state = p.hold.kind
@@ -599,8 +612,7 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
                 links.append(Link(nxt, nxt.wait, Release()))
                 break
             links += back
-            links.append(Link(back[-1].release.parties[0], wait,
-                              Release((Party("thread", r.node, r.pid, thread.tid, r.rank, role="cycle"),))))
+            links.append(Link(back[-1].release.parties[0], wait, _cycle(r, thread.tid)))
             break
         at = next((t for t in r.threads if t.tid == nxt.tid), None)
         who, wait = nxt, nxt.wait
@@ -615,10 +627,10 @@ _FORK_CALL = re.compile(r"\bfork\(\)")
 def forked(proc: JobProcess) -> bool:
     """Whether a process is a fork of its parent that did not exec: its stack goes on below the fork call."""
     for t in proc.threads:
+        if _has_frame(t, _FORK_FRAMES):
+            return True
         for f in t.frames:
-            if any(f.filename.endswith(suffix) and f.function.rsplit(".", 1)[-1] == name for suffix, name in _FORK_FRAMES):
-                return True
-            line = next((text for n, text in f.source if n == f.line), "")
+            line = line_text(f)
             if not f.native and _FORK_CALL.search(line) and "os.fork" in line:
                 return True
     return False
@@ -633,7 +645,7 @@ def _lock_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link]:
     w = p.wait
     if p.kind != "process" or w is None or w.release != "holder" or p.node != r.node:
         return None
-    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    proc = _process_of(p, ctx)
     key = _lock_key(w)
     if proc is None or key is None:
         return None
@@ -657,10 +669,15 @@ def _no_workers_inside(p: Party, r: RankSnapshot, ctx: Context) -> Optional[Link
     w = p.wait
     if p.kind != "process" or w is None or w.release != "worker" or w.resource != "future" or p.node != r.node:
         return None
-    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    proc = _process_of(p, ctx)
     if proc is None or r.pid not in proc.of or not forked(proc) or any(_worker_thread(t) for t in proc.threads):
         return None
     return Link(p, w, Release(none="forked_no_workers"))
+
+
+def _cycle(r: RankSnapshot, tid: Optional[int]) -> Release:
+    """The last step of a deadlock: back to a thread of the rank already in the chain."""
+    return Release((Party("thread", r.node, r.pid, tid, r.rank, role="cycle"),))
 
 
 def _waits_back(rel: Release, waiter: ThreadStack, ctx: Context, links: Sequence[Link]) -> List[Link]:
@@ -675,17 +692,15 @@ def _waits_back(rel: Release, waiter: ThreadStack, ctx: Context, links: Sequence
     pw = p.wait
     r = ctx.rank
     assert pw is not None
-    cycle = Release((Party("thread", r.node, r.pid, p.tid, r.rank, role="cycle"),))
     if any((k.who.pid, k.who.tid) == (p.pid, p.tid) for k in links):  # it waits along the chain already
-        return [Link(p, pw, cycle)]
+        return [Link(p, pw, _cycle(r, p.tid))]
     t = next((t for t in r.threads if t.tid == p.tid), None)
     if t is None:
         return []
     back = release(pw, t, ctx)
     if not certain(pw, back) or not back.parties or back.parties[0].tid != waiter.tid:
         return []
-    return [Link(p, pw, back), Link(back.parties[0], ctx.wait_of(waiter),
-                                        Release((Party("thread", r.node, r.pid, waiter.tid, r.rank, role="cycle"),)))]
+    return [Link(p, pw, back), Link(back.parties[0], ctx.wait_of(waiter), _cycle(r, waiter.tid))]
 
 
 def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
@@ -694,10 +709,10 @@ def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
     own that its main thread joins (a child's exit waits for its queue's feeder thread, which writes into a full
     pipe the rank would read after the join); else none (the party's own release is not followed)."""
     w = p.wait
-    proc = next((q for q in ctx.processes if q.node == p.node and q.pid == p.pid), None)
+    proc = _process_of(p, ctx)
     if p.kind != "process" or w is None or proc is None or p.node != r.node:
         return []
-    main = next((t for t in proc.threads if t.is_main), proc.threads[0] if proc.threads else None)
+    main = _main_of(proc)
     if main is None:
         return []
     if w.release in ("reader", "writer", "peer"):
