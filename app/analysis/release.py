@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, line_text, thread_wait
 from app.analysis.frames import is_library
 from app.analysis.locks import LockKey, held
-from app.model import Frame, JobProcess, OtherEnd, RankSnapshot, ThreadStack
+from app.model import Frame, JobProcess, KernelWait, OtherEnd, RankSnapshot, ThreadStack
 
 PartyKind = Literal["thread", "process", "rank", "host", "person", "time", "itself", "kernel", "device", "ranks"]
 # Why a wait has no party: the answer itself ("nobody can"), or what was not known
@@ -42,6 +42,10 @@ NoneReason = Literal[
     "undone",  # Queue.join, and every consumer waits for the next item of that queue: a task_done() is missing
     "forked_no_workers",  # a forked child waits for an executor's future and no thread of its own is a worker
     "starved",  # a pool's worker waits for a task of its pool while every other worker does too
+    "loop_alone",  # an idle asyncio loop, no timer, watching only its own wake-up socket; no other Python thread
+    "loop_unread",  # an idle asyncio loop, no timer, no other Python thread; what it watches was not read
+    "loop_untied",  # ... watching only its own wake-up socket; other Python threads, none holding the loop
+    "loop_untied_unread",  # ... what it watches not read; other Python threads, none holding the loop
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -82,7 +86,7 @@ class Release:
         return not self.parties and self.none in ("no_other_thread", "no_related_thread", "no_holder", "no_writer",
                                                   "no_reader",
                                                   "no_worker", "workers_idle", "no_child", "no_holder_process",
-                                                  "forked_held", "no_loop", "forked_no_workers")
+                                                  "forked_held", "no_loop", "forked_no_workers", "loop_alone")
 
 
 @dataclass
@@ -160,6 +164,8 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         return _clients(wait, thread, ctx)
     if rule in ("peer", "writer", "reader", "lock_holder"):
         return _other_end(wait, thread, ctx, rule)
+    if rule == "tasks":
+        return _event_loop(wait, thread, ctx)
     if rule == "person":
         return Release((Party("person", role="person"),))
     if rule == "time":
@@ -511,6 +517,50 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
             return Release(none=none)
         return Release(none="search_incomplete" if not complete else "not_read", complete=complete)
     return Release(tuple(parties[:MAX_PARTIES]), complete=complete)
+
+
+def _loop_timer(thread: ThreadStack, kw: Optional[KernelWait]) -> Optional[bool]:
+    """Whether an asyncio loop's selector sleeps with a timer due (True), with none (False: nothing was ready and
+    nothing is scheduled, so BaseEventLoop._run_once passed timeout None), or unknown (None): the node's read of
+    the call's timeout (-1: none), else the `timeout` local of _run_once (on its current line, so always kept)."""
+    if kw is not None and kw.family in ("epoll", "poll") and kw.timeout is not None:
+        return kw.timeout >= 0
+    f = next((f for f in thread.frames if f.filename.endswith("asyncio/base_events.py")
+              and f.function.endswith("_run_once")), None)
+    value = next((loc.repr for loc in f.locals if loc.name == "timeout"), None) if f is not None else None
+    return None if value is None else value != "None"
+
+
+def _event_loop(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
+    """Who can wake an asyncio event loop that has nothing ready. Its selector sleeps until a timer is due, a file
+    descriptor it watches is ready, or another thread wakes it (call_soon_threadsafe writes to the loop's own
+    wake-up socket, a socketpair whose other end its process holds). With a timer due, time does (not a hang this
+    rule can say more of). Else: the peers of the descriptors it watches beside its wake-up socket; with nothing
+    watched but that, the other Python threads that hold the loop in their frames (its address in their locals),
+    the only ones that could complete what it awaits (a future set from a thread); other threads that do not are
+    not named ("loop_untied": the locals read may not show every reference); with no other Python thread,
+    nobody ("loop_alone"). When the node did not read what the loop watches, I/O may still wake it: the same,
+    said as such, and no other Python thread is "loop_unread", not nobody."""
+    kw = thread.waits if thread.waits is not None and thread.waits.family in ("epoll", "poll") else None
+    if _loop_timer(thread, kw) is not False:
+        return Release(none="unknown_rule")
+    if kw is not None:
+        watched = [f for f in kw.fds if f.kind not in ("eventfd", "epoll")
+                   and not (f.others and all(o.own for o in f.others))]
+        if watched or kw.fds_total is None or kw.fds_total > len(kw.fds):
+            return _other_end(wait, replace(thread, waits=replace(kw, fds=tuple(watched))), ctx, "peer")
+    # the threads that could wake it hold the loop (or what it runs) in their frames: its address in their locals
+    run_once = next((f for f in thread.frames if f.filename.endswith("asyncio/base_events.py")
+                     and f.function.endswith("_run_once")), None)
+    loop = _self_address(run_once)
+    others = [t for t in ctx.rank.threads if t.tid != thread.tid and _python_thread(t)]
+    tied = [_thread_party(ctx, t, "waker" if kw is not None else "waker_unread") for t in others
+            if loop and loop in _addresses(t.frames)]
+    if tied:
+        return Release(tuple(tied[:MAX_PARTIES]))
+    if others:  # threads that hold no reference to it that the locals show: not named as its wakers
+        return Release(none="loop_untied" if kw is not None else "loop_untied_unread")
+    return Release(none="loop_alone" if kw is not None else "loop_unread")
 
 
 def no_peer(address: str) -> bool:

@@ -878,3 +878,97 @@ def test_a_coroutine_future_assigned_a_line_before_is_one_and_an_executor_s_besi
                     (262, "        ok = f.result()")))
     line = _headline(analyze(snap), snap)
     assert "event loop" not in line and "io-loop" not in line, line
+
+
+def _get_on(owner: str, line: str) -> tuple:
+    return (Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+            Frame("Queue.get", "/usr/lib/python3.11/queue.py", 171, locals=(Local("self", "<Queue at 0x7f0a>"),)),
+            Frame("next_batch", "/home/alice/job.py", 286, locals=(Local("self", f"<{owner} at 0x7f0b>"),),
+                  source=((286, line),)),
+            *stack("train (job.py:57)", "<module> (job.py:120)"))
+
+
+def test_a_wait_no_thread_of_its_object_can_end_names_the_missing_party_by_what_the_wait_needs() -> None:
+    """A queue's get with no thread left on its queue: its producer is gone (not "whatever would release it");
+    an event nobody is left to set: the setter. The other threads of the rank (gloo's) are not on the object."""
+    ranks = list(job(8, 4, rank6=_get_on("Shards", "        return self.q.get()")))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "its producer has ended (or never started), and nothing will put into it" in line, line
+    event = (Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+             Frame("Event.wait", "/usr/lib/python3.11/threading.py", 629, locals=(Local("self", "<Event at 0x7f0c>"),)),
+             Frame("next_batch", "/home/alice/job.py", 199, locals=(Local("self", "<Prefetch at 0x7f0d>"),),
+                   source=((199, "        self.filled.wait()"),)),
+             *stack("train (job.py:57)", "<module> (job.py:120)"))
+    ranks = list(job(8, 4, rank0=event))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "the thread that would set the event has ended, or never started" in line, line
+    assert "producer" not in line, line
+
+
+_ASYNC_RUN = (Frame("EpollSelector.select", "/usr/lib/python3.11/selectors.py", 468,
+                    locals=(Local("timeout", "-1"), Local("max_ev", "1"))),
+              Frame("BaseEventLoop._run_once", "/usr/lib/python3.11/asyncio/base_events.py", 1884,
+                    locals=(Local("self", "<_UnixSelectorEventLoop at 0x7f5a>"), Local("sched_count", "0"),
+                            Local("timeout", "None")),
+                    source=((1884, "            event_list = self._selector.select(timeout)"),)),
+              *stack("BaseEventLoop.run_forever (/usr/lib/python3.11/asyncio/base_events.py:607)",
+                     "BaseEventLoop.run_until_complete (/usr/lib/python3.11/asyncio/base_events.py:640)",
+                     "Runner.run (/usr/lib/python3.11/asyncio/runners.py:118)",
+                     "run (/usr/lib/python3.11/asyncio/runners.py:190)"),
+              Frame("get_batch", "/home/alice/job.py", 677, source=((677, "        return asyncio.run(self.fetch(step))"),)),
+              *stack("train (job.py:57)", "<module> (job.py:120)"))
+_OWN_WAKEUP = WaitFd(4, "socket:[7440920]", "socket", "read", "unix", state="ESTABLISHED",
+                     others=(OtherEnd("peer", 1004, "python3", "S", fd=5, own=True),))
+
+
+def _idle_loop(*fds: WaitFd, timeout: float = -1.0, threads: Tuple[ThreadStack, ...] = ()) -> Snapshot:
+    ranks = list(job(8, 4, rank4=_ASYNC_RUN))
+    main = dataclasses.replace(ranks[4].threads[0], syscall="epoll_wait", wchan="do_epoll_wait",
+                               waits=KernelWait("epoll_wait", "epoll", fd=3, fds=fds, fds_total=len(fds),
+                                                timeout=timeout))
+    gloo = ThreadStack(1047, "gloo_tcp_loop", syscall="epoll_wait", wchan="do_epoll_wait")  # no Python frames
+    ranks[4] = dataclasses.replace(ranks[4], threads=(main, gloo, *threads))
+    return snapshot(ranks)
+
+
+def test_an_idle_event_loop_with_no_timer_and_no_thread_to_wake_it_never_completes_what_it_awaits() -> None:
+    """asyncio.run with nothing ready and nothing scheduled sleeps until I/O it watches or a thread's
+    call_soon_threadsafe wakes it: it watches only its own wake-up socket, and no other thread runs Python."""
+    snap = _idle_loop(_OWN_WAKEUP)
+    line = _headline(analyze(snap), snap)
+    assert "watches nothing but its own wake-up socket" in line and "nobody is left to complete" in line, line
+    assert "asyncio.wait_for" in line.split("Next:")[1], line
+    # a live thread that holds the loop could still wake it: named, no "nobody"
+    pump = Frame("_pump", "/home/alice/job.py", 640, locals=(Local("loop", "<_UnixSelectorEventLoop at 0x7f5a>"),))
+    feeder = ThreadStack(1049, "shard-transport", frames=stack("recv_into (/usr/lib/python3.11/socket.py:706)")
+                         + (pump,) + _THREAD_RUN)
+    loader = ThreadStack(1050, "shard-reader", frames=stack("recv_into (/usr/lib/python3.11/socket.py:706)",
+                                                            "_read (job.py:213)") + _THREAD_RUN)
+    snap = _idle_loop(_OWN_WAKEUP, threads=(loader, feeder))
+    line = _headline(analyze(snap), snap)
+    assert "only another thread can complete what it awaits" in line and "`shard-transport`" in line, line
+    assert "nobody" not in line and "shard-reader" not in line, line
+    # a thread that does not hold the loop is no waker of it: not named, and nothing claimed of "nobody"
+    snap = _idle_loop(_OWN_WAKEUP, threads=(loader,))
+    line = _headline(analyze(snap), snap)
+    assert "none of the process's other threads names the loop" in line, line
+    assert "nobody" not in line and "shard-reader" not in line, line
+
+
+def test_an_idle_event_loop_watching_a_connection_names_its_peer_and_a_timer_is_no_hang_of_its_own() -> None:
+    tcp = WaitFd(7, "socket:[991]", "socket", "read", "tcp", local="10.0.0.3:51000", peer="10.0.9.9:8443",
+                 state="ESTABLISHED")
+    snap = _idle_loop(_OWN_WAKEUP, tcp)
+    line = _headline(analyze(snap), snap)
+    assert "it watches I/O whose peer is" in line and "10.0.9.9:8443" in line and "nobody" not in line, line
+    # a timer is due: time wakes it, nothing is claimed about who would
+    snap = _idle_loop(_OWN_WAKEUP, timeout=4.2)
+    line = _headline(analyze(snap), snap)
+    assert "nobody" not in line and "wake-up socket" not in line and "no timer" not in line, line
+    # the node did not read what it watches: its words say so, no "nobody"
+    ranks = list(job(8, 4, rank4=_ASYNC_RUN))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "only I/O it watches could (the node did not read which)" in line and "nobody" not in line, line

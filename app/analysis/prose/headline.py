@@ -28,7 +28,7 @@ from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.state import resume_command
-from app.analysis.prose.threads import thread_label, thread_where, waits_back_for
+from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -92,11 +92,14 @@ def _positional(f: Fact) -> bool:
                                      f.data.what == "counts")
 
 
-def culprit_sentence(c: Culprit, title: str, total: int) -> str:
+def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "") -> str:
     """The verdict's sentence for a culprit: its chain of waits, or the root fact's sentence (`title`) with the
-    thread's wait added when it names one the sentence does not."""
+    thread's wait added when it names one the sentence does not (`p2p`: what its unmatched send or recv waits
+    for, prose.threads.p2p_clause)."""
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
         return _wait_sentence(c, total)
+    if p2p and c.fact.kind in ("minority_stack", "different_collective"):
+        return f"{title}; {p2p}"
     e = c.fact.data
     if isinstance(e, FlightEvidence) and e.stage == "issued" and e.elsewhere and c.links and where(c.links[0].wait):
         return f"{title}; it called that collective{where(c.links[0].wait)}"  # the line names its group
@@ -159,6 +162,17 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     pid = str(key[1]) if key else "PID"
     if graph.deadlock and k == "lock_wait":
         return "take the locks in one order on every thread (or never wait while holding one)"
+    crossed = next((e for e in graph.edges if e.kind == "collective" and e.p2p is not None), None)
+    if crossed is not None and crossed.p2p is not None and not any(e.kind == "p2p" and e.strength == "high"
+                                                                     for e in graph.edges):
+        # a send or recv whose peer waits in a collective: not two calls in the wrong order, one rank took
+        # another path (a branch that skipped its part)
+        p = crossed.p2p
+        mine = f"rank {p.rank}" if p.rank is not None else "the rank"
+        return (f"{mine}'s {p.op} and rank {p.peer}'s `{clean(crossed.collective, 40)}` are not the same step of "
+                "the program: find the branch one of them took that the other did not (a condition that differs "
+                "between ranks: a NaN or overflow check, uneven data, an early `continue`), and make every rank run "
+                "the same sequence of sends, recvs and collectives")
     if graph.deadlock or k == "p2p_wait":
         return ("make each send meet its recv: order the pairs by rank (the lower rank sends first) or post them "
                 "together with batch_isend_irecv")
@@ -357,6 +371,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "that should send it; give the wait a timeout")
     if res == "cpu":
         return "the loop never exits: fix its condition, and make it wait (an Event, a sleep) instead of spinning"
+    if res == "event_loop" and rel.none in ("loop_alone", "loop_unread", "loop_untied", "loop_untied_unread"):
+        return ("find what was to complete what the loop awaits (a thread that set a future with "
+                "`call_soon_threadsafe`, a callback of a connection that closed): its exception is in the rank's "
+                "error output if it died; give the await a timeout (`asyncio.wait_for`)")
     left = long_sleep(w)
     if left is not None:
         return (f"it wakes by itself in about {duration(left)}; if it should not wait that long, see what decided the "
@@ -390,7 +408,7 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
 
 
 def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Finding],
-            slow: Sequence[Finding], total: int, next_text: str) -> str:
+            slow: Sequence[Finding], total: int, next_text: str, facts: Sequence[Fact] = ()) -> str:
     """The one plain sentence the summary starts with."""
     if top is None or top_finding is None:
         return "Nothing stands out."
@@ -401,7 +419,10 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
         if top.kind == "dump_failed":
             return f"No culprit found, and the picture is incomplete: {top_finding.title}."
         return f"{title}."
-    sentence = culprit_sentence(c, top_finding.title, total)
+    # a stack fact about one rank that is in an unmatched send or recv: what that call waits for
+    p2p = next((p2p_clause(f) for f in facts if f.kind == "p2p_wait" and len(f.who.keys) == 1
+                and c.ranks[:1] == f.who.keys), "")
+    sentence = culprit_sentence(c, top_finding.title, total, p2p)
     command = re.search(r"`[^`]* [^`]*`", next_text)  # a command line (it has arguments), not a name
     # the sentence already says what to run (a held rank's sentence always names what resumes it)
     said = (command is not None and command.group() in sentence) or (top.kind in ("stopped", "frozen") and

@@ -285,3 +285,23 @@ def p2p_text(f: Fact) -> Text:
             "comes next (a send or recv one of them skipped, or a collective issued between them)",
             "the call's own argument names the peer, and the peer's stack shows it elsewhere; which of the two took "
             "the wrong path is not known")
+
+
+def p2p_clause(f: Fact) -> str:
+    """What a rank's unmatched send or recv waits for, as a clause the headline adds to a stack fact's sentence
+    about the same rank (`rank 7 is in recv while 7 others wait in all_reduce`): the peer the call's argument
+    names, where that peer is, and, when it waits in a collective of its own, that the collective waits for this
+    rank back (the wait graph's edge): neither goes on. "" for a cycle of p2p calls (its own fact says it)."""
+    from app.analysis.p2p import P2P, P2PEvidence
+    from app.analysis.prose.words import where
+
+    e = f.data
+    if not isinstance(e, P2PEvidence) or e.call is None or e.peer_class is None:
+        return ""
+    c, pc = e.call, e.peer_class
+    wants = "to send to it" if c.op == "recv" else "to receive from it" if c.op == "send" else "to match it"
+    text = f"it waits for rank {c.peer} ({clean(c.argument, 40)}) {wants}"
+    if pc.collective and pc.collective not in P2P:
+        return (f"{text}, and rank {c.peer} waits in `{clean(pc.collective, 40)}`, which cannot finish without this "
+                "rank: neither goes on (one of them skipped its part: a send or recv, or that collective)")
+    return f"{text}; rank {c.peer} is {where(pc)}"

@@ -276,9 +276,37 @@ _NONE = {
     "forked_held": "no thread of that process holds it: it was forked while a thread of its parent held the lock "
                    "(a fork copies a held lock, never the thread that would release it), or the lock was taken with "
                    "acquire() and never released",
+    "loop_alone": "its loop has no timer due and watches nothing but its own wake-up socket, and no other thread "
+                  "of the process runs Python to wake it (call_soon_threadsafe): nobody is left to complete what it "
+                  "awaits (a future a thread was to set never completes)",
+    "loop_unread": "its loop has no timer due, and no other thread of the process runs Python to wake it "
+                   "(call_soon_threadsafe): only I/O it watches could (the node did not read which)",
+    "loop_untied": "its loop has no timer due and watches nothing but its own wake-up socket: only another thread "
+                   "can wake it (call_soon_threadsafe), and none of the process's other threads names the loop in "
+                   "its variables (as far as the locals read show)",
+    "loop_untied_unread": "its loop has no timer due: I/O it watches (the node did not read which) or another "
+                          "thread (call_soon_threadsafe) must wake it, and none of the process's other threads names "
+                          "the loop in its variables (as far as the locals read show)",
     "not_read": "",
     "search_incomplete": "the node's search for the other end was cut short by its bounds",
     "unknown_rule": "",
+}
+
+
+# With no thread tied to the object, who is missing depends on what the wait needs: a queue's get its producer,
+# a put its consumer, an event or a condition the thread that sets or notifies it, a semaphore the one that gives
+# a permit back (the release role sites.py gives the wait)
+_NOBODY_ON_OBJECT = {
+    ("queue", "producer"): "no other thread of the process runs code of that queue: its producer has ended (or "
+                           "never started), and nothing will put into it",
+    ("queue", "consumer"): "no other thread of the process runs code of that queue: its consumer has ended (or "
+                           "never started), and nothing will take from it",
+    ("event", "notifier"): "no other thread of the process runs code of that object: the thread that would set "
+                           "the event has ended, or never started",
+    ("condition", "notifier"): "no other thread of the process runs code of that object: the thread that would "
+                               "notify it has ended, or never started",
+    ("semaphore", "notifier"): "no other thread of the process runs code of that object: whatever would give a "
+                               "permit back has ended, or never started (or took one and never released it)",
 }
 
 
@@ -288,6 +316,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     w = link.wait
     if not rel.parties:
         text = _NONE.get(rel.none, "")
+        if rel.none == "no_related_thread":
+            text = _NOBODY_ON_OBJECT.get((w.resource, w.release), text)
         return f"; {text}" if text else ""
     first = rel.parties[0]
     who = party(first, rank)
@@ -367,6 +397,16 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         return f"; {role} {who}{more}"
     if w.release == "person":
         return "; someone at its terminal must type (or the program must not stop there)"
+    if w.release == "tasks" and first.role in ("waker", "waker_unread"):
+        names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
+        if first.role == "waker_unread":
+            return (f"; its loop has no timer due: I/O it watches (the node did not read which) or another thread "
+                    f"(call_soon_threadsafe) must wake it: {names}")
+        return (f"; its loop has no timer due and watches nothing but its own wake-up socket: only another thread "
+                f"can complete what it awaits (call_soon_threadsafe): {names}")
+    if w.release == "tasks":
+        more = f" (and {len(rel.parties) - 1} more)" if len(rel.parties) > 1 else ""
+        return f"; it watches I/O whose peer is {who}{more}"
     if w.release == "time":
         return ""
     return f"; {who}"
