@@ -541,11 +541,36 @@ def _loop_values(f: Optional[Frame], loop: Optional[LoopInfo]) -> Tuple[Detail, 
         if name in skip:
             continue
         value = _local(f, name)
-        if value is not None and not _OPAQUE.fullmatch(value.strip()):
+        # an object shown by its address says nothing of what the loop waits for
+        if value is not None and not _OPAQUE.fullmatch(value.strip()) and not _AN_OBJECT.fullmatch(value.strip()):
             out.append(Detail(f"polls:{name}", value))
         if len(out) == 3:
             break
+    retried = _retried(f, loop)
+    if retried is not None:
+        out += [Detail("retries", retried[0][:MAX_DETAIL]), Detail("catches", retried[1][:MAX_DETAIL])]
     return tuple(out)
+
+
+_AN_OBJECT = re.compile(r"<[\w.]+ at 0x[0-9a-fA-F]+>")
+_EXCEPT = re.compile(r"except\b\s*([^:]*):")
+
+
+def _retried(f: Frame, loop: LoopInfo) -> Optional[Tuple[str, str]]:
+    """A retry loop: in the loop's body (as far as the frame's source window shows it), an `except` before the
+    current line (the thread sleeps in its handler, or after it) and, inside the `try` it closes (indented deeper
+    than the `except`), the last line that makes a call: (that line, what the except names). The loop is then
+    not waiting for a condition to turn: it makes the call again after each failure."""
+    body = [(n, src) for n, src in f.source if loop.line < n <= loop.end_line]
+    for j, (n, src) in enumerate(body):
+        m = _EXCEPT.match(src.strip())
+        if m is None or n >= f.line:
+            continue
+        indent = len(src) - len(src.lstrip())
+        tried = [b for _, b in body[:j] if "(" in b and len(b) - len(b.lstrip()) > indent and b.strip() != "try:"]
+        if tried:
+            return tried[-1].strip(), m.group(1).strip() or "every exception"
+    return None
 
 
 def _enclosing_loop(f: Frame) -> Optional[LoopInfo]:

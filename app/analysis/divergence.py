@@ -20,6 +20,7 @@ N+1's batches look the same); the loop variables' values the worker read can (`l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
@@ -109,6 +110,11 @@ def stack_facts(classes: Sequence[StackClass],
         return []
     dominant = classes[0]
     out = [_versus(c, dominant, ranks) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
+    # Two minority classes that part only at a line of the same function of the job's code (ranks 4-5 at
+    # `send.wait()`, rank 6 at `recv.wait()` of one exchange) are one minority at one place of the program: the
+    # line does not single either out against the other, so neither is [high] on its stacks alone
+    out = [dataclasses.replace(f, strength="medium") if f.strength == "high" and isinstance(f.data, StackEvidence)
+           and _sibling(f.data.mine, classes[1:]) else f for f in out]
     rest = tuple(classes[MAX_CLASS_FINDINGS + 1:])
     if rest:
         keys = tuple(k for c in rest for k in c.ranks)
@@ -116,6 +122,20 @@ def stack_facts(classes: Sequence[StackClass],
         out.append(Fact("minority_stack", ranks_who(keys, numbers), "low",
                         StackEvidence(rest[0], dominant, 0, "many", "similar", rest=rest)))
     return out
+
+
+def _sibling(c: StackClass, minority: Sequence[StackClass]) -> bool:
+    """Whether another minority class stands in the same function of the job's code as c, at another line (the
+    first frame where their paths part: same function and file), neither in a collective."""
+    for o in minority:
+        if o is c or o.collective is not None or c.collective is not None:
+            continue
+        k = common_prefix(c, o)
+        if k < len(c.frames) and k < len(o.frames):
+            a, b = c.frames[k], o.frames[k]
+            if (a.function, a.filename) == (b.function, b.filename) and not is_library(a):
+                return True
+    return False
 
 
 def left_loop(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]

@@ -972,3 +972,55 @@ def test_an_idle_event_loop_watching_a_connection_names_its_peer_and_a_timer_is_
     snap = snapshot(ranks)
     line = _headline(analyze(snap), snap)
     assert "only I/O it watches could (the node did not read which)" in line and "nobody" not in line, line
+
+
+def _exchange(line: int, code: str) -> tuple:
+    return (Frame("HaloExchange.step", "/home/alice/job.py", line, source=((line, code),)),
+            *stack("train (job.py:57)", "<module> (job.py:120)"))
+
+
+def test_minority_classes_parting_only_at_a_line_of_one_function_single_neither_out() -> None:
+    """Ranks 4-5 wait at `send.wait()` and rank 6 at `recv.wait()` of the same exchange while the rest wait in the
+    all_reduce: the line does not make rank 6 the odd one against ranks 4-5, so no stack fact is [high]; a rank
+    alone in that function still is."""
+    sending, receiving = _exchange(532, "        send.wait()"), _exchange(533, "        recv.wait()")
+    snap = snapshot(list(job(8, 4, rank4=sending, rank5=sending, rank6=receiving)))
+    a = analyze(snap)
+    stacks = [f for f in a.findings if f.kind in ("minority_stack", "different_collective")]
+    assert len(stacks) == 2 and all(f.confidence != "high" for f in stacks), [(f.title, f.confidence) for f in stacks]
+    assert a.verdict.startswith("Likely lead: "), a.verdict
+    alone = analyze(snapshot(list(job(8, 4, rank6=receiving))))
+    assert alone.findings[0].confidence == "high" and alone.verdict.startswith("Rank 6 "), alone.verdict
+
+
+def _retrying(source: Tuple[Tuple[int, str], ...], line: int = 553) -> Snapshot:
+    loop = LoopInfo("while", 548, 553, "while self.conn is None:", counters=("attempts",))
+    scorer = Frame("Scorer.ask", "/home/alice/job.py", line, locals=(Local("t", "<Trainer at 0x7ff1>"),
+                                                                     Local("attempts", "17")),
+                   loops=(loop,), source=source)
+    frames = (scorer, *stack("train (job.py:742)", "<module> (job.py:780)"))
+    ranks = list(job(8, 4, rank3=frames))
+    ranks[3] = dataclasses.replace(ranks[3], threads=(dataclasses.replace(
+        ranks[3].threads[0], syscall="clock_nanosleep", wchan="hrtimer_nanosleep",
+        waits=KernelWait("clock_nanosleep", "sleep", timeout=0.4)),))
+    return snapshot(ranks)
+
+
+def test_a_retry_loop_names_the_call_it_retries_and_what_it_catches() -> None:
+    """A loop that sleeps in an `except` handler retries the call of its `try` (the `try:` line itself may be
+    outside the source window): that call fails every time, not a condition that has not turned yet. An object
+    shown by its address is no value the loop reads."""
+    window = ((550, '                self.conn = socket.create_connection(("127.0.0.1", t.args.port), timeout=5)'),
+              (551, "            except OSError:"), (552, "                attempts += 1"), (553, "                time.sleep(0.5)"),
+              (554, '        self.conn.sendall(f"score {step}\\n".encode())'))
+    snap = _retrying(window)
+    line = _headline(analyze(snap), snap)
+    assert "in the retry loop `while self.conn is None` (attempts=17)" in line, line
+    assert "socket.create_connection((" in line and "`except OSError`" in line, line
+    assert "Trainer at" not in line and "run it by hand on node01" in line, line
+    # no except around it: a poll of a condition, as before
+    plain = ((550, "            if self.ready():"), (551, "                break"), (552, "            attempts += 1"),
+             (553, "            time.sleep(0.5)"))
+    snap = _retrying(plain)
+    line = _headline(analyze(snap), snap)
+    assert "polling in the loop" in line and "retry loop" not in line, line

@@ -248,7 +248,8 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             # computation look alike until it has stood there longer
             return (f"see whether {who} finishes this step: sample again over a longer interval (`--samples 3 "
                     f"--interval 5`); if it stays, `py-spy dump --native --pid {pid}`{at} shows where it computes")
-        return (f"see why {who} does not return from there: `py-spy dump --native --locals --pid {pid}`{at}; "
+        verb = "do" if key is None and len(best.who.keys) > 1 else "does"
+        return (f"see why {who} {verb} not return from there: `py-spy dump --native --locals --pid {pid}`{at}; "
                 f"`cat /proc/{pid}/stack` shows the kernel side")
     if k == "launch_differs":
         return "start every rank with the same training flags"
@@ -379,6 +380,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     if left is not None:
         return (f"it wakes by itself in about {duration(left)}; if it should not wait that long, see what decided the "
                 "delay (a back-off that grew, a retry-after from a server, seconds taken for milliseconds) and cap it")
+    if res == "timer" and w.poll is not None and w.detail("retries"):
+        return (f"the call it retries keeps failing: run it by hand on {node} to see the error (a service not "
+                "started or not listening there, a refused or unreachable address, a wrong port or path), and give "
+                "the loop a deadline or a number of tries after which it raises")
     if res == "timer" and w.poll is not None:
         return ("the loop polls for something that does not happen: find why its condition never turns true, and "
                 "give it a deadline")

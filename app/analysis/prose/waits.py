@@ -141,6 +141,10 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         if left is not None:  # one sleep outlasts any sampling: what matters is when it wakes, not that it loops
             inside = f" inside the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}" if w.poll else ""
             return f"in one sleep with {duration(left)} left (the node read its deadline){inside}"
+        if w.poll is not None and w.detail("retries"):
+            return (f"in the retry loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}: it calls "
+                    f"{_q(w.detail('retries'), 120)} again after each failure ({_q('except ' + w.detail('catches'), 60)}) "
+                    "and sleeps between tries: the call has failed on every try so far")
         if w.poll is not None:
             return (f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}: it sleeps and checks "
                     "again")
