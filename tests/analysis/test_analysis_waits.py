@@ -1024,3 +1024,17 @@ def test_a_retry_loop_names_the_call_it_retries_and_what_it_catches() -> None:
     snap = _retrying(plain)
     line = _headline(analyze(snap), snap)
     assert "polling in the loop" in line and "retry loop" not in line, line
+
+
+def test_a_fifo_nobody_opens_says_which_path_needs_its_writer() -> None:
+    frames = (Frame("ControlChannel.poll", "/home/alice/job.py", 377, source=((377, "        with open(self.fifo) as f:"),)),
+              *stack("train (job.py:742)", "<module> (job.py:780)"))
+    ranks = list(job(8, 4, rank3=frames))
+    fifo = WaitFd(None, "/run/job/ctl.fifo", "fifo", "read")
+    ranks[3] = dataclasses.replace(ranks[3], threads=(dataclasses.replace(
+        ranks[3].threads[0], syscall="openat", wchan="wait_for_partner",
+        waits=KernelWait("openat", "open", fds=(fifo,), path="/run/job/ctl.fifo")),))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "no process holds the other end open for writing" in line, line
+    assert "no process has `/run/job/ctl.fifo` open for writing: start the program" in line.split("Next:")[1], line

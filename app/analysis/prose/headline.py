@@ -370,6 +370,12 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                     "wait a timeout (`signal.sigtimedwait`)")
         return (f"find which signal it waits for (`grep Sig /proc/{r.pid}/status` on {node}: SigBlk) and the process "
                 "that should send it; give the wait a timeout")
+    if res == "pipe" and rel.none in ("no_writer", "no_reader") and "FIFO" in w.operation:
+        path = w.detail("path") or w.detail("target")
+        end = "writing" if rel.none == "no_writer" else "reading"
+        fifo = f"`{clean(path, 100)}`" if path else "the FIFO"
+        return (f"no process has {fifo} open for {end}: start the program that should open it (is it running on "
+                f"{node}, and does it use this path?), or open it with O_NONBLOCK and poll with a timeout")
     if res == "cpu":
         return "the loop never exits: fix its condition, and make it wait (an Event, a sleep) instead of spinning"
     if res == "event_loop" and rel.none in ("loop_alone", "loop_unread", "loop_untied", "loop_untied_unread"):
