@@ -642,9 +642,15 @@ class ProtocolError(Exception):
     """A line that is not valid protocol."""
 
 
+# One encoder for every message: json.dumps with arguments of its own builds a JSONEncoder per call (~10 us of
+# a ~13 us message: the login side sends a collect and a go to each of 12,500 nodes a pass; a worker a line per
+# item). An encoder keeps no state between calls.
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+
 def encode(msg: Dict[str, Any]) -> bytes:
     """One message as one line of UTF-8 JSON (non-ASCII escaped, so a line is always valid UTF-8)."""
-    return json.dumps(msg, ensure_ascii=True, separators=(",", ":")).encode("ascii") + b"\n"
+    return _ENCODER.encode(msg).encode("ascii") + b"\n"
 
 
 def decode(line: bytes) -> Dict[str, Any]:
