@@ -693,11 +693,18 @@ def _first_fd(kw: KernelWait) -> Optional[WaitFd]:
 # What the node read of a blocked call (KernelWait) names when no Python call on the stack does: (family, fd kind,
 # access) -> (resource, release, operation, reason). "" matches anything.
 _KERNEL_WAITS: Tuple[Tuple[str, str, str, Resource, Release, str, str], ...] = (
+    # an open for writing waits for a reader, one for reading for a writer (the node reads the open's flags)
+    ("open", "fifo", "write", "pipe", "reader", "open() of a FIFO",
+     "opening a FIFO for writing blocks until a process opens it for reading"),
     ("open", "fifo", "", "pipe", "writer", "open() of a FIFO",
      "opening a FIFO blocks until a process opens its other end"),
     ("lock", "", "", "file_lock", "lock_holder", "file lock", "waits for a lock on a file that another process holds"),
     ("wait", "", "", "child", "children", "wait for a child", "waits until a child process exits"),
     ("", "tty", "read", "terminal", "writer", "terminal read", "waits for input on a terminal"),
+    # a write to a terminal blocks only while the terminal takes no more output: its output stopped (Ctrl-S: flow
+    # control) or nothing reads the other side of the pseudo-terminal (a stuck tmux, screen or ssh session)
+    ("", "tty", "write", "terminal", "person", "terminal write",
+     "its terminal takes no more output (output stopped with Ctrl-S, or nothing reads the terminal)"),
     ("", "fifo", "read", "pipe", "writer", "FIFO read", "waits for data that a process writes into the FIFO"),
     ("", "pipe", "read", "pipe", "writer", "pipe read", "waits for data that a process writes into the pipe"),
     ("", "fifo", "write", "pipe", "reader", "FIFO write", "the FIFO is full: waits until its reader reads"),

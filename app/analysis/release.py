@@ -604,7 +604,11 @@ def certain(wait: ThreadWait, rel: Release) -> bool:
     one busy worker of an executor), as opposed to candidates (the threads that might set an event)."""
     if not rel.parties:
         return False
-    if wait.release in ("notifier", "producer", "consumer", "threads"):
+    if wait.release == "threads":
+        # the interpreter's shutdown joins its non-daemon threads: with one Python thread of the job's left, that
+        # is the one it waits for (the runtime's own threads run no Python of the job)
+        return len(rel.parties) == 1
+    if wait.release in ("notifier", "producer", "consumer"):
         return False
     if rel.parties[0].role == "loop":
         return len(rel.parties) == 1

@@ -1036,5 +1036,58 @@ def test_a_fifo_nobody_opens_says_which_path_needs_its_writer() -> None:
         waits=KernelWait("openat", "open", fds=(fifo,), path="/run/job/ctl.fifo")),))
     snap = snapshot(ranks)
     line = _headline(analyze(snap), snap)
-    assert "no process holds the other end open for writing" in line, line
+    assert "waiting for a process to open the FIFO (`/run/job/ctl.fifo`) for writing" in line, line
+    assert "no process has it open for writing" in line, line
     assert "no process has `/run/job/ctl.fifo` open for writing: start the program" in line.split("Next:")[1], line
+    # opened for writing ("w"), it waits for a reader, not for data
+    ranks[3] = dataclasses.replace(ranks[3], threads=(dataclasses.replace(
+        ranks[3].threads[0], waits=KernelWait("openat", "open", fds=(dataclasses.replace(fifo, access="write"),),
+                                              path="/run/job/ctl.fifo")),))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for a process to open the FIFO (`/run/job/ctl.fifo`) for reading" in line, line
+    assert "for writing" not in line and "waiting for data" not in line, line
+
+
+def test_a_write_to_a_terminal_that_takes_no_more_output_says_who_can_resume_it() -> None:
+    """print() to a pty whose output was stopped (Ctrl-S) or that nobody reads: the node reads a write on fd 1, a
+    tty; the person at that terminal (Ctrl-Q) or the program holding it releases it, not a py-spy dump."""
+    frames = (Frame("ConsoleReport.after_sync", "/home/alice/job.py", 312,
+                    source=((312, "        print(report, flush=True)"),)),
+              *stack("finish (job.py:465)", "<module> (job.py:495)"))
+    ranks = list(job(8, 4, rank0=frames))
+    tty = WaitFd(1, "/dev/pts/0", "tty", "write", controlling=False)
+    ranks[0] = dataclasses.replace(ranks[0], threads=(dataclasses.replace(
+        ranks[0].threads[0], syscall="write", wchan="wait_woken", waits=KernelWait("write", "fd", fd=1, fds=(tty,))),))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "writing to its terminal (`/dev/pts/0`), which takes no more output" in line, line
+    assert "resume its output (Ctrl-Q)" in line and "`ps -t pts/0` on node01" in line, line
+    assert "mechanism is not known" not in line, line
+
+
+def test_an_exit_waiting_for_its_one_helper_thread_follows_that_thread_and_says_how_the_program_ended() -> None:
+    """The interpreter's shutdown joins its non-daemon threads; with one helper thread of the job left it is the
+    one it waits for, and the chain goes on to what that thread waits for (a full queue whose consumer, the main
+    program, has ended). A program that ended without an error is not told to fix one."""
+    shutdown = (Frame("_wait_for_tstate_lock", "/usr/lib/python3.11/threading.py", 1132),
+                Frame("_shutdown", "/usr/lib/python3.11/threading.py", 1583,
+                      locals=(Local("locks", "[<_thread.lock at 0x7f10>]"),)))
+    ranks = list(job(8, 4, rank7=shutdown))
+    prefetch = ThreadStack(1090, "batch-prefetch", frames=(
+        Frame("Condition.wait", "/usr/lib/python3.11/threading.py", 327),
+        Frame("Queue.put", "/usr/lib/python3.11/queue.py", 140, locals=(Local("self", "<Queue at 0x7f20>"),)),
+        Frame("Prefetch._produce", "/home/alice/job.py", 367, locals=(Local("self", "<Prefetch at 0x7f21>"),),
+              source=((367, "            self.batches.put(t.batch(step))"),)), *_THREAD_RUN))
+    ranks[7] = dataclasses.replace(ranks[7], threads=(*ranks[7].threads, prefetch))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "its threads still running: its thread `batch-prefetch`; that one is blocked in `queue.Queue.put`" in line, line
+    assert "its consumer has ended (or never started)" in line and "fix that error" not in line, line
+    # two helper threads and one non-daemon thread to wait for: which one is not in a stack, the chain stops there
+    other = dataclasses.replace(prefetch, tid=1091, name="metrics-flusher")
+    ranks[7] = dataclasses.replace(ranks[7], threads=(*ranks[7].threads, other))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "that one is blocked" not in line and "among its threads still running" in line, line
+    assert "ended without an error (it returned, or called sys.exit)" in line.split("Next:")[1], line

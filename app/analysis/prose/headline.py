@@ -351,9 +351,21 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     if res == "debugger":
         return ("a debugger stopped this rank: attach to its terminal and continue (`c`) or quit, and remove the "
                 "breakpoint() / set_trace() from the code (PYTHONBREAKPOINT=0 disables them)")
+    if res == "terminal" and w.operation == "terminal write":
+        target = w.detail("target")
+        tty = f"`{clean(target, 40)}`" if target else "its terminal"
+        short = target[len("/dev/"):] if target.startswith("/dev/") else ""
+        who = f" (`ps -t {clean(short, 30)}` on {node})" if short else ""
+        return (f"press Ctrl-Q in the terminal {tty} on {node} if its output was stopped; else find the program "
+                f"holding that terminal{who} and why it does not read; run jobs with their output redirected to a "
+                "file")
     if res == "terminal":
         return "it reads its standard input: give it input, or start the job with stdin from /dev/null"
     if res == "shutdown":
+        if not (r.output and r.output[0].text.strip()):
+            return ("its main program ended without an error (it returned, or called sys.exit) while a helper thread "
+                    "still runs: stop the helper threads (and join them with a timeout) before the program exits, or "
+                    "make them daemon threads")
         return ("its main program ended (see its error output below): fix that error, and make the helper threads "
                 "daemon threads or join them with a timeout so the process can exit")
     if res == "store_key":

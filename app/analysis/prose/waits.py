@@ -114,11 +114,17 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         on = f" ({_q(target, 40)})" if target else ""
         if w.release == "output":
             return f"waiting for the end of its child's output (EOF on the pipe it reads{on})"
+        if "FIFO" in w.operation and w.operation.startswith("open"):
+            end = "reading" if w.release == "reader" else "writing"
+            return f"waiting for a process to open the FIFO{on} for {end}"
         if w.release == "reader":
             return f"waiting for the reader of a full pipe{on}"
         return f"waiting for data on a pipe or file{on}"
     if r == "terminal":
         target = _detail(w, "target")
+        if w.operation == "terminal write":
+            return ("writing to its terminal" + (f" ({_q(target, 40)})" if target else "") + ", which takes no more "
+                    "output: its output is stopped (Ctrl-S, flow control) or nothing reads the terminal's other side")
         return "waiting for input on its standard input" + (f" ({_q(target, 40)})" if target else "")
     if r == "child":
         child = _detail(w, "child")
@@ -322,6 +328,9 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         text = _NONE.get(rel.none, "")
         if rel.none == "no_related_thread":
             text = _NOBODY_ON_OBJECT.get((w.resource, w.release), text)
+        if rel.none in ("no_reader", "no_writer") and "FIFO" in w.operation and w.operation.startswith("open"):
+            end = "reading" if rel.none == "no_reader" else "writing"
+            text = f"no process has it open for {end}: the open waits until one opens it"
         return f"; {text}" if text else ""
     first = rel.parties[0]
     who = party(first, rank)
@@ -399,6 +408,9 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                 "peer": "its peer is"}[w.release]
         more = f" (and {len(rel.parties) - 1} more)" if len(rel.parties) > 1 else ""
         return f"; {role} {who}{more}"
+    if w.release == "person" and w.operation == "terminal write":
+        return ("; someone at that terminal must resume its output (Ctrl-Q), or the program holding the terminal (a "
+                "tmux, screen or ssh session) must read it again")
     if w.release == "person":
         return "; someone at its terminal must type (or the program must not stop there)"
     if w.release == "tasks" and first.role in ("waker", "waker_unread"):
