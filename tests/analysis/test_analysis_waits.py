@@ -1091,3 +1091,25 @@ def test_an_exit_waiting_for_its_one_helper_thread_follows_that_thread_and_says_
     line = _headline(analyze(snap), snap)
     assert "that one is blocked" not in line and "among its threads still running" in line, line
     assert "ended without an error (it returned, or called sys.exit)" in line.split("Next:")[1], line
+
+
+def test_one_collective_called_from_an_exit_handler_on_another_group_is_said_as_two_calls_that_never_match() -> None:
+    """Rank 3 runs an atexit handler (no `<module>` frame below it: the interpreter called it as it exits) that
+    all_reduces on its own metrics group; the others wait in the all_reduce of `finish` on the default group."""
+    def reduce_from(*callers: str, code: str, line: int) -> tuple:
+        first = callers[0]
+        name, _, where_ = first.partition(" (")
+        call = Frame(name, "/home/alice/job.py", line, source=((line, code),))
+        return (Frame("all_reduce", C10D, 3252), Frame("wrapper", "/opt/venv/lib/python3.11/site-packages/torch/"
+                                                       "distributed/c10d_logger.py", 83), call) + stack(*callers[1:])
+    handler = reduce_from("MetricsAggregator.close (job.py:287)", code="        dist.all_reduce(merged, group=self.pg)",
+                          line=287)
+    final = reduce_from("finish (job.py:463)", "main (job.py:492)", "<module> (job.py:498)",
+                        code="    dist.all_reduce(totals)", line=463)
+    snap = snapshot(list(job(8, 4, frames=final, rank3=handler)))
+    line = _headline(analyze(snap), snap)
+    assert "rank 3 is in `all_reduce` called from `MetricsAggregator.close` (job.py:287), in code run as its " \
+           "interpreter exits" in line, line
+    assert "called from `finish` (job.py:463): two different calls, which never match" in line, line
+    assert "another process group, `self.pg`, than the others': the default group" in line, line
+    assert "an atexit handler or an error path" in line.split("Next:")[1], line

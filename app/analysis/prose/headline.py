@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from app.analysis.blocking import ThreadWait
 from app.analysis.culprit import Culprit
+from app.analysis.divergence import StackEvidence
 from app.analysis.flight import FlightEvidence
 from app.analysis.facts import Fact
 from app.analysis.findings import Finding
@@ -27,6 +28,7 @@ from app.analysis.health import StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
+from app.analysis.prose.stacks import callers, exiting
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, where
@@ -243,6 +245,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
+        if isinstance(e, StackEvidence) and e.case == "same_collective":
+            site = callers(e)[0]
+            from_ = f" from {named(site)}" if site is not None else ""
+            exit_ = " (an exit handler: what made its main program end is in its error output)" if exiting(e.mine) else ""
+            calls = "calls" if len(best.who.keys) == 1 else "call"
+            return (f"find why {who} {calls} `{clean(e.mine.collective or '', 40)}`{from_}{exit_} where the others "
+                    "call it from elsewhere: every member of a process group must issue that group's collectives in "
+                    "one order (no collective in an atexit handler or an error path that only some ranks take)")
         if c is not None and c.links and c.links[0].wait.state == "running":
             # on a CPU at one line over samples close together: a long step (a straggler) and a hang inside the
             # computation look alike until it has stood there longer

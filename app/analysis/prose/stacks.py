@@ -3,14 +3,16 @@ rank at one place."""
 
 from __future__ import annotations
 
-from typing import Tuple
+import re
+from typing import Optional, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
 from app.analysis.fold import brief
-from app.analysis.frames import clean, focus_frame, in_backward, named
+from app.analysis.frames import clean, focus_frame, frame_id, in_backward, is_library, named
 from app.analysis.prose.words import where
 from app.analysis.tree import StackClass
+from app.model import Frame
 
 Text = Tuple[str, str, str]  # title, detail, reason
 
@@ -110,6 +112,8 @@ def stack_text(f: Fact) -> Text:
     inner = c.frames[-1] if c.frames else None
     if inner is not None and inner is not focus_frame(c.frames) and c.collective is None:
         detail += f"; innermost frame {named(inner)}"
+    if e.case == "same_collective" and d.collective is not None:
+        title = same_collective_title(e, who, verb, others)
     if e.case in ("left_loop", "other_iteration", "left_or_behind") and e.loop is not None \
             and e.loop_frame is not None:
         title, more = _past_loop(e, who, verb, others)
@@ -118,6 +122,60 @@ def stack_text(f: Fact) -> Text:
         title = (f"{who} {verb} {where(c)} while {others} {'is' if d.size == 1 else 'are'} in autograd's "
                  f"backward {where(d)}, where DDP all_reduces the gradients")
     return title, detail, _reason(e)
+
+
+_GROUP_ARG = re.compile(r"\bgroup\s*=\s*([^,()]+(?:\([^()]*\))?)")
+# the outermost frames of a main program (a script, `python -m`, a thread's bootstrap): a main thread whose stack
+# starts elsewhere runs code the interpreter called as it exits (an atexit handler, a finalizer)
+_PROGRAM_ROOTS = ("<module>", "_run_module_as_main", "_run_code", "_bootstrap", "_bootstrap_inner")
+
+
+def exiting(c: StackClass) -> bool:
+    """Whether a class's stack is code run at the interpreter's exit: no program root at its outermost frame."""
+    return bool(c.frames) and c.frames[0].function not in _PROGRAM_ROOTS and not c.frames[0].native
+
+
+def caller(c: StackClass) -> Optional[Frame]:
+    """The job's frame that called the collective a class waits in (the innermost frame of the job's code)."""
+    f = focus_frame(c.frames)
+    return f if f is not None and not is_library(f) else None
+
+
+def callers(e: StackEvidence) -> Tuple[Optional[Frame], Optional[Frame]]:
+    """Where each side calls the collective from: the innermost frame of the job's code; when that is the same
+    helper on both sides (a wrapper of the job's), the frames where their paths part."""
+    c, d = e.mine, e.theirs
+    mine, theirs = caller(c), caller(d)
+    if mine is not None and theirs is not None and frame_id(mine, "function+line") == frame_id(theirs, "function+line"):
+        k = e.parting
+        mine = c.frames[k] if k < len(c.frames) and not is_library(c.frames[k]) else None
+        theirs = d.frames[k] if k < len(d.frames) and not is_library(d.frames[k]) else None
+    return mine, theirs
+
+
+def group_arg(f: Optional[Frame]) -> str:
+    """The `group=` argument of the collective call on a frame's current line ("" for the default group)."""
+    text = dict(f.source).get(f.line, "") if f is not None else ""
+    m = _GROUP_ARG.search(text)
+    return m.group(1).strip() if m else ""
+
+
+def same_collective_title(e: StackEvidence, who: str, verb: str, others: str) -> str:
+    """Two classes in the same collective called from different places of the job's code: where each calls it
+    from, that the culprit's side runs as the interpreter exits (an atexit handler) when it does, and the groups
+    the calls name: calls of one collective from two places of a program are two collectives that never match."""
+    c, d = e.mine, e.theirs
+    mine, theirs = callers(e)
+    if mine is None or theirs is None:
+        return f"{who} {verb} {where(c)} while {others} wait in `{d.collective}`"
+    at_exit = (", in code run as its interpreter exits (an atexit handler: its main program has ended)"
+               if exiting(c) and not exiting(d) else "")
+    g_mine, g_theirs = group_arg(mine), group_arg(theirs)
+    group = (f" ({'its call is' if c.size == 1 else 'theirs are'} on another process group, `{clean(g_mine, 40)}`, "
+             f"than the others': {'the default group' if not g_theirs else f'`{clean(g_theirs, 40)}`'})"
+             if g_mine and g_mine != g_theirs else "")
+    return (f"{who} {verb} in `{c.collective}` called from {named(mine)}{at_exit}, while {others} wait in "
+            f"`{d.collective}` called from {named(theirs)}: two different calls, which never match{group}")
 
 
 def _past_loop(e: StackEvidence, who: str, verb: str, others: str) -> Tuple[str, str]:
