@@ -70,6 +70,10 @@ class Party:
     wait: Optional[ThreadWait] = None  # what it waits for itself, when its stack is known
     same: bool = False  # the waiter itself (a self-deadlock)
     what: str = ""  # a process's kind beside the ranks: "data-loader worker", "subprocess"
+    # a child asleep reading a pipe (its input): the processes holding that pipe's write end (role "feeder"), whose
+    # closing alone gives it the end of its input; `reads`: that pipe ("pipe:[N]")
+    feeders: Tuple["Party", ...] = ()
+    reads: str = ""
 
 
 @dataclass(frozen=True)
@@ -497,7 +501,8 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
                                  state=_state_word(o.state)))
             continue
         parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
-                             state=_state_word(o.state), exit=_exit(o)))
+                             state=_state_word(o.state), exit=_exit(o), feeders=_feeders(o, ctx),
+                             reads=o.reads.target if o.reads is not None else ""))
     complete = all(f.complete for f in kw.fds) and kw.children_complete
     sockets = [f for f in kw.fds if f.kind == "socket" and f.peer and not no_peer(f.peer)]
     if not parties and sockets:
@@ -561,6 +566,17 @@ def _event_loop(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if others:  # threads that hold no reference to it that the locals show: not named as its wakers
         return Release(none="loop_untied" if kw is not None else "loop_untied_unread")
     return Release(none="loop_alone" if kw is not None else "loop_unread")
+
+
+def _feeders(child: OtherEnd, ctx: Context) -> Tuple[Party, ...]:
+    """Who holds the write end of the pipe a child is blocked reading (OtherEnd.reads): the rank itself (own) or
+    other processes (a process forked from the rank after the pipe was made inherits it)."""
+    if child.reads is None:
+        return ()
+    return tuple(Party("process", ctx.rank.node, w.pid, None, ctx.rank.rank if w.own else None, _name(w),
+                       role="feeder", state=_state_word(w.state), exit=_exit(w), same=w.own,
+                       what="started by the rank" if not w.own and w.ppid == ctx.rank.pid else "")
+                 for w in child.reads.others[:MAX_PARTIES])
 
 
 def no_peer(address: str) -> bool:

@@ -91,7 +91,13 @@ def other_end(raw: Any) -> Optional[OtherEnd]:
         cmdline=strs(g("cmdline"), MAX_ARGS, 200),
         fd=_int(g("fd"), 0), own=g("own") is True, lock=_str(g("lock"), 100),
         exit_code=_int(g("exit_code"), 0, 256), exit_signal=_str(g("exit_signal"), 20),
-        core_dumped=g("core_dumped") is True)
+        core_dumped=g("core_dumped") is True, reads=_reads(g("reads")) if role == "child" else None)
+
+
+def _reads(raw: Any) -> Optional[WaitFd]:
+    """A child's pipe read (OtherEnd.reads): one level only, its writers' own `reads` never read."""
+    fd = wait_fd(raw)
+    return fd if fd is not None and fd.kind == "pipe" and all(o.reads is None for o in fd.others) else None
 
 
 # Lists of strings that repeat across a job's ranks and passes (a command line: every rank of a torchrun job has

@@ -30,6 +30,9 @@ class OtherEnd:
     exit_code: Optional[int] = None  # a zombie child that exited: its exit code
     exit_signal: str = ""  # a zombie child killed by a signal: its name, e.g. "SIGKILL"
     core_dumped: bool = False
+    # a child asleep reading a pipe (its input, usually): that pipe and the processes holding its write end, whose
+    # closing alone gives it the end of its input (EOF); None when it is not in such a read
+    reads: Optional["WaitFd"] = None
 
 
 @dataclass(frozen=True)

@@ -1113,3 +1113,35 @@ def test_one_collective_called_from_an_exit_handler_on_another_group_is_said_as_
     assert "called from `finish` (job.py:463): two different calls, which never match" in line, line
     assert "another process group, `self.pg`, than the others': the default group" in line, line
     assert "an atexit handler or an error path" in line.split("Next:")[1], line
+
+
+def _waiting_on_gzip(*writers: OtherEnd) -> Snapshot:
+    frames = (Frame("Popen._try_wait", "/usr/lib/python3.11/subprocess.py", 2011),
+              Frame("Popen._wait", "/usr/lib/python3.11/subprocess.py", 2053),
+              Frame("Popen.wait", "/usr/lib/python3.11/subprocess.py", 1264),
+              Frame("Trace.on_train_end", "/home/alice/job.py", 426, source=((426, "        self.tracer.wait()"),)),
+              *stack("finish (job.py:465)", "<module> (job.py:495)"))
+    ranks = list(job(8, 4, rank1=frames))
+    pipe = WaitFd(0, "pipe:[7712]", "pipe", "read", others=writers)
+    gzip = OtherEnd("child", 424, "gzip", "S", ppid=1001, wchan="anon_pipe_read", cmdline=("gzip", "-c"), reads=pipe)
+    ranks[1] = dataclasses.replace(ranks[1], threads=(dataclasses.replace(
+        ranks[1].threads[0], syscall="wait4", wchan="do_wait",
+        waits=KernelWait("wait4", "wait", child_pid=424, children=(gzip,))),))
+    return snapshot(ranks)
+
+
+def test_a_child_reading_its_input_until_eof_names_who_holds_the_pipe_open() -> None:
+    """Popen.wait() on `gzip -c`, which reads its stdin until its end: the end never comes while a process holds
+    the pipe's write end: a process the rank forked after making the pipe, or the rank itself (a deadlock)."""
+    forked = OtherEnd("writer", 425, "python", "S", ppid=1001, cmdline=("python", "-u", "job.py"), fd=9)
+    snap = _waiting_on_gzip(forked)
+    line = _headline(analyze(snap), snap)
+    assert "the child pid 424 `gzip -c`, which reads its input (`pipe:[7712]`) until its end (EOF)" in line, line
+    assert "write end is still open in pid 425 `python -u job.py` (started by the rank): its input never ends" in line
+    assert "close_fds" in line.split("Next:")[1] and "each waits" not in line, line
+    itself = OtherEnd("writer", 1001, "python", "S", fd=7, own=True)
+    snap = _waiting_on_gzip(itself)
+    line = _headline(analyze(snap), snap)
+    assert "open in the rank itself: its input never ends, while the rank waits for the child: each waits for the " \
+           "other" in line, line
+    assert "`proc.stdin.close()`" in line.split("Next:")[1], line

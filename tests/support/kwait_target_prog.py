@@ -131,6 +131,21 @@ def wait_child(args):
     os.waitpid(sleeper.pid, 0)
 
 
+def wait_fed(args):
+    """wait() on `cat` whose stdin is a pipe this process still holds open (it never closed proc.stdin); with
+    "fork", a child forked after the pipe was made holds it too (a fork copies open files)."""
+    cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    forked = 0
+    if args and args[0] == "fork":
+        forked = os.fork()
+        if forked == 0:
+            time.sleep(86400)
+            os._exit(0)
+    asleep(cat.pid)
+    ready(cat.pid, forked)
+    cat.wait()
+
+
 def wait_any(args):
     """wait4(-1): any of two sleeping children."""
     kids = [subprocess.Popen(["sleep", "86400"]) for _ in range(2)]
@@ -197,6 +212,6 @@ def sigwait(args):
 
 if __name__ == "__main__":
     {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server,
-     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child,
+     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed,
      "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
      "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])

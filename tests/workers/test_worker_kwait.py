@@ -217,6 +217,27 @@ def test_wait4_on_a_sleeping_child_and_a_zombie_killed_by_sigkill() -> None:
         assert (second.pid, second.state, second.exit_signal, second.exit_code) == (victim, "Z", "SIGKILL", None)
 
 
+def test_wait4_on_a_child_reading_its_input_names_who_holds_the_write_end() -> None:
+    """A child blocked reading its stdin pipe gets its end only when every holder of the write end closes it: the
+    waiting process itself (it never closed proc.stdin), and a process it forked after making the pipe."""
+    with target("wait_fed") as t:
+        cat = int(t.ready[1])
+        _, w = waits(t.pid, ["wait4", "waitid"])
+        child = w.children[0]
+        assert (child.pid, child.comm) == (cat, "cat") and child.reads is not None, w
+        assert child.reads.kind == "pipe" and child.reads.fd == 0 and child.reads.target.startswith("pipe:[")
+        assert [(o.role, o.pid, o.own) for o in child.reads.others] == [("writer", t.pid, True)]
+    with target("wait_fed", "fork") as t:
+        cat, forked = int(t.ready[1]), int(t.ready[2])
+        _, w = waits(t.pid, ["wait4", "waitid"])
+        child = next(c for c in w.children if c.pid == cat)
+        assert child.reads is not None
+        assert sorted((o.pid, o.own) for o in child.reads.others) == sorted([(t.pid, True), (forked, False)])
+        assert next(o for o in child.reads.others if o.pid == forked).ppid == t.pid
+        # the forked one is a child too, asleep in no pipe read: nothing read for it
+        assert all(c.reads is None for c in w.children if c.pid != cat)
+
+
 def test_wait4_on_any_child_lists_them() -> None:
     with target("wait_any") as t:
         kids = sorted(int(p) for p in t.ready[1:])

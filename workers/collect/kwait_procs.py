@@ -68,6 +68,11 @@ def children(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> No
         (waited if match else rest).append(facts)
     # every child, the ones the call waits for first: a zombie it does not wait for (killed by a signal) shows
     chosen = (waited + rest)[:MAX_CHILDREN]
+    for facts in chosen:
+        if facts.get("state") == "S" and str(facts.get("wchan") or "").startswith(_PIPE_READ) and not ctx.over():
+            reads = _pipe_read(ctx, facts["pid"])
+            if reads is not None:
+                facts["reads"] = reads
     out["children"] = chosen
     out["children_complete"] = complete and len(waited) + len(rest) <= MAX_CHILDREN
     if want > 0 and not waited and complete:
@@ -75,6 +80,37 @@ def children(ctx: Reader, name: str, args: List[int], out: Dict[str, Any]) -> No
     if ctx.other_pidns and want not in (-1, 0):
         out["notes"].append("the pid waited for is in the process's own pid namespace; its children are named by "
                             "the worker's pids")
+
+
+# a child asleep reading a pipe (its input, usually: `gzip -c` fed by the rank): its call and the pipe's writers
+_PIPE_READ = ("pipe_read", "anon_pipe_read", "pipe_wait_readable")
+_READ_CALLS = {"read", "readv", "pread64", "preadv", "preadv2"}
+
+
+def _pipe_read(ctx: Reader, pid: int) -> Optional[Dict[str, Any]]:
+    """What a child blocked in a pipe read waits for: {"fd", "target", "kind": "pipe", "access": "read", "others":
+    the processes holding the pipe's write end (the waiting rank itself marked own), "complete"}: its input's end
+    (EOF) comes only when every one of them has closed it. None when the child is not in such a read (it moved
+    on, its syscall line is not readable, or the fd is no pipe)."""
+    from workers.collect import procfs
+
+    try:
+        line = procinfo.read_file("/proc/%d/syscall" % pid, 256).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = line.split()
+    if len(fields) < 2 or procfs.syscall_name(line) not in _READ_CALLS:
+        return None
+    try:
+        fd = s32(int(fields[1], 16))
+        target = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+    except (ValueError, OSError):
+        return None
+    if not target.startswith("pipe:["):
+        return None
+    others, complete = ctx.ends(target, (1, 2), "writer", skip=(pid, fd))
+    return {"fd": fd, "target": target[:300], "kind": "pipe", "access": "read", "others": others,
+            "complete": complete}
 
 
 def exit_status(status: int) -> Dict[str, Any]:

@@ -344,6 +344,15 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return (f"find the process that still holds the pipe: `ls -l /proc/{r.pid}/fd` on {node} names it "
                 "(pipe:[N]), `lsof -n | grep` that pipe shows its other holders; start background helpers with "
                 "their output redirected (`> /dev/null 2>&1`), and give the call a timeout")
+    if first is not None and first.kind == "process" and first.feeders and w.release == "children":
+        if any(f.same for f in first.feeders):
+            return ("close the child's input before waiting for it (`proc.stdin.close()` first, or "
+                    "`proc.communicate()`): the rank holds the write end of the pipe the child reads")
+        pids = ", ".join(str(f.pid) for f in first.feeders[:3])
+        return (f"the write end of pid {first.pid}'s input pipe stays open in pid {pids} on {node}: a process "
+                "started after the pipe was made inherits it (a fork copies open files); start later processes "
+                "without it (subprocess's `close_fds`, multiprocessing's 'spawn' or 'forkserver'), or close it in "
+                "them, so the child sees the end of its input")
     if first is not None and first.kind == "process" and first.pid is not None:
         if first.state == "stopped":
             return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"

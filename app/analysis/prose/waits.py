@@ -403,6 +403,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         kids = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
         return (f"; nobody has connected, and every process it started has exited ({kids}): a client it started "
                 "to connect back never will")
+    if w.release == "children" and first.feeders:
+        return f"; the child {who}{_fed(first, rank)}"
     if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
                 "peer": "its peer is"}[w.release]
@@ -426,6 +428,22 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     if w.release == "time":
         return ""
     return f"; {who}"
+
+
+def _fed(child: Party, rank: Optional[RankSnapshot]) -> str:
+    """`, which reads its input until its end (EOF), ...`: who holds the write end of the pipe a child reads."""
+    holders = []
+    for f in child.feeders[:3]:
+        if f.same:
+            holders.append("the rank itself")
+        else:
+            holders.append(f"pid {f.pid} {_q(f.name, 80)}" + (f" ({f.what})" if f.what else ""))
+    more = " ..." if len(child.feeders) > 3 else ""
+    text = (f", which reads its input ({_q(child.reads, 30)}) until its end (EOF), and that pipe's write end is still "
+            f"open in {', '.join(holders)}{more}: its input never ends")
+    if any(f.same for f in child.feeders):
+        text += ", while the rank waits for the child: each waits for the other"
+    return text
 
 
 def ended(w: ThreadWait, rank: Optional[RankSnapshot]) -> str:
