@@ -788,6 +788,11 @@ def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
     if w.release in ("reader", "writer", "peer"):
         end = _rank_end(main, r)
         return [Link(p, w, Release((end,)))] if end is not None else []
+    if w.resource == "process_queue" and w.release in ("producer", "consumer"):
+        # a multiprocessing Connection or Queue read (or write) of the child: the socket or pipe under it, when
+        # the rank is the only other process holding it, is the rank's to send (or read) on
+        end = _rank_end(main, r, alone=True)
+        return [Link(p, w, Release((end,)))] if end is not None else []
     if w.release == "joined":
         for t in proc.threads:
             if t is main:
@@ -800,11 +805,15 @@ def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
     return []
 
 
-def _rank_end(t: ThreadStack, r: RankSnapshot) -> Optional[Party]:
-    """The rank's own process as the other end of the pipe or socket this thread (of another process) waits on."""
+def _rank_end(t: ThreadStack, r: RankSnapshot, alone: bool = False) -> Optional[Party]:
+    """The rank's own process as the other end of the pipe or socket this thread (of another process) waits on;
+    `alone`: only when no third process holds that end too (and the node's search for them was complete)."""
     for f in t.waits.fds if t.waits is not None else ():
-        for o in f.others:
-            if o.pid == r.pid and not o.own and o.role in ("reader", "writer", "peer"):
+        ends = [o for o in f.others if not o.own]
+        for o in ends:
+            if o.pid == r.pid and o.role in ("reader", "writer", "peer"):
+                if alone and (len(ends) > 1 or not f.complete):
+                    return None
                 return Party("process", r.node, r.pid, None, r.rank, r.cmdline[0] if r.cmdline else "", role=o.role)
     return None
 

@@ -1145,3 +1145,37 @@ def test_a_child_reading_its_input_until_eof_names_who_holds_the_pipe_open() -> 
     assert "open in the rank itself: its input never ends, while the rank waits for the child: each waits for the " \
            "other" in line, line
     assert "`proc.stdin.close()`" in line.split("Next:")[1], line
+
+
+def _child_on_recv(*ends: OtherEnd, complete: bool = True) -> Snapshot:
+    joining = stack("Popen.wait (/usr/lib/python3.11/multiprocessing/popen_fork.py:43)",
+                    "BaseProcess.join (/usr/lib/python3.11/multiprocessing/process.py:149)",
+                    "_exit_function (/usr/lib/python3.11/multiprocessing/util.py:357)")
+    ranks = list(job(8, 4, rank2=joining))
+    sock = WaitFd(17, "socket:[7530608]", "socket", "read", "unix", state="ESTABLISHED",
+                  others=(*ends, OtherEnd("peer", 115, "python", "S", own=True)), complete=complete)
+    main = ThreadStack(115, "MainThread", is_main=True, state="S", syscall="read", wchan="unix_stream_read_generic",
+                       frames=stack("Connection._recv (/usr/lib/python3.11/multiprocessing/connection.py:395)",
+                                    "Connection._recv_bytes (/usr/lib/python3.11/multiprocessing/connection.py:430)",
+                                    "_ConnectionBase.recv (/usr/lib/python3.11/multiprocessing/connection.py:250)")
+                       + (Frame("_mirror_loop", "/home/alice/job.py", 192, source=((192, "        path = conn.recv()"),)),)
+                       + stack("BaseProcess.run (/usr/lib/python3.11/multiprocessing/process.py:108)"),
+                       waits=KernelWait("read", "fd", fd=17, fds=(sock,)))
+    return with_processes(snapshot(ranks), [job_process(115, "child", (1002,), kind="multiprocessing child",
+                                                        threads=(main,))])
+
+
+def test_a_child_reading_a_connection_only_its_joining_parent_holds_is_a_deadlock() -> None:
+    """The rank joins a multiprocessing child (at its exit) that waits in conn.recv() on a socketpair whose other
+    end only the rank holds: the rank would have to send first, and it waits for the child to exit."""
+    snap = _child_on_recv(OtherEnd("peer", 1002, "python", "S"))
+    line = _headline(analyze(snap), snap)
+    assert "only the rank itself (pid 1002) holds its other end, to send on it; which waits for the first: a " \
+           "deadlock" in line, line
+    assert "send the child what it waits for" in line.split("Next:")[1], line
+    # a third process holds that end too (or the search was cut short): no deadlock claimed
+    for other, complete in ((OtherEnd("peer", 2222, "python", "S"), True), (None, False)):
+        ends = (OtherEnd("peer", 1002, "python", "S"),) + ((other,) if other is not None else ())
+        snap = _child_on_recv(*ends, complete=complete)
+        line = _headline(analyze(snap), snap)
+        assert "a deadlock" not in line, line

@@ -297,6 +297,11 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     if (first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.pid is not None
             and links[-2].who.pid != r.pid):
         # the rank and a process of its own (a child) each wait for the other through a pipe or a socket
+        if links[-2].wait.release in ("producer", "writer", "peer") and links[-2].wait.resource == "process_queue":
+            # the child reads: it waits for something only the rank would send
+            return ("each waits for the other: send the child what it waits for (its stop message) before waiting "
+                    "for it to exit, or close the rank's end of the connection so that its read ends (EOFError); a "
+                    "non-daemon multiprocessing child is joined at the rank's exit too: stop it in a `finally`")
         return ("each waits for the other: take what the child sends before waiting for it (its pipes with "
                 "`communicate()` or a thread per pipe, its queue's items before `join()`), or send its output to a "
                 "file or DEVNULL; give the wait a timeout")

@@ -237,8 +237,9 @@ def party(p: Party, rank: Optional[RankSnapshot] = None) -> str:
         return f"{who}'s thread {_q(p.name, 60)}" if p.name else f"{who}'s thread {p.tid}"
     if p.kind == "process":
         state = f", {p.state}" + (f" ({clean(p.exit, 60)})" if p.exit else "") if p.state else ""
-        mine = " (its own process)" if rank is not None and p.pid == rank.pid else ""
-        return f"pid {p.pid} {_q(p.name, 80)}{mine}{state}"
+        if rank is not None and p.pid == rank.pid and p.node == rank.node:
+            return f"the rank itself (pid {p.pid}){state}"
+        return f"pid {p.pid} {_q(p.name, 80)}{state}"
     if p.kind == "rank":
         return f"rank {p.rank} on {clean(p.node, 60)}" if p.rank is not None else f"pid {p.pid} on {clean(p.node, 60)}"
     if p.kind == "host":
@@ -396,6 +397,11 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                 return (f"; {among} among its threads still running: {names}{more} (a stack does not say which "
                         "threads are daemon threads)")
             return f"; its threads still running: {names}{more}"
+        if w.resource == "process_queue" and first.kind == "process" and len(rel.parties) == 1 \
+                and first.role in ("peer", "reader", "writer"):
+            # the node found one process at the other end of the connection or pipe under it
+            act = "send on it" if w.release == "producer" else "read from it"
+            return f"; only {who} holds its other end, to {act}"
         role = {"notifier": "could set it", "producer": "could put into it",
                 "consumer": "could take from it"}[w.release]
         return f"; the threads that {role}: {names}" + (" ..." if len(rel.parties) > 3 else "")
@@ -409,6 +415,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
                 "peer": "its peer is"}[w.release]
         more = f" (and {len(rel.parties) - 1} more)" if len(rel.parties) > 1 else ""
+        if who.startswith("the rank itself") and w.release != "peer":
+            return f"; {role} is {who}{more}"
         return f"; {role} {who}{more}"
     if w.release == "person" and w.operation == "terminal write":
         return ("; someone at that terminal must resume its output (Ctrl-Q), or the program holding the terminal (a "
