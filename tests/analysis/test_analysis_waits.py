@@ -1179,3 +1179,32 @@ def test_a_child_reading_a_connection_only_its_joining_parent_holds_is_a_deadloc
         snap = _child_on_recv(*ends, complete=complete)
         line = _headline(analyze(snap), snap)
         assert "a deadlock" not in line, line
+
+
+def test_a_rank_exiting_that_joins_its_queue_feeder_writing_a_full_pipe_says_both_and_cancel_join_thread() -> None:
+    """At exit, multiprocessing's exit function joins a Queue's feeder thread, blocked writing into the queue's
+    full pipe that no process reads: the headline starts where the rank is stuck (the join, as it exits)."""
+    exiting = ThreadStack(1005, "MainThread", is_main=True, state="S", syscall="futex", wchan="futex_do_wait",
+                          frames=(Frame("Thread._wait_for_tstate_lock", "/usr/lib/python3.11/threading.py", 1139),
+                                  Frame("Thread.join", "/usr/lib/python3.11/threading.py", 1119,
+                                        locals=(Local("self", "<Thread at 0x7ff804ceb250>"),)))
+                          + stack("Queue._finalize_join (/usr/lib/python3.11/multiprocessing/queues.py:199)",
+                                  "_run_finalizers (/usr/lib/python3.11/multiprocessing/util.py:300)",
+                                  "_exit_function (/usr/lib/python3.11/multiprocessing/util.py:360)"))
+    pipe = WaitFd(17, "pipe:[7527867]", "pipe", "write", others=(OtherEnd("reader", 1005, "python", "S", own=True),))
+    feeder = ThreadStack(1069, "QueueFeederThread", state="S", syscall="write", wchan="anon_pipe_write",
+                         waits=KernelWait("write", "fd", fd=17, fds=(pipe,)), frames=(
+                             Frame("Connection._send", "/usr/lib/python3.11/multiprocessing/connection.py", 384),
+                             Frame("Queue._feed", "/usr/lib/python3.11/multiprocessing/queues.py", 250),
+                             Frame("Thread.run", "/usr/lib/python3.11/threading.py", 982,
+                                   locals=(Local("self", "<Thread at 0x7ff804ceb250>"),)),
+                             Frame("Thread._bootstrap", "/usr/lib/python3.11/threading.py", 1002,
+                                   locals=(Local("self", "<Thread at 0x7ff804ceb250>"),))))
+    ranks = list(job(8, 4))
+    ranks[5] = dataclasses.replace(ranks[5], threads=(exiting, feeder))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "main thread is blocked in `Thread.join` as its interpreter exits (in `_exit_function`" in line, line
+    assert "waiting for a thread to end: its thread `QueueFeederThread`, which is blocked writing to a full " \
+           "pipe" in line, line
+    assert "`queue.cancel_join_thread()`" in line.split("Next:")[1], line

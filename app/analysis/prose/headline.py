@@ -279,6 +279,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if k in ("native_call", "gil_held"):
         return f"see the C frames: `py-spy dump --native --pid {pid}`{at} (hangscope --native), or `gdb -p {pid}`"
     if k == "pipe_write":
+        t = getattr(e, "thread", None)
+        if t is not None and any(f.function.endswith("_feed") and f.filename.endswith("multiprocessing/queues.py")
+                                 for f in t.frames):
+            # a multiprocessing.Queue's feeder: what was put waits to be written into the queue's pipe
+            return ("the queue's reader does not read (a consumer process that died or never started): make it "
+                    "read, or on the path where it is gone call `queue.cancel_join_thread()` (what was not sent is "
+                    "lost) so that the process can exit; the queue's feeder is joined at exit until everything put "
+                    "is written")
         return "make the pipe's reader read (or send the rank's output to a file)"
     if k in ("gpu_fault", "nccl_ras"):
         return "see the GPU evidence below: the node's kernel log (`dmesg -T | grep -i xid`) and nvidia-smi"

@@ -4,7 +4,7 @@ rank at one place."""
 from __future__ import annotations
 
 import re
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
@@ -132,7 +132,12 @@ _PROGRAM_ROOTS = ("<module>", "_run_module_as_main", "_run_code", "_bootstrap", 
 
 def exiting(c: StackClass) -> bool:
     """Whether a class's stack is code run at the interpreter's exit: no program root at its outermost frame."""
-    return bool(c.frames) and c.frames[0].function not in _PROGRAM_ROOTS and not c.frames[0].native
+    return exiting_frames(c.frames)
+
+
+def exiting_frames(frames: Sequence[Frame]) -> bool:
+    """The same for frames outermost first."""
+    return bool(frames) and frames[0].function not in _PROGRAM_ROOTS and not frames[0].native
 
 
 def caller(c: StackClass) -> Optional[Frame]:

@@ -189,16 +189,23 @@ def _held_up_by(r: RankSnapshot, t: ThreadStack) -> str:
     from app.analysis.prose.waits import operation, resource, where
     from app.analysis.release import Context, release
 
+    from app.analysis.prose.stacks import exiting_frames
+
     main = r.main_thread
     if main is None or main.tid == t.tid or not main.frames:
         return ""
     w = thread_wait(main, r.hold)
-    if w.release != "holder":
+    if w.release not in ("holder", "joined"):  # it waits for t's lock, or for t to end
         return ""
     rel = release(w, main, Context(r))
     if not rel.parties or rel.parties[0].tid != t.tid:
         return ""
-    return f"main thread is {operation(w)}{where(w)}, {resource(w, rel)}"
+    # a main thread whose stack starts in the interpreter's exit code (no program root below it)
+    outer = main.frames[-1]
+    exits = (f" as its interpreter exits (in `{clean(outer.function, 60)}`: its main program has ended)"
+             if exiting_frames(main.frames[::-1]) else "")
+    link = ", held by its " if w.release == "holder" else ": its "
+    return f"main thread is {operation(w)}{where(w)}{exits}, {resource(w, rel)}{link}"
 
 
 def native_text(f: Fact) -> Text:
@@ -243,7 +250,7 @@ def native_text(f: Fact) -> Text:
     at = f" in {named(frame)}" if frame is not None else ""
     reader, reader_detail = pipe_reader(r)
     waiting = _held_up_by(r, t)
-    title = (f"{who}'s {waiting + ', held by its ' if waiting else ''}{thread_label(t)}"
+    title = (f"{who}'s {waiting}{thread_label(t)}"
              f"{', which' if waiting else ''} is blocked writing to a full pipe{at}: "
              + (f"{reader}, which holds its read end, does not read" if reader else
                 "the process reading the other end has stopped reading"))
