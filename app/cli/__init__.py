@@ -47,16 +47,13 @@ time: each node's connect and login (TCP, banner, key exchange, authentication, 
 
 
 # Ranges of the numeric flags, stated in --help (app.inputs.numbers: one parser per kind of number).
-DUMP_TIMEOUT = numbers.seconds(0.1, 600)
+# (those `hangscope watch` takes too are in app/cli/ranges.py, one definition for both)
+from app.cli.ranges import CONNECT_TIMEOUT, DUMP_TIMEOUT, FANOUT, FPS, MAX_HOSTS, PID  # noqa: E402
+
 SAMPLES = numbers.count(1, 100)
 INTERVAL = numbers.seconds(0, 3600)
 STRACE = numbers.seconds(0, 60)  # a rank is traced (slowed) for this long: bounded, whatever was typed
-PID = numbers.count(1, 4194304, "a process id")  # PID_MAX_LIMIT on 64-bit Linux
-FANOUT = numbers.count(1, 4096)
-CONNECT_TIMEOUT = numbers.seconds(0.1, 600)
-MAX_HOSTS = numbers.count(1, 100000)
 REFRESH = numbers.seconds(0.5, 3600)
-FPS = numbers.count(1, 120)
 
 
 def build_parser() -> argparse.ArgumentParser:

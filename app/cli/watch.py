@@ -39,62 +39,80 @@ exit codes: 0 every job followed has ended (or --once captured one); 1 a capture
 def build_parser() -> argparse.ArgumentParser:
     from app.slurm.cli import add_slurm_arguments
 
-    p = argparse.ArgumentParser(
+    from app.cli.ranges import CONNECT_TIMEOUT, DUMP_TIMEOUT, FANOUT, FPS, MAX_HOSTS, PID
+    from app.cli.run import OneLineParser
+    from app.inputs import numbers
+    from app.inputs.text import python_command, text_arg
+    from app.watch.options import EVERY, HOOK_TIMEOUT, KEEP, SLOW, STALL, WAIT_START
+
+    p = OneLineParser(
         prog="hangscope watch",
         description="Follow a running job with cheap samples (/proc and counters: no ptrace, no py-spy) and, the "
         "moment it stops progressing (or runs slow), capture the full snapshot and report bundle, before its own "
         "watchdog kills it.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hosts", nargs="?", metavar="HOSTS",
+    # every number through its kind (plain ASCII decimals, a closed range --help states), every text through
+    # text_arg (never empty, no control character), as the main command's flags: the same flag takes the same
+    # values whichever command it is given to (app/cli/ranges.py)
+    p.add_argument("hosts", nargs="?", metavar="HOSTS", type=text_arg("HOSTS"),
                    help="hosts file ('-' for stdin); without HOSTS or -w, this machine is watched")
     p.add_argument("-w", dest="nodelist", action="append", default=[], metavar="NODELIST",
                    help="comma-separated nodes or node lists, e.g. 'gpu[001-004],login1' (repeatable)")
     w = p.add_argument_group("watch")
-    w.add_argument("--every", type=float, default=30.0, metavar="S", help="seconds between cheap samples (30)")
-    w.add_argument("--stall", type=float, default=120.0, metavar="S",
-                   help="capture a job that has made no progress for S seconds (120; lowered to a quarter of the "
-                   "job's own watchdog timeout when that is shorter)")
-    w.add_argument("--stall-start", type=float, default=None, metavar="S",
-                   help="the same for a job not yet seen progressing: start-up (imports, rendezvous, loading a "
-                   "checkpoint) is quiet too (default: 4 x --stall, at least 300 s)")
-    w.add_argument("--slow", type=float, default=0.5, metavar="F",
-                   help="capture a job whose rate stays below F of its own recent rate for --stall (0.5; 0: never)")
-    w.add_argument("--out", default="hangscope-watch", metavar="DIR",
-                   help="where captures (report bundles) and the history of samples go; created 0700 (hangscope-watch)")
-    w.add_argument("--keep", type=int, default=20, metavar="N", help="capture bundles kept in --out, oldest removed (20)")
-    w.add_argument("--on-hang", metavar="CMD", help="run CMD after each capture (no shell; see below)")
-    w.add_argument("--on-hang-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds --on-hang may run before it is killed (300)")
+    numbers.add_number(w, "--every", kind=EVERY, default=30.0, metavar="S", help="seconds between cheap samples")
+    numbers.add_number(w, "--stall", kind=STALL, default=120.0, metavar="S",
+                       help="capture a job that has made no progress for S seconds (lowered to a quarter of the "
+                       "job's own watchdog timeout when that is shorter)")
+    numbers.add_number(w, "--stall-start", kind=STALL, metavar="S",
+                       help="the same for a job not yet seen progressing: start-up (imports, rendezvous, loading a "
+                       "checkpoint) is quiet too (default: 4 x --stall, at least 300 s)")
+    numbers.add_number(w, "--slow", kind=SLOW, default=0.5, metavar="F",
+                       help="capture a job whose rate stays below F of its own recent rate for --stall (0: never)")
+    w.add_argument("--out", default="hangscope-watch", metavar="DIR", type=text_arg("--out"),
+                   help="where captures (report bundles) and the history of samples go; created 0700, never in "
+                   "/proc, /sys or /dev (hangscope-watch)")
+    numbers.add_number(w, "--keep", kind=KEEP, default=20, metavar="N",
+                       help="capture bundles kept in --out, the oldest of hangscope's own removed")
+    w.add_argument("--on-hang", metavar="CMD", type=text_arg("--on-hang"),
+                   help="run CMD after each capture (no shell; see below)")
+    numbers.add_number(w, "--on-hang-timeout", kind=HOOK_TIMEOUT, default=300.0, metavar="S",
+                       help="seconds --on-hang may run before it is killed")
     w.add_argument("--once", action="store_true", help="exit after the first capture")
-    w.add_argument("--wait-start", type=float, default=600.0, metavar="S",
-                   help="seconds to wait for a job to appear on the nodes before giving up (600)")
-    w.add_argument("--job", metavar="JOB", help="follow only this job (its name as printed, or a part of it)")
+    numbers.add_number(w, "--wait-start", kind=WAIT_START, default=600.0, metavar="S",
+                       help="seconds to wait for a job to appear on the nodes before giving up")
+    w.add_argument("--job", metavar="JOB", type=text_arg("--job", max_len=1024),
+                   help="follow only this job (its name as printed, or a part of it)")
     w.add_argument("--tui", action="store_true",
                    help="show the jobs, their rate over time and the captures in the TUI (Enter opens a capture)")
-    w.add_argument("--fps", type=int, default=None, metavar="N", help="with --tui: at most N screen updates a second")
+    numbers.add_number(w, "--fps", kind=FPS, metavar="N", help="with --tui: at most N screen updates a second")
     w.add_argument("-v", "--verbose", action="store_true", help="print every sample (default: every 10 min)")
     col = p.add_argument_group("the capture (as --snapshot collects)")
     col.add_argument("--locals", action=argparse.BooleanOptionalAction, default=True,
                      help="collect local variables at a capture (py-spy --locals, on by default)")
     col.add_argument("--native", action="store_true", help="include native frames at a capture (pauses each rank ~0.5 s)")
     col.add_argument("--nonblocking", action="store_true", help="capture without pausing the ranks (py-spy --nonblocking)")
-    col.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-rank dump deadline at a capture (30)")
-    col.add_argument("--pid", dest="pids", type=int, action="append", metavar="PID",
-                     help="watch only this process (repeatable; on every node)")
-    col.add_argument("--match", metavar="REGEX", help="watch only python processes whose command line matches")
+    numbers.add_number(col, "--timeout", kind=DUMP_TIMEOUT, default=30.0, metavar="S",
+                       help="per-rank dump deadline at a capture")
+    numbers.add_number(col, "--pid", kind=PID, dest="pids", action="append", metavar="PID",
+                       help="watch only this process (repeatable; on every node)")
+    col.add_argument("--match", metavar="REGEX", type=text_arg("--match"),
+                     help="watch only python processes whose command line matches")
     col.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
                      help="read rank numbers from the job's TCPStore where the ranks carry none (on by default)")
     col.add_argument("--sudo", action="store_true", help="run tools on nodes with `sudo -n` (never prompts)")
     col.add_argument("--gpu-evidence", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                      help="GPU-side evidence at a capture (auto: NCCL/CUDA jobs)")
     ssh = p.add_argument_group("ssh")
-    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE", help="ssh config file(s)")
-    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", help="identity file")
+    ssh.add_argument("-F", dest="ssh_config", action="append", metavar="FILE", type=text_arg("-F"),
+                     help="ssh config file(s)")
+    ssh.add_argument("-i", dest="identity", action="append", default=[], metavar="KEY", type=text_arg("-i"),
+                     help="identity file")
     ssh.add_argument("--accept-new-host-keys", action="store_true", help="add UNKNOWN host keys to known_hosts")
-    ssh.add_argument("--fanout", type=int, default=64, metavar="N", help="nodes connected at once (64)")
-    ssh.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
-                     help="deadline for each node's whole connect and login (10)")
-    ssh.add_argument("--python", metavar="PATH", help="the nodes' python3 (default: \"python3 -S\")")
-    ssh.add_argument("--max-hosts", type=int, default=10000, metavar="N", help="refuse more hosts (10000)")
+    numbers.add_number(ssh, "--fanout", kind=FANOUT, default=64, metavar="N", help="nodes connected at once")
+    numbers.add_number(ssh, "--connect-timeout", kind=CONNECT_TIMEOUT, default=10.0, metavar="S",
+                       help="deadline for each node's whole connect and login")
+    ssh.add_argument("--python", metavar="PATH", type=python_command,
+                     help="the nodes' python3 (default: \"python3 -S\")")
+    numbers.add_number(ssh, "--max-hosts", kind=MAX_HOSTS, default=10000, metavar="N", help="refuse more hosts")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-node lines at start")
     add_slurm_arguments(p)
     p.set_defaults(strace=0.0, gdb=False, strace_data=False)
@@ -139,14 +157,7 @@ def watch_options(args: argparse.Namespace):
     connects."""
     from app.watch import WatchOptions, check
     from app.watch.hook import parse_command
-    from app.watch.options import check_number
 
-    for flag, value, bounds in (("--timeout", args.timeout, (0.1, 3600.0)),
-                                ("--connect-timeout", args.connect_timeout, (0.1, 3600.0)),
-                                ("--fanout", args.fanout, (1, 100000)), ("--max-hosts", args.max_hosts, (1, 10**6))):
-        check_number(flag, value, bounds)
-    if args.fps is not None:
-        check_number("--fps", args.fps, (1, 240))
     if args.nonblocking and args.native:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
     return check(WatchOptions(every=args.every, stall=args.stall, stall_start=args.stall_start, slow=args.slow, keep=args.keep, out=args.out,

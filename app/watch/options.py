@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from app.errors import InputError
+from app.inputs import numbers
 
-# (low, high) per setting, both allowed; the reason for each bound is beside it
-EVERY = (0.5, 86400.0)  # below half a second the samples would cost more than they tell; a day at most
-STALL = (1.0, 7 * 86400.0)
-SLOW = (0.0, 0.99)  # a share of the job's own recent rate; 0 turns slow captures off
-KEEP = (1, 10000)
-HOOK_TIMEOUT = (1.0, 86400.0)
-WAIT_START = (0.0, 7 * 86400.0)
+# Each setting's range (app.inputs.numbers: the command line parses with the same kinds, so its grammar, plain
+# ASCII decimals, and its messages are the main command's); the reason for each bound is beside it
+EVERY = numbers.seconds(0.5, 86400)  # below half a second the samples would cost more than they tell; a day at most
+STALL = numbers.seconds(1, 7 * 86400)
+SLOW = numbers.Kind("a ratio", False, 0.0, 0.99)  # a share of the job's own recent rate; 0 turns slow captures off
+KEEP = numbers.count(1, 10000)
+HOOK_TIMEOUT = numbers.seconds(1, 86400)
+WAIT_START = numbers.seconds(0, 7 * 86400)
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,14 @@ class WatchOptions:
     verbose: bool = False  # print every sample, not only what changes
 
 
-def check_number(flag: str, value: float, bounds: Tuple[float, float]) -> None:
-    """InputError unless value is a finite number within bounds (inclusive)."""
-    low, high = bounds
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
-        raise InputError(f"{flag} {value!r} is out of range: give a number from {low:g} to {high:g}")
+def check_number(flag: str, value: float, kind: numbers.Kind) -> None:
+    """InputError unless value is a finite number of `kind` within its range (a caller other than the command
+    line, whose parser already checked it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind.integer and not isinstance(value, int)):
+        raise InputError(f"{flag} {value!r}: expected {kind.what} ({kind.range})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{flag} {value!r}: expected {kind.what} ({kind.range}), a finite number")
+    kind.check(value, flag)
 
 
 def check(options: WatchOptions) -> WatchOptions:
@@ -49,8 +53,6 @@ def check(options: WatchOptions) -> WatchOptions:
         check_number("--stall-start", options.stall_start, STALL)
     check_number("--slow", options.slow, SLOW)
     check_number("--keep", options.keep, KEEP)
-    if not isinstance(options.keep, int):
-        raise InputError(f"--keep {options.keep!r} must be a whole number")
     check_number("--on-hang-timeout", options.on_hang_timeout, HOOK_TIMEOUT)
     check_number("--wait-start", options.wait_start, WAIT_START)
     if options.stall < options.every:

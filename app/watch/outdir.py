@@ -19,6 +19,7 @@ import time
 from typing import Any, List, Mapping, Optional
 
 from app.errors import InputError
+from app.inputs.fs import kind, os_reason, system_tree
 from app.report.writer import MANIFEST, UnsafePathError
 
 HISTORY = "history.jsonl"
@@ -37,32 +38,44 @@ class OutDir:
         self._history_size = 0
 
     def prepare(self) -> None:
-        """Create the directory (0700) or check an existing one; InputError (exit 2) when it is unsafe."""
+        """Create the directory (0700) or check an existing one; InputError (exit 2) when it is unsafe. Never in
+        /proc, /sys or /dev (or a kernel pseudo file system: app.inputs.fs.system_tree), checked before anything
+        is created; an existing directory is used as it is (its mode is the user's: never changed), when it is
+        a real directory of this user that nobody else can write into."""
+        parent = os.path.dirname(self.path) or "/"
+        for where in (self.path, parent):
+            tree = system_tree(where) if os.path.lexists(where) else None
+            if tree is not None:
+                raise InputError(f"--out {self.path}: is in {tree}; hangscope never writes into kernel interfaces")
+        created = False
         try:
             os.mkdir(self.path, 0o700)
+            created = True
         except FileExistsError:
             pass
         except OSError as exc:
-            raise InputError(f"--out {self.path}: cannot create it: {exc.strerror or exc}") from exc
+            raise InputError(f"--out {self.path}: cannot create it: {os_reason(exc)}") from None
         try:
             st = os.lstat(self.path)
         except OSError as exc:
-            raise InputError(f"--out {self.path}: {exc.strerror or exc}") from exc
+            raise InputError(f"--out {self.path}: {os_reason(exc)}") from None
         if stat.S_ISLNK(st.st_mode):
             raise InputError(f"--out {self.path} is a symlink; give the directory itself")
         if not stat.S_ISDIR(st.st_mode):
-            raise InputError(f"--out {self.path} exists and is not a directory")
+            raise InputError(f"--out {self.path} exists and is {kind(st.st_mode)}, not a directory")
         if st.st_uid != os.geteuid():
             raise InputError(f"--out {self.path} belongs to another user (uid {st.st_uid}); use a directory of yours")
         if st.st_mode & 0o022:
             raise InputError(f"--out {self.path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
                              "they could plant links where the captures go",
                              hint=f"chmod 700 {self.path}, or give a new directory (hangscope creates it 0700)")
-        fd = os.open(self.path, _DIR)
-        try:
-            os.fchmod(fd, 0o700)  # captures hold stacks and command lines: private whatever the umask was
-        finally:
-            os.close(fd)
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise InputError(f"--out {self.path}: cannot write into it (permission denied)")
+        if created:
+            try:  # captures hold stacks and command lines: private whatever the umask was
+                os.chmod(self.path, 0o700, follow_symlinks=False)
+            except OSError as exc:
+                raise InputError(f"--out {self.path}: {os_reason(exc)}") from None
 
     # -- captures ----------------------------------------------------------------------------------------
 

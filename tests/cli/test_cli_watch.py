@@ -51,10 +51,43 @@ def test_every_number_is_range_checked_before_anything_connects(tmp_path: Path, 
     assert time.monotonic() - t0 < 30 and not (tmp_path / "out").exists(), "refused before anything else"
 
 
+WATCH_NUMBERS = ("--every", "--stall", "--stall-start", "--slow", "--keep", "--on-hang-timeout", "--wait-start",
+                 "--fps", "--timeout", "--pid", "--fanout", "--connect-timeout", "--max-hosts")
+
+
+@pytest.mark.parametrize("value", ["1_0", "\u0663", "\uff13", "0x10", "5s", "", " ", "1e999", "9" * 50])
+def test_watch_numbers_take_only_plain_ascii_decimals_as_the_main_command_does(value: str) -> None:
+    """Python's int() and float() take `1_0`, Arabic-Indic and full-width digits: the main command refuses them
+    (app.inputs.numbers), and watch's flags go through the same kinds (the blind inputs-w set: watch took them
+    and ran)."""
+    from app.cli.watch import build_parser
+    from app.errors import InputError
+
+    for flag in WATCH_NUMBERS:
+        with pytest.raises(InputError) as err:  # one line, exit 2 (app.cli.main reports it)
+            build_parser().parse_args(["-w", "node01", flag, value])
+        text = str(err.value)
+        assert flag in text and "\n" not in text, (flag, value, text)
+
+
+def test_a_flag_both_commands_take_has_one_range() -> None:
+    """--timeout 601 or --fps 121 is refused by watch as by the main command (app/cli/ranges.py)."""
+    from app.cli import build_parser as main_parser
+    from app.cli.watch import build_parser
+
+    from app.errors import InputError
+
+    for flag, over in (("--timeout", "601"), ("--fps", "121"), ("--connect-timeout", "601"), ("--fanout", "4097"),
+                       ("--max-hosts", "100001"), ("--pid", "4194305")):
+        for parser in (main_parser(), build_parser()):
+            with pytest.raises(InputError, match="out of range"):
+                parser.parse_args(["-w", "node01", flag, over])
+
+
 @pytest.mark.parametrize("args,expect", [
     (("--every", "30", "--stall", "10"), "shorter than --every"),
     (("--on-hang", "'unbalanced"), "--on-hang"),
-    (("--on-hang", ""), "--on-hang needs a command"),
+    (("--on-hang", ""), "--on-hang is empty"),
     (("--native", "--nonblocking"), "--native"),
     (("--match", "("), "--match"),
 ])

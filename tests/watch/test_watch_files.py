@@ -43,6 +43,30 @@ def test_an_unsafe_out_directory_is_refused(tmp_path: Path, kind: str) -> None:
     assert not list(target.iterdir()), "nothing written through the link"
 
 
+@pytest.mark.parametrize("path", ["/proc", "/dev", "/sys/kernel", "/dev/hangscope-watch-test", "/proc/sys/out"])
+def test_a_directory_in_a_kernel_tree_is_refused_before_anything_is_created_or_changed(path: str) -> None:
+    """/dev exists and is root's, 0755: it passed the ownership and mode checks, and was then chmod'ed 0700 and
+    written into (history.jsonl) by a root watch (the blind inputs-w set). Refused by where it is, first."""
+    parent = os.path.dirname(path)
+    before = {p: os.lstat(p).st_mode for p in (path, parent) if os.path.lexists(p)}
+    with pytest.raises(InputError, match="never writes into kernel interfaces"):
+        OutDir(path, 3).prepare()
+    assert {p: os.lstat(p).st_mode for p in before} == before
+    assert path in before or not os.path.lexists(path)
+
+
+def test_an_existing_directory_is_used_as_it_is_its_mode_never_changed(tmp_path: Path) -> None:
+    """The user's own directory (`--out .`, a home directory, 0755): used, its mode left alone; only a directory
+    hangscope creates is made 0700 (the captures inside are private whatever the directory's mode)."""
+    path = tmp_path / "mine"
+    path.mkdir()
+    path.chmod(0o755)
+    (path / "notes.txt").write_text("the user's")
+    OutDir(str(path), 3).prepare()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert (path / "notes.txt").read_text() == "the user's"
+
+
 def test_another_users_directory_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to make a directory owned by another user")
