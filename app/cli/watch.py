@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, List, Sequence, TextIO
+from typing import Any, Callable, List, Optional, Sequence, TextIO
 
 from app.errors import HangscopeError, InputError
 
-EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
+EXIT_OK, EXIT_INPUT, EXIT_INTERRUPTED = 0, 2, 130
 
 EXAMPLES = """\
 examples:
@@ -30,7 +30,8 @@ examples:
 --on-hang CMD is split like a shell would split it, once, and executed without a shell; the capture is in its
 environment: HANGSCOPE_BUNDLE (the bundle directory), HANGSCOPE_SNAPSHOT (its snapshot.json, for --load),
 HANGSCOPE_HEADLINE (the diagnosis, one line: text from the nodes, quote it), HANGSCOPE_JOB, HANGSCOPE_KIND
-(hang | slow).
+(hang | slow). It runs in a process group of its own: what it leaves running there is ended when it exits (or
+at --on-hang-timeout); a process that must outlive it starts its own session (setsid).
 exit codes: 0 every job followed has ended (or --once captured one); 1 a capture failed; 2 bad input; 3 no job
   found within --wait-start; 130 interrupted. hangscope watch never restarts, stops or kills anything.
 """
@@ -138,6 +139,10 @@ def watch_main(argv: Sequence[str], *, read_hosts: Callable[[argparse.Namespace]
 
             check_transport(args)
             hosts = read_hosts(args)
+        if hosts is not None:  # the same regular-file rules as the main command (never a FIFO, a device)
+            from app.transport.files import check_ssh_files
+
+            check_ssh_files(args.ssh_config, args.identity)
         if args.tui and not (sys.stdout.isatty() and sys.stdin.isatty()):
             raise InputError("--tui needs a terminal on stdin and stdout", hint="leave --tui out: watch prints")
         return run(hosts, args, options)
@@ -158,6 +163,8 @@ def watch_options(args: argparse.Namespace):
     from app.watch import WatchOptions, check
     from app.watch.hook import parse_command
 
+    if args.fps is not None and not args.tui:  # a flag that would do nothing is refused, as the main command does
+        raise InputError("--fps limits the TUI's screen updates: give it with --tui, or leave it out")
     if args.nonblocking and args.native:
         raise InputError("--native cannot be combined with --nonblocking (py-spy refuses it)")
     return check(WatchOptions(every=args.every, stall=args.stall, stall_start=args.stall_start, slow=args.slow, keep=args.keep, out=args.out,
@@ -182,12 +189,12 @@ def run(hosts, args: argparse.Namespace, options) -> int:
         return run_watch_tui(lambda on_event: Watcher(session, options, sopts.collect, out, on_event,
                                                       env=dict(os.environ), hook_output=subprocess.DEVNULL),
                              fps=args.fps, title=title)
-    printer = Printer(sys.stdout)
+    printer = Printer(sys.stdout, out.path)
     watcher = Watcher(session, options, sopts.collect, out, printer.event, env=dict(os.environ))
-    return run_headless(watcher)
+    return run_headless(watcher, printer)
 
 
-def run_headless(watcher) -> int:
+def run_headless(watcher, printer: Optional["Printer"] = None) -> int:
     """Run the watcher until it ends; the first Ctrl+C (or SIGTERM) ends the watch cleanly (its hooks are
     killed, its workers closed), a second aborts at once. Started with SIGINT ignored (a background job), Ctrl+C
     stays ignored and SIGTERM ends it."""
@@ -217,10 +224,12 @@ def run_headless(watcher) -> int:
                 loop.add_signal_handler(sig, stop, sig)
             except (NotImplementedError, RuntimeError):
                 pass
+        if printer is not None:  # the reader of our stdout went away (`| head`): the watch ends, as on SIGPIPE
+            printer.on_gone = task.cancel
         try:
             return await watcher.run()
         except asyncio.CancelledError:
-            return EXIT_INTERRUPTED
+            return EXIT_OK if printer is not None and printer.gone and not interrupted else EXIT_INTERRUPTED
         finally:
             try:
                 await asyncio.wait_for(watcher.session.close(), 10.0)
@@ -236,15 +245,42 @@ def run_headless(watcher) -> int:
 
 
 class Printer:
-    """Each event the watcher says, as a timestamped line (a log under nohup reads as a story)."""
+    """Each event the watcher says, as a timestamped line (a log under nohup reads as a story). Its stream may
+    fail: a pipe whose reader has gone (`| head`) ends the watch cleanly (exit 0, as SIGPIPE would end it); any
+    other error (a full disk, a file past its size limit) stops the printing, said once on stderr, and the watch
+    goes on writing its history and captures into --out."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, out: str = "") -> None:
         self.stream = stream
+        self.out = out
+        self.broken = False
+        self.gone = False
+        self.on_gone: Optional[Callable[[], Any]] = None
 
     def event(self, event) -> None:
-        if not getattr(event, "shown", True):
+        if not getattr(event, "shown", True) or self.broken:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(getattr(event, "at", time.time())))
         lines = event.text().split("\n")
-        self.stream.write(f"{stamp} {lines[0]}\n" + "".join(f"    {line}\n" for line in lines[1:]))
-        self.stream.flush()
+        try:
+            self.stream.write(f"{stamp} {lines[0]}\n" + "".join(f"    {line}\n" for line in lines[1:]))
+            self.stream.flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        self.broken = True
+        try:  # what is still buffered must not fail again at exit (the interpreter flushes stdout last)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        if isinstance(exc, BrokenPipeError):
+            self.gone = True
+            if self.on_gone is not None:
+                self.on_gone()
+            return
+        where = f"; its history and captures go on into {self.out}" if self.out else ""
+        print(f"hangscope watch: cannot write to stdout ({exc.strerror or exc}): printing stopped{where}",
+              file=sys.stderr)

@@ -49,7 +49,10 @@ class WatchApp(App[int]):
     #log { height: 10; border: round $primary-darken-2; }
     """
     TITLE = "hangscope watch"
-    BINDINGS = [Binding("q", "quit_watch", "quit"), Binding("enter", "open_capture", "open capture", show=True),
+    # Ctrl+C quits as q does (Textual's own Ctrl+C only says "press ctrl+q to quit"): in raw mode it is a key,
+    # and a watch must end on it within a moment, hooks killed and workers closed
+    BINDINGS = [Binding("q", "quit_watch", "quit"), Binding("ctrl+c", "quit_watch", "quit", show=False, priority=True),
+                Binding("enter", "open_capture", "open capture", show=True),
                 Binding("c", "focus_captures", "captures"), Binding("j", "focus_jobs", "jobs")]
 
     def __init__(self, make_watcher: Callable[[Callable[[Event], None]], Any], *, title: str = "",

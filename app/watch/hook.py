@@ -76,6 +76,9 @@ async def run(argv: Sequence[str], env: Mapping[str, str], timeout: float, *, ou
         return HookResult(None, time.monotonic() - t0, exc.strerror or str(exc))
     try:
         code = await asyncio.wait_for(proc.wait(), timeout)
+        # what it left running in its process group (a child started with `&`) ends with it: nothing of ours
+        # outlives what it was started for (Linux does not reuse a pid while a group still bears it)
+        _kill(proc.pid)
         return HookResult(code, time.monotonic() - t0)
     except asyncio.TimeoutError:
         _kill(proc.pid)

@@ -90,6 +90,9 @@ def test_a_flag_both_commands_take_has_one_range() -> None:
     (("--on-hang", ""), "--on-hang is empty"),
     (("--native", "--nonblocking"), "--native"),
     (("--match", "("), "--match"),
+    (("--fps", "10"), "--fps limits the TUI"),
+    (("--job", ""), "--job is empty"),
+    (("--python", ""), "--python is empty"),
 ])
 def test_contradictions_and_bad_commands_are_refused(tmp_path: Path, args: tuple, expect: str) -> None:
     res = watch("-w", "node01", *args, "--out", str(tmp_path / "out"))
@@ -233,3 +236,28 @@ def test_a_watch_started_with_sigint_ignored_goes_on_through_ctrl_c_and_sigterm_
     finally:
         rank.kill()
         rank.wait(timeout=10)
+
+
+def test_a_watch_whose_stdout_reader_goes_away_ends_cleanly(tmp_path: Path) -> None:
+    """`hangscope watch ... | head -1`: the first line read, the pipe closed: the watch ends at its next line,
+    exit 0, no traceback (a BrokenPipeError at exit made it 120 with one)."""
+    proc = subprocess.Popen([sys.executable, "-m", "app", "watch", "-w", "node-that-does-not-exist.invalid",
+                             "--every", "1", "--connect-timeout", "1", "--wait-start", "60", "-v",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    try:
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode()
+    assert b"watching" in first and code == 0 and "Traceback" not in err and "Broken pipe" not in err, (code, err)
+
+
+def test_an_ssh_config_that_is_a_fifo_is_refused_before_the_out_directory_is_made(tmp_path: Path) -> None:
+    fifo = tmp_path / "config"
+    os.mkfifo(fifo)
+    res = watch("-w", "node01", "-F", str(fifo), "--out", str(tmp_path / "out"), timeout=30)
+    assert res.returncode == 2 and "is a FIFO" in res.stderr.decode() and not (tmp_path / "out").exists()

@@ -98,3 +98,18 @@ async def test_the_watch_screen_shows_the_jobs_rates_the_capture_and_opens_it(tm
         assert opened == [f"{capture.path}/snapshot.json"]
         await pilot.press("q")
     assert session.closed, "quitting closes the workers"
+
+
+async def test_ctrl_c_quits_the_watch_screen_as_q_does(tmp_path: Path) -> None:
+    """In raw mode Ctrl+C is a key: Textual's own binding only says how to quit; the watch quits on it, closing
+    its workers (the blind inputs-w set: a watch TUI kept running through Ctrl+C)."""
+    session = FakeSession(moving=100)
+    out = OutDir(str(tmp_path / "out"), 5)
+    out.prepare()
+    options = WatchOptions(every=0.5, stall=60, slow=0.0, keep=5, out=str(tmp_path / "out"))
+    app = WatchApp(lambda on_event: Watcher(session, options, CollectOptions(locals=True), out, on_event))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.watcher is not None and session.samples >= 1, "a first sample", 30)
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: session.closed, "the watch to close its workers", 10)
+    assert app.return_code == 0 and session.closed

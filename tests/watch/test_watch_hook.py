@@ -67,6 +67,24 @@ def test_a_hook_past_its_deadline_is_killed_with_its_children(tmp_path: Path) ->
     wait_until(dead, 10, "the hook's child to be killed with it")
 
 
+def test_what_a_hook_leaves_running_in_its_group_ends_with_it(tmp_path: Path) -> None:
+    """`sh -c 'sleep 300 & echo started'` exits at once and left its child running: ended when the hook exits
+    (the blind inputs-w set found it still running after the watch)."""
+    pidfile = tmp_path / "child.pid"
+    result = asyncio.run(hook.run(["/bin/sh", "-c", f"sleep 300 & echo $! > {pidfile}"], dict(os.environ), 30))
+    assert result.code == 0
+    child = int(pidfile.read_text())
+
+    def dead() -> bool:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            return True
+
+    wait_until(dead, 10, "the hook's background child to end with it")
+
+
 def test_a_hook_that_cannot_start_says_why() -> None:
     result = asyncio.run(hook.run(["/nonexistent/hook"], {}, 5))
     assert result.error and result.code is None
