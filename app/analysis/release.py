@@ -161,7 +161,12 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             stacks = {p.pid: p for p in found.parties}
             return Release(tuple(replace(p, wait=stacks[p.pid].wait, what=stacks[p.pid].what) if p.pid in stacks
                                  else p for p in kernel.parties), complete=kernel.complete)
-        return found if found.parties else kernel
+        if found.parties:
+            # what only the node's read of the wait says of a child (the pipe it reads and who holds its write end)
+            fed = {p.pid: p for p in kernel.parties if p.feeders}
+            return replace(found, parties=tuple(replace(p, feeders=fed[p.pid].feeders, reads=fed[p.pid].reads)
+                                                if p.pid in fed else p for p in found.parties))
+        return kernel
     if rule == "output":
         return _output(wait, thread, ctx)
     if rule == "peer" and _accepting(wait, thread):

@@ -1145,6 +1145,10 @@ def test_a_child_reading_its_input_until_eof_names_who_holds_the_pipe_open() -> 
     assert "open in the rank itself: its input never ends, while the rank waits for the child: each waits for the " \
            "other" in line, line
     assert "`proc.stdin.close()`" in line.split("Next:")[1], line
+    # discovery found the child beside the ranks too (a subprocess, no stack): the node's read of it still says
+    snap = with_processes(_waiting_on_gzip(forked), [job_process(424, "child", (1001,), kind="subprocess")])
+    line = _headline(analyze(snap), snap)
+    assert "write end is still open in pid 425 `python -u job.py` (started by the rank)" in line, line
 
 
 def _child_on_recv(*ends: OtherEnd, complete: bool = True) -> Snapshot:
