@@ -529,14 +529,19 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
     return Release(tuple(parties[:MAX_PARTIES]), complete=complete)
 
 
+def _run_once(thread: ThreadStack) -> Optional[Frame]:
+    """The frame of an asyncio loop's one turn (BaseEventLoop._run_once) on the thread's stack."""
+    return next((f for f in thread.frames if f.filename.endswith("asyncio/base_events.py")
+                 and f.function.endswith("_run_once")), None)
+
+
 def _loop_timer(thread: ThreadStack, kw: Optional[KernelWait]) -> Optional[bool]:
     """Whether an asyncio loop's selector sleeps with a timer due (True), with none (False: nothing was ready and
     nothing is scheduled, so BaseEventLoop._run_once passed timeout None), or unknown (None): the node's read of
     the call's timeout (-1: none), else the `timeout` local of _run_once (on its current line, so always kept)."""
     if kw is not None and kw.family in ("epoll", "poll") and kw.timeout is not None:
         return kw.timeout >= 0
-    f = next((f for f in thread.frames if f.filename.endswith("asyncio/base_events.py")
-              and f.function.endswith("_run_once")), None)
+    f = _run_once(thread)
     value = next((loc.repr for loc in f.locals if loc.name == "timeout"), None) if f is not None else None
     return None if value is None else value != "None"
 
@@ -560,9 +565,7 @@ def _event_loop(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         if watched or kw.fds_total is None or kw.fds_total > len(kw.fds):
             return _other_end(wait, replace(thread, waits=replace(kw, fds=tuple(watched))), ctx, "peer")
     # the threads that could wake it hold the loop (or what it runs) in their frames: its address in their locals
-    run_once = next((f for f in thread.frames if f.filename.endswith("asyncio/base_events.py")
-                     and f.function.endswith("_run_once")), None)
-    loop = _self_address(run_once)
+    loop = _self_address(_run_once(thread))
     others = [t for t in ctx.rank.threads if t.tid != thread.tid and _python_thread(t)]
     tied = [_thread_party(ctx, t, "waker" if kw is not None else "waker_unread") for t in others
             if loop and loop in _addresses(t.frames)]
