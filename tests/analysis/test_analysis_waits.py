@@ -1212,3 +1212,16 @@ def test_a_rank_exiting_that_joins_its_queue_feeder_writing_a_full_pipe_says_bot
     assert "waiting for a thread to end: its thread `QueueFeederThread`, which is blocked writing to a full " \
            "pipe" in line, line
     assert "`queue.cancel_join_thread()`" in line.split("Next:")[1], line
+
+
+def test_a_recv_whose_peer_waits_in_a_collective_says_both_in_the_headline_and_not_to_reorder_pairs() -> None:
+    """The stack fact says where rank 3 is ("in `recv` while 7 others wait in `all_reduce`"); the headline adds
+    what its recv waits for (rank 6, which waits in the all_reduce that cannot finish without rank 3), and the next
+    step is about the branch one of them took, not about ordering send/recv pairs (there is no pair)."""
+    ranks = list(job(8, 4))
+    ranks[3] = rank(3, "node01", p2p("recv", "src", 6), world=8)
+    a = analyze(snapshot(ranks, locals=True))
+    assert "it waits for rank 6 (src=6) to send to it, and rank 6 waits in `all_reduce`, which cannot finish without " \
+           "this rank: neither goes on" in a.verdict, a.verdict
+    after = a.verdict.split("Next:")[1]
+    assert "are not the same step of the program" in after and "batch_isend_irecv" not in after, a.verdict
