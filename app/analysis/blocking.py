@@ -690,13 +690,15 @@ def _first_fd(kw: KernelWait) -> Optional[WaitFd]:
     return min(fds, key=lambda f: rank.get(f.kind, 9), default=None)
 
 
+FIFO_OPEN = "open() of a FIFO"  # the operation of an open that waits for the FIFO's other end (prose reads it)
+
 # What the node read of a blocked call (KernelWait) names when no Python call on the stack does: (family, fd kind,
 # access) -> (resource, release, operation, reason). "" matches anything.
 _KERNEL_WAITS: Tuple[Tuple[str, str, str, Resource, Release, str, str], ...] = (
     # an open for writing waits for a reader, one for reading for a writer (the node reads the open's flags)
-    ("open", "fifo", "write", "pipe", "reader", "open() of a FIFO",
+    ("open", "fifo", "write", "pipe", "reader", FIFO_OPEN,
      "opening a FIFO for writing blocks until a process opens it for reading"),
-    ("open", "fifo", "", "pipe", "writer", "open() of a FIFO",
+    ("open", "fifo", "", "pipe", "writer", FIFO_OPEN,
      "opening a FIFO blocks until a process opens its other end"),
     ("lock", "", "", "file_lock", "lock_holder", "file lock", "waits for a lock on a file that another process holds"),
     ("wait", "", "", "child", "children", "wait for a child", "waits until a child process exits"),

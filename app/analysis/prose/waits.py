@@ -7,7 +7,7 @@ import re
 
 from typing import List, Optional, Sequence, Tuple
 
-from app.analysis.blocking import ThreadWait
+from app.analysis.blocking import FIFO_OPEN, ThreadWait
 from app.analysis.facts import Fact
 from app.analysis.frames import clean, named
 from app.analysis.release import Link, Party, Release, alike
@@ -114,7 +114,7 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         on = f" ({_q(target, 40)})" if target else ""
         if w.release == "output":
             return f"waiting for the end of its child's output (EOF on the pipe it reads{on})"
-        if "FIFO" in w.operation and w.operation.startswith("open"):
+        if w.operation == FIFO_OPEN:
             end = "reading" if w.release == "reader" else "writing"
             return f"waiting for a process to open the FIFO{on} for {end}"
         if w.release == "reader":
@@ -329,7 +329,7 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         text = _NONE.get(rel.none, "")
         if rel.none == "no_related_thread":
             text = _NOBODY_ON_OBJECT.get((w.resource, w.release), text)
-        if rel.none in ("no_reader", "no_writer") and "FIFO" in w.operation and w.operation.startswith("open"):
+        if rel.none in ("no_reader", "no_writer") and w.operation == FIFO_OPEN:
             end = "reading" if rel.none == "no_reader" else "writing"
             text = f"no process has it open for {end}: the open waits until one opens it"
         return f"; {text}" if text else ""
