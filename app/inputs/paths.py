@@ -117,6 +117,19 @@ def check_dir(path: str, *, flag: str = "", force: bool, marker: str, names: Col
             _check_existing_file(target, inner, flag=flag, force=True, inputs=inputs)
 
 
+def check_where(path: str, *, flag: str = "") -> None:
+    """Where a directory hangscope keeps writing into (watch's --out) may be: the directory when it exists, else
+    the parent it would be made in, is a directory outside the system trees (never in /proc, /sys or /dev). What
+    an existing one must be besides (its owner, its mode, not a link) is its caller's to check."""
+    _check_name(path, flag)
+    path = os.path.normpath(path)
+    st = _lstat(path, flag)
+    if st is None:
+        _check_directory(os.path.dirname(path) or ".", flag, path, parent=True, writable=False)
+    elif stat.S_ISDIR(st.st_mode):
+        _check_directory(path, flag, path, parent=False, writable=False)
+
+
 def check_room(directory: str, sizes: Iterable[int], *, shown: str) -> None:
     """Refuse, before its first byte, a write the file system of `directory` has no room for: each file takes
     whole blocks, and a full disk found half-way leaves a partial bundle behind. A WriteError (a disk that

@@ -19,7 +19,8 @@ import time
 from typing import Any, List, Mapping, Optional
 
 from app.errors import InputError
-from app.inputs.fs import kind, os_reason, system_tree
+from app.inputs.fs import kind, os_reason
+from app.inputs.paths import check_where
 from app.report.writer import MANIFEST, UnsafePathError
 
 HISTORY = "history.jsonl"
@@ -39,14 +40,10 @@ class OutDir:
 
     def prepare(self) -> None:
         """Create the directory (0700) or check an existing one; InputError (exit 2) when it is unsafe. Never in
-        /proc, /sys or /dev (or a kernel pseudo file system: app.inputs.fs.system_tree), checked before anything
-        is created; an existing directory is used as it is (its mode is the user's: never changed), when it is
+        /proc, /sys or /dev (or a kernel pseudo file system: app.inputs.paths.check_where), checked before
+        anything is created; an existing directory is used as it is (its mode is the user's: never changed), when it is
         a real directory of this user that nobody else can write into."""
-        parent = os.path.dirname(self.path) or "/"
-        for where in (self.path, parent):
-            tree = system_tree(where) if os.path.lexists(where) else None
-            if tree is not None:
-                raise InputError(f"--out {self.path}: is in {tree}; hangscope never writes into kernel interfaces")
+        check_where(self.path, flag="--out")  # the main command's rules for where an output may be
         created = False
         try:
             os.mkdir(self.path, 0o700)
