@@ -53,6 +53,12 @@ def before_graph(facts: Sequence[Fact], progress: Sequence[RankProgress]) -> Lis
     if moving:  # 2
         out = [f.weakened("low", Caveat("progressing")) if f.info.one_sample and f.culprit
                else f.weakened("low", Caveat("progressing_stall")) if f.info.stall else f for f in out]
+    if moving and progress:  # 2b
+        # a rank that moved between the last two samples went on after the D state it was caught in (a page
+        # fault, a disk read): a process state is the kernel's word, but of one moment
+        passed = {(p.node, p.pid) for p in progress if p.status == "progressing"}
+        out = [f.weakened("low", Caveat("passing", f.who)) if f.kind == "uninterruptible" and f.culprit
+               and f.who.keys and set(f.who.keys) <= passed else f for f in out]
     if progress:  # 3
         moved = {p.node for p in progress if p.net_bytes}
         out = [f.weakened("medium", Caveat("sockets_moved", Who(nodes=f.who.nodes)))

@@ -177,6 +177,7 @@ class Evidence:
 CaveatCode = Literal[
     "progressing",  # the job moves between samples: a one-sample position is no lead
     "progressing_stall",  # the job moves: a stall read into one sample is contradicted
+    "passing",  # a D state seen in one sample of ranks that moved between samples: a passing kernel wait
     "sockets_moved",  # the sockets of the named nodes moved bytes between samples
     "held",  # a held rank (stopped, frozen) silences its sockets and holds the others by itself
     "spinning",  # a rank spinning on the node takes its CPU

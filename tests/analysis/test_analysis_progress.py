@@ -584,3 +584,26 @@ def test_ranks_whose_frames_keep_locals_of_their_own_are_signed_once_per_place()
     assert signature(ranks[3]) == tuple((f.function, f.filename, f.line, f.iteration)
                                         for f in place_frames(ranks[3].main_thread.frames))
     assert len(signature._by_path) == 1
+
+
+def test_a_d_state_caught_once_in_a_rank_that_moved_is_passing_not_a_suspect() -> None:
+    """A training job on busy nodes: one sample catches rank 5 in D (a page fault, a disk read), but rank 5 moved
+    between the samples as the others did. The kernel's word holds for one moment only: no [medium] suspect. A
+    rank held in D that did not move stays one."""
+    def with_d(s, moved: bool):  # type: ignore[no-untyped-def]
+        ranks = list(s.ranks)
+        ranks[5] = replace(ranks[5], state="D", wchan="vm_mmap_pgoff")
+        return replace(s, ranks=tuple(ranks))
+
+    steps = {r: 12 for r in range(8)}
+    a = analyze(with_d(sample(20.0, steps), True), history=[sample(10.0, {r: 11 for r in range(8)})])
+    assert a.findings[0].kind == "progressing"
+    d = next(f for f in a.findings if f.kind == "uninterruptible")
+    assert d.confidence == "low", d
+    assert "rank 5 on node02 moved between samples: a D state seen in one sample is a passing kernel wait" in d.reason
+    assert not [f for f in a.findings if f.culprit and f.confidence != "low" and f.kind != "progressing"]
+
+    held = {r: 12 for r in range(8) if r != 5}  # rank 5 stays at step 11: it did not move
+    a = analyze(with_d(sample(20.0, {**held, 5: 11}), False), history=[sample(10.0, {r: 11 for r in range(8)})])
+    d = next(f for f in a.findings if f.kind == "uninterruptible")
+    assert d.confidence == "medium" and "passing" not in d.reason, d

@@ -52,6 +52,7 @@ MAX_BYTES = 4 << 20  # bytes read from one target
 MAX_INT_DIGITS = 3  # an int of more digits (90 bits) comes back as "<int>"
 MAX_TYPE_NAME = 64
 ATTEMPTS = 3  # reads of a dict or a value that the target changed meanwhile, before giving up on it
+MAX_TASKS = 4096  # threads of a target whose states are read to judge a read that faulted the same way each time
 MAX_MAPS_BYTES = 8 << 20
 # how far the probe searches its own structs for the pointers it knows
 RUNTIME_SCAN = 8192
@@ -81,6 +82,7 @@ class Memory:
 
     def __init__(self, pid: Any = "self", budget: int = MAX_BYTES) -> None:
         self.fd = os.open("/proc/%s/mem" % pid, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.pid = pid
         self.left = budget
         self.read_bytes = 0
 
@@ -112,6 +114,30 @@ class Memory:
 
     def ptr(self, addr: int) -> int:
         return _Q.unpack(self.read(addr, 8))[0]
+
+    def runnable(self) -> bool:
+        """Whether a thread of the target is runnable (R: on a CPU or preempted, waiting for one), so that it may
+        be halfway through a write that a read saw the same way each time (a loaded node leaves a preempted
+        writer off its CPU longer than the pauses between reads). A thread asleep in the kernel released the GIL
+        at a point where the objects it wrote are whole. The reader's own memory ("self") has no such writer;
+        threads past MAX_TASKS, or a task list that cannot be read, count as runnable."""
+        if self.pid == "self":
+            return False
+        try:
+            tasks = os.listdir("/proc/%s/task" % self.pid)
+        except OSError:
+            return True
+        if len(tasks) > MAX_TASKS:
+            return True
+        for tid in tasks:
+            try:
+                with open("/proc/%s/task/%s/stat" % (self.pid, tid), "rb") as f:
+                    stat = f.read(4096)
+            except OSError:
+                continue  # a thread that ended meanwhile
+            if stat[stat.rfind(b")") + 2:][:1] == b"R":
+                return True
+        return False
 
     def upto(self, addr: int, size: int) -> bytes:
         """Up to size bytes from addr, fewer where a page cannot be read (a search of the probe's own structs)."""
@@ -300,7 +326,7 @@ class Reader:
         has the same table, entry count and size afterwards and each entry found still holds its key (`holds`:
         a name not found was not there either); otherwise, or when the table was caught half built,
         it is read again, ATTEMPTS times at most (then Changed; a table that reads the same wrong way each time
-        is a Fault)."""
+        is a Fault, unless a thread of the target is runnable: Memory.runnable)."""
         want: Dict[int, Any] = {}
         for name in names:
             want.setdefault(len(name), set()).add(name)
@@ -328,7 +354,7 @@ class Reader:
             if self.holds(d, table, found):
                 return table, found
             heads.add(b"")
-        if fault is not None and len(heads) == 1:
+        if fault is not None and len(heads) == 1 and not self.mem.runnable():
             raise fault
         raise Changed("the dict changed on each of %d reads" % ATTEMPTS)
 
@@ -455,7 +481,9 @@ class Reader:
                 # same way every time
                 if self.holds(d, table, found) and all(self.mem.ptr(w) == o for w, o in objs.items()):
                     faults.append(str(exc))
-                    if len(faults) == ATTEMPTS and len(set(faults)) == 1:
+                    # the same fault on every read is the object's, unless a writer of the target may be
+                    # preempted halfway through it (runnable): then it is a change not yet finished
+                    if len(faults) == ATTEMPTS and len(set(faults)) == 1 and not self.mem.runnable():
                         raise
                 continue
             # a table freed by a resize keeps its old entries until its memory is reused (by the next table, at

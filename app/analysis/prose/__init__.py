@@ -53,6 +53,9 @@ def caveat_text(c: Caveat) -> str:
     if c.code == "progressing_stall" or c.code == "eased":
         return "; but the job is progressing between samples" if c.code == "progressing_stall" else \
             "; but the job progresses between samples"
+    if c.code == "passing":
+        return (f"; but {clean(who, 120)} moved between samples: a D state seen in one sample is a passing "
+                "kernel wait (a page fault, a disk read), not one that holds the rank")
     if c.code == "sockets_moved":
         return f"; but the sockets of ranks on {fold_nodes(c.about.nodes)} moved bytes to their peers between samples"
     if c.code == "held":
