@@ -72,7 +72,9 @@ _PY_COLLECTIVES = {
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
     "reduce": "reduce", "gather": "gather", "gather_object": "gather",
     "scatter": "scatter", "scatter_object_list": "scatter",
-    # creating a group is collective too: every rank of the world calls it, in the same order
+    # creating a group is collective too: every rank of the world calls it, in the same order; the default group
+    # is made by init_process_group (its rendezvous, then the same helper new_group runs): the call the user made
+    "init_process_group": "init_process_group",
     "new_group": "new_group", "_new_group_with_tag": "new_group", "_new_process_group_helper": "new_group",
     "new_subgroups": "new_group", "new_subgroups_by_enumeration": "new_group", "split_group": "new_group",
 }

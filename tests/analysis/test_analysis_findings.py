@@ -94,6 +94,22 @@ def test_collectives_are_recognised_by_python_and_native_names() -> None:
         assert collective_of(Frame(name, "libtorch_cpu.so", 0, native=True)) == want, name
 
 
+def test_ranks_making_the_default_group_wait_in_init_process_group_the_call_they_made() -> None:
+    """init_process_group builds the default group with the helper new_group runs: the ranks that wait there for
+    one that never came wait in the call their program made, not in a new_group it never called."""
+    creating = stack("_new_process_group_helper (distributed_c10d.py:2169)",
+                     "init_process_group (distributed_c10d.py:1899)", "wrapper (c10d_logger.py:97)",
+                     "main (job.py:30)", "<module> (job.py:120)")
+    elsewhere = stack("read (loader.py:12)", "stage (job.py:20)", "main (job.py:29)", "<module> (job.py:120)")
+    a = analyze(snapshot(job(8, 4, creating, rank4=elsewhere)))
+    assert a.findings[0].ranks == (("node02", 1004),)
+    assert "7 others wait in `init_process_group`" in a.verdict, a.verdict
+    assert "new_group" not in a.verdict
+    made = stack("_new_process_group_helper (distributed_c10d.py:2169)", "new_group (distributed_c10d.py:4700)",
+                 "wrapper (c10d_logger.py:97)", "main (job.py:31)", "<module> (job.py:120)")
+    assert "7 others wait in `new_group`" in analyze(snapshot(job(8, 4, made, rank4=elsewhere))).verdict
+
+
 def test_a_rank_missing_from_world_size_on_healthy_nodes() -> None:
     ranks = [r for r in job(8, 4) if r.rank != 6]
     a = analyze(snapshot(ranks))
