@@ -38,6 +38,12 @@ class Culprit:
         return self.who.keys
 
 
+def _round(links: Tuple[Link, ...]) -> bool:
+    """Whether a chain of waits ends back at another rank's wait for its first (release.chain's "cycle")."""
+    return bool(links) and bool(links[-1].release.parties) and links[-1].release.parties[0].role == "cycle" \
+        and links[-1].release.parties[0].kind == "rank"
+
+
 def find(graph: WaitGraph, best: Optional[Fact], chains: Dict[RankKey, Tuple[Link, ...]],
          by_key: Dict[RankKey, RankSnapshot], classes: Sequence[StackClass]) -> Optional[Culprit]:
     """The culprit from the calibrated graph (None when the job progresses or nothing names one)."""
@@ -63,5 +69,11 @@ def find(graph: WaitGraph, best: Optional[Fact], chains: Dict[RankKey, Tuple[Lin
     first = who.keys[0] if who.keys and alike else None
     rank = by_key.get(first) if first is not None else None
     links = chains.get(first, ()) if first is not None else ()
+    if graph.deadlock and first is None:
+        # ranks that wait for each other (one holds what the other waits for, and waits in a collective for it): the
+        # chain that goes round the cycle speaks for them, from the rank it starts at
+        first = next((k for k in who.keys if _round(chains.get(k, ()))), None)
+        rank = by_key.get(first) if first is not None else None
+        links = chains.get(first, ()) if first is not None else ()
     others = classes[0] if classes and not (set(who.keys) & set(classes[0].ranks[:4096])) else None
     return Culprit(who, best, best.strength, graph.root, graph.chain, graph.deadlock, links, rank, others)

@@ -103,6 +103,7 @@ class Context:
     rank_at: Dict[str, RankSnapshot] = field(default_factory=dict)  # "ip:port" a rank uses -> that rank
     node_of: Dict[str, str] = field(default_factory=dict)  # ip -> node, for peers that are nodes of the snapshot
     motion: Callable[[ThreadStack], Optional[Motion]] = lambda t: None
+    ranks: Dict[Tuple[str, int], RankSnapshot] = field(default_factory=dict)  # (node, pid) -> the job's rank there
     _waits: Dict[int, ThreadWait] = field(default_factory=dict)
 
     def wait_of(self, t: ThreadStack) -> ThreadWait:
@@ -505,6 +506,15 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
             parties.append(Party("process", ctx.rank.node, o.pid, None, ctx.rank.rank, _name(o), role=o.role,
                                  state=_state_word(o.state)))
             continue
+        other = ctx.ranks.get((ctx.rank.node, o.pid))
+        if other is not None and other.pid != ctx.rank.pid:
+            # another rank of the job holds the other end (a file lock, a pipe): what it waits for itself is its
+            # main thread's wait (a collective that needs this very rank, for one)
+            main = other.main_thread
+            parties.append(Party("rank", other.node, other.pid, None, other.rank, _name(o), role=o.role,
+                                 state=_state_word(o.state),
+                                 wait=thread_wait(main, other.hold) if main is not None and main.frames else None))
+            continue
         parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
                              state=_state_word(o.state), exit=_exit(o), feeders=_feeders(o, ctx),
                              reads=o.reads.target if o.reads is not None else ""))
@@ -676,6 +686,13 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
                                                             role="cycle"),))))
             break
         seen.add(ident)
+        if nxt.kind == "rank":
+            # another rank of the job: a collective it waits in cannot finish without this rank, which waits for
+            # it here: each waits for the other (this rank is in no collective: it waits in this very call)
+            ring: Tuple[Party, ...] = (Party("rank", r.node, r.pid, thread.tid, r.rank, role="cycle"),) \
+                if nxt.wait.resource == "collective" else ()
+            links.append(Link(nxt, nxt.wait, Release(ring)))
+            break
         if nxt.kind != "thread" or nxt.pid != r.pid:
             # another process: its own release is not followed here, but for two cases: a lock it waits for (its
             # own threads, then, for a process forked from the rank, the rank's: a fork copies a held lock), and a

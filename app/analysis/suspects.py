@@ -84,7 +84,8 @@ def suspect_facts(ranks: Sequence[RankSnapshot], suspects: Sequence[RankKey], od
         t = r.main_thread if r is not None else None
         if r is None or t is None or not t.frames and not t.syscall:
             continue
-        ctx = Context(r, processes, rank_at, node_of, lambda th, r=r: motion(r, th))  # type: ignore[misc]
+        ctx = Context(r, processes, rank_at, node_of, lambda th, r=r: motion(r, th),  # type: ignore[misc]
+                      ranks=by_key)
         links = chain(t, ctx)
         if not links:
             continue

@@ -1225,3 +1225,35 @@ def test_a_recv_whose_peer_waits_in_a_collective_says_both_in_the_headline_and_n
            "this rank: neither goes on" in a.verdict, a.verdict
     after = a.verdict.split("Next:")[1]
     assert "are not the same step of the program" in after and "batch_isend_irecv" not in after, a.verdict
+
+
+def test_a_file_lock_held_by_another_rank_waiting_in_a_collective_is_a_deadlock_of_the_two() -> None:
+    """Rank 2 waits for a file lock that rank 3 (on the same node) took before the barrier, and rank 3 waits in
+    that barrier, which cannot finish without rank 2. The node names the lock's holder by pid: that pid is a rank
+    of the job, and its own wait closes the cycle. "End it" would kill a rank: the advice is about the lock."""
+    lockf = (Frame("lockf", "/home/alice/job.py", 77, source=((77, "        fcntl.lockf(fd, fcntl.LOCK_EX)"),)),
+             *stack("prepare (job.py:70)", "<module> (job.py:120)"))
+    holder = OtherEnd("lock_holder", 1003, "python3", "S", cmdline=("python3", "job.py"), lock="POSIX WRITE 0-EOF")
+    ranks = list(job(8, 4, frames=stack("barrier (distributed_c10d.py:4100)", "prepare (job.py:74)",
+                                          "<module> (job.py:120)"), rank2=lockf))
+    main = dataclasses.replace(ranks[2].threads[0], syscall="fcntl", wchan="locks_lock_inode_wait",
+                               waits=KernelWait("fcntl", "lock", fd=7, fds=(WaitFd(7, "/scratch/prep/.lock", "file",
+                                                                                   "lock", others=(holder,)),),
+                                                path="/scratch/prep/.lock", lock_type="POSIX", lock_mode="WRITE"))
+    ranks[2] = dataclasses.replace(ranks[2], threads=(main,))
+    snap = snapshot(ranks)
+    a = analyze(snap)
+    line = _headline(a, snap)
+    assert line.startswith("hangscope: Rank 2 (pid 1002 on node01) is blocked in `fcntl.lockf`"), line
+    assert "held by rank 3 on node01; that one is blocked in `barrier`" in line, line
+    assert "which cannot finish without rank 2 on node01 (the first): each waits for the other, a deadlock" in line
+    assert "rank 3 holds the file lock while it waits in `barrier`, which needs rank 2: release it before the " \
+           "collective" in line, line
+    assert "end it" not in line and "kill" not in line, line
+    # the same lock held by a process that is no rank of the job: its holder, as before
+    other = dataclasses.replace(holder, pid=4242, cmdline=("compact-metrics",))
+    ranks[2] = dataclasses.replace(ranks[2], threads=(dataclasses.replace(
+        main, waits=dataclasses.replace(main.waits, fds=(dataclasses.replace(main.waits.fds[0], others=(other,)),))),))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "held by pid 4242 `compact-metrics`" in line and "deadlock" not in line, line

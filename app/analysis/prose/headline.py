@@ -302,6 +302,15 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     node = clean(r.node, 60)
     rel = last.release
     first = rel.parties[0] if rel.parties else None
+    if first is not None and first.role == "cycle" and first.kind == "rank" and len(links) > 1:
+        # another rank holds what this one waits for (a file lock, a pipe) and waits in a collective for it
+        holder = links[-1].who
+        them = f"rank {holder.rank}" if holder.rank is not None else f"pid {holder.pid}"
+        held = "the file lock" if links[0].wait.resource == "file_lock" else "what this rank waits for"
+        me = f"rank {r.rank}" if r.rank is not None else "this rank"
+        return (f"{them} holds {held} while it waits in `{clean(w.operation, 40)}`, which needs {me}: release it "
+                "before the collective (take and release it within one step, on every rank alike), or let every rank "
+                "reach the collective before any waits for it; give the wait a timeout")
     if (first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.pid is not None
             and links[-2].who.pid != r.pid):
         # the rank and a process of its own (a child) each wait for the other through a pipe or a socket

@@ -499,6 +499,12 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
             parts.append(f"{operation(w)}{where(w)}{handler(w)}, {resource(w, link.release)}{ended(w, rank)}"
                          f"{release(link, rank)}")
             continue
+        if link.release.parties and link.release.parties[0].role == "cycle" and link.release.parties[0].kind == "rank":
+            # another rank that holds what the first waits for, waiting in a collective that needs the first
+            back = link.release.parties[0]
+            parts.append(f"that one is {operation(w)}{where(w)}, which cannot finish without "
+                         f"{party(back, None)} (the first): each waits for the other, a deadlock")
+            break
         if link.release.parties and link.release.parties[0].role == "cycle":
             back = link.release.parties[0]
             again = next((k for k in links[:i] if (k.who.node, k.who.pid, k.who.tid) == (back.node, back.pid, back.tid)),
