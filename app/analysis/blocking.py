@@ -623,12 +623,20 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
 _IMPORT_FRAMES = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module", "_ModuleLockManager.__enter__")
 
 
-def importing(t: ThreadStack, outermost: bool = True) -> List[str]:
+# The frame of an import that holds its module's lock: `_find_and_load` takes it (`with _ModuleLockManager(name)`)
+# and runs the import in this one; a thread that waits for another's import of the module waits in
+# `_ModuleLockManager.__enter__` or `_lock_unlock_module` instead, below a `_find_and_load` of its own
+_IMPORT_HOLDING = ("_find_and_load_unlocked",)
+
+
+def importing(t: ThreadStack, outermost: bool = True, holding: bool = False) -> List[str]:
     """The modules a thread is importing, from importlib's frames' `name` locals (outermost first; the innermost
-    first with outermost=False); empty where locals were not read."""
+    first with outermost=False); empty where locals were not read. holding: only those whose lock it holds (it
+    runs their import), not one it waits to get."""
     names: List[str] = []
+    frames = _IMPORT_HOLDING if holding else _IMPORT_FRAMES
     for f in t.frames:
-        if f.function in _IMPORT_FRAMES and "importlib" in f.filename:
+        if f.function in frames and "importlib" in f.filename:
             value = next((loc.repr.strip('"\'') for loc in f.locals if loc.name == "name"), "")
             if value and value not in names:
                 names.append(value)

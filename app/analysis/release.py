@@ -145,7 +145,7 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
     if rule == "importer":
         module = wait.detail("module")
         parties = [_thread_party(ctx, t, "importer") for t in ctx.rank.threads
-                   if t.tid != thread.tid and module and module in importing(t)]
+                   if t.tid != thread.tid and module and module in importing(t, holding=True)]
         return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
     if rule == "joined":
         return _joined(wait, thread, ctx)

@@ -1257,3 +1257,30 @@ def test_a_file_lock_held_by_another_rank_waiting_in_a_collective_is_a_deadlock_
     snap = snapshot(ranks)
     line = _headline(analyze(snap), snap)
     assert "held by pid 4242 `compact-metrics`" in line and "deadlock" not in line, line
+
+
+def test_threads_waiting_for_a_module_lock_wait_for_the_thread_that_runs_the_import_not_for_each_other() -> None:
+    """The main thread imports `plugins`, whose top level starts two loader threads and joins them; each loader
+    imports `plugins` back and waits for its module lock. Both loaders have `plugins` in their import frames, but
+    only the main thread holds the lock (it runs the import): each loader waits for it, not for the other."""
+    def loader(tid: int, name: str) -> ThreadStack:
+        return ThreadStack(tid, name, frames=(
+            Frame("_ModuleLock.acquire", _BOOT, 120, locals=(Local("self", "<_ModuleLock at 0x7c>"),)),
+            Frame("_lock_unlock_module", _BOOT, 224, locals=(Local("name", '"plugins"'),)),
+            Frame("_find_and_load", _BOOT, 1173, locals=(Local("name", '"plugins"'),)),
+            Frame("load_one", "/home/alice/plugins/registry.py", 9,
+                  source=((9, "    from plugins import REGISTRY"),)), *_THREAD_RUN))
+    main = (Frame("Thread._wait_for_tstate_lock", "/usr/lib/python3.11/threading.py", 1139,
+                  locals=(Local("self", "<Thread at 0x7b1>"),)),
+            Frame("Thread.join", "/usr/lib/python3.11/threading.py", 1119, locals=(Local("self", "<Thread at 0x7b1>"),)),
+            Frame("<module>", "/home/alice/plugins/__init__.py", 22, source=((22, "    t.join()"),)),
+            *_importing("plugins", 22), *stack("setup (job.py:40)", "<module> (job.py:120)"))
+    ranks = list(job(8, 4, rank5=main))
+    # py-spy lists the newest threads first
+    ranks[5] = dataclasses.replace(ranks[5], threads=(loader(1052, "loader-b"), loader(1051, "loader-a"),
+                                                      *ranks[5].threads))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the import of `plugins` to finish (its module lock), which its main thread is still " \
+           "importing; which waits for the first: a deadlock" in line, line
+    assert "which its thread `loader-" not in line, line
