@@ -74,6 +74,9 @@ class Party:
     # closing alone gives it the end of its input; `reads`: that pipe ("pipe:[N]")
     feeders: Tuple["Party", ...] = ()
     reads: str = ""
+    # the pipe it reads is its standard input (fd 0), and the node's whole search found no process of the node
+    # holding its write end (that is outside the node: the job's own input, an ssh or srun session)
+    stdin: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,9 @@ def release(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
                                  else p for p in kernel.parties), complete=kernel.complete)
         if found.parties:
             # what only the node's read of the wait says of a child (the pipe it reads and who holds its write end)
-            fed = {p.pid: p for p in kernel.parties if p.feeders}
-            return replace(found, parties=tuple(replace(p, feeders=fed[p.pid].feeders, reads=fed[p.pid].reads)
+            fed = {p.pid: p for p in kernel.parties if p.feeders or p.reads}
+            return replace(found, parties=tuple(replace(p, feeders=fed[p.pid].feeders, reads=fed[p.pid].reads,
+                                                        stdin=fed[p.pid].stdin)
                                                 if p.pid in fed else p for p in found.parties))
         return kernel
     if rule == "output":
@@ -517,7 +521,9 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
             continue
         parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
                              state=_state_word(o.state), exit=_exit(o), feeders=_feeders(o, ctx),
-                             reads=o.reads.target if o.reads is not None else ""))
+                             reads=o.reads.target if o.reads is not None else "",
+                             stdin=o.reads is not None and o.reads.fd == 0 and o.reads.complete
+                             and not o.reads.others))
     complete = all(f.complete for f in kw.fds) and kw.children_complete
     sockets = [f for f in kw.fds if f.kind == "socket" and f.peer and not no_peer(f.peer)]
     if not parties and sockets:

@@ -1151,6 +1151,34 @@ def test_a_child_reading_its_input_until_eof_names_who_holds_the_pipe_open() -> 
     assert "write end is still open in pid 425 `python -u job.py` (started by the rank)" in line, line
 
 
+def test_a_child_reading_a_standard_input_written_from_outside_the_node_waits_for_input_that_does_not_come() -> None:
+    """The child reads its fd 0, a pipe no process of the node holds open for writing (the node searched every
+    process): the writer is the job's own input from outside (a launcher's, an ssh session's). Said as such, with
+    what to do (its input from /dev/null, non-interactive options); a search that did not finish claims nothing."""
+    snap = _waiting_on_gzip()
+    line = _headline(analyze(snap), snap)
+    assert "the child pid 424 `gzip -c`, which waits to read its standard input (`pipe:[7712]`), a pipe that no " \
+           "process of the node holds open for writing" in line, line
+    assert "`stdin=subprocess.DEVNULL`" in line.split("Next:")[1] and "end it" not in line, line
+    ranks = list(snap.ranks)
+    main = ranks[1].threads[0]
+    assert main.waits is not None
+    child = main.waits.children[0]
+    assert child.reads is not None
+    partial = dataclasses.replace(child, reads=dataclasses.replace(child.reads, complete=False))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(dataclasses.replace(
+        main, waits=dataclasses.replace(main.waits, children=(partial,))),))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "standard input" not in line and "DEVNULL" not in line, line
+    # its input from a file descriptor other than 0 (a pipe it was given): not its standard input
+    other = dataclasses.replace(child, reads=dataclasses.replace(child.reads, fd=5))
+    ranks[1] = dataclasses.replace(ranks[1], threads=(dataclasses.replace(
+        main, waits=dataclasses.replace(main.waits, children=(other,))),))
+    snap = snapshot(ranks)
+    assert "standard input" not in _headline(analyze(snap), snap)
+
+
 def _child_on_recv(*ends: OtherEnd, complete: bool = True) -> Snapshot:
     joining = stack("Popen.wait (/usr/lib/python3.11/multiprocessing/popen_fork.py:43)",
                     "BaseProcess.join (/usr/lib/python3.11/multiprocessing/process.py:149)",

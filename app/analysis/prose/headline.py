@@ -375,6 +375,12 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "started after the pipe was made inherits it (a fork copies open files); start later processes "
                 "without it (subprocess's `close_fds`, multiprocessing's 'spawn' or 'forkserver'), or close it in "
                 "them, so the child sees the end of its input")
+    if (first is not None and first.kind == "process" and first.stdin and not first.state
+            and w.release == "children"):
+        return (f"pid {first.pid} reads the standard input it inherited: start it with its input from /dev/null "
+                "(`stdin=subprocess.DEVNULL`), or a pipe the rank writes and closes, and with its non-interactive "
+                "options (overwrite or skip, assume yes, batch mode), so that a question fails instead of waiting; "
+                "give the wait a timeout")
     if first is not None and first.kind == "process" and first.pid is not None:
         if first.state == "stopped":
             return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"

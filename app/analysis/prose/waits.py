@@ -411,6 +411,13 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                 "to connect back never will")
     if w.release == "children" and first.feeders:
         return f"; the child {who}{_fed(first, rank)}"
+    if w.release == "children" and first.kind == "process" and first.stdin and not first.state:
+        # asleep reading its standard input, a pipe whose write end no process of the node holds (the node's
+        # search found none): its writer is the launcher's own input from outside (an ssh or srun session)
+        return (f"; the child {who}, which waits to read its standard input ({_q(first.reads, 30)}), a pipe that no "
+                "process of the node holds open for writing (its other end is outside the node: the job's own input, "
+                "from an ssh or srun session or a launcher): input that does not come there, an answer to a question "
+                "it asks (to replace a file, for a password or a confirmation) or the end of what it reads")
     if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
                 "peer": "its peer is"}[w.release]
