@@ -1312,3 +1312,26 @@ def test_threads_waiting_for_a_module_lock_wait_for_the_thread_that_runs_the_imp
     assert "waiting for the import of `plugins` to finish (its module lock), which its main thread is still " \
            "importing; which waits for the first: a deadlock" in line, line
     assert "which its thread `loader-" not in line, line
+
+
+def test_a_pool_whose_workers_all_idle_lost_the_task_of_one_that_died_killed_or_crashed() -> None:
+    """Pool.map's result never comes while every worker waits for its next task: the worker that held the task
+    died (the OOM killer, or a crash in native code) and the pool replaced it. Both are in the kernel log."""
+    main = stack("Condition.wait (/usr/lib/python3.11/threading.py:320)",
+                 "MapResult.get (/usr/lib/python3.11/multiprocessing/pool.py:768)",
+                 "Pool.map (/usr/lib/python3.11/multiprocessing/pool.py:367)", "index (job.py:40)",
+                 "<module> (job.py:120)")
+    ranks = list(job(8, 4, rank6=main))
+
+    def worker(pid: int) -> JobProcess:
+        t = ThreadStack(pid, "MainThread", is_main=True, frames=stack(
+            "Connection._recv (/usr/lib/python3.11/multiprocessing/connection.py:395)",
+            "SimpleQueue.get (/usr/lib/python3.11/multiprocessing/queues.py:364)",
+            "worker (/usr/lib/python3.11/multiprocessing/pool.py:114)",
+            "BaseProcess._bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314)"))
+        return job_process(pid, "child", (1006,), node="node02", kind="multiprocessing child", threads=(t,))
+
+    snap = with_processes(snapshot(ranks), [worker(2001), worker(2002)])
+    line = _headline(analyze(snap), snap)
+    assert "a pool replaces a worker that died, killed or crashed" in line, line
+    assert "`dmesg -T | grep -i -e killed -e oom -e segfault`" in line.split("Next:")[1], line

@@ -337,7 +337,8 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "inner tasks on a second executor, or in the task itself")
     if rel.none == "workers_idle" and first is not None and first.kind == "process":
         return (f"a worker that held the task died: look for it in the kernel log on {node} (`dmesg -T | grep -i "
-                "-e killed -e oom`); fix its cause, and wait with a timeout (`.get(timeout=...)`) or use "
+                "-e killed -e oom -e segfault`: the OOM killer, or a crash in native code on what it read); fix its "
+                "cause, and wait with a timeout (`.get(timeout=...)`) or use "
                 "concurrent.futures, whose pool raises BrokenProcessPool instead of waiting")
     if first is not None and first.role == "loop" and first.same:
         return ("never wait for `run_coroutine_threadsafe(...).result()` on the loop's own thread: `await` the "

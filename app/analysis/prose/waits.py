@@ -368,7 +368,7 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
             if first.kind == "process":
                 pids = ", ".join(str(p.pid) for p in rel.parties[:6]) + (" ..." if len(rel.parties) > 6 else "")
                 return (f"; its worker processes are all idle, waiting for their next task (pid {pids}): none runs "
-                        "what it waits for, so its result never comes (a pool replaces a worker that was killed, "
+                        "what it waits for, so its result never comes (a pool replaces a worker that died, killed or crashed, "
                         "and the task that worker held is lost)")
             names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
             return f"; its executor's workers are all idle ({names}): the call is not running"
