@@ -215,6 +215,36 @@ def _strings(text: str) -> List[str]:
     return [m.group(1)[:MAX_DETAIL] for m in _STRING.finditer(text[:MAX_DETAIL])]
 
 
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_SIMPLE_VALUE = re.compile(r"""-?\d{1,20}|"[^"\\{}]{0,100}"|'[^'\\{}]{0,100}'""")
+
+
+def _keys(text: str, at: Frame) -> Tuple[List[str], List[str]]:
+    """The string literals of a call's arguments: (keys, templates). An f-string with placeholders is a template
+    (its value is built at run time): it is a key only when every placeholder is a plain name whose local the stack
+    holds as an int or a string (f"ready_{rank}" with rank=3 is "ready_3"); else it is kept as written."""
+    keys: List[str] = []
+    templates: List[str] = []
+    for m in _STRING.finditer(text[:MAX_DETAIL]):
+        literal = m.group(1)[:MAX_DETAIL]
+        prefix = m.group(0)[:len(m.group(0)) - len(m.group(1))].lower()
+        if "f" not in prefix or "{" not in literal:
+            keys.append(literal)
+            continue
+        parts: List[str] = []
+        for name in _PLACEHOLDER.findall(literal):
+            value = _local(at, name) if name.isidentifier() else None
+            if value is None or not _SIMPLE_VALUE.fullmatch(value):
+                break
+            parts.append(value.strip("\"'"))
+        else:
+            values = iter(parts)
+            keys.append(_PLACEHOLDER.sub(lambda _m, v=values: next(v), literal))
+            continue
+        templates.append("f" + literal)
+    return keys, templates
+
+
 def _first_arg(args: str) -> str:
     depth = 0
     for i, ch in enumerate(args):
@@ -245,11 +275,12 @@ def _identity(site: Site, call: Optional[Call], frame: Frame, caller: Optional[F
                 if value is not None and n not in ("self",):
                     out.append(Detail(n, value))
         if site.resource == "store_key":
-            keys = _strings(call.args)
-            if not keys and arg and arg.isidentifier():  # store.wait(keys, ...): the keys are a local's value
+            keys, templates = _keys(call.args, at)
+            if not keys and not templates and arg and arg.isidentifier():  # store.wait(keys): a local's value
                 value = _local(at, arg)
                 keys = [value] if value is not None and not _OPAQUE.fullmatch(value.strip()) else []
             out += [Detail("key", k) for k in keys[:4]]
+            out += [Detail("key_template", k) for k in templates[:4]]
     elif caller is not None:
         # the job's own line that called into the library: `fut.result()`, `q.get(timeout=5)`
         for c in calls(_line(caller)):

@@ -188,6 +188,25 @@ def test_a_store_key_is_read_from_the_call() -> None:
     assert w.detail("key") == '"ckpt/step3/path"'
 
 
+def test_a_store_key_written_as_an_f_string_is_its_value_where_the_stack_holds_it_else_its_template() -> None:
+    """f"ready/{peer}" with the local peer=5 is the key "ready/5"; f"cfg/{self.name}" is built from what no stack
+    holds: it is not a key (the braces are no part of it), it stays the template it is, said as such."""
+    def wait(code: str, locals_: Tuple[Tuple[str, str], ...]) -> ThreadWait:
+        return wait_of(thread(job("sync", 7, code, (("store", "<TCPStore at 0x1>"), *locals_)),
+                              syscall="recvfrom", wchan="sk_wait_data"))
+
+    w = wait('store.wait([f"ready/{peer}"])', (("peer", "5"),))
+    assert w.detail("key") == '"ready/5"' and not w.detail("key_template")
+    w = wait("store.get(f'cfg/{self.name}/{step}')", (("self", "<Cfg at 0x2>"), ("step", "7")))
+    assert not w.detail("key") and w.detail("key_template") == "f'cfg/{self.name}/{step}'"
+    w = wait('store.get(f"hosts/{host}")', (("host", '"node07"'),))
+    assert w.detail("key") == '"hosts/node07"'
+    w = wait('store.get(f"shard/{i}")', ())  # its local not read
+    assert w.detail("key_template") == 'f"shard/{i}"'
+    w = wait('store.get(f"plain")', ())  # an f-string without a placeholder is its text
+    assert w.detail("key") == '"plain"'
+
+
 # --- locks: holders, the waiter itself, signal handlers -------------------------------------------------------
 
 

@@ -417,9 +417,10 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return ("its main program ended (see its error output below): fix that error, and make the helper threads "
                 "daemon threads or join them with a timeout so the process can exit")
     if res == "store_key":
-        key = w.detail("key") or w.detail("argument")
-        return (f"find which rank should set {clean(key, 60) or 'the key'} in the store and why it did not (a "
-                "different key name, a branch that skipped it); give store.wait a timeout")
+        key = w.detail("key") or (f"the key {w.detail('key_template')} builds" if w.detail("key_template") else "") \
+            or w.detail("argument")
+        return (f"find which rank should set {clean(key, 80) or 'the key'} in the store and why it did not (a "
+                "different key name or prefix, a branch that skipped it); give store.wait a timeout")
     if res == "signal":
         names = signals(w)
         if names:

@@ -138,7 +138,12 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         path = _detail(w, "path")
         return "in a file system call that has not returned" + (f" ({_q(path, 80)})" if path else "")
     if r == "store_key":
-        key = _detail(w, "key") or _detail(w, "argument")
+        key = _detail(w, "key")
+        template = _detail(w, "key_template")
+        if not key and template:
+            return (f"waiting for a key in the job's store, built by {_q(template, 60)} (its value, and any prefix "
+                    "the store adds, are not in the stack)")
+        key = key or _detail(w, "argument")
         return f"waiting for the key {_q(key, 60)} in the job's store" if key else "waiting in the job's store"
     if r == "device":
         return "waiting for the GPU to finish its queued work"
