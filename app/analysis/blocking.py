@@ -681,6 +681,8 @@ def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack
     if site.resource in ("timer", "file_lock") and caller is not None:
         poll = _enclosing_loop(caller)
         details += _loop_values(caller, poll)
+        if poll is not None and t.waits is not None and t.waits.watched:
+            details += _polled_files(details, t.waits.watched)
     if site.resource == "terminal":  # input(): standard input
         details += (Detail("fd", "0"),)
     if site.release == "importer":
@@ -690,6 +692,24 @@ def _from_site(site: Site, frame: Frame, caller: Optional[Frame], t: ThreadStack
     return ThreadWait("blocked", site.operation, site.resource, site.release, site=site, frame=frame, caller=caller,
                       how=how, syscall=t.syscall, wchan=t.wchan, reason=site.reason, poll=poll, details=details,
                       by=by, cpu=cpu)
+
+
+def _polled_files(details: Tuple[Detail, ...], watched: Sequence[WaitFd]) -> Tuple[Detail, ...]:
+    """Of the paths a poll loop's condition reads (its `polls:` values), what the node found holding each open for
+    writing (KernelWait.watched): "unwritten" where its whole search found no process, "written_by" where it found
+    one. A path the node did not look up says nothing."""
+    values = {d.value.strip()[1:-1] for d in details if d.name.startswith("polls:") and len(d.value.strip()) > 2
+              and d.value.strip()[0] in "\"'" and d.value.strip()[-1] == d.value.strip()[0]}
+    out: List[Detail] = []
+    for f in watched:
+        if f.target not in values:
+            continue
+        if f.others:
+            o = f.others[0]
+            out.append(Detail("written_by", f"pid {o.pid} {' '.join(o.cmdline) or o.comm}"[:MAX_DETAIL]))
+        elif f.complete:
+            out.append(Detail("unwritten", f.target[:MAX_DETAIL]))
+    return tuple(out)
 
 
 def _kernel_details(t: ThreadStack) -> Tuple[Detail, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from sys import intern
 import re
-from typing import Any, Optional, get_args
+from typing import Any, Optional, Tuple, get_args
 
 from app.decode.build import Builder
 from app.model.memo import BoundedMemo
@@ -165,4 +165,18 @@ def kernel_wait(raw: Any) -> Optional[KernelWait]:
         path=_str(g("path"), 1000),
         address=address if isinstance(address, str) and _ADDRESS.fullmatch(address) else "",
         signals=tuple(n for n in strs(signals, MAX_SIGNALS, 16) if _SIGNAL.fullmatch(n)) if signals else (),
-        notes=_notes(notes) if notes else ())
+        notes=_notes(notes) if notes else (),
+        watched=_watched(g("watched")) if family == "sleep" and g("watched") else ())
+
+
+MAX_POLLED_PATHS = 3
+
+
+def _watched(raw: Any) -> Tuple[WaitFd, ...]:
+    """A sleeping thread's polled files (KernelWait.watched): absolute paths of kind file, their writers."""
+    out = []
+    for r in _list(raw, MAX_POLLED_PATHS):
+        f = wait_fd(r)
+        if f is not None and f.kind == "file" and f.target.startswith("/"):
+            out.append(f)
+    return tuple(out)

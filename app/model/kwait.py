@@ -92,6 +92,9 @@ class KernelWait:
     path: str = ""  # lock: the locked file; open: the path being opened
     address: str = ""  # futex: the futex word's address ("0x7f..."), nothing more is named at this level
     signals: Tuple[str, ...] = ()  # signal: the signals it waits for ("SIGUSR2", "SIGRTMIN+3"), at most 16
+    # sleep: the absolute paths its innermost Python frames hold (a poll loop's files, at most 3), each with the
+    # processes of the node that hold it open for writing (others, role writer), by the name the kernel gives
+    watched: Tuple[WaitFd, ...] = ()
     notes: Tuple[str, ...] = ()  # what /proc did not tell, and why (memory not read: the process is stopped, ...)
 
     @property

@@ -1335,3 +1335,37 @@ def test_a_pool_whose_workers_all_idle_lost_the_task_of_one_that_died_killed_or_
     line = _headline(analyze(snap), snap)
     assert "a pool replaces a worker that died, killed or crashed" in line, line
     assert "`dmesg -T | grep -i -e killed -e oom -e segfault`" in line.split("Next:")[1], line
+
+
+def test_a_poll_loop_on_a_file_no_process_of_the_node_writes_says_so_and_one_being_written_names_its_writer() -> None:
+    """`while not os.path.exists(marker): time.sleep(1)` on a file the node found no process holding open for
+    writing (its whole /proc/*/fd scan): nothing on the node is writing what it waits for, and the next step is to
+    find what should. A writer found is named instead; a path the loop does not read claims nothing."""
+    def polling(marker: str, watched: Tuple[WaitFd, ...]) -> Snapshot:
+        frames = (Frame("wait_commit", "/home/alice/job.py", 88, locals=(Local("marker", f'"{marker}"'),),
+                        loops=(LoopInfo("while", 87, 88, "    while not os.path.exists(marker):"),),
+                        source=((87, "    while not os.path.exists(marker):"), (88, "        time.sleep(1)"))),
+                  *stack("train (job.py:57)", "<module> (job.py:120)"))
+        ranks = list(job(8, 4, rank6=frames))
+        main = dataclasses.replace(ranks[6].threads[0], syscall="clock_nanosleep", wchan="hrtimer_nanosleep",
+                                   waits=KernelWait("clock_nanosleep", "sleep", timeout=0.6, watched=watched))
+        ranks[6] = dataclasses.replace(ranks[6], threads=(main,))
+        return snapshot(ranks)
+
+    marker = "/ckpt/step-400/COMMITTED"
+    snap = polling(marker, (WaitFd(None, marker, "file", "read", complete=True),))
+    line = _headline(analyze(snap), snap)
+    assert "it sleeps and checks again; no process of the node has `/ckpt/step-400/COMMITTED` open for writing (by " \
+           "that name): nothing there is writing what it waits for" in line, line
+    assert "no process on node02 is writing /ckpt/step-400/COMMITTED: find what should create or complete it" in \
+        line.split("Next:")[1], line
+    writer = OtherEnd("writer", 3130, "python3", "S", cmdline=("python3", "commit.py"), fd=5)
+    snap = polling(marker, (WaitFd(None, marker, "file", "read", others=(writer,), complete=True),))
+    line = _headline(analyze(snap), snap)
+    assert "pid 3130 python3 commit.py has the file it polls open for writing" in line, line
+    assert "no process" not in line, line
+    for watched in ((WaitFd(None, marker, "file", "read", complete=False),),  # a search that did not finish
+                    (WaitFd(None, "/ckpt/other", "file", "read", complete=True),)):  # not what the loop reads
+        snap = polling(marker, watched)
+        line = _headline(analyze(snap), snap)
+        assert "open for writing" not in line and "polls for something that does not happen" in line, line

@@ -110,3 +110,19 @@ def test_a_snapshot_written_before_the_waits_existed_still_loads() -> None:
     back, _ = snapshot_from_json(json.dumps(doc))
     assert all(t.waits is None and t.cpu_time is None for t in back.ranks[0].threads)
     assert [t.tid for t in back.ranks[0].threads] == [6, 6, 6]
+
+
+def test_a_sleeps_polled_files_are_bounded_absolute_files_of_a_sleep_only() -> None:
+    """KernelWait.watched: the first 3 entries a node sends, each kept only as an absolute path of kind file, only
+    on a sleep; anything else is dropped."""
+    good = {"fd": None, "target": "/ckpt/COMMITTED", "kind": "file", "access": "read", "complete": True,
+            "others": [{"role": "writer", "pid": 7, "comm": "cp", "state": "S"}]}
+    raw = {"syscall": "clock_nanosleep", "family": "sleep", "timeout": 1.0,
+           "watched": [good, {**good, "target": "relative/path"}, {**good, "kind": "pipe"}, "x", good, good, good]}
+    w = kernel_wait(raw)
+    assert w is not None
+    assert [f.target for f in w.watched] == ["/ckpt/COMMITTED"] and w.watched[0].others[0].pid == 7
+    w = kernel_wait({**raw, "watched": [good] * 5})
+    assert w is not None and len(w.watched) == 3
+    assert kernel_wait({**raw, "family": "fd", "syscall": "read"}).watched == ()  # type: ignore[union-attr]
+    assert kernel_wait({**raw, "watched": "nope"}).watched == ()  # type: ignore[union-attr]

@@ -146,6 +146,26 @@ def wait_fed(args):
     cat.wait()
 
 
+def poll_file(args):
+    """Polls for a file to be complete (`while not complete(path)`, sleeping between checks); with "writer", a
+    child holds the file open for writing (and sleeps, writing nothing)."""
+    path = args[0]
+    open(path, "w").close()
+    writer = 0
+    if len(args) > 1 and args[1] == "writer":
+        child = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1], 'a')\n"
+                                  "print('ok', flush=True)\ntime.sleep(86400)", path], stdout=subprocess.PIPE)
+        child.stdout.readline()
+        writer = child.pid
+    ready(writer)
+    while not _complete(path):
+        time.sleep(0.2)
+
+
+def _complete(path):
+    return os.path.getsize(path) > 10
+
+
 def wait_any(args):
     """wait4(-1): any of two sleeping children."""
     kids = [subprocess.Popen(["sleep", "86400"]) for _ in range(2)]
@@ -212,6 +232,6 @@ def sigwait(args):
 
 if __name__ == "__main__":
     {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server,
-     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed,
+     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed, "poll_file": poll_file,
      "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
      "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])

@@ -302,6 +302,34 @@ def test_the_dump_carries_the_waits_and_the_model_reads_them(tmp_path: Path) -> 
         assert all(tracer_pid(p) == 0 and proc_state(p) == "S" for p in (a.pid, b.pid))
 
 
+def test_a_poll_loop_sleeping_on_a_file_says_who_holds_that_file_open_for_writing(tmp_path: Path) -> None:
+    """Through the real worker with locals: a thread asleep between the checks of `while not _complete(path)`
+    holds the file's path in its locals; the node looks up (the /proc/*/fd scan, never the file itself) which
+    processes hold it open for writing: none, or the child that does."""
+    for with_writer in (False, True):
+        path = str(tmp_path / f"tokenizer-{with_writer}.json")
+        with target("poll_file", path, *(["writer"] if with_writer else [])) as t, WorkerProc() as w:
+            writer = int(t.ready[1])
+            for _ in range(20):  # the loop checks every 0.2 s: a dump may catch it between two sleeps
+                in_call(t.pid, ["clock_nanosleep", "nanosleep"])
+                items, done = w.call("dump", {"targets": [{"pid": t.pid, "start_time": procinfo.start_time(t.pid)}],
+                                              "locals": True, "loops": True}, timeout=60)
+                assert done["type"] == "done", done
+                item = items[0]
+                rank = parse.apply_dump(RankSnapshot(node="n", pid=t.pid, start_time=0), item)
+                main = next(th for th in rank.threads if th.tid == t.pid)
+                if main.waits is not None and main.waits.family == "sleep":
+                    break
+            assert main.waits is not None and main.waits.family == "sleep", main
+            watched = {f.target: f for f in main.waits.watched}
+            assert path in watched, (main.waits, item["actions"])
+            f = watched[path]
+            assert f.complete
+            assert [o.pid for o in f.others] == ([writer] if with_writer else []), f
+            assert any(a.startswith("looked up which processes hold") for a in item["actions"]), item["actions"]
+            assert tracer_pid(t.pid) == 0
+
+
 def test_a_stopped_process_is_not_read_in_memory_and_says_so(tmp_path: Path) -> None:
     path = str(tmp_path / "x.fifo")
     with target("fifo", path) as t:

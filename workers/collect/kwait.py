@@ -548,3 +548,60 @@ def _signals(ctx: Reader, args: List[int], out: Dict[str, Any]) -> None:
     names = [_SIGNAL_NAMES.get(n) or ("SIGRTMIN+%d" % (n - 34) if n >= 34 else "signal %d" % n)
              for n in range(1, 65) if bits >> (n - 1) & 1]
     out["signals"] = names[:MAX_SIGNALS]
+
+
+# -- files a sleeping poll loop names ---------------------------------------------------------------------------
+
+MAX_POLLED_PATHS = 3  # paths per thread
+POLLED_FRAMES = 8  # innermost Python frames whose locals are looked at
+_SKIP_TREES = ("/proc/", "/sys/", "/dev/")
+
+
+def polled_paths(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]], traces: Any) -> Optional[str]:
+    """For each thread asleep in a sleep call (a poll loop sleeps, then checks again) whose innermost Python frames
+    (py-spy's --locals, already redacted) hold absolute paths as string values: the processes of the node holding
+    each path open for writing, as waits["watched"] ([{"target", "kind": "file", "access": "read", "others",
+    "complete"}]), from the request's one scan of /proc/*/fd. Names are compared as the kernel gives them
+    (readlink of /proc/PID/fd/FD): a path through a symlink is not matched. No file is opened or stat'ed, so a file
+    system that does not answer cannot hold the worker. Returns the action to record, or None."""
+    if not isinstance(traces, list):
+        return None
+    stacks = {t.get("os_thread_id"): t for t in traces if isinstance(t, dict)}
+    index = fdindex.shared(cache)
+    looked = 0
+    for t in threads:
+        waits = t.get("waits") if isinstance(t, dict) else None
+        if not isinstance(waits, dict) or waits.get("family") != "sleep":
+            continue
+        stack = stacks.get(t.get("tid"))
+        frames = stack.get("frames") if isinstance(stack, dict) else None
+        if not isinstance(frames, list):
+            continue
+        paths: List[str] = []
+        for frame in frames[:POLLED_FRAMES]:
+            for local in (frame.get("locals") or [])[:64] if isinstance(frame, dict) else ():
+                text = local.get("repr") if isinstance(local, dict) else None
+                if not isinstance(text, str) or len(text) < 4 or len(text) > MAX_PATH + 2:
+                    continue
+                if text[0] not in "\"'" or text[-1] != text[0] or text[1] != "/":
+                    continue
+                path = text[1:-1]
+                if "\\" in path or "\0" in path or path in paths or path.startswith(_SKIP_TREES):
+                    continue
+                paths.append(path)
+                if len(paths) == MAX_POLLED_PATHS:
+                    break
+            if len(paths) == MAX_POLLED_PATHS:
+                break
+        watched = []
+        for path in paths:
+            writers, complete = fdindex.ends(index, path, (1, 2), "writer", pid)
+            watched.append({"fd": None, "target": path, "kind": "file", "access": "read", "others": writers,
+                            "complete": complete})
+        if watched:
+            waits["watched"] = watched
+            looked += len(watched)
+    if not looked:
+        return None
+    return "looked up which processes hold %d path%s a polling thread names open for writing (/proc/*/fd)" % (
+        looked, "s" * (looked != 1))

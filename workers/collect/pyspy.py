@@ -256,6 +256,19 @@ def _dump(req: Request, pid: int, start_time: Optional[int], opts: DumpOptions, 
     if opts.locals:  # the module-level loop counters py-spy cannot show: globals of __main__ (after the dump)
         for local in pyglobals.add(req, pid, traces, item, other_ns):
             _redact_local(local)
+        _polled_paths(req, pid, traces, item)
+
+
+def _polled_paths(req: Request, pid: int, traces: Any, item: DumpItem) -> None:
+    """Who writes the files a sleeping poll loop names (kwait.polled_paths), never failing the dump."""
+    try:
+        action = kwait.polled_paths(req.shared, pid, item["procfs"].get("threads") or [], traces)
+    except Exception as exc:  # a bug there must not fail the dump
+        item["notes"].append("the files a polling thread names were not looked up: %s: %s"
+                             % (type(exc).__name__, str(exc)[:300]))
+        return
+    if action:
+        item["actions"].append(action)
 
 
 def _stop_letters(item: DumpItem) -> bool:

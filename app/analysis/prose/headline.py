@@ -451,6 +451,11 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return (f"the call it retries keeps failing: run it by hand on {node} to see the error (a service not "
                 "started or not listening there, a refused or unreachable address, a wrong port or path), and give "
                 "the loop a deadline or a number of tries after which it raises")
+    if res == "timer" and w.poll is not None and w.detail("unwritten"):
+        return (f"no process on {node} is writing {clean(w.detail('unwritten'), 100)}: find what should create or "
+                "complete it (a copy or download that failed, a step another rank or node skipped, a file left "
+                "by an earlier run that nothing will finish) and why its condition never turns true; give the loop a "
+                "deadline")
     if res == "timer" and w.poll is not None:
         return ("the loop polls for something that does not happen: find why its condition never turns true, and "
                 "give it a deadline")

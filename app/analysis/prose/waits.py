@@ -158,7 +158,7 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
                     "and sleeps between tries: the call has failed on every try so far")
         if w.poll is not None:
             return (f"polling in the loop {_q(w.poll.header.strip().rstrip(':'), 80)}{_polls(w)}: it sleeps and checks "
-                    "again")
+                    f"again{_polled(w)}")
         arg = _detail(w, "argument")
         return f"sleeping{' (' + _q(arg, 30) + ')' if arg else ''}"
     if r == "cpu":
@@ -219,6 +219,16 @@ def duration(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.0f} days"
+
+
+def _polled(w: ThreadWait) -> str:
+    """`; no process of the node has `/ckpt/COMMITTED` open for writing ...`: who writes a file the loop polls."""
+    unwritten = [d.value for d in w.details if d.name == "unwritten"]
+    if unwritten:
+        return (f"; no process of the node has {_q(unwritten[0], 100)} open for writing (by that name): nothing "
+                "there is writing what it waits for")
+    writer = w.detail("written_by")
+    return f"; {clean(writer, 120)} has the file it polls open for writing" if writer else ""
 
 
 def _polls(w: ThreadWait) -> str:
