@@ -72,7 +72,8 @@ def find(graph: WaitGraph, best: Optional[Fact], chains: Dict[RankKey, Tuple[Lin
     if graph.deadlock and first is None:
         # ranks that wait for each other (one holds what the other waits for, and waits in a collective for it): the
         # chain that goes round the cycle speaks for them, from the rank it starts at
-        first = next((k for k in who.keys if _round(chains.get(k, ()))), None)
+        first = next((k for k in who.keys if _round(chains.get(k, ()))), None) or \
+            next((k for k in who.keys if chains.get(k)), None)
         rank = by_key.get(first) if first is not None else None
         links = chains.get(first, ()) if first is not None else ()
     others = classes[0] if classes and not (set(who.keys) & set(classes[0].ranks[:4096])) else None

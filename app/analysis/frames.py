@@ -114,6 +114,16 @@ def _collective(function: str, filename: str, native: bool) -> Optional[str]:
     return _PY_COLLECTIVES.get(bare_name(function))
 
 
+_GROUP_ARG = re.compile(r"\bgroup\s*=\s*([^,()]+(?:\([^()]*\))?)")
+
+
+def group_arg(f: Optional[Frame]) -> str:
+    """The `group=` argument of the collective call on a frame's current line ("" for the default group)."""
+    text = dict(f.source).get(f.line, "") if f is not None else ""
+    m = _GROUP_ARG.search(text)
+    return m.group(1).strip() if m else ""
+
+
 def path_collective(frames: Sequence[Frame]) -> Tuple[Optional[str], Optional[Frame]]:
     """The collective a path waits in and its frame: the outermost one, which is the call the user made
     (barrier() runs an all_reduce inside some backends; the user wrote barrier)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, line_text, thread_wait
-from app.analysis.frames import is_library
+from app.analysis.frames import group_arg, is_library
 from app.analysis.locks import LockKey, held
 from app.model import Frame, JobProcess, KernelWait, OtherEnd, RankSnapshot, ThreadStack
 
@@ -693,10 +693,12 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             break
         seen.add(ident)
         if nxt.kind == "rank":
-            # another rank of the job: a collective it waits in cannot finish without this rank, which waits for
-            # it here: each waits for the other (this rank is in no collective: it waits in this very call)
+            # another rank of the job: a collective of the whole job (its default group: a call that names no
+            # other) that it waits in cannot finish without this rank, which waits for it here: each waits for the
+            # other (this rank is in no collective: it waits in this very call). A subgroup's may not include it.
+            whole = nxt.wait.resource == "collective" and not group_arg(nxt.wait.caller)
             ring: Tuple[Party, ...] = (Party("rank", r.node, r.pid, thread.tid, r.rank, role="cycle"),) \
-                if nxt.wait.resource == "collective" else ()
+                if whole else ()
             links.append(Link(nxt, nxt.wait, Release(ring)))
             break
         if nxt.kind != "thread" or nxt.pid != r.pid:

@@ -1278,6 +1278,16 @@ def test_a_file_lock_held_by_another_rank_waiting_in_a_collective_is_a_deadlock_
     assert "rank 3 holds the file lock while it waits in `barrier`, which needs rank 2: release it before the " \
            "collective" in line, line
     assert "end it" not in line and "kill" not in line, line
+    # the holder waits in a collective of a group its call names: that group may not include rank 2, no cycle
+    sub = list(snap.ranks)
+    h = sub[3].threads[0]
+    sub[3] = dataclasses.replace(sub[3], threads=(dataclasses.replace(h, frames=(h.frames[0], dataclasses.replace(
+        h.frames[1], source=((74, "    dist.barrier(group=self.io_group)"),)), *h.frames[2:])),))
+    line = _headline(analyze(snapshot(sub)), snapshot(sub))
+    assert "held by rank 3 on node01; that one is blocked in `barrier`" in line and "deadlock" not in line, line
+    assert "waiting for every rank of the group `self.io_group` to enter it" in line, line
+    assert "rank 3 holds what rank 2 waits for while it waits in `barrier` on `self.io_group`: if that group " \
+           "includes rank 2, each waits for the other" in line.split("Next:")[1], line
     # the same lock held by a process that is no rank of the job: its holder, as before
     other = dataclasses.replace(holder, pid=4242, cmdline=("compact-metrics",))
     ranks[2] = dataclasses.replace(ranks[2], threads=(dataclasses.replace(

@@ -22,7 +22,7 @@ from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_nodes
-from app.analysis.frames import clean, named
+from app.analysis.frames import clean, group_arg, named
 from app.analysis.graph import WaitGraph
 from app.analysis.health import StateEvidence
 from app.analysis.locks import LockEvidence
@@ -148,6 +148,13 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     if c is not None and c.links and c.rank is not None and not says_why and (
             c.fact.kind == "blocked" or (_positional(c.fact) and informative(c.links[0].wait))):
         step = _wait_next(c.links, c)
+        if step:
+            return step
+    if c is not None and not c.links and c.rank is not None and isinstance(best.data, WaitEvidence) \
+            and len(best.data.links) > 1 and best.data.links[-1].who.kind == "rank" \
+            and (best.data.links[-1].who.node, best.data.links[-1].who.pid) == (c.rank.node, c.rank.pid):
+        # the root is the rank another one's chain of waits ends at (it holds what that one waits for)
+        step = _wait_next(best.data.links, c)
         if step:
             return step
     root = graph.vertex(graph.root[0]) if graph.root and not graph.deadlock else None
@@ -307,9 +314,20 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         holder = links[-1].who
         them = f"rank {holder.rank}" if holder.rank is not None else f"pid {holder.pid}"
         held = "the file lock" if links[0].wait.resource == "file_lock" else "what this rank waits for"
-        me = f"rank {r.rank}" if r.rank is not None else "this rank"
+        me = f"rank {links[0].who.rank}" if links[0].who.rank is not None else "this rank"
         return (f"{them} holds {held} while it waits in `{clean(w.operation, 40)}`, which needs {me}: release it "
                 "before the collective (take and release it within one step, on every rank alike), or let every rank "
+                "reach the collective before any waits for it; give the wait a timeout")
+    if len(links) > 1 and links[-1].who.kind == "rank" and w.resource == "collective":
+        # another rank holds what this one waits for and waits in a collective of a group its call names
+        holder = links[-1].who
+        them = f"rank {holder.rank}" if holder.rank is not None else f"pid {holder.pid}"
+        waiter = links[0].who
+        me = f"rank {waiter.rank}" if waiter.rank is not None else "this rank"
+        group = group_arg(w.caller)
+        on = f" on `{clean(group, 40)}`" if group else ""
+        return (f"{them} holds what {me} waits for while it waits in `{clean(w.operation, 40)}`{on}: if that group "
+                f"includes {me}, each waits for the other; release it before the collective, or let every rank "
                 "reach the collective before any waits for it; give the wait a timeout")
     if (first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.pid is not None
             and links[-2].who.pid != r.pid):

@@ -3,13 +3,12 @@ rank at one place."""
 
 from __future__ import annotations
 
-import re
 from typing import Optional, Sequence, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
 from app.analysis.fold import brief
-from app.analysis.frames import clean, focus_frame, frame_id, in_backward, is_library, named
+from app.analysis.frames import clean, focus_frame, frame_id, group_arg, in_backward, is_library, named
 from app.analysis.prose.words import where
 from app.analysis.tree import StackClass
 from app.model import Frame
@@ -124,7 +123,6 @@ def stack_text(f: Fact) -> Text:
     return title, detail, _reason(e)
 
 
-_GROUP_ARG = re.compile(r"\bgroup\s*=\s*([^,()]+(?:\([^()]*\))?)")
 # the outermost frames of a main program (a script, `python -m`, a thread's bootstrap): a main thread whose stack
 # starts elsewhere runs code the interpreter called as it exits (an atexit handler, a finalizer)
 _PROGRAM_ROOTS = ("<module>", "_run_module_as_main", "_run_code", "_bootstrap", "_bootstrap_inner")
@@ -156,13 +154,6 @@ def callers(e: StackEvidence) -> Tuple[Optional[Frame], Optional[Frame]]:
         mine = c.frames[k] if k < len(c.frames) and not is_library(c.frames[k]) else None
         theirs = d.frames[k] if k < len(d.frames) and not is_library(d.frames[k]) else None
     return mine, theirs
-
-
-def group_arg(f: Optional[Frame]) -> str:
-    """The `group=` argument of the collective call on a frame's current line ("" for the default group)."""
-    text = dict(f.source).get(f.line, "") if f is not None else ""
-    m = _GROUP_ARG.search(text)
-    return m.group(1).strip() if m else ""
 
 
 def same_collective_title(e: StackEvidence, who: str, verb: str, others: str) -> str:

@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from app.analysis.blocking import FIFO_OPEN, ThreadWait
 from app.analysis.facts import Fact
-from app.analysis.frames import clean, named
+from app.analysis.frames import clean, group_arg, named
 from app.analysis.release import Link, Party, Release, alike
 from app.analysis.suspects import WaitEvidence
 from app.model import RankSnapshot
@@ -180,6 +180,10 @@ def resource(w: ThreadWait, rel: Optional[Release] = None) -> str:
         return f"inside a native call that does not return (it sleeps in {_q(w.syscall or '?', 30)})"
     if r == "gil":
         return "holding the GIL in native code"
+    if r == "collective":
+        group = group_arg(w.caller)
+        return (f"waiting for every rank of {'the group `' + clean(group, 40) + '`' if group else 'the job'} to "
+                "enter it")
     return "the mechanism is not known"
 
 
