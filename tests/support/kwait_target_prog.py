@@ -110,13 +110,16 @@ def asyncio_read(args):
     asyncio.run(main())
 
 
-def asleep(pid):
+def asleep(pid, where=""):
     """Wait (bounded) until the child sleeps: right after exec it may still be running (state R) on a busy
-    machine, and the tests read its state."""
+    machine, and the tests read its state. where: a part of the kernel function it must sleep in (its wchan): a
+    forked child sleeps (S) before its exec too, in no call of the program's."""
     for _ in range(2000):
         with open("/proc/%d/stat" % pid) as f:
             if f.read().rsplit(")", 1)[1].split()[0] == "S":
-                return
+                with open("/proc/%d/wchan" % pid) as f:
+                    if where in f.read():
+                        return
         time.sleep(0.005)
 
 
@@ -141,7 +144,7 @@ def wait_fed(args):
         if forked == 0:
             time.sleep(86400)
             os._exit(0)
-    asleep(cat.pid)
+    asleep(cat.pid, "pipe_read")
     ready(cat.pid, forked)
     cat.wait()
 

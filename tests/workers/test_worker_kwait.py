@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -397,3 +398,33 @@ def test_in_a_container_the_waited_pid_is_its_own_namespaces_and_the_children_ar
         _, w = waits(inner, ["read"])
         (end,) = w.fds[0].others
         assert end.role == "writer" and procinfo.ns_id(end.pid) == int(t.ready[1]) and end.comm == "sleep"
+
+
+def test_polled_paths_look_up_absolute_names_only_and_skip_what_is_not_a_name_the_kernel_has(tmp_path: Path) -> None:
+    """kwait.polled_paths for a stand-in's sleeping thread (its py-spy frames given here), with a child holding one
+    file open for writing: quoted absolute paths of a sleeping thread's frames are looked up; a relative path, a
+    masked one, /proc, an escaped one, a cut repr and a thread that does not sleep are not."""
+    held = tmp_path / "shard-07.done"
+    held.write_text("")
+    with target("wait") as t:
+        writer = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1], 'a')\n"
+                                   "print('ok', flush=True)\ntime.sleep(60)", str(held)], stdout=subprocess.PIPE)
+        try:
+            assert writer.stdout is not None and writer.stdout.readline().strip() == b"ok"
+            locals_ = [{"name": n, "repr": r} for n, r in (
+                ("marker", f'"{held}"'), ("rel", '"data/x.json"'), ("masked", '"/run/***/token"'),
+                ("status", '"/proc/1/status"'), ("esc", '"/tmp/a\\\\nb"'), ("cut", f'"{tmp_path}/very-long...'),
+                ("other", f"'{tmp_path / 'nobody-writes'}'"))]
+            traces = [{"os_thread_id": t.pid, "frames": [{"name": "wait_done", "locals": locals_}]},
+                      {"os_thread_id": t.pid + 1, "frames": [{"name": "x", "locals": locals_}]}]
+            threads: List[Dict[str, Any]] = [{"tid": t.pid, "waits": {"family": "sleep"}},
+                                             {"tid": t.pid + 1, "waits": {"family": "fd"}}]
+            action = kwait.polled_paths({}, t.pid, threads, traces)
+        finally:
+            writer.kill()
+            writer.wait()
+    watched = threads[0]["waits"]["watched"]
+    assert [w["target"] for w in watched] == [str(held), str(tmp_path / "nobody-writes")], watched
+    assert [(o["pid"], o["role"]) for o in watched[0]["others"]] == [(writer.pid, "writer")]
+    assert watched[1]["others"] == [] and watched[1]["complete"] is True
+    assert "watched" not in threads[1]["waits"] and action is not None and "2 paths" in action

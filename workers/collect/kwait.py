@@ -586,7 +586,8 @@ def polled_paths(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
                 if text[0] not in "\"'" or text[-1] != text[0] or text[1] != "/":
                     continue
                 path = text[1:-1]
-                if "\\" in path or "\0" in path or path in paths or path.startswith(_SKIP_TREES):
+                # an escape, a part the redaction masked or a cut repr is not the path's name as the kernel has it
+                if "\\" in path or "\0" in path or "***" in path or path in paths or path.startswith(_SKIP_TREES):
                     continue
                 paths.append(path)
                 if len(paths) == MAX_POLLED_PATHS:
