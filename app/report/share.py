@@ -33,7 +33,7 @@ from workers.cleartext import (HIDDEN, clear_text, clear_word, foreign, keyed_to
                                share_name, share_text, share_words)
 from workers.codetext import Token, owners, split_literal, tokens
 from workers.lazyre import lazy
-from workers.tooltext import gdb_text, strace_text
+from workers.tooltext import gdb_text, gdb_thread_names, strace_text
 
 RULE = "default-deny"
 TOKEN_FORMAT = "<TYPE len=N #HASH>"  # TYPE: str, bytes or text; HASH: 8 hex digits of HMAC-SHA256 (per-bundle key)
@@ -141,7 +141,7 @@ class Sharer:
 
     def gdb(self, output: str) -> str:
         hits: Dict[str, int] = {}
-        out = self.text(gdb_text(output, hits=hits))
+        out = self.text(gdb_thread_names(gdb_text(output, hits=hits), self.name))
         self.counts.update(hits)
         return out
 

@@ -192,18 +192,21 @@ def test_a_literal_passed_positionally_is_shown_only_in_a_names_shape() -> None:
 def test_a_thread_name_is_shown_only_in_a_names_shape() -> None:
     """A thread (or an OS thread's comm) named from `user@host:password` or from a token's first bytes is hidden
     whole in the shared snapshot, and in the bundle's every file; ordinary thread names stay."""
-    odd = ["backup-ops@files.example:Marsh.Wren4402", "dop_v1_9QxZ2aKp"]
+    odd = ["backup-ops@files.example:Marsh.Wren4402", "dop_v1_9QxZ2aKp", "glsa_9Tomu-Rk"]
     snap = make_snapshot("dataloader")
     r = snap.ranks[1]
     threads = r.threads + tuple(ThreadStack(tid=r.pid + 20 + i, name=n, frames=(Frame("wait", "/job/bg.py", 9),))
                                 for i, n in enumerate(odd + ["ckpt-writer-rank1", "Thread-3 (worker)"]))
-    snap = dataclasses.replace(snap, ranks=(snap.ranks[0], dataclasses.replace(r, threads=threads)) + snap.ranks[2:])
+    gdb = "\n".join(f'Thread {i + 2} (Thread 0x7f00{i:04x} (LWP {r.pid + 20 + i}) "{n}"):\n#0  0x7f in poll ()'
+                    for i, n in enumerate(odd))  # the OS thread names in gdb's thread headers, too
+    snap = dataclasses.replace(snap, ranks=(snap.ranks[0], dataclasses.replace(r, threads=threads, gdb=gdb))
+                               + snap.ranks[2:])
     bundle = build_bundle(snap, analyze(snap), now=1.0)
     for name, data in bundle.files.items():
-        for secret in ("Marsh.Wren4402", "Wren4402", "9QxZ2aKp"):
+        for secret in ("Marsh.Wren4402", "Wren4402", "9QxZ2aKp", "9Tomu-Rk"):
             assert secret not in data.decode(), (name, secret)
     names = [t["name"] for t in json.loads(bundle.files["snapshot.json"])["snapshot"]["ranks"][1]["threads"]]
-    assert sum(1 for n in names if TOKEN.fullmatch(n)) == 2
+    assert sum(1 for n in names if TOKEN.fullmatch(n)) == 3
     assert "ckpt-writer-rank1" in names and "Thread-3 (worker)" in names
 
 
