@@ -251,11 +251,81 @@ def _words(text: str, hide: Hide, kind: str) -> str:
                     text)
 
 
+# -- values that no name explains --------------------------------------------------------------------------
+# A name says what a value is (`step=12`, `--host node3`): under a harmless name, a value whose every word reads
+# like a name is shown. A value with *no* name (a string passed positionally to a call, the word after a label in
+# free text, a thread name) has only its own shape to speak for it, and a password made of words (`Hazel.Otter62`,
+# `MossRiver7781`) has a name's shape word by word. So such a value is shown only in the shapes names of things
+# take, judged whole (never split at a symbol, which would let `k#9Qw^zT` through as short harmless pieces):
+# a number, a number with a unit (`600s`, `12GB`), or words of one kind joined by `_ . - + :`, each part
+# digits only, or letters (lower, Capitalized, UPPER or CamelCase) with at most three digits after a single-case
+# word (`rank0`, `layer12`, `gpt2`, `H100`). Everything else is hidden: symbols inside the run, digits between
+# letters (`A7KQ`), a CamelCase or Capitalized word with digits glued on (`River7781`, `MossRiver77`), four
+# digits or more after letters (`bluefin2024`).
+_UNIT = lazy(r"\d+(?:\.\d+)?[A-Za-z]{1,3}")
+_NAME_PART = lazy(r"(?:[a-z]+|[A-Z]+|[A-Z][a-z]+)[0-9]{0,3}|[0-9]+"  # rank0, H100, Llama3, 4096
+                  r"|[A-Z]*(?:[A-Z][a-z]+)+[A-Z]*"  # CamelCase, acronyms in it: EvtHandlr, HTTPServer, WorkNCCL
+                  r"|[a-z]{2,}(?:[A-Z]+[a-z]{2,})*[A-Z]*")  # camelCase: maxNorm, getHTTPResponse
+_NAME_SEP = lazy(r"[_.+\-:]+")
+
+
+def plain_value(run: str) -> bool:
+    """A value without a name may be shown: a number (with a unit), or a name's shape (see above) whose every
+    word the default-deny rule finds clear. `run` holds no white space."""
+    if not run or HIDDEN.fullmatch(run):
+        return True
+    if _NUMBER.fullmatch(run) or _HEX.fullmatch(run) or _UNIT.fullmatch(run):
+        return True
+    parts = [p for p in _NAME_SEP.split(run) if p]
+    if not parts or not all(_NAME_PART.fullmatch(p) for p in parts):
+        return False
+    return all(clear_word(w) for w in WORD.findall(run)) and not _PASSPHRASE.search(run)
+
+
+# The value after a label in free text (`reason: x`, `user@host:x`, `ValueError: x`): what follows a colon up to
+# the next white space, quote, bracket or separator (`=`: `name=x` is a name and its value, judged by the rules
+# for those). A colon before `/` (a URL) or another colon (`::`) starts no
+# value; nor does one inside a word-and-number pair (`file.py:12`, `cuda:0` give numbers: plain anyway).
+_AFTER_LABEL = lazy(r"(?<=[:：])[ \t]*(?P<v>[^\s:：,;='\"`()\[\]{}<>/\\][^\s:：,;=&'\"`()\[\]{}<>\\]*)")
+
+
+def share_labelled(line: str, hide: Hide) -> str:
+    """Every value after a label that is not plain, hidden (whole: it may hold symbols)."""
+    def sub(m: "re.Match[str]") -> str:
+        v = m.group("v")
+        if plain_value(v) or (v.endswith(".") and plain_value(v.rstrip("."))):  # a sentence's full stop
+            return m.group(0)
+        if not any(c.isalnum() for c in v):
+            return m.group(0)  # punctuation (`while True:  # ...`, `x: -`): no data in it
+        if "/" in v and clear_text(v):
+            return m.group(0)  # a path after a label (`saved to: data/x.pt`)
+        return m.group(0)[:m.start("v") - m.start()] + hide("str", v)
+    if ":" not in line and "：" not in line:
+        return line
+    return _AFTER_LABEL.sub(sub, line)
+
+
+def share_name(name: str, hide: Hide) -> str:
+    """A thread's name or an OS thread's comm: shown only when every run of it (between spaces and brackets) is a
+    name's shape (plain_value: `pin_memory`, `Thread-3 (worker)`, `ckpt-writer-rank0`, `pt_autograd_0`); any other
+    name is hidden whole (a name set from a URL, a `user@host:password` or a token's first 15 bytes)."""
+    if not name or HIDDEN.fullmatch(name):
+        return name
+    runs = [r for r in _NAME_RUNS.split(name) if r]
+    if not foreign(name) and all(plain_value(r) for r in runs):
+        return name
+    return hide("str", name)
+
+
+_NAME_RUNS = lazy(r"[\s()\[\]]+")
+
+
 def share_line(line: str, hide: Hide) -> str:
-    """One line of free text: hidden whole when it holds foreign words, else word by word."""
+    """One line of free text: hidden whole when it holds foreign words, else word by word, a value after a label
+    only in a name's shape (plain_value)."""
     if foreign(line):
         return hide("text", line)
-    return share_words(line, hide)
+    return share_words(share_labelled(line, hide), hide)
 
 
 def share_text(text: str, hide: Hide) -> str:

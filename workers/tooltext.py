@@ -21,7 +21,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Dict, Optional
+    from typing import Callable, Dict, Optional
 
 from workers.cleartext import clear_word
 from workers.lazyre import lazy
@@ -102,6 +102,24 @@ def gdb_text(text: str, hits: Optional[Dict[str, int]] = None) -> str:
         if n and hits is not None:
             hits["gdb-string"] = hits.get("gdb-string", 0) + n
     return "\n".join(lines)
+
+
+# gdb's thread headers, its `info threads` rows included (`* 2 Thread 0x.. (LWP 12) "name" 0x.. in f`): their
+# quoted strings are OS thread names, the only strings gdb_text leaves.
+_NAMED_HEADER = lazy(r"^\s*(?:\*\s*)?(?:\d+\s+)?(?:Thread|\[Switching to thread|\[New Thread)\b")
+_NAME_STRING = lazy(r'"((?:[^"\\\n]|\\.)*)"')
+
+
+def gdb_thread_names(text: str, name: "Callable[[str], str]") -> str:
+    """gdb's output with each thread name in its thread headers replaced by name(it): a thread's name is judged
+    as one (the rule for names the job chose), never as words of a line."""
+    if '"' not in text:
+        return text
+    rows = text.split("\n")
+    for i, row in enumerate(rows):
+        if '"' in row and _NAMED_HEADER.match(row):
+            rows[i] = _NAME_STRING.sub(lambda m: '"%s"' % name(m.group(1)), row)
+    return "\n".join(rows)
 
 
 def _size(m: "re.Match[str]") -> str:

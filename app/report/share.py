@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.model import Local, Snapshot, StraceResult
 from app.report.redact import Redactor
-from workers.cleartext import HIDDEN, clear_word, foreign, keyed_token, share_text, share_words
-from workers.codetext import Token, split_literal, tokens
-from workers.tooltext import gdb_text, strace_text
+from workers.cleartext import (HIDDEN, clear_text, clear_word, foreign, keyed_token, plain_value, share_labelled,
+                               share_name, share_text, share_words)
+from workers.codetext import Token, owners, split_literal, tokens
+from workers.lazyre import lazy
+from workers.tooltext import gdb_text, gdb_thread_names, strace_text
 
 RULE = "default-deny"
 TOKEN_FORMAT = "<TYPE len=N #HASH>"  # TYPE: str, bytes or text; HASH: 8 hex digits of HMAC-SHA256 (per-bundle key)
@@ -58,12 +61,19 @@ _PLAIN = frozenset({int, float, bool})
 def _field_keys(cls: type) -> Tuple[Tuple[str, str], ...]:
     """A dataclass's fields with the key each is judged by: `Class.field` where _KEPT names it so, else its name."""
     kind = cls.__name__
-    return tuple((f.name, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT else f.name)
-                 for f in dataclasses.fields(cls))
+    return tuple((f.name, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT or f"{kind}.{f.name}" in _NAME_FIELDS
+                  else f.name) for f in dataclasses.fields(cls))
 
 
 _PATH_FIELDS = frozenset({"filename", "exe", "python_exe", "path", "cgroup"})
 _SOURCE_FIELDS = frozenset({"header", "items"})
+# Names the job gave its threads (py-spy's thread name, an OS thread's comm): a value with no name to say what it
+# is, shown only in a name's shape (workers/cleartext.py share_name), else hidden whole.
+_NAME_FIELDS = frozenset({"ThreadStack.name", "OtherEnd.comm", "PipeReader.comm", "thread_name", "comm"})
+# The format fields of a positional literal (a template's structure, not its data); a `%` glued after a letter or
+# digit is part of the text (`Q%eK` is no field).
+_FORMAT_FIELD = lazy(r"(?<![A-Za-z0-9])%(?:\([A-Za-z_]\w*\))?[-#0 +]*(?:\d+|\*)?(?:\.\d+)?[diouxXeEfFgGcrsa%]"
+                     r"|\{[A-Za-z0-9_.!:<>^\[\]]*\}")
 
 
 class Sharer:
@@ -99,6 +109,12 @@ class Sharer:
             return s
         return self._cached("text", s, lambda: share_text(self.net.text(s), self.hide))
 
+    def name(self, s: str) -> str:
+        """A thread's name or comm: kept in a name's shape, else hidden whole."""
+        if not s:
+            return s
+        return self._cached("name", s, lambda: share_name(self.net.text(s), self.hide))
+
     def path(self, s: str) -> str:
         return self._cached("path", s, lambda: share_text(self.net.path(s), self.hide)) if s else s
 
@@ -125,7 +141,7 @@ class Sharer:
 
     def gdb(self, output: str) -> str:
         hits: Dict[str, int] = {}
-        out = self.text(gdb_text(output, hits=hits))
+        out = self.text(gdb_thread_names(gdb_text(output, hits=hits), self.name))
         self.counts.update(hits)
         return out
 
@@ -150,12 +166,14 @@ class Sharer:
         toks = tokens(text)
         if foreign("".join(t.text for t in toks if t.kind == "op")):
             toks = _merge_foreign(toks)  # letters outside ASCII in the code itself: one token per run, never a letter
-        for t in toks:
+        for i, t in enumerate(toks):
             if t.start > done:
                 out.append(text[done:t.start])
             if t.kind == "str":
                 prefix, content, close = split_literal(t.text)
                 kind = "bytes" if "b" in prefix.lower() else "str"
+                if _positional(toks, i):
+                    content = self._unnamed(content, kind)
                 out.append(prefix + self._inside(content, kind) + close)
             elif t.kind == "comment":
                 out.append("#" + self._inside(t.text[1:], "text"))
@@ -174,7 +192,28 @@ class Sharer:
             return content
         if foreign(content):
             return self.hide(kind, content)
+        if kind == "text":  # a comment: free text, a value after a label judged as one
+            content = share_labelled(content, self.hide)
         return share_words(content, self.hide, "str")
+
+    def _unnamed(self, content: str, kind: str) -> str:
+        """A literal passed positionally to a call: no name says what it is (`FTP("host", "user", "x")`), so each
+        run of it (between spaces and a message's separators, format fields aside) is shown only in a name's shape
+        or as a path; any other run is hidden whole, never split at its symbols."""
+        if foreign(content):
+            return content  # hidden whole by _inside
+        def run(m: "re.Match[str]") -> str:
+            r = m.group(0)
+            if HIDDEN.fullmatch(r) or plain_value(r) or ("/" in r and clear_text(r)):
+                return r
+            return self.hide(kind, r)
+        out: List[str] = []
+        done = 0
+        for f in _FORMAT_FIELD.finditer(content):
+            out.append(_RUN_VALUE.sub(run, content[done:f.start()]) + f.group(0))
+            done = f.end()
+        out.append(_RUN_VALUE.sub(run, content[done:]))
+        return "".join(out)
 
     # -- the snapshot and the analysis ----------------------------------------------------------------
     def snapshot(self, snap: Snapshot) -> Snapshot:
@@ -191,6 +230,8 @@ class Sharer:
             return self.path(s)
         if field in _SOURCE_FIELDS:
             return self.source(s)
+        if field in _NAME_FIELDS:
+            return self.name(s)
         if field == "gdb":
             return self.gdb(s)
         return self.text(s)
@@ -262,6 +303,16 @@ class Sharer:
 
     def summary(self) -> Dict[str, int]:
         return dict(sorted(self.counts.items()))
+
+
+_RUN_VALUE = lazy(r"[^\s:=,;()\[\]<>'\"|]+")
+
+
+def _positional(toks: List[Token], i: int) -> bool:
+    """toks[i], a literal, is passed positionally to a call: its innermost owner is the call (no keyword, key or
+    flag names it)."""
+    names = owners(toks, i)
+    return names is not None and bool(names) and names[0].endswith("()")
 
 
 def _merge_foreign(toks: list) -> list:

@@ -8,7 +8,6 @@ replacements below stop a name like "\\x1b]0;x\\x07" from retitling the terminal
 
 from __future__ import annotations
 
-import re
 import secrets
 from typing import Optional
 
@@ -16,7 +15,8 @@ from rich.style import Style
 from rich.text import Text
 
 from app.printable import NAME_LIMIT, clean
-from workers.cleartext import keyed_token, share_text
+from workers.cleartext import keyed_token, share_name
+from workers.tooltext import gdb_thread_names
 
 __all__ = ["NAME_LIMIT", "VALUE_LIMIT", "LINE_LIMIT", "clean", "literal", "lines", "counted", "run_name",
            "gdb_lines"]
@@ -45,8 +45,8 @@ def lines(text: str, *, max_lines: int = 5000, limit: int = LINE_LIMIT) -> Text:
 
 # Names a job chooses while it runs (a thread's name, its OS name in /proc and in gdb's thread headers, a helper
 # process's comm) are free text the job's code may fill with anything. On the screen they follow the default-deny
-# rule of what is shared (workers/cleartext.py): a word that reads like a name (`MainThread`, `pt_autograd_0`,
-# `Thread-3 (_worker)`, `python3`) is shown, any other word as its length and a hash keyed per TUI session, so
+# rule of what is shared (workers/cleartext.py share_name): a name in a name's shape (`MainThread`, `pt_autograd_0`,
+# `Thread-3 (_worker)`, `python3`) is shown, any other name as its length and a hash keyed per TUI session, so
 # equal names still look equal across ranks and tabs, and a name nobody can read is not put on a screen that
 # may be shared as a screenshot.
 _SESSION_KEY = secrets.token_bytes(16)
@@ -58,25 +58,12 @@ def _hide(kind: str, text: str) -> str:
 
 def run_name(text: str) -> str:
     """A name the job chose at run time, as the screen shows it (see above)."""
-    return share_text(text, _hide) if text else text
-
-
-# gdb's thread headers (`Thread 2 (Thread 0x7f.. (LWP 12) "name"):`, `* 1 Thread 0x.. (LWP 12) "name" 0x.. in f`,
-# `[New Thread 0x.. (LWP 12)]`): their quoted strings are OS thread names. Every other C string gdb prints is
-# already its size (workers/tooltext.py).
-_GDB_THREAD_HEADER = re.compile(r"^\s*(?:\*\s*)?(?:\d+\s+)?(?:Thread|\[Switching to thread|\[New Thread)\b")
-_GDB_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+    return share_name(text, _hide) if text else text
 
 
 def gdb_lines(text: str) -> Text:
     """gdb's output as lines() shows it, the thread names in its thread headers shown by run_name."""
-    if '"' in text:
-        rows = text.split("\n")
-        for i, row in enumerate(rows):
-            if '"' in row and _GDB_THREAD_HEADER.match(row):
-                rows[i] = _GDB_STRING.sub(lambda m: '"%s"' % run_name(m.group(1)), row)
-        text = "\n".join(rows)
-    return lines(text)
+    return lines(gdb_thread_names(text, run_name))
 
 
 def counted(n: int, word: str, plural: str = "") -> str:

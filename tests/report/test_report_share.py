@@ -159,3 +159,71 @@ def test_a_name_in_another_script_is_hidden_as_one_word_never_letter_by_letter()
     as one token."""
     out = Sharer().source("    пароль = get(x)  # ok")
     assert out.startswith("    <str len=6 #") and out.endswith("> = get(x)  # ok") and out.count("<str") == 1
+
+
+# -- values no name explains: a positional literal, a thread's name, the word after a label in error output ------
+
+
+def test_a_literal_passed_positionally_is_shown_only_in_a_names_shape() -> None:
+    """No keyword says what a positional literal is (`SMB(host, user, pw)`): a password of words and digits, or of
+    symbols that would split it into harmless-looking pieces, is hidden whole; the ordinary arguments stay."""
+    share = Sharer()
+    for line, secret in [
+        ('    smb = SMBConnection("svc-train", "Heron.Vault2291", "client", "nas01")', "Heron.Vault2291"),
+        ("    db = connect('db.internal', 'loader', 'r4T!w@9zQ%eK')", "r4T!w@9zQ%eK"),
+        ('    sftp.open_session("Quill&Ember#0815")', "Quill&Ember#0815"),
+        ('    client = Vendor("api.vendor.example", "GraniteOwl7730")', "GraniteOwl7730"),
+    ]:
+        out = share.source(line)
+        assert secret not in out and f'"<str len={len(secret)} #' in out.replace("'", '"'), out
+        for piece in re.split(r"[^A-Za-z0-9]+", secret):
+            assert len(piece) < 4 or piece not in out, (piece, out)
+    for line in ['    dist.init_process_group("nccl", timeout=td)',
+                 '    tok = AutoTokenizer.from_pretrained("meta-llama/Llama-2-7b-hf", revision="main")',
+                 '    logger.info("step=%d loss=%.4f", step, loss)',
+                 '    print(f"rank {rank}: waiting for {peer} on cuda:0")',
+                 '    x = torch.load("ckpt/step_1200.pt", map_location="cpu")',
+                 '    raise RuntimeError("peer 10.0.0.3 did not answer after 600s")',
+                 '    subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "-i", "3"])',
+                 '    smb = SMBConnection("svc-train", user, "client", "nas01")']:
+        assert share.source(line) == line
+
+
+def test_a_thread_name_is_shown_only_in_a_names_shape() -> None:
+    """A thread (or an OS thread's comm) named from `user@host:password` or from a token's first bytes is hidden
+    whole in the shared snapshot, and in the bundle's every file; ordinary thread names stay."""
+    odd = ["backup-ops@files.example:Marsh.Wren4402", "dop_v1_9QxZ2aKp", "glsa_9Tomu-Rk"]
+    snap = make_snapshot("dataloader")
+    r = snap.ranks[1]
+    threads = r.threads + tuple(ThreadStack(tid=r.pid + 20 + i, name=n, frames=(Frame("wait", "/job/bg.py", 9),))
+                                for i, n in enumerate(odd + ["ckpt-writer-rank1", "Thread-3 (worker)"]))
+    gdb = "\n".join(f'Thread {i + 2} (Thread 0x7f00{i:04x} (LWP {r.pid + 20 + i}) "{n}"):\n#0  0x7f in poll ()'
+                    for i, n in enumerate(odd))  # the OS thread names in gdb's thread headers, too
+    snap = dataclasses.replace(snap, ranks=(snap.ranks[0], dataclasses.replace(r, threads=threads, gdb=gdb))
+                               + snap.ranks[2:])
+    bundle = build_bundle(snap, analyze(snap), now=1.0)
+    for name, data in bundle.files.items():
+        for secret in ("Marsh.Wren4402", "Wren4402", "9QxZ2aKp", "9Tomu-Rk"):
+            assert secret not in data.decode(), (name, secret)
+    names = [t["name"] for t in json.loads(bundle.files["snapshot.json"])["snapshot"]["ranks"][1]["threads"]]
+    assert sum(1 for n in names if TOKEN.fullmatch(n)) == 3
+    assert "ckpt-writer-rank1" in names and "Thread-3 (worker)" in names
+
+
+def test_print_hides_a_value_after_a_label_in_error_output_whatever_the_labels_language() -> None:
+    """Default-deny does not know the label (`Notfallkennung:`), so the value after it is shown only in a name's
+    shape: a password of words and digits is hidden in --print as in the bundle; the rest of the line stays."""
+    from app.cli import headless
+
+    r = dataclasses.replace(_rank(10, 0, "run"), output=(ErrorOutput("stderr", "/logs/rank0.err", (
+        "Traceback (most recent call last):\nRuntimeError: upload refused\n"
+        "WARN Notfallkennung: OrchidPebble6618 (Konto etl)\n")),))
+    snap = Snapshot(taken_at=1.0, ranks=(r,))
+    out = io.StringIO()
+    with redirect_stderr(io.StringIO()):
+        headless.report(snap, out=out)
+    assert "OrchidPebble6618" not in out.getvalue()
+    assert "WARN Notfallkennung: <str len=16 #" in out.getvalue() and "RuntimeError: upload refused" in out.getvalue()
+    bundle = build_bundle(snap, analyze(snap), now=1.0)
+    for name, data in bundle.files.items():
+        assert "OrchidPebble6618" not in data.decode(), name

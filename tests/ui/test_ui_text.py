@@ -116,7 +116,10 @@ def _gdb_rank(names: list):
 
 
 def test_thread_names_a_job_chose_show_when_they_read_like_names_and_hashed_otherwise():
-    from workers.cleartext import clear_word
+    from workers.cleartext import clear_word, share_name
+
+    def _tok(kind: str, text: str) -> str:
+        return "<%s len=%d>" % (kind, len(text))
     randoms = _random_names()
     rank = _gdb_rank(READABLE + randoms)
     screens = {"gdb": rank_text.gdb_text(rank).plain, "threads": rank_text.threads_text(rank).plain,
@@ -125,8 +128,10 @@ def test_thread_names_a_job_chose_show_when_they_read_like_names_and_hashed_othe
         for name in READABLE:
             assert name in shown, (tab, name)
         hidden = [n for n in randoms if n not in shown]
-        # the screen follows the shared files' rule exactly: a random name that happens to read like a name stays
-        assert hidden == [n for n in randoms if not clear_word(n)], tab
+        # the screen follows the shared files' rule for a thread's name exactly (share_name: a name's shape, every
+        # word clear): a random name that happens to have one stays
+        assert hidden == [n for n in randoms if share_name(n, _tok) != n], tab
+        assert all(n in hidden for n in randoms if not clear_word(n)), tab  # every name the word rule hides, still
         assert len(hidden) >= 50, f"{tab}: only {len(hidden)} of {len(randoms)} random names hidden"
     gdb = screens["gdb"]
     assert gdb.count("len=15 #") >= 2 * 50  # each hidden name as its length and a hash, in both header shapes
@@ -134,3 +139,16 @@ def test_thread_names_a_job_chose_show_when_they_read_like_names_and_hashed_othe
     tokens = {line[line.index('"<'):line.index('>"') + 2] for line in gdb.splitlines() if f"(LWP {100 + len(READABLE) + randoms.index(one)})" in line}
     assert len(tokens) == 1, f"the same name hashes the same in every header: {tokens}"
     assert "#1  0x00007f3b in recv (buf=<21 bytes>)" in gdb  # lines that are not thread headers stay as they were
+
+
+def test_a_thread_name_of_no_names_shape_is_hidden_on_screen_as_in_the_shared_files():
+    """A name built from `user@host:password` or a token's first 15 bytes (an OS thread's comm): every word of it
+    may read like a name, its shape does not; hidden whole in the thread list, the /proc tab and gdb's headers."""
+    odd = ["sftp-ops@nas.example:Birch.Heron7713", "npm_Q7hT2kLx9Rv", "shpat_7Kemo2Xa"]
+    rank = _gdb_rank(READABLE + odd)
+    for tab, shown in {"gdb": rank_text.gdb_text(rank).plain, "threads": rank_text.threads_text(rank).plain,
+                       "proc": rank_text.proc_text(rank).plain}.items():
+        for secret in ("Birch.Heron7713", "Heron7713", "Q7hT2kLx9Rv", "7Kemo2Xa"):
+            assert secret not in shown, (tab, secret)
+        for name in READABLE:
+            assert name in shown, (tab, name)

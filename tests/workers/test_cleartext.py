@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.cleartext import HIDDEN, WORD, clear_value, clear_word, foreign, share_text, share_words
+from workers.cleartext import HIDDEN, WORD, clear_value, clear_word, foreign, share_name, share_text, share_words
 
 # Values a debugger needs: numbers, names from the code and the job, shapes, paths, versions, addresses.
 CLEAR = ["input_ids", "attention_mask", "layer3", "v4", "T0", "fp16", "bf16", "gpt2", "sha256", "x86_64", "cuda0",
@@ -134,3 +134,54 @@ def test_a_passphrase_in_shared_text_is_hidden_and_its_neighbours_kept() -> None
     hide = lambda kind, text: f"<{kind}>"  # noqa: E731
     line = "cache = redis.Redis('cache.internal', 6380, 0, 'Heron-velvet-1871!')"
     assert share_words(line, hide) == "cache = redis.Redis('cache.internal', 6380, 0, '<str>!')"
+
+
+# -- values no name explains (plain_value): the word after a label, a thread's name ---------------------------
+_TOK = lambda kind, text: "<%s len=%d #00000000>" % (kind, len(text))  # noqa: E731
+
+
+@pytest.mark.parametrize("line, secret", [
+    ("INFO repli sur le jeton: BirchCanyon8812 (compte ops)", "BirchCanyon8812"),  # a label in words, CamelCase+digits
+    ("Notfall-Zugang: Fern.Quarry4471 (nur intern)", "Fern.Quarry4471"),  # Capitalized words and a year-like number
+    ("backup sync as ops@files.example:Ridge-Sparrow3390 failed", "Ridge-Sparrow3390"),  # user@host:password
+    ("fallback secret -> chiave: q7$Lm#2vW^kP", "q7$Lm#2vW^kP"),  # symbols inside: never split into short words
+    ("retry with: tundra2025", "tundra2025"),  # four digits after a word
+    ("svc: Zb8QkL2", "Zb8QkL2"),  # digits between letters
+])
+def test_a_value_after_a_label_is_shown_only_in_a_names_shape(line: str, secret: str) -> None:
+    out = share_text(line, _TOK)
+    assert secret not in out and "<str len=%d " % len(secret) in out, out
+    assert not any(piece in out for piece in secret.replace("$", " ").replace("#", " ").replace("^", " ").split()
+                   if len(piece) >= 3), out
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, unhandled system error",
+    "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1) ran for 600087 milliseconds before timing out.",
+    "KeyError: 'input_ids'", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "error: host node12:29500 refused.", "device: cuda:0, dtype: bf16, model: gpt2", "took: 600s at 11:28:48",
+    "saved to: ckpt/step_1200.pt", "see https://github.com/org/repo/issues/12", "loop `while True:  # wait`",
+    "INFO:torch.distributed.run:Starting elastic_operator", "backend: ProcessGroupNCCL, GPU: H100",
+])
+def test_ordinary_values_after_a_label_stay(line: str) -> None:
+    assert share_text(line, _TOK) == line
+
+
+@pytest.mark.parametrize("name", ["pin_memory", "Thread-3 (worker)", "ckpt-writer-0", "ckpt-writer-rank0", "MainThread",
+                                  "ThreadPoolExecutor-0_1", "pt_autograd_0", "cuda-EvtHandlr", "pt_nccl_watchdg",
+                                  "Thread-5 (_pin_memory_loop)", "data-prefetch-3", "QueueFeederThread"])
+def test_thread_names_of_a_names_shape_stay(name: str) -> None:
+    assert share_name(name, _TOK) == name
+
+
+@pytest.mark.parametrize("name", [
+    "smtp-relay@mail.example:Cedar.Lynx5518",  # user@host:password
+    "hook-https://h.example/x?k=1",  # an address in a name: not a name's shape
+    "npm_Q7hT2kLx9Rv",  # the first 15 bytes of a token (comm): digits between letters
+    "sync-K3xQ9wZ",  # a random suffix of mixed case and digits
+    "ghs_4QmZ8pRt",
+])
+def test_a_thread_name_of_any_other_shape_is_hidden_whole(name: str) -> None:
+    out = share_name(name, _TOK)
+    assert out == _TOK("str", name)
