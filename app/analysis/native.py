@@ -81,8 +81,23 @@ def gil_held(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Fact]:
             # chunks): a normal moment of a running job. Named only under the job's own code and with Python
             # threads that the held GIL stops
             continue
+        if t.is_main and _read_by_node(t):
+            # the rank's own work waits in that call, and the node read what for: the wait's fact says it (and that
+            # the GIL is held); a helper thread keeping the GIL is what stops the main thread, and is said as such
+            continue
         return _fact("gil_held", r, t, f, odd, others)
     return None
+
+
+# Calls whose wait the node reads down to its object (workers/collect/kwait.py): an open of a FIFO, a read or write
+# on an fd, a file lock, a wait for a child. Holding the GIL there is a consequence (the rank's other Python threads
+# stop), not the cause: what the call waits for is.
+_READ_FAMILIES = ("open", "fd", "lock", "wait")
+
+
+def _read_by_node(t: ThreadStack) -> bool:
+    w = t.waits
+    return w is not None and w.family in _READ_FAMILIES and bool(w.fds or w.path or w.children)
 
 
 def native_call(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Fact]:

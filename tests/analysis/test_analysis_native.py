@@ -50,7 +50,19 @@ def test_the_gil_kept_in_a_socket_read_says_who_is_at_the_socket_s_other_end() -
     reading = dataclasses.replace(main_thread(CALL, Frame("train", F, 90), syscall="recvfrom", gil=True),
                                   wchan="unix_stream_read_generic",
                                   waits=KernelWait("recvfrom", "fd", fd=15, fds=(sock,)))
-    top = analyze(snapshot(job_with(reading, helper()))).findings[0]
+    # the main thread's own call: what it waits for leads (the node read it), the GIL kept is said beside it, and
+    # the next step is about the peer, not the C frames
+    a = analyze(snapshot(job_with(reading, helper())))
+    top = a.findings[0]
+    assert top.kind == "blocked", top
+    assert "waiting for data from `/run/node-agent.sock`; its peer is pid 303 `node-agent --socket " \
+           "/run/node-agent.sock`; it holds the GIL in that call (native code that did not release it), so the " \
+           "rank's other Python thread cannot run until it returns" in top.title, top.title
+    assert "`py-spy dump --pid 303`" in a.verdict.split("Next:")[1], a.verdict
+    # a helper thread keeping the GIL in the same call stops the main thread: that is the cause, said as such
+    helping = dataclasses.replace(reading, tid=1501, name="host-stats", is_main=False)
+    top = analyze(snapshot(job_with(main_thread(Frame("wait", T, 320), Frame("train", F, 90), syscall="futex"),
+                                    helping))).findings[0]
     assert top.kind == "gil_held", top
     assert "it sleeps in `recvfrom`, waiting for data from `/run/node-agent.sock`; its peer is pid 303 " \
            "`node-agent --socket /run/node-agent.sock`; its other Python thread" in top.title, top.title
@@ -164,3 +176,20 @@ def test_a_futex_wait_with_the_gil_in_a_single_threaded_rank_is_not_named() -> N
     # the same wait with a Python thread it holds up is named
     kinds = [f.kind for f in analyze(snapshot(job_with(t, helper()))).findings]
     assert kinds[0] == "gil_held", kinds
+
+
+def test_a_fifo_opened_by_native_code_that_keeps_the_gil_is_the_fifo_s_wait_not_the_c_frames() -> None:
+    """A C extension opens its output path with the GIL held (a serializer's writer), and the path is a FIFO that no
+    process reads: the node read the open; what it waits for leads, not "see the C frames"."""
+    path = "/scratch/export/shard-3.bin"
+    opening = dataclasses.replace(
+        main_thread(Frame("Writer.__init__", "/opt/venv/lib/python3.11/site-packages/fastio/writer.py", 40,
+                          source=((40, "        self._h = _C.open_writer(path)"),)),
+                    Frame("export", F, 77), syscall="openat", gil=True),
+        wchan="wait_for_partner", waits=KernelWait("openat", "open", fds=(WaitFd(None, path, "fifo", "write"),),
+                                                    path=path))
+    a = analyze(snapshot(job_with(opening, helper())))
+    assert a.findings[0].kind == "blocked", a.findings[0]
+    assert f"waiting for a process to open the FIFO (`{path}`) for reading" in a.verdict, a.verdict
+    assert "so the rank's other Python thread cannot run until it returns" in a.verdict, a.verdict
+    assert "C frames" not in a.verdict.split("Next:")[1] and "O_NONBLOCK" in a.verdict, a.verdict

@@ -523,7 +523,7 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
         w = link.wait
         if i == 0:
             parts.append(f"{operation(w)}{where(w)}{handler(w)}, {resource(w, link.release)}{ended(w, rank)}"
-                         f"{release(link, rank)}")
+                         f"{release(link, rank)}{_gil_kept(link, rank)}")
             continue
         if link.release.parties and link.release.parties[0].role == "cycle" and link.release.parties[0].kind == "rank":
             # another rank that holds what the first waits for, waiting in a collective that needs the first
@@ -547,6 +547,21 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
         parts.append(f"that one is {operation(w)}{where(w)}{inside}, {resource(w, link.release)}"
                      f"{release(link, rank)}")
     return "; ".join(parts)
+
+
+def _gil_kept(link: Link, rank: Optional[RankSnapshot]) -> str:
+    """`; it holds the GIL in that call ...`: native code that waits in the kernel without releasing the GIL stops
+    the rank's other Python threads too (py-spy says which thread owns it)."""
+    if rank is None or link.who.kind != "thread" or link.who.pid != rank.pid:
+        return ""
+    t = next((t for t in rank.threads if t.tid == link.who.tid), None)
+    if t is None or not t.owns_gil or t.state not in ("S", "D"):
+        return ""
+    others = sum(1 for o in rank.threads if o is not t and any(not f.native for f in o.frames))
+    if not others:
+        return ""
+    them = "the rank's other Python thread" if others == 1 else f"the rank's {others} other Python threads"
+    return f"; it holds the GIL in that call (native code that did not release it), so {them} cannot run until it returns"
 
 
 def rank_name(r: RankSnapshot) -> str:
