@@ -378,6 +378,10 @@ def _workers(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
             return Release(tuple(mates[:MAX_PARTIES]), "starved")
         return Release(tuple(busy[:MAX_PARTIES]))
     kids = _children(ctx, wait, role="worker")
+    if not loader and not kids.parties and wait.resource == "future" and _pool_of(thread):
+        # the waiter is a thread pool's worker itself and no other worker (nor a process pool's child) exists: it is
+        # its pool's only worker, waiting for a task that can only run on that pool, queued behind its own
+        return Release((_thread_party(ctx, thread, "worker", same=True),), "starved")
     if loader and any(p.what == "data-loader worker" for p in kids.parties):
         kids = replace(kids, parties=tuple(p for p in kids.parties if p.what == "data-loader worker"))
     if kids.parties and all(p.wait is not None and not _busy(p) and not p.state for p in kids.parties):

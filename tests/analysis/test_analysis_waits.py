@@ -791,6 +791,13 @@ def test_pool_workers_waiting_for_tasks_of_their_own_pool_are_starved_and_said_s
     line = _headline(analyze(snap), snap)
     assert "every other worker of its pool (its thread `shard-io_0`) waits for a result of the pool too" in line, line
     assert "pool starvation" in line.split("Next:")[1] and "second executor" in line, line
+    # a pool of one worker whose task waits for another task of it: it is its pool's only worker (no other worker
+    # thread, no process pool's child), not a pool whose workers are all gone
+    ranks[6] = dataclasses.replace(ranks[6], threads=(ranks[6].threads[0], _pool_worker(1061, "0x7f5d", True)))
+    snap = snapshot(ranks)
+    line = _headline(analyze(snap), snap)
+    assert "it is its pool's only worker: what it waits for is queued behind the task it runs itself" in line, line
+    assert "no worker thread or process is alive" not in line and "second executor" in line, line
     # the other worker is idle, or serves another pool: no starvation
     for other in (_pool_worker(1060, "0x7f5d", False), _pool_worker(1060, "0x9999", True)):
         ranks[6] = dataclasses.replace(ranks[6], threads=(*ranks[6].threads[:2], other))

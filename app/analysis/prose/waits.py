@@ -379,6 +379,9 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                     "a deadlock")
         return f", which the loop runs on {who}"
     if w.release == "worker":
+        if rel.none == "starved" and first.same:
+            return ("; it is its pool's only worker: what it waits for is queued behind the task it runs itself, and no "
+                    "worker is free to run it (pool starvation)")
         if rel.none == "starved":
             names = ", ".join(party(p, rank) for p in rel.parties[:3]) + (" ..." if len(rel.parties) > 3 else "")
             return (f"; every other worker of its pool ({names}) waits for a result of the pool too: the call is "
