@@ -77,6 +77,7 @@ class Party:
     # the pipe it reads is its standard input (fd 0), and the node's whole search found no process of the node
     # holding its write end (that is outside the node: the job's own input, an ssh or srun session)
     stdin: bool = False
+    reading: bool = False  # a socket's peer asleep reading its own end of the same connection (OtherEnd.reading)
 
 
 @dataclass(frozen=True)
@@ -520,14 +521,14 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
             # main thread's wait (a collective that needs this very rank, for one)
             main = other.main_thread
             parties.append(Party("rank", other.node, other.pid, None, other.rank, _name(o), role=o.role,
-                                 state=_state_word(o.state),
+                                 state=_state_word(o.state), reading=o.reading,
                                  wait=thread_wait(main, other.hold) if main is not None and main.frames else None))
             continue
         parties.append(Party("process", ctx.rank.node, o.pid, None, None, _name(o), role=o.role,
                              state=_state_word(o.state), exit=_exit(o), feeders=_feeders(o, ctx),
                              reads=o.reads.target if o.reads is not None else "",
                              stdin=o.reads is not None and o.reads.fd == 0 and o.reads.complete
-                             and not o.reads.others))
+                             and not o.reads.others, reading=o.reading))
     complete = all(f.complete for f in kw.fds) and kw.children_complete
     sockets = [f for f in kw.fds if f.kind == "socket" and f.peer and not no_peer(f.peer)]
     if not parties and sockets:

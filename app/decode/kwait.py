@@ -91,7 +91,8 @@ def other_end(raw: Any) -> Optional[OtherEnd]:
         cmdline=strs(g("cmdline"), MAX_ARGS, 200),
         fd=_int(g("fd"), 0), own=g("own") is True, lock=_str(g("lock"), 100),
         exit_code=_int(g("exit_code"), 0, 256), exit_signal=_str(g("exit_signal"), 20),
-        core_dumped=g("core_dumped") is True, reads=_reads(g("reads")) if role == "child" else None)
+        core_dumped=g("core_dumped") is True, reads=_reads(g("reads")) if role == "child" else None,
+        reading=role == "peer" and g("reading") is True)
 
 
 def _reads(raw: Any) -> Optional[WaitFd]:

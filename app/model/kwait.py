@@ -33,6 +33,9 @@ class OtherEnd:
     # a child asleep reading a pipe (its input, usually): that pipe and the processes holding its write end, whose
     # closing alone gives it the end of its input (EOF); None when it is not in such a read
     reads: Optional["WaitFd"] = None
+    # a socket's peer asleep reading its own end of that same connection (a thread of it in a read on that fd): both
+    # ends wait for the other to send
+    reading: bool = False
 
 
 @dataclass(frozen=True)

@@ -1386,3 +1386,30 @@ def test_a_poll_loop_on_a_file_no_process_of_the_node_writes_says_so_and_one_bei
         snap = polling(marker, watched)
         line = _headline(analyze(snap), snap)
         assert "open for writing" not in line and "polls for something that does not happen" in line, line
+
+
+def test_a_connection_both_ends_of_which_wait_to_read_is_said_to_wait_for_each_other() -> None:
+    """Rank 4 reads a reply from a node-local service whose process is itself asleep reading its end of the same
+    connection (the node read its thread's call): each waits for the other to send first. A peer asleep elsewhere
+    keeps the usual 'see what it does'."""
+    def reading(peer_reads: bool) -> Snapshot:
+        frames = (Frame("socket.recv", "/usr/lib/python3.11/socket.py", 706),
+                  Frame("Client.fetch", "/home/alice/job.py", 140, source=((140, "        n = sock.recv(8)"),)),
+                  *stack("train (job.py:57)", "<module> (job.py:120)"))
+        ranks = list(job(8, 4, rank4=frames))
+        svc = OtherEnd("peer", 880, "python3", "S", cmdline=("python3", "featsvc.py"), fd=6, reading=peer_reads)
+        sock = WaitFd(9, "socket:[4411]", "socket", "read", "unix", peer="/run/featsvc.sock", state="ESTABLISHED",
+                      others=(svc,))
+        main = dataclasses.replace(ranks[4].threads[0], syscall="recvfrom", wchan="unix_stream_read_generic",
+                                   waits=KernelWait("recvfrom", "fd", fd=9, fds=(sock,)))
+        ranks[4] = dataclasses.replace(ranks[4], threads=(main,))
+        return snapshot(ranks)
+
+    snap = reading(True)
+    line = _headline(analyze(snap), snap)
+    assert "its peer is pid 880 `python3 featsvc.py`, which is itself asleep reading its end of this same " \
+           "connection: each end waits for the other to send first" in line, line
+    assert "both ends of the connection wait to read" in line.split("Next:")[1] and "end it" not in line, line
+    snap = reading(False)
+    line = _headline(analyze(snap), snap)
+    assert "itself asleep reading" not in line and "see what pid 880 does" in line, line

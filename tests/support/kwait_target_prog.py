@@ -96,6 +96,20 @@ def unix_pair(args):
     time.sleep(86400)
 
 
+def both_read(args):
+    """Both ends of a socketpair read: a child reads its end, and this process reads its own (each waits for the
+    other to send first)."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        b.recv(1)
+        os._exit(0)
+    b.close()
+    ready(pid)
+    a.recv(1)
+
+
 def asyncio_read(args):
     """asyncio (its selector is epoll) waits for a TCP connection to args[0] to send something."""
     import asyncio
@@ -235,6 +249,6 @@ def sigwait(args):
 
 if __name__ == "__main__":
     {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server,
-     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed, "poll_file": poll_file,
+     "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "both_read": both_read, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed, "poll_file": poll_file,
      "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
      "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])

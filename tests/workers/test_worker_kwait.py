@@ -207,6 +207,24 @@ def test_a_unix_socketpair_names_the_process_holding_the_other_end() -> None:
         assert [(o.role, o.pid) for o in fd.others] == [("peer", t.pid)]
 
 
+def test_a_peer_reading_its_own_end_of_the_connection_is_marked_reading_and_one_that_sleeps_is_not() -> None:
+    """Both ends of a connection asleep reading it wait for each other: the node reads the peer's threads' calls
+    (/proc/PID/task/TID/syscall) and marks a peer that reads the fd holding its end; a peer asleep elsewhere
+    (time.sleep) is not marked."""
+    with target("both_read") as t:
+        child = int(t.ready[1])
+        in_call(t.pid, ["recvfrom", "read", "recvmsg"])
+        raw, w = waits(child, ["recvfrom", "read", "recvmsg"])
+        (fd,) = w.fds
+        assert [(o.role, o.pid, o.reading) for o in fd.others] == [("peer", t.pid, True)], raw
+    with target("unix") as t:
+        child = int(t.ready[1])
+        in_call(t.pid, ["clock_nanosleep", "nanosleep"])
+        raw, w = waits(child, ["recvfrom", "read", "recvmsg"])
+        (fd,) = w.fds
+        assert [(o.role, o.pid, o.reading) for o in fd.others] == [("peer", t.pid, False)], raw
+
+
 def test_wait4_on_a_sleeping_child_and_a_zombie_killed_by_sigkill() -> None:
     with target("wait") as t:
         sleeper, victim = int(t.ready[1]), int(t.ready[2])

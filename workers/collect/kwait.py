@@ -308,6 +308,12 @@ def _fd(ctx: Reader, fd: int, access: str, search: bool = True) -> Dict[str, Any
             return out
         got = kwait_net.endpoint(ctx.cache, ctx.index, ctx.pid, inode)
         notes = got.pop("notes", [])
+        if access == "read":
+            # a peer asleep reading its end of this very connection: both ends wait for the other to send
+            for o in got.get("others") or []:
+                if o.get("role") == "peer" and not o.get("own") and isinstance(o.get("fd"), int) \
+                        and o.get("state") == "S" and kwait_procs.reads_fd(o["pid"], o["fd"]):
+                    o["reading"] = True
         out.update(got)
         if notes:
             out.setdefault("notes", []).extend(notes)

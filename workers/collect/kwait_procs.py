@@ -113,6 +113,35 @@ def _pipe_read(ctx: Reader, pid: int) -> Optional[Dict[str, Any]]:
             "complete": complete}
 
 
+_SOCKET_READS = {"read", "readv", "pread64", "preadv", "preadv2", "recvfrom", "recvmsg", "recvmmsg"}
+MAX_PEER_TASKS = 64
+
+
+def reads_fd(pid: int, fd: int) -> bool:
+    """Whether a thread of pid sleeps reading its fd (a read-family call with that fd: /proc/PID/task/TID/syscall),
+    at most MAX_PEER_TASKS threads looked at: the peer of a connection that reads its end of it too."""
+    from workers.collect import procfs
+
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)[:MAX_PEER_TASKS]
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            line = procinfo.read_file("/proc/%d/task/%s/syscall" % (pid, tid), 256).decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = line.split()
+        if len(fields) < 2 or procfs.syscall_name(line) not in _SOCKET_READS:
+            continue
+        try:
+            if s32(int(fields[1], 16)) == fd:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 def exit_status(status: int) -> Dict[str, Any]:
     """A zombie's wait status (/proc/PID/stat field 52, readable with ptrace-read access; 0 otherwise) decoded:
     {"exit_code": N} for an exit, {"exit_signal": "SIGKILL", "core_dumped": bool} for a death by a signal."""

@@ -400,6 +400,11 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "(`stdin=subprocess.DEVNULL`), or a pipe the rank writes and closes, and with its non-interactive "
                 "options (overwrite or skip, assume yes, batch mode), so that a question fails instead of waiting; "
                 "give the wait a timeout")
+    if first is not None and first.role == "peer" and first.reading and len(rel.parties) == 1 and not first.state:
+        return (f"both ends of the connection wait to read (pid {first.pid} on {node} too): find which side should "
+                "have sent first (a request or a reply the protocol expects, a message cut short, a length that does "
+                "not match what was sent), and give the reads a timeout so that a lost message fails instead of "
+                "hanging")
     if first is not None and first.kind == "process" and first.pid is not None:
         if first.state == "stopped":
             return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"

@@ -440,6 +440,9 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
                 "process of the node holds open for writing (its other end is outside the node: the job's own input, "
                 "from an ssh or srun session or a launcher): input that does not come there, an answer to a question "
                 "it asks (to replace a file, for a password or a confirmation) or the end of what it reads")
+    if w.release == "peer" and first.reading and len(rel.parties) == 1:
+        return (f"; its peer is {who}, which is itself asleep reading its end of this same connection: each end waits "
+                "for the other to send first, and neither will")
     if w.release in ("children", "writer", "reader", "lock_holder", "peer"):
         role = {"children": "the child", "writer": "the writer", "reader": "the reader", "lock_holder": "held by",
                 "peer": "its peer is"}[w.release]
