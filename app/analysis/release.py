@@ -715,6 +715,10 @@ def chain(thread: ThreadStack, ctx: Context, first: Optional[ThreadWait] = None)
             if inside is not None:
                 links.append(inside)
                 break
+            pair = _pair_cycle(nxt, ctx)
+            if pair:
+                links += pair
+                break
             back = _back_to(nxt, r, ctx)
             if not back:
                 links.append(Link(nxt, nxt.wait, Release()))
@@ -840,6 +844,35 @@ def _back_to(p: Party, r: RankSnapshot, ctx: Context) -> List[Link]:
             if end is not None:
                 party = Party("thread", p.node, p.pid, t.tid, None, t.name, role="joined", wait=tw)
                 return [Link(p, w, Release((party,))), Link(party, tw, Release((end,)))]
+    return []
+
+
+def _pair_cycle(p: Party, ctx: Context) -> List[Link]:
+    """For a process party of a chain blocked on a pipe or a socket: when the process at its other end (another
+    process beside the ranks, on the same node) is itself blocked on a pipe or a socket whose other end is this
+    one, the two wait for each other (each writes into a full pipe the other would read only after its own write):
+    the links to that process and back; else none."""
+    w = p.wait
+    proc = _process_of(p, ctx)
+    if p.kind != "process" or w is None or proc is None or w.release not in ("reader", "writer", "peer"):
+        return []
+    main = _main_of(proc)
+    for f in main.waits.fds if main is not None and main.waits is not None else ():
+        for o in f.others[:MAX_PARTIES]:
+            if o.own or o.role not in ("reader", "writer", "peer"):
+                continue
+            q = next((x for x in ctx.processes if x.node == p.node and x.pid == o.pid), None)
+            q_main = _main_of(q) if q is not None else None
+            if q is None or q_main is None or q_main.waits is None:
+                continue
+            if not any(e.pid == p.pid and not e.own and e.role in ("reader", "writer", "peer")
+                       for g in q_main.waits.fds for e in g.others):
+                continue
+            q_wait = thread_wait(q_main, q.hold)
+            other = Party("process", q.node, q.pid, None, None, " ".join(q.cmdline) or q.kind, role=o.role,
+                          wait=q_wait, what=q.kind)
+            back = Party("process", p.node, p.pid, None, None, p.name, role="cycle")
+            return [Link(p, w, Release((other,))), Link(other, q_wait, Release((back,)))]
     return []
 
 

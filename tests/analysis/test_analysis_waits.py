@@ -1413,3 +1413,33 @@ def test_a_connection_both_ends_of_which_wait_to_read_is_said_to_wait_for_each_o
     snap = reading(False)
     line = _headline(analyze(snap), snap)
     assert "itself asleep reading" not in line and "see what pid 880 does" in line, line
+
+
+def test_a_loader_worker_and_its_child_writing_full_pipes_to_each_other_are_a_deadlock() -> None:
+    """A DataLoader worker writes a big document into the stdin of its child, a filter that writes as it reads
+    (`tr`), which blocks writing its stdout, a pipe the worker reads only after its own write ends. Each writes a
+    full pipe the other would read: the chain follows the worker to its child and back."""
+    ranks = list(job(8, 4, rank1=LOADER_QUEUE))
+    worker_main = ThreadStack(4242, "MainThread", is_main=True, state="S", syscall="write", wchan="anon_pipe_write",
+                              frames=stack("Docs.__iter__ (job.py:88)", "_worker_loop (worker.py:308)"),
+                              waits=KernelWait("write", "fd", fd=9, fds=(WaitFd(9, "pipe:[51]", "pipe", "write", others=(
+                                  OtherEnd("reader", 4250, "tr", "S", ppid=4242, cmdline=("tr", "a-z", "A-Z"),
+                                           fd=0),)),)))
+    filt_main = ThreadStack(4250, "tr", is_main=True, state="S", syscall="write", wchan="anon_pipe_write",
+                            waits=KernelWait("write", "fd", fd=1, fds=(WaitFd(1, "pipe:[52]", "pipe", "write", others=(
+                                OtherEnd("reader", 4242, "pt_data_worker", "S", ppid=1001, fd=10),)),)))
+    procs = [job_process(4242, "child", (1001,), threads=(worker_main,)),
+             job_process(4250, "child", (1001,), kind="subprocess", cmdline=("tr", "a-z", "A-Z"), threads=(filt_main,))]
+    snap = with_processes(snapshot(ranks), procs)
+    line = _headline(analyze(snap), snap)
+    assert "waiting for the reader of a full pipe (`pipe:[51]`); the reader pid 4250 `tr a-z A-Z`; that one is " \
+           "blocked in `pipe write`" in line, line
+    assert "waiting for the reader of a full pipe (`pipe:[52]`); which waits for pid 4242" in line and \
+           "again: a deadlock" in line, line
+    # the filter writing a pipe someone else reads: no cycle
+    other = dataclasses.replace(filt_main, waits=KernelWait("write", "fd", fd=1, fds=(WaitFd(
+        1, "pipe:[52]", "pipe", "write", others=(OtherEnd("reader", 4300, "cat", "S", fd=0),)),)))
+    procs[1] = dataclasses.replace(procs[1], threads=(other,))
+    snap = with_processes(snapshot(ranks), procs)
+    line = _headline(analyze(snap), snap)
+    assert "deadlock" not in line, line

@@ -541,6 +541,9 @@ def chain_text(links: Sequence[Link], rank: Optional[RankSnapshot]) -> str:
             back = link.release.parties[0]
             again = next((k for k in links[:i] if (k.who.node, k.who.pid, k.who.tid) == (back.node, back.pid, back.tid)),
                          None)
+            if not any((k.who.node, k.who.pid) == (link.who.node, link.who.pid) for k in links[:i]):
+                # a party not described yet (another process at the other end of a pipe): its own wait first
+                parts.append(f"that one is {operation(w)}{where(w)}, {resource(w, link.release)}")
             if again is None or again is links[0]:
                 parts.append("which waits for the first: a deadlock")
             else:
