@@ -20,7 +20,7 @@ from app.analysis.graph import WaitGraph
 from app.analysis.prose import RENDERERS
 from app.analysis.prose.graph import graph_lines
 from app.analysis.text import summary_text
-from app.model import FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
+from app.model import ErrorOutput, FlightGroup, FlightRecord, Frame, JobProcess, Local, NodeStatus, ProcessHold, RankSnapshot
 from app.model import KernelWait, LoopInfo, OtherEnd, ThreadStack, WaitFd, WithInfo
 from app.model import ProgressCounters, Snapshot, TcpSocket
 from app.model.codec import snapshot_from_json
@@ -912,6 +912,23 @@ def test_a_wait_no_thread_of_its_object_can_end_names_the_missing_party_by_what_
     line = _headline(analyze(snap), snap)
     assert "the thread that would set the event has ended, or never started" in line, line
     assert "producer" not in line, line
+    # its error output ends with a helper thread's uncaught exception: said, with where in the job's code, and the
+    # next step is that error and a failure that reaches the waiter; a main thread's traceback says nothing of it
+    thread_trace = ("Exception in thread shard-filler:\nTraceback (most recent call last):\n"
+                    '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner\n    self.run()\n'
+                    '  File "/usr/lib/python3.11/threading.py", line 982, in run\n'
+                    '  File "/home/alice/shards.py", line 41, in fill\n    hdr = parse_header(f.read(64))\n'
+                    '  File "/opt/venv/lib/python3.11/site-packages/fmt/core.py", line 9, in parse_header\n'
+                    "ValueError: bad magic 0x00\nstep 412 loss 0.0871\n")  # the main thread printed on
+    main_trace = ('Traceback (most recent call last):\n  File "/home/alice/job.py", line 12, in <module>\n'
+                  "KeyError: 'lr'\n")
+    for trace, said in ((thread_trace, True), (main_trace, False)):
+        ranks[0] = dataclasses.replace(ranks[0], output=(ErrorOutput("stderr", "/scratch/r0.err", trace, 900, 5.0),))
+        snap = snapshot(ranks)
+        line = _headline(analyze(snap), snap)
+        assert ("its error output shows a thread that died of `ValueError: bad magic 0x00` in `fill` (shards.py:41)"
+                in line) is said, line
+        assert ("a thread of the rank died of an uncaught exception in `fill` (shards.py:41)" in line) is said, line
 
 
 _ASYNC_RUN = (Frame("EpollSelector.select", "/usr/lib/python3.11/selectors.py", 468,

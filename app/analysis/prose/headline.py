@@ -31,7 +31,7 @@ from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import callers, exiting
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
-from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, where
+from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
 from app.analysis.release import Link
@@ -483,6 +483,12 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
         return ("the loop polls for something that does not happen: find why its condition never turns true, and "
                 "give it a deadline")
     if res in ("event", "condition", "semaphore", "barrier", "queue", "process_queue", "future", "pool", "thread"):
+        died = thread_died(r) if rel.none == "no_related_thread" and last.who.pid == r.pid else None
+        if rel.nobody and died is not None:
+            in_ = f" in {clean(died[1], 120)}" if died[1] else ""
+            return (f"a thread of the rank died of an uncaught exception{in_} (said above, from its error output): fix "
+                    "that error, and let a thread's failure reach the code that waits for it (set the event or put a "
+                    "sentinel in a `finally`, or wait with a timeout and check that the thread is alive)")
         if rel.nobody:
             return ("nothing is left to release it: find the thread or process that should have (its exception in "
                     "the rank's error output?), and give the wait a timeout")

@@ -340,6 +340,42 @@ _NOBODY_ON_OBJECT = {
 }
 
 
+_FRAME_LINE = re.compile(r'^\s*File "([^"\n]{1,500})", line (\d{1,9}), in (\S{1,200})\s*$')
+_LIBRARY_FILE = re.compile(r"/(site|dist)-packages/|/lib/python\d[\d.]*/|^<frozen ")
+MAX_OUTPUT_SCAN = 64 << 10
+
+
+def thread_died(rank: Optional[RankSnapshot]) -> Optional[Tuple[str, str]]:
+    """(the exception, where in the job's code) of the last traceback in a rank's error output when it is a
+    thread's (its frames run through threading's `_bootstrap_inner`): a helper thread that died of an uncaught
+    exception; None when the output ends otherwise."""
+    if rank is None or not rank.output:
+        return None
+    text = rank.output[0].text[-MAX_OUTPUT_SCAN:]
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    lines = text[at:].splitlines()[1:]
+    frames = [m for m in (_FRAME_LINE.match(line) for line in lines) if m]
+    if not any(m.group(3) == "_bootstrap_inner" and m.group(1).endswith("threading.py") for m in frames):
+        return None
+    # the exception is the first line after the frames that is not indented (output may follow it)
+    exc = next((line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))), "")
+    if not exc:
+        return None
+    own = [m for m in frames if not _LIBRARY_FILE.search(m.group(1))]
+    where_ = f"`{own[-1].group(3)}` ({own[-1].group(1).rsplit('/', 1)[-1]}:{own[-1].group(2)})" if own else ""
+    return exc, where_
+
+
+def _died(rank: Optional[RankSnapshot]) -> str:
+    died = thread_died(rank)
+    if died is None:
+        return ""
+    exc, at = died
+    return f"; its error output shows a thread that died of {_q(exc, 160)}" + (f" in {clean(at, 120)}" if at else "")
+
+
 def release(link: Link, rank: Optional[RankSnapshot]) -> str:
     """Who can release one wait: `, which its thread `w` holds` / `; nothing can release it: ...`."""
     rel = link.release
@@ -348,6 +384,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         text = _NONE.get(rel.none, "")
         if rel.none == "no_related_thread":
             text = _NOBODY_ON_OBJECT.get((w.resource, w.release), text)
+            if text and link.who.pid == (rank.pid if rank is not None else None):
+                text += _died(rank)
         if rel.none in ("no_reader", "no_writer") and w.operation == FIFO_OPEN:
             end = "reading" if rel.none == "no_reader" else "writing"
             text = f"no process has it open for {end}: the open waits until one opens it"
