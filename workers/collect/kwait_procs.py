@@ -8,7 +8,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see workers/__init__.py
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     from workers.collect.kwait import Reader
 
@@ -87,24 +87,35 @@ _PIPE_READ = ("pipe_read", "anon_pipe_read", "pipe_wait_readable")
 _READ_CALLS = {"read", "readv", "pread64", "preadv", "preadv2"}
 
 
+def _read_fd(path: str, calls: Set[str]) -> Optional[int]:
+    """The fd argument of the call a /proc/PID[/task/TID]/syscall line shows, when that call is one of `calls`;
+    None for another call, a running thread or a line that cannot be read."""
+    from workers.collect import procfs
+
+    try:
+        line = procinfo.read_file(path, 256).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = line.split()
+    if len(fields) < 2 or procfs.syscall_name(line) not in calls:
+        return None
+    try:
+        return s32(int(fields[1], 16))
+    except ValueError:
+        return None
+
+
 def _pipe_read(ctx: Reader, pid: int) -> Optional[Dict[str, Any]]:
     """What a child blocked in a pipe read waits for: {"fd", "target", "kind": "pipe", "access": "read", "others":
     the processes holding the pipe's write end (the waiting rank itself marked own), "complete"}: its input's end
     (EOF) comes only when every one of them has closed it. None when the child is not in such a read (it moved
     on, its syscall line is not readable, or the fd is no pipe)."""
-    from workers.collect import procfs
-
-    try:
-        line = procinfo.read_file("/proc/%d/syscall" % pid, 256).decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = line.split()
-    if len(fields) < 2 or procfs.syscall_name(line) not in _READ_CALLS:
+    fd = _read_fd("/proc/%d/syscall" % pid, _READ_CALLS)
+    if fd is None:
         return None
     try:
-        fd = s32(int(fields[1], 16))
         target = os.readlink("/proc/%d/fd/%d" % (pid, fd))
-    except (ValueError, OSError):
+    except OSError:
         return None
     if not target.startswith("pipe:["):
         return None
@@ -113,33 +124,18 @@ def _pipe_read(ctx: Reader, pid: int) -> Optional[Dict[str, Any]]:
             "complete": complete}
 
 
-_SOCKET_READS = {"read", "readv", "pread64", "preadv", "preadv2", "recvfrom", "recvmsg", "recvmmsg"}
+_SOCKET_READS = _READ_CALLS | {"recvfrom", "recvmsg", "recvmmsg"}
 MAX_PEER_TASKS = 64
 
 
 def reads_fd(pid: int, fd: int) -> bool:
     """Whether a thread of pid sleeps reading its fd (a read-family call with that fd: /proc/PID/task/TID/syscall),
     at most MAX_PEER_TASKS threads looked at: the peer of a connection that reads its end of it too."""
-    from workers.collect import procfs
-
     try:
         tasks = os.listdir("/proc/%d/task" % pid)[:MAX_PEER_TASKS]
     except OSError:
         return False
-    for tid in tasks:
-        try:
-            line = procinfo.read_file("/proc/%d/task/%s/syscall" % (pid, tid), 256).decode("ascii", "replace")
-        except OSError:
-            continue
-        fields = line.split()
-        if len(fields) < 2 or procfs.syscall_name(line) not in _SOCKET_READS:
-            continue
-        try:
-            if s32(int(fields[1], 16)) == fd:
-                return True
-        except ValueError:
-            continue
-    return False
+    return any(_read_fd("/proc/%d/task/%s/syscall" % (pid, tid), _SOCKET_READS) == fd for tid in tasks)
 
 
 def exit_status(status: int) -> Dict[str, Any]:
