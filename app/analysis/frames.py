@@ -159,9 +159,14 @@ def ddp_reducer(frames: Sequence[Frame]) -> bool:
 _LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d|^<frozen |^<built-in")
 
 
+def library_file(filename: str) -> bool:
+    """A file of an installed package or of the standard library (or the interpreter's own), not the job's."""
+    return bool(_LIBRARY.search(filename.replace("\\", "/")))
+
+
 def is_library(frame: Frame) -> bool:
     """Frames of installed packages, the standard library and native code, as opposed to the job's code."""
-    return frame.native or bool(_LIBRARY.search(frame.filename.replace("\\", "/")))
+    return frame.native or library_file(frame.filename)
 
 
 def focus_frame(frames: Sequence[Frame]) -> Optional[Frame]:

@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from app.analysis.blocking import FIFO_OPEN, ThreadWait
 from app.analysis.facts import Fact
-from app.analysis.frames import clean, group_arg, named
+from app.analysis.frames import clean, group_arg, library_file, named
 from app.analysis.release import Link, Party, Release, alike
 from app.analysis.suspects import WaitEvidence
 from app.model import RankSnapshot
@@ -341,7 +341,6 @@ _NOBODY_ON_OBJECT = {
 
 
 _FRAME_LINE = re.compile(r'^\s*File "([^"\n]{1,500})", line (\d{1,9}), in (\S{1,200})\s*$')
-_LIBRARY_FILE = re.compile(r"/(site|dist)-packages/|/lib/python\d[\d.]*/|^<frozen ")
 MAX_OUTPUT_SCAN = 64 << 10
 
 
@@ -363,7 +362,7 @@ def thread_died(rank: Optional[RankSnapshot]) -> Optional[Tuple[str, str]]:
     exc = next((line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))), "")
     if not exc:
         return None
-    own = [m for m in frames if not _LIBRARY_FILE.search(m.group(1))]
+    own = [m for m in frames if not library_file(m.group(1))]
     where_ = f"`{own[-1].group(3)}` ({own[-1].group(1).rsplit('/', 1)[-1]}:{own[-1].group(2)})" if own else ""
     return exc, where_
 
