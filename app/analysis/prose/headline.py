@@ -309,26 +309,23 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     node = clean(r.node, 60)
     rel = last.release
     first = rel.parties[0] if rel.parties else None
-    if first is not None and first.role == "cycle" and first.kind == "rank" and len(links) > 1:
-        # another rank holds what this one waits for (a file lock, a pipe) and waits in a collective for it
-        holder = links[-1].who
+    ring = first is not None and first.role == "cycle" and first.kind == "rank"
+    if len(links) > 1 and (ring or (links[-1].who.kind == "rank" and w.resource == "collective")):
+        # another rank holds what this one waits for (a file lock, a pipe) and waits in a collective: of the whole
+        # job (a cycle: release.chain), or of a group its call names (which may not include this rank)
+        holder, waiter = links[-1].who, links[0].who
         them = f"rank {holder.rank}" if holder.rank is not None else f"pid {holder.pid}"
-        held = "the file lock" if links[0].wait.resource == "file_lock" else "what this rank waits for"
-        me = f"rank {links[0].who.rank}" if links[0].who.rank is not None else "this rank"
-        return (f"{them} holds {held} while it waits in `{clean(w.operation, 40)}`, which needs {me}: release it "
-                "before the collective (take and release it within one step, on every rank alike), or let every rank "
-                "reach the collective before any waits for it; give the wait a timeout")
-    if len(links) > 1 and links[-1].who.kind == "rank" and w.resource == "collective":
-        # another rank holds what this one waits for and waits in a collective of a group its call names
-        holder = links[-1].who
-        them = f"rank {holder.rank}" if holder.rank is not None else f"pid {holder.pid}"
-        waiter = links[0].who
         me = f"rank {waiter.rank}" if waiter.rank is not None else "this rank"
+        op = clean(w.operation, 40)
+        after = "or let every rank reach the collective before any waits for it; give the wait a timeout"
+        if ring:
+            held = "the file lock" if links[0].wait.resource == "file_lock" else "what this rank waits for"
+            return (f"{them} holds {held} while it waits in `{op}`, which needs {me}: release it before the "
+                    f"collective (take and release it within one step, on every rank alike), {after}")
         group = group_arg(w.caller)
         on = f" on `{clean(group, 40)}`" if group else ""
-        return (f"{them} holds what {me} waits for while it waits in `{clean(w.operation, 40)}`{on}: if that group "
-                f"includes {me}, each waits for the other; release it before the collective, or let every rank "
-                "reach the collective before any waits for it; give the wait a timeout")
+        return (f"{them} holds what {me} waits for while it waits in `{op}`{on}: if that group includes {me}, each "
+                f"waits for the other; release it before the collective, {after}")
     if (first is not None and first.role == "cycle" and len(links) > 1 and links[-2].who.pid is not None
             and links[-2].who.pid != r.pid):
         # the rank and a process of its own (a child) each wait for the other through a pipe or a socket
