@@ -211,10 +211,6 @@ def _receiver_name_fits(receiver: str, site: Site) -> bool:
 # --- identities ------------------------------------------------------------------------------------------
 
 
-def _strings(text: str) -> List[str]:
-    return [m.group(1)[:MAX_DETAIL] for m in _STRING.finditer(text[:MAX_DETAIL])]
-
-
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _SIMPLE_VALUE = re.compile(r"""-?\d{1,20}|"[^"\\{}]{0,100}"|'[^'\\{}]{0,100}'""")
 
@@ -698,8 +694,8 @@ def _polled_files(details: Tuple[Detail, ...], watched: Sequence[WaitFd]) -> Tup
     """Of the paths a poll loop's condition reads (its `polls:` values), what the node found holding each open for
     writing (KernelWait.watched): "unwritten" where its whole search found no process, "written_by" where it found
     one. A path the node did not look up says nothing."""
-    values = {d.value.strip()[1:-1] for d in details if d.name.startswith("polls:") and len(d.value.strip()) > 2
-              and d.value.strip()[0] in "\"'" and d.value.strip()[-1] == d.value.strip()[0]}
+    quoted = (d.value.strip() for d in details if d.name.startswith("polls:"))
+    values = {v[1:-1] for v in quoted if len(v) > 2 and v[0] in "\"'" and v[-1] == v[0]}
     out: List[Detail] = []
     for f in watched:
         if f.target not in values:
