@@ -25,9 +25,11 @@ import dataclasses
 import functools
 import re
 import secrets
+import typing
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from app.model import Local, Snapshot, StraceResult
+from app.model import Frame, Local, Snapshot, StraceResult
+from app.model.codec import field_hints
 from app.report.redact import Redactor
 from workers.cleartext import (HIDDEN, clear_text, clear_word, foreign, keyed_token, plain_value, share_labelled,
                                share_name, share_text, share_words)
@@ -55,14 +57,75 @@ _KEPT = frozenset({
     "NodeStatus.name", "ToolInfo.name", "GpuUse.name", "GpuHealth.name",
 })
 _PLAIN = frozenset({int, float, bool})
+# What the decode shares between the ranks on the same stack (app/decode/replies.py interns them): judged once
+# each (Sharer._once) rather than once per rank; a thread's frames tuple is shared the same way.
+_SHARED_KINDS = frozenset({Frame, Local})
 
 
 @functools.lru_cache(maxsize=None)
 def _field_keys(cls: type) -> Tuple[Tuple[str, str], ...]:
-    """A dataclass's fields with the key each is judged by: `Class.field` where _KEPT names it so, else its name."""
+    """A dataclass's fields that can hold something to judge, with the key each is judged by: `Class.field` where
+    _KEPT names it so, else its name. Left out by the type hints: numbers, flags and None (nothing in them to share
+    or hide), and text a kept key keeps as it is (a str, or a tuple of them, under a _KEPT key, but for the tuples
+    _new reads by what they hold, _READ_AS)."""
     kind = cls.__name__
-    return tuple((f.name, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT or f"{kind}.{f.name}" in _NAME_FIELDS
-                  else f.name) for f in dataclasses.fields(cls))
+    try:
+        hints = field_hints(cls)
+    except Exception:  # hints that do not resolve at run time: every field is walked, as it always may be
+        hints = {}
+    out = []
+    for f in dataclasses.fields(cls):
+        key = f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT or f"{kind}.{f.name}" in _NAME_FIELDS else f.name
+        hint = hints.get(f.name)
+        if hint is not None and (_only(hint, _PLAIN_TYPES)
+                                 or (key in _KEPT and key not in _READ_AS and _only(hint, _TEXT_TYPES))):
+            continue
+        out.append((f.name, key))
+    return tuple(out)
+
+
+_PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+# tuples Sharer._new reads by what they hold whatever their key (a source line, a command line, name=value pairs)
+_READ_AS = frozenset({"cmdline", "env", "iteration", "source"})
+_TEXT_TYPES = _PLAIN_TYPES | {str}
+
+
+def _only(tp: Any, types: frozenset) -> bool:
+    """Whether every value of type `tp` is one of `types`, or a tuple of them (Optional, Literal, Tuple[X, ...])."""
+    if tp in types:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return all(type(a) in types for a in typing.get_args(tp))
+    if origin is typing.Union:
+        return all(_only(a, types) for a in typing.get_args(tp))
+    if origin is tuple:
+        return all(a is Ellipsis or _only(a, types) for a in typing.get_args(tp))
+    return False
+
+
+_WALKERS: Dict[type, Any] = {}  # a dataclass -> its generated walk (_walker)
+
+
+def _walker(cls: type) -> Any:
+    """Sharer._new for one dataclass, generated once from the fields _field_keys keeps (as dataclasses writes
+    __init__): each value judged by its key, the object replaced only where a value changed. Field names are
+    identifiers: dataclass fields are."""
+    lines = ["def walk(s, o):", "    ch = None"]
+    for name, key in _field_keys(cls):
+        if not name.isidentifier():
+            raise TypeError(f"{cls.__name__}.{name}: not an identifier")
+        lines += [f"    v = o.{name}",
+                  "    if v is not None and v.__class__ not in _PLAIN:",  # numbers, flags, None: nothing to judge
+                  f"        n = s._str(v, {key!r}) if v.__class__ is str else s._obj(v, {key!r})",
+                  "        if n is not v and n != v:",
+                  "            if ch is None:",
+                  "                ch = {}",
+                  f"            ch[{name!r}] = n"]
+    lines.append("    return _replace(o, **ch) if ch else o")
+    env: Dict[str, Any] = {"_PLAIN": _PLAIN, "_replace": dataclasses.replace}
+    exec("\n".join(lines) + "\n", env)  # from the class's own field names
+    return env["walk"]
 
 
 _PATH_FIELDS = frozenset({"filename", "exe", "python_exe", "path", "cgroup"})
@@ -86,6 +149,10 @@ class Sharer:
         self.counts = self.net.counts
         self._memo: Dict[Tuple[str, str], str] = {}
         self._replay: Dict[Tuple[str, str], Dict[str, int]] = {}  # what a memoised result counted
+        # objects the decode shares between ranks, by identity (kept alive here, so an id is never reused):
+        # (the object, its shared copy, what judging it counted)
+        self._objs: Dict[Tuple[int, str], Tuple[Any, Any, Dict[str, int]]] = {}
+        self._argvs: Dict[Tuple[str, ...], Tuple[Tuple[str, ...], Dict[str, int]]] = {}  # args(), as _replay
 
     # -- the token ------------------------------------------------------------------------------------
     def hide(self, kind: str, text: str) -> str:
@@ -129,8 +196,20 @@ class Sharer:
         return self._cached("value:" + rule + ":" + name, value, lambda: self._code(self.net.value(name, value, rule)))
 
     def args(self, argv: Sequence[str]) -> List[str]:
-        """A command line: the net's flag rules, then each argument as free text."""
-        return [self.text(a) for a in self.net.args(argv)]
+        """A command line: the net's flag rules, then each argument as free text (each distinct one judged once:
+        every rank of a node, and of a job, has much the same)."""
+        key = tuple(argv)
+        hit = self._argvs.get(key)
+        if hit is not None:
+            if hit[1]:
+                self.counts.update(hit[1])
+            return list(hit[0])
+        before = dict(self.counts)
+        out = [self.text(a) for a in self.net.args(argv)]
+        if sum(map(len, key)) <= 65536:
+            self._argvs[key] = (tuple(out), {k: v - before.get(k, 0) for k, v in self.counts.items()
+                                             if v != before.get(k, 0)})
+        return out
 
     def strace(self, output: str) -> str:
         """strace's output: payloads reduced to their protocol verb (an older worker's or --raw file's bytes)."""
@@ -155,7 +234,9 @@ class Sharer:
                 self._memo[key] = out
                 self._replay[key] = {k: v - before.get(k, 0) for k, v in self.counts.items() if v != before.get(k, 0)}
         else:
-            self.counts.update(self._replay.get(key, {}))
+            replay = self._replay.get(key)
+            if replay:
+                self.counts.update(replay)
         return out
 
     def _code(self, text: str) -> str:
@@ -239,6 +320,26 @@ class Sharer:
     def _obj(self, obj: Any, field: str) -> Any:
         if isinstance(obj, str):
             return self._str(obj, field)
+        if obj.__class__ in _SHARED_KINDS or (field == "frames" and obj.__class__ is tuple and obj):
+            return self._once(obj, field)
+        return self._new(obj, field)
+
+    def _once(self, obj: Any, field: str) -> Any:
+        """_new for an object the decode shares between ranks (a frame, a local, a thread's frames): judged once
+        per object and field, its counts replayed at every later use as the text memo replays them."""
+        key = (id(obj), field)
+        hit = self._objs.get(key)
+        if hit is not None and hit[0] is obj:
+            if hit[2]:
+                self.counts.update(hit[2])
+            return hit[1]
+        before = dict(self.counts)
+        out = self._new(obj, field)
+        self._objs[key] = (obj, out, {k: v - before.get(k, 0) for k, v in self.counts.items()
+                                      if v != before.get(k, 0)})
+        return out
+
+    def _new(self, obj: Any, field: str) -> Any:
         if isinstance(obj, tuple):
             if not obj:
                 return obj
@@ -259,17 +360,13 @@ class Sharer:
         if isinstance(obj, StraceResult):
             return dataclasses.replace(obj, output=self.strace(obj.output),
                                        threads=obj.threads)  # per-thread syscalls and counts: numbers and names
-        if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-            return obj
-        changes = {}
-        for name, field_key in _field_keys(type(obj)):
-            value = getattr(obj, name)
-            if value is None or value.__class__ in _PLAIN:
-                continue  # numbers, flags, None: nothing in them to share or hide
-            new = self._obj(value, field_key)
-            if new is not value and new != value:
-                changes[name] = new
-        return dataclasses.replace(obj, **changes) if changes else obj
+        cls: type = obj.__class__
+        walk = _WALKERS.get(cls)
+        if walk is None:
+            if not dataclasses.is_dataclass(obj) or isinstance(obj, type):  # no dataclass (or a dataclass class)
+                return obj
+            walk = _WALKERS[cls] = _walker(cls)
+        return walk(self, obj)
 
     def tree(self, obj: Any) -> Any:
         """A to_dict() document (the analysis, GPU test results): env pairs, command lines, locals and loop

@@ -4,6 +4,7 @@ values keep comparing equal within a bundle; --raw writes them as collected, and
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import json
@@ -227,3 +228,33 @@ def test_print_hides_a_value_after_a_label_in_error_output_whatever_the_labels_l
     bundle = build_bundle(snap, analyze(snap), now=1.0)
     for name, data in bundle.files.items():
         assert "OrchidPebble6618" not in data.decode(), name
+
+
+def _ranks_on_one_stack(count: int, shared: bool) -> Snapshot:
+    """`count` ranks on the same stack, whose frames hold a value no rule lets through and a token the net
+    recognises, started with a secret flag: one frames tuple for all of them as the decode interns it (shared), or
+    an equal copy for each rank."""
+    frame = Frame("step", "/job/train.py", 40, locals=(Local("run", repr(RANDOM)), Local("tok", "'hf_" + "aB3x" * 9 + "'"),
+                                                        Local("i", "7")),
+                  source=((40, f"    run = {RANDOM!r}"),))
+    frames = (frame, Frame("main", "/job/train.py", 90))
+    ranks = tuple(RankSnapshot(node="node01", pid=100 + r, start_time=1, rank=r, collected=True,
+                               cmdline=("python", "train.py", "--password", "Walnut.Tulip2549", "--run", RANDOM),
+                               threads=(ThreadStack(tid=100 + r, name="worker", is_main=True,
+                                                    frames=frames if shared else copy.deepcopy(frames)),))
+                  for r in range(count))
+    return Snapshot(taken_at=1.0, ranks=ranks)
+
+
+def test_what_ranks_share_is_judged_once_and_counted_at_every_use() -> None:
+    key = b"k" * 16
+    one = Sharer(key)
+    one.snapshot(_ranks_on_one_stack(1, shared=True))
+    for_one = one.summary()
+    assert for_one and all(v > 0 for v in for_one.values())
+    shared, copied = Sharer(key), Sharer(key)
+    out = shared.snapshot(_ranks_on_one_stack(40, shared=True))
+    assert out == copied.snapshot(_ranks_on_one_stack(40, shared=False))
+    # the counts a bundle reports are those of judging every rank, whether its frames are shared or not
+    assert shared.summary() == copied.summary() == {rule: 40 * n for rule, n in for_one.items()}
+    assert RANDOM not in json.dumps(dataclasses.asdict(out)) and "Walnut" not in json.dumps(dataclasses.asdict(out))
