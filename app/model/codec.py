@@ -9,6 +9,7 @@ import json
 import math
 import re
 import sys
+import threading
 import typing
 from typing import Any, Literal, Optional, Tuple, Union
 
@@ -26,6 +27,19 @@ def to_dict(obj: Any) -> Any:
     cls = obj.__class__
     if cls in _SCALARS:  # most values: answered before any other test
         return obj
+    if cls is Frame:
+        shared = getattr(_WRITING, "frames", None)
+        if shared is not None:  # within snapshot_to_json: the decode shares a frame between the ranks on it
+            hit = shared.get(id(obj))
+            if hit is not None and hit[0] is obj:
+                return hit[1]
+            out = _frame_dict(obj)
+            if len(shared) < _FRAMES_TRIED or len(shared) * 2 < _WRITING.uses:
+                shared[id(obj)] = (obj, out)
+            else:  # most frames met once (each rank's locals its own): the table costs more than it saves
+                _WRITING.frames = None
+            _WRITING.uses += 1
+            return out
     try:
         write = _WRITERS[cls]
     except KeyError:  # the first instance of its class
@@ -40,6 +54,19 @@ def to_dict(obj: Any) -> Any:
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+# While snapshot_to_json runs in a thread: each Frame object's dict, made once and put in the document at every use
+# (a thread's frames are shared by every rank on the same stack; the text written is the same); the frame is
+# kept with its dict, so that its id is not reused meanwhile. `uses` counts the frames written, so that a document
+# whose frames are nearly all distinct stops using the table.
+_WRITING = threading.local()
+_FRAMES_TRIED = 4096  # frames the table takes before it is judged: kept while a frame is met twice on average
+
+
+def _frame_dict(frame: Frame) -> Any:
+    write = _WRITERS.get(Frame)
+    if write is None:
+        write = _WRITERS[Frame] = _writer(Frame)
+    return write(frame)
 _WRITERS: dict = {}  # class -> its generated writer (_writer), or None for a class that is not a dataclass
 
 
@@ -48,7 +75,7 @@ def _writer(cls: Any) -> Any:
     whose type is a plain value (str, int, float, bool, None, a Literal or an Optional of them) is taken as it
     is, every other one goes through to_dict. Field names are identifiers: dataclass fields are."""
     try:
-        hints = _hints(cls)
+        hints = field_hints(cls)
     except Exception:  # hints that do not resolve at run time (names only imported for type checking)
         hints = {}  # then every field goes through to_dict, as it always may
     items = []
@@ -76,7 +103,8 @@ def _plain(tp: Any) -> bool:
 _HINTS_CACHE: dict = {}
 
 
-def _hints(cls: type) -> dict:
+def field_hints(cls: type) -> dict:
+    """A dataclass's resolved type hints, by field name (cached per class)."""
     hints = _HINTS_CACHE.get(cls)
     if hints is None:
         hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
@@ -203,7 +231,7 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
         shared = frames.get(key)
         if shared is not None:
             return shared
-    hints = _hints(cls)
+    hints = field_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
@@ -228,10 +256,40 @@ def snapshot_to_json(snapshot: Snapshot, analysis: Optional[dict] = None, sharin
     doc: dict = {"schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION}
     if sharing is not None:
         doc["sharing"] = sharing
-    doc["snapshot"] = to_dict(snapshot)
+    # the snapshot is converted a line at a time as it is written (a rank's dict made, encoded and dropped), not
+    # as one tree of dicts first: at 12,500 nodes x 8 ranks that tree was several GB beside the text
+    doc["snapshot"] = _Model(snapshot)
     if analysis is not None:
         doc["analysis"] = analysis
-    return dumps_lines(doc)
+    _WRITING.frames, _WRITING.uses = {}, 0
+    try:
+        return dumps_lines(doc)
+    finally:
+        _WRITING.frames = None
+
+
+class _Model:
+    """A part of the model in a document for dumps_lines: converted by to_dict where dumps_lines reaches it (one
+    level at a time above the line level, whole at it), so that the same text comes out as from to_dict's tree."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _one_level(value: Any) -> Any:
+    """What to_dict makes of `value` at its top level, its parts left to convert (_Model)."""
+    cls = value.__class__
+    if cls in _SCALARS:
+        return value
+    if dataclasses.is_dataclass(cls):
+        return {f.name: _Model(getattr(value, f.name)) for f in dataclasses.fields(cls)}
+    if isinstance(value, (tuple, list)):
+        return [_Model(x) for x in value]
+    if isinstance(value, dict):
+        return {str(k): _Model(v) for k, v in value.items()}
+    return value
 
 
 def dumps_lines(doc: Any, levels: int = 3) -> str:
@@ -243,6 +301,8 @@ def dumps_lines(doc: Any, levels: int = 3) -> str:
     out: list = []
 
     def put(value: Any, depth: int) -> None:
+        if value.__class__ is _Model:
+            value = to_dict(value.value) if depth >= levels else _one_level(value.value)
         if depth >= levels or not isinstance(value, (dict, list)) or not value:
             out.append(line(value))
             return

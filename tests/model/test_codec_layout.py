@@ -4,6 +4,7 @@ x 8 ranks the pure-Python one that indent= selects took seconds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -61,3 +62,23 @@ def test_to_dict_takes_plain_fields_as_they_are_and_converts_the_rest() -> None:
     assert out == {"name": "n", "size": None, "kind": "a", "inner": {"xs": [1, 2]}, "pairs": [["k", "v"]],
                    "later": [{"xs": [3]}]}
     assert type(out["pairs"]) is list and type(out["inner"]["xs"]) is list
+
+
+def test_frames_the_ranks_share_are_written_as_each_rank_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    from app.model import codec
+    from app.model.codec import to_dict
+
+    snap = snapshot([rank(r, f"node{r // 4 + 1:02d}", ALL_REDUCE) for r in range(8)])
+    one_stack = snap.ranks[0].threads  # every rank on the same frame objects, as the decode interns them
+    shared = dataclasses.replace(snap, ranks=tuple(dataclasses.replace(r, threads=one_stack) for r in snap.ranks))
+    copied = dataclasses.replace(shared, ranks=tuple(dataclasses.replace(r, threads=copy.deepcopy(one_stack))
+                                                     for r in shared.ranks))
+    text = snapshot_to_json(copied)
+    # the same text whether frames are shared or not, and whether the table of written frames is kept or given up
+    assert snapshot_to_json(shared) == text
+    monkeypatch.setattr(codec, "_FRAMES_TRIED", 1)
+    assert snapshot_to_json(shared) == text
+    # written a line at a time, the document is to_dict's
+    assert json.loads(text)["snapshot"] == json.loads(json.dumps(to_dict(copied)))
