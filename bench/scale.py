@@ -23,6 +23,9 @@ Per size, in a fresh process each (peak memory is the process's own):
   peak MB         the process's peak RSS (ru_maxrss) at the end
   refresh         the second pass (Session.refresh(), as --print's default second sample and the TUI's `r`):
                   wall, CPU ms/node, and how many nodes that answered it were marked as timed out
+With --write, three more columns: the second report (analysis of both samples and the summary) without and with
+the snapshot file `--snapshot` writes after it (default-deny sharing, the JSON, a temporary folder), and the file's
+size.
 A watchdog stops a size that passes --max-gb of RSS or --max-seconds and prints how far it got.
 
 With --ui each size runs through the TUI instead (HangscopeApp headless under Textual's test driver, 160x50, as
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import io
 import itertools
@@ -50,6 +54,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -445,7 +450,7 @@ def _watchdog(max_gb: float, max_seconds: float, started: float, stage: List[str
 
 
 def one_size(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: float, fail: float = 0.0,
-             print_to: Optional[str] = None) -> Dict[str, Any]:
+             print_to: Optional[str] = None, write: bool = False) -> Dict[str, Any]:
     from app.cli import headless
     from app.analysis import analyze
     from app.analysis.text import summary_text
@@ -509,6 +514,15 @@ def one_size(nodes: int, ranks: int, shape: str, max_gb: float, max_seconds: flo
         out["print_lines"] = text.getvalue().count("\n")
         if print_to:
             Path(print_to).write_text(text.getvalue())
+        if write:  # the same report with the snapshot file, as `--print --snapshot FILE` writes it after the summary
+            stage.append("report 2 with --snapshot")
+            with tempfile.TemporaryDirectory(prefix="hangscope-scale-") as tmp:
+                path = os.path.join(tmp, "snapshot.json")
+                t0 = time.monotonic()
+                with contextlib.redirect_stderr(io.StringIO()):
+                    headless.report(snap2, history=[snap], out=io.StringIO(), snapshot_path=path)
+                out["report2_file_s"] = time.monotonic() - t0
+                out["file_mb"] = os.path.getsize(path) / 2**20
         stage.append("close")
         await session.close()
 
@@ -667,8 +681,13 @@ def table(rows: List[Dict[str, Any]]) -> str:
     head = ("| nodes x ranks | first headline s | CPU ms/node | GC % | analysis s | bytes/node | peak MB "
             "| pass 1: answering nodes timed out | refresh s | refresh CPU ms/node | refresh GC % "
             "| refresh: answering nodes timed out | --print lines |")
+    write = any("report2_file_s" in r for r in rows)
+    if write:
+        head += " report 2 s | report 2 with --snapshot s | snapshot MB |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        if write and "report2_file_s" not in r:
+            r = {"report2_s": float("nan"), "report2_file_s": float("nan"), "file_mb": float("nan"), **r}
         size = f"{r['nodes']:,} x {r['ranks']} ({r['shape']}{', %g %% failing' % (100 * r['fail']) if r.get('fail') else ''})"
         if "stopped" in r and "first_headline_s" not in r:
             lines.append(f"| {size} | {r['stopped']} |" + " |" * (head.count("|") - 3))
@@ -680,7 +699,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
             f"| {size} | {r['first_headline_s']:.2f} | {r['cpu_ms_node']:.2f} | {100 * r['gc_share']:.0f} "
             f"| {r['analysis_cpu']:.2f} | {r['bytes_node'] / 1024:.1f} KiB | {r['peak_mb']:.0f} "
             f"| {r.get('pass1_timed_out', '?')} of {r['nodes']} | {r['refresh_s']:.2f} | {r['refresh_cpu_ms_node']:.2f} | {100 * r['refresh_gc_share']:.0f} "
-            f"| {r['refresh_timed_out']} of {r['nodes']} | {r.get('print_lines', '?')} |")
+            f"| {r['refresh_timed_out']} of {r['nodes']} | {r.get('print_lines', '?')} |"
+            + (f" {r['report2_s'] - r['refresh_s']:.2f} | {r['report2_file_s']:.2f} | {r['file_mb']:.0f} |" if write else ""))
     return "\n".join(lines)
 
 
@@ -757,11 +777,14 @@ def main() -> None:
     ap.add_argument("--ui", action="store_true",
                     help="through the TUI (headless, Textual's test driver) instead of --print: its first picture and "
                          "a refresh, every session event through the app")
+    ap.add_argument("--write", action="store_true",
+                    help="also time the second report with its snapshot file, as `--print --snapshot FILE` writes it "
+                         "(default-deny sharing, the JSON, the file on a temporary disk folder)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--profile", metavar="FILE", help="with --one: write a cProfile of CPU time (not wall) to FILE")
     args = ap.parse_args()
-    if args.ui and (args.fail or args.before or args.print_to):
-        ap.error("--ui measures the TUI on answering nodes: without --fail, --before or --print-to")
+    if args.ui and (args.fail or args.before or args.print_to or args.write):
+        ap.error("--ui measures the TUI on answering nodes: without --fail, --before, --print-to or --write")
     if args.record:
         return record()
     if args.before:
@@ -778,7 +801,7 @@ def main() -> None:
             row = one_size_ui(args.one, args.ranks, args.shape, args.max_gb, args.max_seconds)
         else:
             row = one_size(args.one, args.ranks, args.shape, args.max_gb, args.max_seconds, args.fail,
-                           args.print_to)
+                           args.print_to, args.write)
         if args.profile:
             prof.disable()
             prof.dump_stats(args.profile)
@@ -796,7 +819,8 @@ def main() -> None:
         load = os.getloadavg()[0]
         done = subprocess.run([sys.executable, __file__, "--one", str(n), "--ranks", str(args.ranks), "--shape",
                                args.shape, "--max-gb", str(args.max_gb), "--max-seconds", str(args.max_seconds),
-                               "--fail", str(args.fail)] + (["--ui"] if args.ui else []),
+                               "--fail", str(args.fail)] + (["--ui"] if args.ui else [])
+                              + (["--write"] if args.write else []),
                               capture_output=True, text=True)
         last = (done.stdout.strip().splitlines() or ["{}"])[-1]
         try:
