@@ -6,7 +6,7 @@ Every piece of text that is not a literal of this module goes through markup.h /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.diff import StackDiff, diff_vs_majority
 from app.analysis.fold import count_phrase
@@ -240,25 +240,35 @@ def _diffs(facts: Facts, analysis: "Analysis") -> str:
 
 
 def _tree(tree: "StackTree", red: Sharer) -> Tuple[str, bool]:
-    budget = [MAX_TREE_NODES]
+    """The merged stack tree as nested lists, outermost frame first, at most MAX_TREE_NODES frames in pre-order.
+    Built without recursion: a rank deep in a recursive function has a stack thousands of frames deep."""
+    budget = MAX_TREE_NODES
 
-    def node_html(node: "TreeNode") -> str:
-        budget[0] -= 1
+    def head(node: "TreeNode") -> str:
         f = node.frame
         assert f is not None
         label = f" <span class=\"meta\">\u2190 {h(red.text(tree.label(node)), 400)}</span>" if node.ends else ""
-        head = (f"<span class=\"count\">{node.count}</span><code>{h(red.text(f'{f.function} ({f.location})'))}</code>"
+        return (f"<span class=\"count\">{node.count}</span><code>{h(red.text(f'{f.function} ({f.location})'))}</code>"
                 f"{label}")
-        kids = [node_html(c) for c in node.children if budget[0] > 0]
-        if not kids:
-            return f"<li>{head}</li>"
-        return f"<li><details open><summary>{head}</summary><ul>{''.join(kids)}</ul></details></li>"
 
-    top = [node_html(c) for c in tree.root.children if budget[0] > 0]
+    top: List[str] = []
+    # per open node: its head, its children's html so far, its children still to visit, where its own html goes
+    stack: List[Tuple[str, List[str], Iterator["TreeNode"], List[str]]] = [("", top, iter(tree.root.children), [])]
+    while stack:
+        _, kids, todo, _ = stack[-1]
+        child = next(todo, None) if budget > 0 else None
+        if child is not None:
+            budget -= 1
+            stack.append((head(child), [], iter(child.children), kids))
+            continue
+        text, kids, _, parent = stack.pop()
+        if stack:  # the root has no line of its own
+            parent.append(f"<li>{text}</li>" if not kids else
+                          f"<li><details open><summary>{text}</summary><ul>{''.join(kids)}</ul></details></li>")
     html = ("<h2 id=\"tree\">Merged stack tree</h2><p class=\"meta\">Outermost frame first; the number is how many "
             "ranks passed through the frame; click a frame to fold it.</p>"
             f"<div class=\"tree\"><ul>{''.join(top)}</ul></div>")
-    return html, budget[0] <= 0
+    return html, budget <= 0
 
 
 def _shown(ranks: Sequence[Any], facts: Facts, analysis: Optional["Analysis"]) -> Set[RankKey]:

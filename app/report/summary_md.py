@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from app.analysis.diff import StackDiff
 from app.analysis.fold import count_phrase, fold_nodes
@@ -192,19 +192,17 @@ def _classes(analysis: "Analysis", red: Sharer, facts: Facts) -> List[str]:
 
 
 def _tree_text(tree: "StackTree", red: Sharer) -> str:
+    """The tree's first TREE_LINES frames in pre-order, indented by depth; without recursion (a recursive
+    function's stack is thousands of frames deep)."""
     lines: List[str] = []
-
-    def walk(node: "TreeNode", depth: int) -> None:
-        if len(lines) >= TREE_LINES:
-            return
+    todo: List[Tuple["TreeNode", int]] = [(tree.root, 0)]
+    while todo and len(lines) < TREE_LINES:
+        node, depth = todo.pop()
         if node.frame is not None:
             f = node.frame
             end = f"   <- {tree.label(node)}" if node.ends else ""
             lines.append(f"{node.count:>6}  {'  ' * depth}{f.function} ({f.location}){end}")
-        for child in node.children:
-            walk(child, depth + (node.frame is not None))
-
-    walk(tree.root, 0)
+        todo.extend((child, depth + (node.frame is not None)) for child in reversed(node.children))
     if len(lines) >= TREE_LINES:
         lines.append(f"... cut at {TREE_LINES} lines; report.html has the whole tree")
     return red.text("\n".join(lines))

@@ -336,6 +336,29 @@ def test_empty_failed_and_oversized_snapshots_still_give_a_bundle(tmp_path: Path
     assert "f" * 199 + "\u2026" in "".join(page.text)
 
 
+
+def test_a_rank_thousands_of_frames_deep_in_a_recursion_gives_the_whole_bundle(tmp_path: Path) -> None:
+    """A recursive function (a tree walk, a parser, a model's own recursion) leaves a stack far deeper than
+    Python's own recursion limit; every file of the bundle is written, the trees in it as deep as they allow."""
+    import dataclasses
+
+    from app.model import Frame
+
+    snap = make_snapshot("barrier")
+    culprit = snap.ranks[5]
+    main = culprit.threads[0]
+    recursion = tuple(Frame("visit", "/job/tree.py", 40 + i % 3) for i in range(5_000))
+    deep = dataclasses.replace(culprit, threads=(dataclasses.replace(main, frames=main.frames[:1] + recursion
+                                                                     + main.frames[1:]),))
+    big = dataclasses.replace(snap, ranks=snap.ranks[:5] + (deep,) + snap.ranks[6:])
+    result = export_bundle(big, analyze(big), str(tmp_path / "bundle"))
+    assert {Path(p).name for p in result.paths} >= FILES
+    page = (tmp_path / "bundle" / "report.html").read_text()
+    assert page.count("visit (tree.py:4") >= 2_000  # the merged tree goes as deep as its budget of frames
+    md = (tmp_path / "bundle" / "summary.md").read_text()
+    assert "visit (tree.py:4" in md and "cut at" in md
+
+
 GOLDEN = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json")
                 if '"schema": "hangscope.snapshot"' in p.read_text(encoding="utf-8")[:200])
 
