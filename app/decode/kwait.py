@@ -106,6 +106,7 @@ def _reads(raw: Any) -> Optional[WaitFd]:
 # dump's actions), read once each: the key is the list's own content (a tuple of what the parser built: no text
 # is compared twice), bounded like the rest. app/decode/replies.py reads its lists with it too.
 _STR_TUPLES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo(1 << 15)
+MAX_KEY_CHARS = 16384  # a longer list is read each time it comes (as is one of more than 256 strings)
 
 
 def strs(raw: Any, count: int = 1 << 30, limit: int = 1 << 30) -> tuple[str, ...]:
@@ -113,6 +114,9 @@ def strs(raw: Any, count: int = 1 << 30, limit: int = 1 << 30) -> tuple[str, ...
     interned, _str); each distinct list read once."""
     if type(raw) is not list or not raw:
         return ()
+    if len(raw) > 256 or sum(len(a) for a in raw if type(a) is str) > MAX_KEY_CHARS:
+        # not remembered: the key would keep the parser's text (a command line can be megabytes) in the table
+        return tuple(_str(a, limit) for a in raw[:count] if type(a) is str)
     key = (count, limit, *raw)
     try:
         got = _STR_TUPLES.get(key)

@@ -41,6 +41,10 @@ def _int(value: Any) -> int | None:
 
 
 INTERN_LEN = 200  # characters: a shorter string from a node is kept once, however many ranks carry it
+# A command line from a node (a rank's, a launcher's): at most MAX_ARGV arguments of MAX_ARG characters each, as
+# its executable's path; Linux lets one be megabytes (ARG_MAX), which no summary, screen or file needs.
+MAX_ARGV = 256
+MAX_ARG = 4096
 
 
 def _str(value: Any) -> str:
@@ -213,7 +217,7 @@ def rank_from_discover(node: str, item: RankInfo) -> RankSnapshot:
         world_size=_int(g("world_size")), group_rank=_int(g("group_rank")),
         local_world_size=_int(g("local_world_size")), master_addr=master_addr,
         master_port=master_port, launcher=launcher, launcher_pid=launcher_pid, ppid=_int(g("ppid")),
-        cmdline=_strs(g("cmdline")), exe=_str(g("exe")),
+        cmdline=_strs(g("cmdline"), MAX_ARGV, MAX_ARG), exe=_str(g("exe"))[:MAX_ARG],
         uid=_int(g("uid")), user=_str(g("user")), state=_str(g("state")),
         wchan=_str(g("wchan")), num_threads=num_threads if type(num_threads) is int and num_threads else 0,
         cpu_time=_float(g("cpu_time")), rss=rss if type(rss) is int and rss else 0,
@@ -283,8 +287,8 @@ def process_from_discover(node: str, item: Mapping[str, Any]) -> JobProcess | No
         node=node, pid=pid, start_time=_int(item.get("start_time")) or 0, role=role,
         kind=_str(item.get("kind"))[:60] or role, ppid=_int(item.get("ppid")),
         of=tuple(p for p in (_int(x) for x in _list(item.get("of"))[:4096]) if p is not None),
-        cmdline=tuple(a[:4096] for a in _list(item.get("cmdline"))[:256] if isinstance(a, str)),
-        exe=_str(item.get("exe"))[:4096], state=_str(item.get("state"))[:1], wchan=_str(item.get("wchan"))[:100],
+        cmdline=tuple(a[:MAX_ARG] for a in _list(item.get("cmdline"))[:MAX_ARGV] if isinstance(a, str)),
+        exe=_str(item.get("exe"))[:MAX_ARG], state=_str(item.get("state"))[:1], wchan=_str(item.get("wchan"))[:100],
         num_threads=_int(item.get("num_threads")) or 0, cpu_time=_float(item.get("cpu_time")), env=env,
         nspid=_int(item.get("nspid")))
 

@@ -221,3 +221,22 @@ def test_module_globals_are_the_module_frames_locals_and_give_the_iteration() ->
     assert frame.locals == (Local("iter_num", "41"), Local("lr", "<float>"))
     assert frame.iteration == (("iter_num", "41"),)
     assert from_dict(RankSnapshot, json.loads(json.dumps(to_dict(r)))) == r
+
+
+def test_a_command_line_of_megabytes_is_read_bounded() -> None:
+    # Linux lets a command line be megabytes (ARG_MAX); no summary, screen or snapshot file needs them all
+    huge = [f"--arg{i}=" + "x" * 100_000 for i in range(10)] + [f"a{i}" for i in range(1000)]
+    rank = parse.rank_from_discover("n", {"pid": 7, "cmdline": ["python", *huge], "exe": "/" + "p" * 100_000})
+    assert len(rank.cmdline) == parse.MAX_ARGV and rank.cmdline[0] == "python"
+    assert max(map(len, rank.cmdline)) == parse.MAX_ARG and len(rank.exe) == parse.MAX_ARG
+    process = parse.process_from_discover("n", {"pid": 8, "role": "launcher", "cmdline": ["torchrun", *huge]})
+    assert process is not None and len(process.cmdline) == parse.MAX_ARGV
+    assert max(map(len, process.cmdline)) == parse.MAX_ARG
+    # nor does the table of repeated lists keep the node's text of megabytes in a key
+    from app.decode import kwait
+
+    kwait._STR_TUPLES.clear()
+    parse.rank_from_discover("n", {"pid": 9, "cmdline": ["python", *huge[:10]]})
+    assert len(kwait._STR_TUPLES) == 0
+    parse.rank_from_discover("n", {"pid": 9, "cmdline": ["python", "train.py"]})
+    assert len(kwait._STR_TUPLES) == 1
