@@ -67,6 +67,7 @@ class LoopParting:
     mine: str = ""  # its value on this class's ranks
     theirs: str = ""  # ... on the others'
     delta: Optional[int] = None  # iterations ahead (positive) or behind (negative), when both values are integers
+    within: bool = False  # both sides inside `loop`, at different lines of one function (not past its end)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class StackEvidence(Evidence):
     loop: Optional[LoopInfo] = None  # left_loop: the loop the others are still in
     loop_frame: Optional[Frame] = None  # ... and the frame it belongs to
     theirs_backward: bool = False  # the others are in autograd's backward (DDP)
+    mine_backward: bool = False  # this class waits in autograd's backward (DDP's gradient all_reduce)
     rest: Tuple[StackClass, ...] = ()  # "many": the classes summed up
     past: Optional[LoopParting] = None  # left_loop, other_iteration, left_or_behind: how it stands to that loop
 
@@ -115,6 +117,12 @@ def stack_facts(classes: Sequence[StackClass],
     # line does not single either out against the other, so neither is [high] on its stacks alone
     out = [dataclasses.replace(f, strength="medium") if f.strength == "high" and isinstance(f.data, StackEvidence)
            and _sibling(f.data.mine, classes[1:]) else f for f in out]
+    # A class iterations behind the others holds them: whatever the ranks at the others' iteration wait in (the
+    # next step's first collective, which it has not reached) cannot finish without it; such a class is no
+    # culprit of its own
+    if any(f.strength == "high" and _behind(f) for f in out):
+        out = [dataclasses.replace(f, strength="medium") if f.strength == "high" and not _behind(f) else f
+               for f in out]
     rest = tuple(classes[MAX_CLASS_FINDINGS + 1:])
     if rest:
         keys = tuple(k for c in rest for k in c.ranks)
@@ -122,6 +130,12 @@ def stack_facts(classes: Sequence[StackClass],
         out.append(Fact("minority_stack", ranks_who(keys, numbers), "low",
                         StackEvidence(rest[0], dominant, 0, "many", "similar", rest=rest)))
     return out
+
+
+def _behind(f: Fact) -> bool:
+    e = f.data
+    return isinstance(e, StackEvidence) and e.case == "other_iteration" and e.past is not None \
+        and e.past.delta is not None and e.past.delta < 0
 
 
 def _sibling(c: StackClass, minority: Sequence[StackClass]) -> bool:
@@ -225,7 +239,9 @@ def loop_parting(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[R
     table in the module doc): left it, another iteration of a loop around both (the first loop, outermost first,
     whose values differ), or not known."""
     found = left_loop(c, d, k, ranks)
-    if found is None or ranks is None:
+    if found is None:
+        return _within(c, d, k, ranks)
+    if ranks is None:
         return None
     loop, frame = found
     around, own = _around(d, k, c.frames[k].line, ranks.get(d.ranks[0]))
@@ -254,6 +270,37 @@ def loop_parting(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[R
     assert same is not None
     j, held, n, v = same
     return LoopParting(loop, frame, "left", held, own[j], n, v, v, 0)
+
+
+def _within(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]
+            ) -> Optional[LoopParting]:
+    """Both sides in a loop around both lines of one function of the job's (where the paths part), at different
+    lines, this class waiting in a collective: another iteration of it when its variables' values differ between
+    the sides (the outermost loop whose values differ), else None (the same iteration, or not known: the
+    collectives speak). A class held elsewhere than in a collective is said by what holds it, not by this."""
+    if ranks is None or c.collective is None or k == 0 or k >= len(c.frames) or k >= len(d.frames) or not d.ranks:
+        return None
+    mine, theirs = c.frames[k], d.frames[k]
+    if (mine.function, mine.filename) != (theirs.function, theirs.filename) or mine.line == theirs.line \
+            or is_library(mine):
+        return None
+    around, own = _around(d, k, mine.line, ranks.get(d.ranks[0]))
+    if not around:
+        return None
+    for (j, held), a, b in zip(around, _values(c.ranks, c.frames, k, around, ranks),
+                               _values(d.ranks, d.frames, k, around, ranks)):
+        values = dict(b)
+        for n, v in a:
+            w = values.get(n)
+            if w is not None and w != v:
+                x, y = _integer(v), _integer(w)
+                delta = x - y if x is not None and y is not None else None
+                reading: Reading = "other" if delta is None else "behind" if delta < 0 else "ahead"
+                frame = own[j]
+                if frame is None:
+                    return None
+                return LoopParting(held, frame, reading, held, frame, n, v, w, delta, within=True)
+    return None
 
 
 def common_prefix(a: StackClass, b: StackClass) -> int:
@@ -287,10 +334,19 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
         if parted == "left_or_behind" and conf == "high":
             conf = "medium"  # which of two readings is not known: never [high]
         return Fact(kind, who, conf, StackEvidence(c, d, k, parted, size, past.loop, past.frame, backward,
-                                                   past=past), class_index=c.index)
+                                                   mine_backward=_ddp_gradients(c, ranks), past=past),
+                    class_index=c.index)
     if c.collective and d.collective and c.collective != d.collective:
         return Fact("different_collective", who, conf, StackEvidence(c, d, k, "other_collective", size),
                     class_index=c.index)
+    # A side asleep in autograd's backward with no collective of torch.distributed's showing waits in DDP's gradient
+    # all_reduce (the Reducer runs it from the C++ engine): against a side in a collective of its own, two calls
+    # that never match (in the same backward too: one in a collective of a hook or an autograd Function of its own)
+    mine_ddp, theirs_ddp = _ddp_gradients(c, ranks), _ddp_gradients(d, ranks)
+    if (mine_ddp and d.collective) or (theirs_ddp and c.collective):
+        return Fact("different_collective", who, conf,
+                    StackEvidence(c, d, k, "other_collective", size, theirs_backward=theirs_ddp,
+                                  mine_backward=mine_ddp), class_index=c.index)
     if c.collective and c.collective == d.collective:
         diverge = c.frames[k] if k < len(c.frames) else None
         if diverge is None or is_library(diverge):
@@ -307,6 +363,17 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
     case: Case = "backward" if backward and not in_backward(c.frames) else "no_collective"
     return Fact("minority_stack", who, "medium" if conf == "high" else conf,
                 StackEvidence(c, d, k, case, size, theirs_backward=backward), class_index=c.index)
+
+
+def _ddp_gradients(c: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]]) -> bool:
+    """Whether a class waits in DDP's gradient all_reduce: its path runs autograd's backward with no collective of
+    its own showing, and its ranks' main threads sleep (a backward that computes is on a CPU; one that waits in the
+    Reducer's all_reduce sleeps in the engine's C++). Only with the ranks to read (the first MEMBERS_READ)."""
+    if c.collective is not None or not in_backward(c.frames) or ranks is None:
+        return False
+    states = [t.state for t in (getattr(ranks.get(k), "main_thread", None) for k in c.ranks[:MEMBERS_READ])
+              if t is not None]
+    return bool(states) and all(state in ("S", "D") for state in states)
 
 
 def identical_fact(c: StackClass, *, locals_missing: bool, network: bool, history: bool, incomplete: bool = False,

@@ -109,9 +109,29 @@ def _collective(function: str, filename: str, native: bool) -> Optional[str]:
             if last.startswith(token) if prefix_only else token in last:
                 return collective
         return None
-    if "torch/distributed/" not in filename.replace("\\", "/"):
+    path = filename.replace("\\", "/")
+    if path.endswith(_DDP_FILE):
+        return _DDP_COLLECTIVES.get(bare_name(function))
+    if "torch/distributed/" not in path:
         return None  # a user function named `broadcast` is not torch's
     return _PY_COLLECTIVES.get(bare_name(function))
+
+
+# DistributedDataParallel's own collectives, run from its Python code: the buffers' broadcast from rank 0 at the
+# start of every forward (broadcast_buffers=True, the default), and the parameters' broadcast and the shapes' check
+# when the model is wrapped. Its gradient all_reduce runs from autograd's C++ engine instead (in_backward).
+_DDP_FILE = "torch/nn/parallel/distributed.py"
+_DDP_COLLECTIVES = {
+    "_sync_buffers": "broadcast", "_sync_module_buffers": "broadcast", "_default_broadcast_coalesced": "broadcast",
+    "_distributed_broadcast_coalesced": "broadcast", "_sync_params_and_buffers": "broadcast",
+    "_verify_params_across_processes": "all_gather",
+}
+
+
+def ddp_forward(frames: Sequence[Frame]) -> bool:
+    """Whether a path is in DDP's forward (its buffers' broadcast runs there)."""
+    return any(f.filename.replace("\\", "/").endswith(_DDP_FILE) and bare_name(f.function) in ("forward", "_pre_forward")
+               for f in frames)
 
 
 _GROUP_ARG = re.compile(r"\bgroup\s*=\s*([^,()]+(?:\([^()]*\))?)")

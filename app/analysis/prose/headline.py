@@ -28,7 +28,7 @@ from app.analysis.health import StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
-from app.analysis.prose.stacks import callers, exiting
+from app.analysis.prose.stacks import call_site, callers, ddp_next, exiting
 from app.analysis.prose.state import resume_command
 from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
@@ -249,6 +249,16 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     f"--locals --pid {pid}`{at}) and take samples (`--samples 3 --interval 5`): the same value means "
                     f"{who} left the loop (give every rank the same number of batches, or DDP's join()); an earlier "
                     "one, or ranks that move between samples, mean a straggler behind the others")
+        if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
+                and e.mine.collective and past.delta is not None and past.delta < 0:
+            return (f"find the condition under which {who} {'calls' if len(best.who.keys) == 1 else 'call'} "
+                    f"{call_site(e.mine)} in {clean(past.name, 40)}={clean(past.mine, 40)}, "
+                    "which the others passed without calling it: a condition on the rank's own values (a norm over "
+                    "a threshold, a NaN check, a count); decide it the same on every rank (all_reduce the value or "
+                    "the flag first)")
+        if isinstance(e, StackEvidence) and (e.mine_backward or e.theirs_backward) and (
+                e.case == "other_collective" or (e.case == "other_iteration" and past is not None and past.within)):
+            return ddp_next(e, who)
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
@@ -526,7 +536,9 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
     p2p = next((p2p_clause(f) for f in facts if f.kind == "p2p_wait" and len(f.who.keys) == 1
                 and c.ranks[:1] == f.who.keys), "")
     sentence = culprit_sentence(c, top_finding.title, total, p2p)
-    command = re.search(r"`[^`]* [^`]*`", next_text)  # a command line (it has arguments), not a name
+    # a command line (a code span with arguments), not a name; spans paired from the start, so that the text
+    # between two names (`a` inside `b`) is never read as one
+    command = next((m for m in re.finditer(r"`[^`]*`", next_text) if " " in m.group()), None)
     # the sentence already says what to run (a held rank's sentence always names what resumes it)
     said = (command is not None and command.group() in sentence) or (top.kind in ("stopped", "frozen") and
                                                                       sentence == top_finding.title)

@@ -8,7 +8,8 @@ from typing import Optional, Sequence, Tuple
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
 from app.analysis.fold import brief
-from app.analysis.frames import clean, focus_frame, frame_id, group_arg, in_backward, is_library, named
+from app.analysis.frames import (clean, ddp_forward, focus_frame, frame_id, group_arg, in_backward, is_library,
+                                  location, named, path_collective)
 from app.analysis.prose.words import where
 from app.analysis.tree import StackClass
 from app.model import Frame
@@ -47,7 +48,8 @@ def _why(e: StackEvidence) -> str:
                 f"{'is' if c.size == 1 else 'are'} an iteration of `{_header(past.around)}` behind: no value of its "
                 "loop variables was read")
     if e.case == "other_collective":
-        return f"a rank in `{c.collective}` can never meet ranks in `{d.collective}`"
+        return (f"a rank in {_collective(c, e.mine_backward)} can never meet ranks in "
+                f"{_collective(d, e.theirs_backward)}")
     if e.case == "same_collective":
         return (f"both wait in `{c.collective}` but called from different places, which pairs collectives that do "
                 "not belong together")
@@ -120,7 +122,63 @@ def stack_text(f: Fact) -> Text:
     elif e.case == "backward":
         title = (f"{who} {verb} {where(c)} while {others} {'is' if d.size == 1 else 'are'} in autograd's "
                  f"backward {where(d)}, where DDP all_reduces the gradients")
+    elif e.case == "other_collective" and (e.mine_backward or e.theirs_backward):
+        title = (f"{who} {_in_collective(c, e.mine_backward, c.size)} while {others} "
+                 f"{_in_collective(d, e.theirs_backward, d.size, waits=True)}: two different collectives, which never "
+                 "match")
     return title, detail, _reason(e)
+
+
+def _collective(c: StackClass, ddp_backward: bool) -> str:
+    """A class's collective in a few words: DDP's own where it is DDP's (the gradients' all_reduce, run from autograd's
+    backward; the buffers' broadcast, run at the start of DDP's forward)."""
+    if ddp_backward:
+        return "DDP's gradient all_reduce"
+    if ddp_forward(c.frames) and c.collective == "broadcast":
+        return "DDP's broadcast of the buffers"
+    return f"`{c.collective}`"
+
+
+def _in_collective(c: StackClass, ddp_backward: bool, size: int, waits: bool = False) -> str:
+    """`is in autograd's backward (train.py:12), where DDP all_reduces the gradients`, `is in `broadcast` called from
+    `ZeroRedundancyOptimizer.consolidate_state_dict` at train.py:178`, ...: where a class waits and what calls it."""
+    verb = ("waits" if size == 1 else "wait") if waits else ("is" if size == 1 else "are")
+    if ddp_backward:
+        return f"{'is' if size == 1 else 'are'} in autograd's backward, {where(c)}, where DDP all_reduces the gradients"
+    mine = caller(c)
+    at = f" at {location(mine)}" if mine is not None else ""
+    if ddp_forward(c.frames) and c.collective == "broadcast":
+        return (f"{verb} in DDP's forward{at}, in its broadcast of the buffers from rank 0 (broadcast_buffers=True, "
+                "run at the start of every forward)")
+    if mine is None:
+        return f"{verb} {where(c)}"
+    if in_backward(c.frames):
+        return f"{verb} in `{c.collective}` inside autograd's backward, called from {named(mine)}"
+    entry = _entry(c, mine)
+    if entry is not None:
+        return f"{verb} in `{c.collective}` inside {named_call(entry)}{at}"
+    return f"{verb} in `{c.collective}` called from {named(mine)}"
+
+
+def _entry(c: StackClass, mine: Frame) -> Optional[Frame]:
+    """The library call the job's frame made on the way to the collective (`ZeroRedundancyOptimizer.
+    consolidate_state_dict`), when it is not the collective itself."""
+    frames = c.frames  # outermost first
+    for i, f in enumerate(frames):
+        if f is mine and i + 1 < len(frames):
+            nxt = frames[i + 1]
+            wrapper = nxt.filename.replace("\\", "/").endswith(_C10D_LAYER)
+            return nxt if is_library(nxt) and not wrapper and path_collective(frames)[1] is not nxt else None
+    return None
+
+
+# torch.distributed's own layer around a collective (its logging wrapper, the collective's module): not an API the
+# job called on the way to it
+_C10D_LAYER = ("torch/distributed/c10d_logger.py", "torch/distributed/distributed_c10d.py")
+
+
+def named_call(f: Frame) -> str:
+    return f"`{clean(f.function, 80)}`"
 
 
 # the outermost frames of a main program (a script, `python -m`, a thread's bootstrap): a main thread whose stack
@@ -192,6 +250,19 @@ def _past_loop(e: StackEvidence, who: str, verb: str, others: str) -> Tuple[str,
     at = past.around_frame if past is not None else None
     outer_file = clean((at.filename if at is not None else "").rsplit("/", 1)[-1] or "?", 80)
     outer = f"`{_header(around)}` ({outer_file}:{around.line})" if around is not None else ""
+    if e.case == "other_iteration" and past is not None and around is not None and past.within:
+        values = f"{clean(past.name, 40)}={clean(past.mine, 40)} vs {clean(past.theirs, 40)}"
+        n = abs(past.delta) if past.delta is not None else None
+        side = "in another iteration of" if n is None else ("behind" if (past.delta or 0) < 0 else "ahead of")
+        count = f"{_iterations(n)} " if n is not None else ""
+        mine_at = _in_collective(c, False, c.size) if c.collective else f"{verb} {where(c)}"
+        title = (f"{who} {verb} {count}{side} {others} in {outer} ({values}): {who} {mine_at}, they {they}")
+        more = ""
+        if c.collective and past.delta is not None and past.delta < 0:
+            more = (f". The others passed {who}'s line in their iteration {clean(past.mine, 40)} without stopping "
+                    f"there and went on into the next one, where they wait for it: {who}'s `{c.collective}` there is "
+                    "a collective they did not call (one under a condition that differs between ranks)")
+        return title, more
     if e.case == "other_iteration" and past is not None and around is not None:
         values = f"{clean(past.name, 40)}={clean(past.mine, 40)} vs {clean(past.theirs, 40)}"
         if past.delta is not None:
@@ -271,3 +342,55 @@ def identical_text(f: Fact) -> Text:
     return (title, f"{c.label} share one stack; " + "; ".join(hints) + ".",
             "every rank's stack and loop iteration are identical"
             + ("; the advice is a guess, no evidence points at the network" if guess else ""))
+
+
+def ddp_next(e: StackEvidence, who: str) -> str:
+    """The next step for two different collectives one of which is DDP's gradient all_reduce (a side asleep in
+    autograd's backward), by what the other side is in: DDP's forward (a backward skipped), a collective inside the
+    backward (a hook or an autograd Function that only some ranks' forward set up), or a collective of the job's
+    (called on some ranks only)."""
+    c, d = e.mine, e.theirs
+    calls = "calls" if c.size == 1 else "call"
+    fwd_mine = ddp_forward(c.frames) and c.collective == "broadcast"
+    fwd_theirs = ddp_forward(d.frames) and d.collective == "broadcast"
+    if (fwd_mine and e.theirs_backward) or (fwd_theirs and e.mine_backward):
+        how = ("went on to the next forward without the backward the others are in" if fwd_mine else
+               "is in its backward while the others went on to the next forward without theirs")
+        return (f"find why {who} {how}: a backward skipped on some ranks only (an exception caught around the "
+                "forward, a NaN/inf or empty-batch check that `continue`s before backward); every rank must run the "
+                "backward of every step: decide a skip on all ranks together (all_reduce the flag) or let DDP's "
+                "join() shadow the rank that stops")
+    if e.theirs_backward and in_backward(c.frames):
+        mine = caller(c)
+        site = f", from {named(mine)}" if mine is not None else ""
+        return (f"{who} {'runs' if c.size == 1 else 'run'} `{clean(c.collective or '', 40)}` inside the backward"
+                f"{site}, which the others' backward does not run: the backward runs it only where the forward used "
+                "that autograd Function or registered that hook (or where a counter of its own says so), so "
+                "something in the forward that differs between ranks (their data, a count, a flag) decides it; make "
+                "every rank of the collective's group take the same branch (or keep collectives out of the backward)")
+    if e.mine_backward:
+        theirs = caller(d)
+        at = f" ({location(theirs)})" if theirs is not None else ""
+        return (f"find the condition under which {who} {'runs its' if c.size == 1 else 'run their'} backward where "
+                f"the others call `{clean(d.collective or '', 40)}`{at}: a number of forward and backward passes "
+                "that differs between ranks (a token or sample budget, a count, a check on the rank's own data); "
+                "decide it the same on every rank (all_reduce the condition first)")
+    mine = caller(c)
+    entry = _entry(c, mine) if mine is not None else None
+    what = named_call(entry) if entry is not None else f"`{clean(c.collective or '', 40)}`"
+    at = f" at {location(mine)}" if mine is not None else ""
+    return (f"call {what}{at} on every rank or on none: {who} {calls} it (a collective) where the others run their "
+            "backward, under a branch only some ranks take (`if rank == 0:`, a condition on the rank's own values)")
+
+
+def call_site(c: StackClass) -> str:
+    """How a class came to its collective: "`broadcast` inside `ZeroRedundancyOptimizer.consolidate_state_dict` at
+    train.py:178" (the library call the job made), "`all_reduce` from `clip_global_norm` (train.py:294)"."""
+    name = f"`{clean(c.collective or '', 40)}`"
+    mine = caller(c)
+    if mine is None:
+        return name
+    entry = _entry(c, mine)
+    if entry is not None:
+        return f"{name} inside {named_call(entry)} at {location(mine)}"
+    return f"{name} from {named(mine)}"

@@ -1,0 +1,106 @@
+"""Two different collectives when one of them is DDP's: its gradient all_reduce runs from autograd's C++ engine (the
+ranks' Python stacks end in `backward`), its buffers' broadcast from its forward. A side asleep there against a side
+in a collective of its own is two calls that never match; which next step fits depends on what the other side is
+in. And a rank in a collective an iteration behind the others, in the loop they are in, holds them all."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from analysis_snapshots import frame, rank, snapshot, stack
+from app.analysis import analyze
+from app.model import Frame, LoopInfo
+
+TORCH = "/usr/lib/python3/dist-packages/torch"
+BACKWARD = (f"_engine_run_backward ({TORCH}/autograd/graph.py:979)", f"backward ({TORCH}/autograd/__init__.py:395)",
+            f"Tensor.backward ({TORCH}/_tensor.py:623)")
+LOOP = LoopInfo("for", 30, 50, "for step in range(steps):", ("step",))
+
+
+def at(line: int, step: int, function: str = "fit") -> Frame:
+    """The job's training loop at `line`, in iteration `step`."""
+    return Frame(function, "/home/alice/fit.py", line, loops=(LOOP,), iteration=(("step", str(step)),))
+
+
+def job_stack(inner: Tuple[str, ...], line: int, step: int) -> Tuple[Frame, ...]:
+    return stack(*inner) + (at(line, step), frame("<module> (/home/alice/fit.py:80)"))
+
+
+def in_backward(step: int, *, line: int = 40) -> Tuple[Frame, ...]:
+    return job_stack(BACKWARD, line, step)
+
+
+def verdict(*ranks_frames: Tuple[int, Tuple[Frame, ...]], states: dict = {}) -> Tuple[str, object]:  # noqa: B006
+    ranks = [rank(r, f"node0{r // 4 + 1}", f, world=8, thread_state=states.get(r, "S")) for r, f in ranks_frames]
+    a = analyze(snapshot(ranks, locals=True))
+    return a.verdict, a
+
+
+def test_a_collective_of_some_ranks_against_the_others_asleep_in_ddps_backward() -> None:
+    broadcast = job_stack((f"broadcast ({TORCH}/distributed/distributed_c10d.py:3151)",
+                           f"wrapper ({TORCH}/distributed/c10d_logger.py:83)",
+                           f"Optim.collect_state ({TORCH}/distributed/optim/sharded.py:560)"), 45, 3)
+    text, _ = verdict(*[(r, broadcast if r == 0 else in_backward(3)) for r in range(8)])
+    assert text.startswith("Rank 0 is in `broadcast` inside `Optim.collect_state` at fit.py:45 while 7 others are in "
+                           "autograd's backward, in `fit` (fit.py:40), where DDP all_reduces the gradients: two "
+                           "different collectives, which never match.")
+    assert "Next: call `Optim.collect_state` at fit.py:45 on every rank or on none" in text
+
+
+def test_a_rank_in_ddps_forward_broadcast_skipped_the_backward_the_others_are_in() -> None:
+    ddp = f"{TORCH}/nn/parallel/distributed.py"
+    forward = job_stack((f"DistributedDataParallel._distributed_broadcast_coalesced ({ddp}:2363)",
+                         f"DistributedDataParallel._sync_buffers ({ddp}:2425)",
+                         f"DistributedDataParallel._pre_forward ({ddp}:1782)",
+                         f"DistributedDataParallel.forward ({ddp}:1886)",
+                         f"Module._call_impl ({TORCH}/nn/modules/module.py:1789)"), 34, 3)
+    text, _ = verdict(*[(r, forward if r == 3 else in_backward(3)) for r in range(8)])
+    assert text.startswith("Rank 3 is in DDP's forward at fit.py:34, in its broadcast of the buffers from rank 0")
+    assert "two different collectives, which never match" in text
+    assert "Next: find why rank 3 went on to the next forward without the backward the others are in" in text
+
+
+def test_a_collective_inside_the_backward_that_only_some_ranks_run() -> None:
+    hook = stack(f"all_gather ({TORCH}/distributed/distributed_c10d.py:4287)",
+                 f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "Stats.__call__ (/home/alice/fit.py:12)",
+                 f"hook ({TORCH}/utils/hooks.py:137)") + in_backward(3)
+    text, _ = verdict(*[(r, hook if r == 7 else in_backward(3)) for r in range(8)])
+    assert text.startswith("Rank 7 is in `all_gather` inside autograd's backward, called from `Stats.__call__` "
+                           "(fit.py:12) while 7 others are in autograd's backward")
+    assert "Next: rank 7 runs `all_gather` inside the backward, from `Stats.__call__` (fit.py:12), which the " \
+        "others' backward does not run" in text
+
+
+def test_a_rank_in_its_backward_where_the_others_call_another_collective() -> None:
+    gather = job_stack((f"all_gather ({TORCH}/distributed/distributed_c10d.py:4287)",
+                        f"wrapper ({TORCH}/distributed/c10d_logger.py:83)"), 36, 3)
+    text, _ = verdict(*[(r, in_backward(3) if r == 6 else gather) for r in range(8)])
+    assert text.startswith("Rank 6 is in autograd's backward, in `fit` (fit.py:40), where DDP all_reduces the "
+                           "gradients while 7 others wait in `all_gather` called from `fit` (fit.py:36): two "
+                           "different collectives, which never match.")
+    assert "Next: find the condition under which rank 6 runs its backward where the others call `all_gather`" in text
+
+
+def test_ranks_that_compute_their_backward_are_not_said_to_wait_in_ddps_all_reduce() -> None:
+    broadcast = job_stack((f"broadcast ({TORCH}/distributed/distributed_c10d.py:3151)",
+                           f"wrapper ({TORCH}/distributed/c10d_logger.py:83)"), 45, 3)
+    text, a = verdict(*[(r, broadcast if r == 0 else in_backward(3)) for r in range(8)],
+                      states={r: "R" for r in range(1, 8)})
+    assert "DDP all_reduces" not in text and "never match" not in text
+    assert not any(f.kind == "different_collective" and f.confidence == "high" for f in a.findings)
+
+
+def test_a_rank_in_a_collective_an_iteration_behind_holds_the_others_in_the_next() -> None:
+    clip = job_stack((f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+                      f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "clip_norm (/home/alice/fit.py:20)"), 44, 8)
+    ddp = f"{TORCH}/nn/parallel/distributed.py"
+    next_forward = job_stack((f"DistributedDataParallel._sync_buffers ({ddp}:2425)",
+                              f"DistributedDataParallel.forward ({ddp}:1886)"), 34, 9)
+    text, a = verdict(*[(r, clip if r == 4 else next_forward if r == 0 else in_backward(9)) for r in range(8)])
+    assert text.startswith("Rank 4 is 1 iteration behind 6 others in `for step in range(steps)` (fit.py:30) (step=8 vs "
+                           "9): rank 4 is in `all_reduce` called from `clip_norm` (fit.py:20)")
+    assert "Next: find the condition under which rank 4 calls `all_reduce` from `clip_norm` (fit.py:20) in step=8, " \
+        "which the others passed without calling it" in text
+    # rank 0, in the next step's first collective, waits for rank 4 there: no culprit of its own
+    held = [f for f in a.findings if f.ranks == (("node01", 1000),)]
+    assert held and all(f.confidence != "high" for f in held)
