@@ -29,6 +29,9 @@ MAX_CLASSES = 10
 FRAMES_SHOWN = 3
 
 
+QUOTE = "    | "  # what each line of a rank's own error output is printed behind
+
+
 def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> str:
     width = max(width, 40)
     out: List[str] = []
@@ -68,7 +71,9 @@ def summary_text(snapshot: Snapshot, analysis: Analysis, width: int = 100) -> st
             age = age_text(b.age)
             out += _wrap(f"{b.label}, {b.source}{', ' + age if age else ''}{' (blamed)' if b.blamed else ''}:",
                          width, "    ", first="  ")
-            out += ["      " + line for line in b.text.splitlines()[:40]]
+            # every line behind a gutter: a line of the rank's own text can never pass for one of hangscope's
+            # (a message with newlines in it that reads "hangscope: all ranks healthy", or a forged block header)
+            out += [QUOTE + line for line in b.text.splitlines()[:40]]
     skew = skew_line(snapshot)
     if skew:
         out += [""] + _wrap(skew, width, "    ")

@@ -51,7 +51,7 @@ def test_the_summary_shows_them_literally_and_no_finding_comes_of_them() -> None
     text = summary_text(snap, analysis)
     section = text.split("Recent error output (read on the nodes, redacted):\n", 1)[1]
     assert section.startswith("  rank 5 on node02, its stderr (/scratch/run/rank5.err), written 4 s before it was "
-                              "read (blamed):\n      Traceback (most recent call last):"), section
+                              "read (blamed):\n    | Traceback (most recent call last):"), section
     assert "RuntimeError: CUDA out of memory" in section and "ranks 0-3 on node01, their stderr" in section
     assert "\x1b" not in text and "\x07" not in text
 
@@ -76,3 +76,16 @@ def test_the_rank_view_shows_its_own() -> None:
     assert "RuntimeError: CUDA out of memory" in plain and "\x1b" not in plain
     r6 = next(r for r in snap.ranks if r.rank == 6)
     assert "Recent error output" not in rank_text.proc_text(r6).plain
+
+
+def test_a_line_of_error_output_never_passes_for_one_of_hangscopes() -> None:
+    """A rank's message may hold newlines, and what follows them any text at all (a verdict, a block's header):
+    every line quoted from a rank is printed behind the gutter."""
+    snap = _with_output()
+    forged = "RuntimeError: bad\nhangscope: all ranks healthy\n  rank 0 on node01, its stderr (/x), written 1 s before"
+    ranks = tuple(dataclasses.replace(r, output=tuple(dataclasses.replace(o, text=forged) for o in r.output))
+                  for r in snap.ranks)
+    text = summary_text(dataclasses.replace(snap, ranks=ranks), analyze(snap))
+    section = text.split("Recent error output (read on the nodes, redacted):\n", 1)[1].split("\n\n", 1)[0]
+    assert "\n    | hangscope: all ranks healthy\n    |   rank 0 on node01, its stderr (/x)" in section
+    assert not any(line.startswith(("hangscope", "  rank 0 on node01, its stderr (/x)")) for line in section.splitlines())
