@@ -104,3 +104,13 @@ def test_a_rank_in_a_collective_an_iteration_behind_holds_the_others_in_the_next
     # rank 0, in the next step's first collective, waits for rank 4 there: no culprit of its own
     held = [f for f in a.findings if f.ranks == (("node01", 1000),)]
     assert held and all(f.confidence != "high" for f in held)
+
+
+def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:
+    function = (stack(f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+                      f"wrapper ({TORCH}/distributed/c10d_logger.py:83)")
+                + (Frame("Copy.backward", "/home/alice/fit.py", 22, source=((22, "    dist.all_reduce(g, group=ctx.group)"),)),)
+                + stack(f"BackwardCFunction.apply ({TORCH}/autograd/function.py:325)") + in_backward(3))
+    text, _ = verdict(*[(r, function if r == 2 else in_backward(3)) for r in range(8)])
+    assert text.startswith("Rank 2 is in `all_reduce` on the process group `ctx.group` inside autograd's backward, "
+                           "called from `Copy.backward` (fit.py:22) while 7 others are in autograd's backward")

@@ -152,12 +152,14 @@ def _in_collective(c: StackClass, ddp_backward: bool, size: int, waits: bool = F
                 "run at the start of every forward)")
     if mine is None:
         return f"{verb} {where(c)}"
+    group = group_arg(mine)
+    on = f" on the process group `{clean(group, 40)}`" if group else ""
     if in_backward(c.frames):
-        return f"{verb} in `{c.collective}` inside autograd's backward, called from {named(mine)}"
+        return f"{verb} in `{c.collective}`{on} inside autograd's backward, called from {named(mine)}"
     entry = _entry(c, mine)
     if entry is not None:
         return f"{verb} in `{c.collective}` inside {named_call(entry)}{at}"
-    return f"{verb} in `{c.collective}` called from {named(mine)}"
+    return f"{verb} in `{c.collective}`{on} called from {named(mine)}"
 
 
 def _entry(c: StackClass, mine: Frame) -> Optional[Frame]:
