@@ -16,6 +16,14 @@ N+1's batches look the same); the loop variables' values the worker read can (`l
 | the values are the same on both sides | it left the loop in the same iteration (`left_loop`) | by sizes | same iteration, past the inner loop's end: its data ran out first (uneven inputs) |
 | the values differ | it is N iterations behind (or ahead), not out of the loop (`other_iteration`) | by sizes | the others went on into the next iteration and wait there for it: a straggler, or held there |
 | not read (no locals, unreadable) | either reading, and what tells them apart (`left_or_behind`) | at most [medium] | stacks cannot tell a rank that left the loop from one an iteration behind |
+
+A class waiting in a collective at another line of a loop both sides are in (not past its end) is read the same
+way (`_within`): where the loop's values differ, it is N iterations behind or ahead (`other_iteration`); where they
+are the same or unknown, the collectives on both sides speak. A class behind holds every class at the others'
+iteration (whatever they wait in cannot finish without it): those are then no [high] culprit of their own.
+
+A class asleep in autograd's backward with no collective frame below waits in DDP's gradient all_reduce (its Reducer
+runs it from the C++ engine); against a class in another collective, the two never match (`other_collective`).
 """
 
 from __future__ import annotations

@@ -180,6 +180,8 @@ _C10D_LAYER = ("torch/distributed/c10d_logger.py", "torch/distributed/distribute
 
 
 def named_call(f: Frame) -> str:
+    """A library call by its name only (`ZeroRedundancyOptimizer.consolidate_state_dict`): where the job called it
+    from is said beside it."""
     return f"`{clean(f.function, 80)}`"
 
 
@@ -257,8 +259,8 @@ def _past_loop(e: StackEvidence, who: str, verb: str, others: str) -> Tuple[str,
         n = abs(past.delta) if past.delta is not None else None
         side = "in another iteration of" if n is None else ("behind" if (past.delta or 0) < 0 else "ahead of")
         count = f"{_iterations(n)} " if n is not None else ""
-        mine_at = _in_collective(c, False, c.size) if c.collective else f"{verb} {where(c)}"
-        title = (f"{who} {verb} {count}{side} {others} in {outer} ({values}): {who} {mine_at}, they {they}")
+        title = (f"{who} {verb} {count}{side} {others} in {outer} ({values}): {who} {_in_collective(c, False, c.size)}, "
+                 f"they {they}")  # _within reads only a class in a collective
         more = ""
         if c.collective and past.delta is not None and past.delta < 0:
             more = (f". The others passed {who}'s line in their iteration {clean(past.mine, 40)} without stopping "
