@@ -75,7 +75,7 @@ def _writer(cls: Any) -> Any:
     whose type is a plain value (str, int, float, bool, None, a Literal or an Optional of them) is taken as it
     is, every other one goes through to_dict. Field names are identifiers: dataclass fields are."""
     try:
-        hints = field_hints(cls)
+        hints = _hints(cls)
     except Exception:  # hints that do not resolve at run time (names only imported for type checking)
         hints = {}  # then every field goes through to_dict, as it always may
     items = []
@@ -103,8 +103,7 @@ def _plain(tp: Any) -> bool:
 _HINTS_CACHE: dict = {}
 
 
-def field_hints(cls: type) -> dict:
-    """A dataclass's resolved type hints, by field name (cached per class)."""
+def _hints(cls: type) -> dict:
     hints = _HINTS_CACHE.get(cls)
     if hints is None:
         hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
@@ -231,7 +230,7 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
         shared = frames.get(key)
         if shared is not None:
             return shared
-    hints = field_hints(cls)
+    hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:

@@ -25,11 +25,9 @@ import dataclasses
 import functools
 import re
 import secrets
-import typing
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from app.model import Frame, Local, Snapshot, StraceResult
-from app.model.codec import field_hints
 from app.report.redact import Redactor
 from workers.cleartext import (HIDDEN, clear_text, clear_word, foreign, keyed_token, plain_value, share_labelled,
                                share_name, share_text, share_words)
@@ -64,53 +62,20 @@ _SHARED_KINDS = frozenset({Frame, Local})
 
 @functools.lru_cache(maxsize=None)
 def _field_keys(cls: type) -> Tuple[Tuple[str, str], ...]:
-    """A dataclass's fields that can hold something to judge, with the key each is judged by: `Class.field` where
-    _KEPT names it so, else its name. Left out by the type hints: numbers, flags and None (nothing in them to share
-    or hide), and text a kept key keeps as it is (a str, or a tuple of them, under a _KEPT key, but for the tuples
-    _new reads by what they hold, _READ_AS)."""
+    """A dataclass's fields with the key each is judged by: `Class.field` where _KEPT names it so, else its name.
+    Every field, whatever its type hint says: what is judged is decided by the value a field holds (_walker)."""
     kind = cls.__name__
-    try:
-        hints = field_hints(cls)
-    except Exception:  # hints that do not resolve at run time: every field is walked, as it always may be
-        hints = {}
-    out = []
-    for f in dataclasses.fields(cls):
-        key = f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT or f"{kind}.{f.name}" in _NAME_FIELDS else f.name
-        hint = hints.get(f.name)
-        if hint is not None and (_only(hint, _PLAIN_TYPES)
-                                 or (key in _KEPT and key not in _READ_AS and _only(hint, _TEXT_TYPES))):
-            continue
-        out.append((f.name, key))
-    return tuple(out)
-
-
-_PLAIN_TYPES = frozenset({int, float, bool, type(None)})
-# tuples Sharer._new reads by what they hold whatever their key (a source line, a command line, name=value pairs)
-_READ_AS = frozenset({"cmdline", "env", "iteration", "source"})
-_TEXT_TYPES = _PLAIN_TYPES | {str}
-
-
-def _only(tp: Any, types: frozenset) -> bool:
-    """Whether every value of type `tp` is one of `types`, or a tuple of them (Optional, Literal, Tuple[X, ...])."""
-    if tp in types:
-        return True
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return all(type(a) in types for a in typing.get_args(tp))
-    if origin is typing.Union:
-        return all(_only(a, types) for a in typing.get_args(tp))
-    if origin is tuple:
-        return all(a is Ellipsis or _only(a, types) for a in typing.get_args(tp))
-    return False
+    return tuple((f.name, f"{kind}.{f.name}" if f"{kind}.{f.name}" in _KEPT or f"{kind}.{f.name}" in _NAME_FIELDS
+                  else f.name) for f in dataclasses.fields(cls))
 
 
 _WALKERS: Dict[type, Any] = {}  # a dataclass -> its generated walk (_walker)
 
 
 def _walker(cls: type) -> Any:
-    """Sharer._new for one dataclass, generated once from the fields _field_keys keeps (as dataclasses writes
-    __init__): each value judged by its key, the object replaced only where a value changed. Field names are
-    identifiers: dataclass fields are."""
+    """Sharer._new for one dataclass, generated once from its fields (as dataclasses writes __init__): each value
+    judged by its key unless it is a number, a flag or None, the object replaced only where a value changed. Field
+    names are identifiers: dataclass fields are."""
     lines = ["def walk(s, o):", "    ch = None"]
     for name, key in _field_keys(cls):
         if not name.isidentifier():
