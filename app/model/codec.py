@@ -27,24 +27,15 @@ def to_dict(obj: Any) -> Any:
     cls = obj.__class__
     if cls in _SCALARS:  # most values: answered before any other test
         return obj
-    if cls is Frame:
-        shared = getattr(_WRITING, "frames", None)
-        if shared is not None:  # within snapshot_to_json: the decode shares a frame between the ranks on it
-            hit = shared.get(id(obj))
-            if hit is not None and hit[0] is obj:
-                return hit[1]
-            out = _frame_dict(obj)
-            if len(shared) < _FRAMES_TRIED or len(shared) * 2 < _WRITING.uses:
-                shared[id(obj)] = (obj, out)
-            else:  # most frames met once (each rank's locals its own): the table costs more than it saves
-                _WRITING.frames = None
-            _WRITING.uses += 1
-            return out
     try:
         write = _WRITERS[cls]
     except KeyError:  # the first instance of its class
         write = _WRITERS[cls] = _writer(cls) if dataclasses.is_dataclass(cls) else None
     if write is not None:
+        if cls is Frame:
+            shared = getattr(_WRITING, "frames", None)
+            if shared is not None:  # within snapshot_to_json: the decode shares a frame between the ranks on it
+                return _shared_frame(obj, write, shared)
         return write(obj)
     if isinstance(obj, (tuple, list)):
         return [to_dict(x) for x in obj]
@@ -62,11 +53,18 @@ _WRITING = threading.local()
 _FRAMES_TRIED = 4096  # frames the table takes before it is judged: kept while a frame is met twice on average
 
 
-def _frame_dict(frame: Frame) -> Any:
-    write = _WRITERS.get(Frame)
-    if write is None:
-        write = _WRITERS[Frame] = _writer(Frame)
-    return write(frame)
+def _shared_frame(frame: Frame, write: Any, shared: dict) -> Any:
+    """A Frame's dict from the table of this write (_WRITING), made and kept there on its first use."""
+    hit = shared.get(id(frame))
+    if hit is not None and hit[0] is frame:
+        return hit[1]
+    out = write(frame)
+    if len(shared) < _FRAMES_TRIED or len(shared) * 2 < _WRITING.uses:
+        shared[id(frame)] = (frame, out)
+    else:  # most frames met once (each rank's locals its own): the table costs more than it saves
+        _WRITING.frames = None
+    _WRITING.uses += 1
+    return out
 _WRITERS: dict = {}  # class -> its generated writer (_writer), or None for a class that is not a dataclass
 
 

@@ -172,8 +172,7 @@ class Sharer:
         before = dict(self.counts)
         out = [self.text(a) for a in self.net.args(argv)]
         if sum(map(len, key)) <= 65536:
-            self._argvs[key] = (tuple(out), {k: v - before.get(k, 0) for k, v in self.counts.items()
-                                             if v != before.get(k, 0)})
+            self._argvs[key] = (tuple(out), self._since(before))
         return out
 
     def strace(self, output: str) -> str:
@@ -197,12 +196,16 @@ class Sharer:
             out = make()
             if len(s) <= 4096:
                 self._memo[key] = out
-                self._replay[key] = {k: v - before.get(k, 0) for k, v in self.counts.items() if v != before.get(k, 0)}
+                self._replay[key] = self._since(before)
         else:
             replay = self._replay.get(key)
             if replay:
                 self.counts.update(replay)
         return out
+
+    def _since(self, before: Dict[str, int]) -> Dict[str, int]:
+        """What the counts gained since `before` (a copy taken earlier): what a memoised result replays."""
+        return {k: v - before.get(k, 0) for k, v in self.counts.items() if v != before.get(k, 0)}
 
     def _code(self, text: str) -> str:
         """Python-shaped text: names judged as words, literals and comments inside their quotes (a literal or a
@@ -300,8 +303,7 @@ class Sharer:
             return hit[1]
         before = dict(self.counts)
         out = self._new(obj, field)
-        self._objs[key] = (obj, out, {k: v - before.get(k, 0) for k, v in self.counts.items()
-                                      if v != before.get(k, 0)})
+        self._objs[key] = (obj, out, self._since(before))
         return out
 
     def _new(self, obj: Any, field: str) -> Any:
