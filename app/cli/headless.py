@@ -15,7 +15,7 @@ from app.cli.run import WriteError, write_private
 from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
 from app.errors import InputError
 from app.model import CollectOptions, Snapshot, rank_key
-from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_to_json
+from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_json_parts
 
 EXIT_OK, EXIT_PARTIAL, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 3, 130
 MAX_SNAPSHOT_BYTES = 1 << 30  # a snapshot of 100k ranks with locals is a few hundred MB
@@ -184,9 +184,9 @@ def report(snap: Snapshot, *, history: Sequence[Snapshot] = (), snapshot_path: O
             print("hangscope: warning: --raw: the snapshot holds names, paths, command lines, locals and error "
                   "output as collected (only what the pattern rules recognise is masked); do not share it: "
                   "--export writes a bundle that is safe to share", file=sys.stderr)
-            text = snapshot_to_json(red.snapshot(snap), red.tree(analysis.to_dict()), sharing=RAW)
+            text = snapshot_json_parts(red.snapshot(snap), red.tree(analysis.to_dict()), sharing=RAW)
         else:
-            text = snapshot_to_json(share.snapshot(snap), share.tree(analysis.to_dict()), sharing=SHARING)
+            text = snapshot_json_parts(share.snapshot(snap), share.tree(analysis.to_dict()), sharing=SHARING)
         write_private(snapshot_path, text, force=force, inputs=inputs)
         print(f"hangscope: snapshot written to {snapshot_path}" + (" (raw)" if raw else ""), file=sys.stderr)
     if export:

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Awaitable, Iterator, List, NoReturn, Optional, Sequence
+from typing import Awaitable, Iterable, Iterator, List, NoReturn, Optional, Sequence, Union
 
 from app.errors import InputError
 from app.inputs.paths import WriteError, write_file
@@ -30,10 +30,17 @@ class OneLineParser(argparse.ArgumentParser):
 EXIT_INTERRUPTED = 130
 
 
-def write_private(path: str, text: str, *, force: bool = False, inputs: Sequence[str] = (), flag: str = "") -> None:
+def write_private(path: str, text: Union[str, Iterable[str]], *, force: bool = False, inputs: Sequence[str] = (),
+                  flag: str = "") -> None:
     """Write a file 0600 by create-and-rename (app.inputs.paths: never through a symlink, FIFO or device,
-    never over one of `inputs`); lone surrogates a snapshot may carry are written as \\uXXXX escapes."""
-    write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
+    never over one of `inputs`); lone surrogates a snapshot may carry are written as \\uXXXX escapes. Text given
+    as pieces is written as it comes, ~1 MB at a time, never held whole."""
+    if isinstance(text, str):
+        write_file(path, text.encode("utf-8", "backslashreplace"), flag=flag, force=force, inputs=inputs)
+    else:
+        from app.model.codec import encode_pieces  # the model is loaded by whoever hands pieces of a snapshot
+
+        write_file(path, encode_pieces(text, "backslashreplace"), flag=flag, force=force, inputs=inputs)
 
 
 def sigint_ignored() -> bool:

@@ -21,7 +21,7 @@ import errno
 import os
 import secrets
 import stat
-from typing import Collection, Iterable, Optional, Sequence
+from typing import Collection, Iterable, Optional, Sequence, Union
 
 from app.errors import HangscopeError, InputError
 from app.inputs.files import identity
@@ -150,13 +150,17 @@ def _kib(size: int) -> str:
     return f"{-(-size // 1024)} KiB"
 
 
-def write_file(path: str, data: bytes, *, flag: str = "", force: bool, inputs: Sequence[str] = ()) -> None:
+def write_file(path: str, data: Union[bytes, Iterable[bytes]], *, flag: str = "", force: bool,
+               inputs: Sequence[str] = ()) -> None:
     """Write `data` to `path` (0600) by create-and-rename, after checking it once more (it may have changed
     since the up-front check) and that it fits; UnsafeOutputError/OutputExistsError (exit 2) or WriteError
-    (exit 1)."""
+    (exit 1). `data` given as pieces is written as they come, never held whole (a snapshot of 12,500 nodes is
+    ~600 MB): its size is known only once written, so a disk without room for it fails in the write itself,
+    which leaves the earlier file at `path` as it was and no temporary file."""
     check_file(path, flag=flag, force=force, inputs=inputs)
     parent = os.path.dirname(path) or "."
-    check_room(parent, [len(data)], shown=path)
+    if isinstance(data, bytes):
+        check_room(parent, [len(data)], shown=path)
     try:
         dfd = os.open(parent, _OPEN_DIR)
     except OSError as exc:
@@ -173,8 +177,8 @@ def write_file(path: str, data: bytes, *, flag: str = "", force: bool, inputs: S
         os.close(dfd)
 
 
-def write_at(dfd: int, name: str, data: bytes, *, replace: bool, replace_links: bool = False,
-             shown: Optional[str] = None) -> None:
+def write_at(dfd: int, name: str, data: Union[bytes, Iterable[bytes]], *, replace: bool,
+             replace_links: bool = False, shown: Optional[str] = None) -> None:
     """Create-and-rename `name` in the directory open as `dfd`. With replace, an existing REGULAR file of that
     name is replaced (and a symlink, with replace_links: inside a bundle directory of our own the rename replaces
     the link, never writing to its target); anything else there, or anything at all without replace, is left
@@ -186,9 +190,10 @@ def write_at(dfd: int, name: str, data: bytes, *, replace: bool, replace_links: 
     try:
         try:
             os.fchmod(fd, 0o600)  # the umask does not decide who reads a snapshot
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for piece in (data,) if isinstance(data, bytes) else data:
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)  # a full disk can surface only here (delayed allocation)
         finally:
             os.close(fd)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from app import __version__
 from app.model import Snapshot
-from app.model.codec import snapshot_to_json, to_dict
+from app.model.codec import snapshot_json_bytes, to_dict
 from app.report.facts import gather
 from app.report.flame import collapsed, speedscope
 from app.report.html_report import render_html
@@ -107,7 +107,7 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
                                  tests=tests_doc, version=__version__)
     files[REPORT] = page.encode()
     skipped += left_out
-    files[SNAPSHOT] = snapshot_to_json(redacted, analysis_doc, sharing=SHARING).encode()
+    files[SNAPSHOT] = snapshot_json_bytes(redacted, analysis_doc, sharing=SHARING)
     with_stacks = [r for r in redacted.ranks if r.threads]
     flame = red.whole_tree(speedscope(redacted, with_stacks, f"hangscope {__version__}"))
     files[SPEEDSCOPE] = json.dumps(flame, ensure_ascii=False).encode()

@@ -1,11 +1,12 @@
 """Issue 25, lose nothing: a disk without room for the output (it was not full at the up-front check).
 
 Through the real CLI, in a private mount namespace holding a 64 KiB tmpfs with an earlier output on it and 8 KiB
-still free: the up-front check passes (the file system is neither full nor read-only); the output is measured
-before its first byte and refused. What the user relies on: one line naming the path, "no space left" and what
-it needs; exit 1 after a collection, with the data printed on stdout, and exit 2 with --load and that line
-alone (nothing was collected: the output was all there was to do, the loaded file is still there); the earlier
-file at that path unchanged, no partial bundle, no temporary file. A disk that fills during the write itself (after the measure) is the writer's: the earlier file
+still free: the up-front check passes (the file system is neither full nor read-only); a bundle is measured
+before its first byte and refused, a snapshot file (written as it is made, never held whole) fails when the disk
+fills under its temporary name. What the user relies on: one line naming the path and "no space left" (for a
+bundle, what it needs); exit 1 after a collection, with the data printed on stdout, and exit 2 with --load and
+that line alone (nothing was collected: the output was all there was to do, the loaded file is still there); the
+earlier file at that path unchanged, no partial bundle, no temporary file. A disk that fills during the write itself (after the measure) is the writer's: the earlier file
 is unchanged and no temporary file is left (create-and-rename).
 """
 
@@ -104,3 +105,4 @@ def test_a_disk_that_fills_during_the_write_leaves_the_earlier_file_and_no_tempo
                          capture_output=True, text=True, timeout=60, env=dict(os.environ, CODE=code))
     assert res.stderr.strip() == "ENOSPC", res.stderr
     assert res.stdout.split() == ["filler", "out.json", "old"], res.stdout
+

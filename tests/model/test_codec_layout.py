@@ -82,3 +82,61 @@ def test_frames_the_ranks_share_are_written_as_each_rank_holds_them(monkeypatch:
     assert snapshot_to_json(shared) == text
     # written a line at a time, the document is to_dict's
     assert json.loads(text)["snapshot"] == json.loads(json.dumps(to_dict(copied)))
+
+
+def test_a_snapshot_file_is_written_as_it_is_made_never_held_whole(tmp_path: Any) -> None:
+    """--snapshot writes the text as it is produced (at 12,500 nodes x 8 ranks it is ~600 MB, and the text and its
+    bytes held together were over a GB beside the snapshot): the temporary file already holds the first runs
+    while the last ranks are still being converted; the file is the same bytes as the whole text's, its lone
+    surrogates escaped as before wherever the pieces are cut."""
+    import os
+
+    from app.cli.run import write_private
+    from app.model import codec
+
+    ranks = [dataclasses.replace(rank(r, f"node{r // 4 + 1:02d}", ALL_REDUCE), cmdline=("python", "y" * 60_000))
+             for r in range(64)]  # ~4 MB of text
+    ranks[5] = dataclasses.replace(ranks[5], cmdline=("python", "bad\ud800name"))
+    snap = snapshot(ranks)
+    whole = snapshot_to_json(snap)
+    seen: list = []
+
+    def watched() -> Any:
+        for i, piece in enumerate(codec.snapshot_json_parts(snap)):
+            if i % 16 == 0:  # what is already on disk under the temporary name while pieces are still made
+                seen.append(sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path) if n.endswith(".tmp")))
+            yield piece
+
+    out = tmp_path / "out.json"
+    write_private(str(out), watched())
+    assert out.read_bytes() == whole.encode("utf-8", "backslashreplace")
+    assert b"\\ud800" in out.read_bytes() and snapshot_from_json(out.read_text())[0].ranks[5].pid == ranks[5].pid
+    assert len(whole) > 3 << 20 and 1 << 20 <= max(seen) < len(whole)  # runs written while the rest was still being made
+    assert os.listdir(tmp_path) == ["out.json"] and out.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_write_that_fails_part_way_leaves_the_earlier_file_and_no_temporary(tmp_path: Any) -> None:
+    from app.cli.run import write_private
+
+    out = tmp_path / "out.json"
+    out.write_text("old")
+
+    def broken() -> Any:
+        yield "x" * (3 << 20)  # three runs on disk first
+        raise RuntimeError("the analysis failed half-way")
+
+    with pytest.raises(RuntimeError):
+        write_private(str(out), broken(), force=True)
+    assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+@pytest.mark.parametrize("size", [1, 7, 1 << 20])
+def test_the_bytes_do_not_depend_on_where_the_pieces_are_cut(size: int) -> None:
+    from app.model.codec import encode_pieces, snapshot_json_bytes
+
+    text = "a\ud800b\U0001f600\udfffé" * 5
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    assert b"".join(encode_pieces(pieces, "backslashreplace", size)) == text.encode("utf-8", "backslashreplace")
+    snap = snapshot([rank(r, f"nöde{r // 4 + 1:02d}", ALL_REDUCE) for r in range(8)])
+    doc = analyze(snap).to_dict()
+    assert snapshot_json_bytes(snap, doc) == snapshot_to_json(snap, doc).encode()
