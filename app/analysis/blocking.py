@@ -630,6 +630,13 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
     how_name = how[1].operation if how[1] is not None and how is not matches[-1] else ""
     if coll:
         p2p = coll in ("send", "recv", "send/recv")
+        if _held_end(t):
+            # the kernel says what the call waits on: a socket or pipe whose other end is a process that cannot run
+            # (a store's host, a service), whatever the ranks of the group do
+            return ThreadWait("blocked", coll, "socket", "peer", frame=outer_frame, caller=caller, how=how_name,
+                              syscall=t.syscall, wchan=t.wchan, by="kernel_wait", details=_kernel_details(t),
+                              reason="its socket's other end is a process that cannot run until it is resumed",
+                              collective=coll)
         return ThreadWait("blocked", coll, "p2p" if p2p else "collective", "peer_rank" if p2p else "ranks",
                           frame=outer_frame, caller=caller, how=how_name, syscall=t.syscall, wchan=t.wchan,
                           reason=("waits until the peer rank makes the matching call" if p2p else
@@ -645,6 +652,14 @@ def _frame_sites(py: Sequence[Frame], caller: Optional[Frame], t: ThreadStack) -
     # a site that only says "waits" in general (Condition.wait) under the job's own line: a C call on the caller's
     # line may say more (a socket read under selectors is still a socket)
     return _from_site(outer_site, outer_frame, caller, t, how=how_name, by="frame")
+
+
+def _held_end(t: ThreadStack) -> bool:
+    """Whether the node found the blocked call's socket or pipe held at its other end by another process that cannot
+    run (stopped or traced: state T or t): the call waits on that process, not on the ranks of its group."""
+    kw = t.waits
+    return kw is not None and any(o.state in ("T", "t") and not o.own for f in kw.fds
+                                  if f.kind in ("socket", "pipe", "fifo") for o in f.others)
 
 
 _IMPORT_FRAMES = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module", "_ModuleLockManager.__enter__")

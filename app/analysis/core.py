@@ -34,7 +34,7 @@ from app.analysis.network import address_map, network_findings
 from app.analysis.options import AnalysisOptions
 from app.analysis.p2p import p2p_calls, p2p_facts
 from app.analysis.peers import outside_peer_findings, outside_peers
-from app.analysis.processes import launchers_without_ranks, no_data
+from app.analysis.processes import launchers_without_ranks, no_data, one_rendezvous
 from app.analysis.progress import RankProgress, ddp_backward_wait, held_back, progress_facts, slow_nodes, track
 from app.analysis.prose import render
 from app.analysis.prose.graph import name_graph
@@ -177,6 +177,7 @@ def analyze(snapshot: Snapshot, *, history: Sequence[Snapshot] = (),
     """Everything hangscope concludes from one snapshot (and earlier samples of the same job, oldest first).
     A snapshot that holds several jobs is analysed job by job: ranks of one job are never compared with
     another's, and the verdict says which job is hung and which progresses."""
+    snapshot = one_rendezvous(snapshot)
     keys = job_keys(snapshot)
     if len(keys) > 1:
         return _analyze_jobs(snapshot, history, options, keys)

@@ -27,6 +27,7 @@ FactKind = Literal[
     "progressing",  # samples over time show ranks moving: not hung
     "stopped",  # SIGSTOP / job control / tracing stop
     "frozen",  # the cgroup freezer holds the rank
+    "launcher_held",  # a launcher of a job with no rank yet is stopped or traced: the rendezvous waits for it
     "exited",  # a rank is a zombie, or vanished between samples
     "uninterruptible",  # D state: I/O or a driver
     "gpu_fault",  # GPU evidence: a fresh Xid, ECC errors, nvidia-smi hung
@@ -43,9 +44,11 @@ FactKind = Literal[
     "iteration_split",  # same place, different loop iteration
     "launch_differs",  # a few ranks run with other command-line flags than the rest
     "launch_incomplete",  # the launchers' own flags name a node (rank) whose launcher is not running
+    "rendezvous_differs",  # a launcher started with other rendezvous flags than the job's others
     "collective_lag",  # the Flight Recorder shows ranks that issued fewer collectives in a group
     "still_running",  # a few ranks change between samples while the rest are stuck
     "missing_ranks",  # rank numbers expected from WORLD_SIZE / slots not found
+    "unfinished",  # the ranks still running while other nodes' launchers wait in torchrun's exit barrier
     "node_failed",  # a node could not be inspected
     "outside_peer",  # the ranks talk to addresses no inspected node has
     "network_stall",  # sockets retransmitting or peers silent
@@ -80,6 +83,7 @@ KINDS: Dict[str, KindInfo] = {
     "progressing": _K(5, "progress", "ProgressEvidence", moving=True),
     "stopped": _K(0, "state", "StateEvidence", state="stopped", observed=True),
     "frozen": _K(0, "state", "StateEvidence", state="frozen", observed=True),
+    "launcher_held": _K(0, "state", "HeldLauncherEvidence", state="stopped", observed=True),
     "exited": _K(0, "state", "StateEvidence", state="exited", observed=True),
     "uninterruptible": _K(1, "state", "StateEvidence", state="in D state", observed=True),
     "gpu_fault": _K(2, "gpu", "GpuEvidence"),
@@ -96,9 +100,11 @@ KINDS: Dict[str, KindInfo] = {
     "iteration_split": _K(3, "iteration", "IterationEvidence", one_sample=True),
     "launch_differs": _K(3, "launch", "LaunchEvidence", moving=True),
     "launch_incomplete": _K(2, "rendezvous", "LaunchersEvidence"),
+    "rendezvous_differs": _K(2, "rendezvous", "RendezvousEvidence"),
     "collective_lag": _K(2, "flight", "FlightEvidence", one_sample=True),
     "still_running": _K(4, "progress", "ProgressEvidence"),
     "missing_ranks": _K(2, "missing", "MissingEvidence"),
+    "unfinished": _K(2, "exit barrier", "MissingEvidence"),
     "node_failed": _K(5, "node", "NodeEvidence"),
     "outside_peer": _K(4, "outside", "OutsideEvidence"),
     "network_stall": _K(4, "network", "NetworkEvidence", stall=True, explained_by_state=True),

@@ -22,6 +22,7 @@ layer's (prose.graph).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -30,6 +31,7 @@ from app.analysis.facts import KINDS, NOBODY, Confidence, Fact, Who
 from app.analysis.fold import RankKey
 from app.analysis.locks import LockEvidence, lock_edges
 from app.analysis.p2p import P2P, P2PCall, matched
+from app.analysis.processes import HeldLauncherEvidence, held_state
 from app.analysis.release import Link, Party, certain
 from app.analysis.tree import StackClass
 from app.model import JobProcess, RankSnapshot
@@ -218,6 +220,10 @@ class Builder:
             return self.rank_vertex(who.keys, state, f.class_index)
         if who.missing and who.numbers:
             return self.other_vertex("missing", ("numbers", who.numbers[:64]), who)
+        if who.pid is not None and who.nodes:  # a process beside the ranks (a launcher), as processes() names it
+            return self.other_vertex("process", (who.nodes[0], who.pid), who, pid=who.pid,
+                                     name=f.data.launcher.kind if isinstance(f.data, HeldLauncherEvidence)
+                                     else "process", state=state)
         if who.nodes or who.addresses:
             return self.other_vertex("host", ("nodes", who.nodes, who.addresses), who)
         return None
@@ -302,6 +308,10 @@ class Builder:
         a child held by its state is what it waits for. A launcher with no rank below it waits for a rendezvous
         that nodes never joined."""
         suspects = {v.ranks[0]: v.id for v in list(self.vertices.values()) if v.kind == "ranks" and len(v.ranks) == 1}
+        held: Dict[str, List[JobProcess]] = defaultdict(list)  # per job, its launchers without ranks that cannot run
+        for p in processes[:4096]:
+            if p.role == "launcher" and not p.of and held_state(p):
+                held[p.job].append(p)
         for p in processes[:4096]:
             if p.role == "child" and suspects:
                 for rank_pid in p.of:
@@ -317,8 +327,15 @@ class Builder:
             elif p.role == "launcher" and not p.of:
                 vid = self.other_vertex("process", (p.node, p.pid), Who(nodes=(p.node,), pid=p.pid), pid=p.pid,
                                         name=p.kind or "launcher", state=process_state(p))
-                gone = self.other_vertex("missing", ("rendezvous",), NOBODY)
-                self.edge(vid, gone, "rendezvous", "medium")
+                if held_state(p):
+                    continue  # what the rendezvous waits for, not a waiter
+                for q in held.get(p.job, ())[:8]:  # a launcher of the job that cannot run: the rendezvous waits for it
+                    self.edge(vid, self.other_vertex("process", (q.node, q.pid), Who(nodes=(q.node,), pid=q.pid),
+                                                     pid=q.pid, name=q.kind or "launcher", state=process_state(q)),
+                              "rendezvous", "high")
+                if p.job not in held:
+                    gone = self.other_vertex("missing", ("rendezvous",), NOBODY)
+                    self.edge(vid, gone, "rendezvous", "medium")
 
     def finish(self) -> None:
         """The rest of the job: the ranks no other vertex names."""

@@ -13,6 +13,7 @@ from app.analysis.columns import Facts, facts
 from app.analysis.facts import Confidence, Evidence, Fact, Who, nodes_who, ranks_who
 from app.analysis.fold import _span as _fold_span
 from app.analysis.fold import keys_of
+from app.analysis.processes import finished_nodes
 from app.model import ErrorInfo, RankSnapshot, Snapshot
 
 JobId = Tuple[str, Optional[int], Optional[int]]  # (MASTER_ADDR, MASTER_PORT, WORLD_SIZE)
@@ -110,7 +111,7 @@ def failed_nodes(snapshot: Snapshot) -> List[Fact]:
     return out
 
 
-MissingCase = Literal["implausible", "failed", "hosts_short", "exited", "slots"]
+MissingCase = Literal["implausible", "failed", "hosts_short", "exited", "slots", "finished"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,9 @@ class MissingEvidence(Evidence):
     addr: str = ""
     port: Optional[int] = None
     shown: Tuple[RankSnapshot, ...] = ()  # implausible: the ranks that report the WORLD_SIZE
+    finished: Tuple[str, ...] = ()  # finished: the nodes whose launcher waits in torchrun's exit barrier
+    # exited: nodes short of ranks that run no launcher of the job either, while other nodes' launchers run
+    no_launcher: Tuple[str, ...] = ()
 
 
 def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Fact]:
@@ -151,23 +155,39 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Fact]:
         if not gaps:
             continue
         numbers = tuple(islice((n for a, b in gaps for n in range(a, b + 1)), MAX_NUMBERS))
+        no_launcher: Tuple[str, ...] = ()
         local: Counter = Counter(ranks.local_world)
         local.pop(None, None)
         per_node = local.most_common(1)[0][0] if local else None
         conf: Confidence
         short_of: Tuple[Tuple[str, int, int], ...] = ()
-        if failed:
-            case: MissingCase = "failed"
+        done = finished_nodes(snapshot)
+        if done:
+            # their launchers wait in torchrun's exit barrier: the ranks they ran have ended well, and it is the
+            # ranks still here that the job waits for
+            case: MissingCase = "finished"
+            conf, culprit = "high", False
+        elif failed:
+            case = "failed"
             conf, culprit = "low", False
         elif per_node and world > per_node * len(inspected):
             case, conf, culprit = "hosts_short", "low", False
         else:
             short_of = _short_nodes(snapshot, ranks.node, per_node, typical=True)
             case, conf, culprit = "exited", "high", True
+            launched = {p.node for p in snapshot.processes[:4096] if p.role == "launcher"}
+            if len(launched) >= 2:
+                no_launcher = tuple(n for n, _, _ in short_of if n not in launched)
         who = Who(numbers=numbers, nodes=tuple(n for n, _, _ in short_of) if culprit else (), missing=True)
         out.append(Fact("missing_ranks", who, conf,
                         MissingEvidence(case, world, count, tuple(gaps), failed, len(inspected), per_node, short_of,
-                                        addr, port), culprit=culprit))
+                                        addr, port, finished=done, no_launcher=no_launcher), culprit=culprit))
+        if done:
+            # the ranks still running are what the finished nodes' launchers wait for: a lead of their own
+            here = ranks.ranks
+            out.append(Fact("unfinished", ranks_who(keys_of(here), tuple(r.rank for r in here)), "high",
+                            MissingEvidence("finished", world, count, tuple(gaps), failed, len(inspected), per_node,
+                                            short_of, addr, port, finished=done)))
     if not out and any(n.slots for n in snapshot.nodes):
         short_of = _short_nodes(snapshot, [r.node for r in snapshot.ranks], None)
         if short_of:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, Who
@@ -161,6 +161,30 @@ class LaunchersEvidence(Evidence):
 
 
 @dataclass(frozen=True)
+class HeldLauncherEvidence(Evidence):
+    """A job's launcher that cannot run (stopped or traced, state T or t) while the job has no rank: the
+    rendezvous (torchrun's agents meet through a store) needs every node's launcher, so the others wait for it."""
+
+    job: str
+    launcher: JobProcess
+    how: str  # "stopped" or "traced"
+    waiting: Tuple[JobProcess, ...] = ()  # the job's other launchers, which wait in the rendezvous
+    rendezvous: str = ""  # --rdzv-endpoint / --master-addr:--master-port, when given
+
+
+@dataclass(frozen=True)
+class RendezvousEvidence(Evidence):
+    """A launcher started with other rendezvous flags than the job's other launchers (another run id, endpoint,
+    backend or node count): it waits in a rendezvous of its own, and the others wait for a node that never joins
+    theirs. (flag, its value, the others' value) per flag."""
+
+    job: str
+    launcher: JobProcess
+    diff: Tuple[Tuple[str, str, str], ...]
+    others: int  # launchers that agree with each other
+
+
+@dataclass(frozen=True)
 class NoDataEvidence(Evidence):
     ranks: int  # ranks found (without a stack, when > 0)
     failed: int = 0  # nodes that failed
@@ -220,11 +244,99 @@ def launchers_without_ranks(snapshot: Snapshot) -> List[Fact]:
         evidence = LaunchersEvidence(job, tuple(procs), nnodes, tuple(ranks), absent, idle, endpoint)
         nodes = tuple(dict.fromkeys(p.node for p in procs))
         out.append(Fact("launchers_only", Who(nodes=nodes), "high", evidence, culprit=False))
+        for p, diff in odd_launchers(procs):
+            out.append(Fact("rendezvous_differs", Who(nodes=(p.node,), pid=p.pid), "high",
+                            RendezvousEvidence(job, p, diff, len(procs) - 1)))
+        for p in procs:
+            how = held_state(p)
+            if how:  # the kernel's word: a stopped launcher takes no part in the rendezvous the others wait in
+                others = tuple(q for q in procs if q is not p and not held_state(q))
+                out.append(Fact("launcher_held", Who(nodes=(p.node,), pid=p.pid), "high",
+                                HeldLauncherEvidence(job, p, how, others, endpoint)))
         if absent or (nnodes is not None and len(with_launcher) < nnodes and idle):
             # the launchers' own flags say the rendezvous waits for nodes that never started theirs
             out.append(Fact("launch_incomplete", Who(nodes=idle[:max(1, len(absent))] if idle else ()),
                             "high" if absent and idle and len(idle) <= len(absent) else "medium", evidence))
     return out
+
+
+# torchrun's agent (torch.distributed.elastic) waits here, after its worker group succeeded, for every other node's
+# agent to finish too: the ranks it started have ended well (SimpleElasticAgent._exit_barrier)
+_EXIT_BARRIER = ("_exit_barrier", "torch/distributed/elastic/agent/server/api.py")
+
+
+def in_exit_barrier(p: JobProcess) -> bool:
+    """Whether a launcher's dump shows it in torchrun's exit barrier: its own ranks have finished."""
+    return p.role == "launcher" and any(
+        f.function.endswith(_EXIT_BARRIER[0]) and f.filename.replace("\\", "/").endswith(_EXIT_BARRIER[1])
+        for t in p.threads for f in t.frames)
+
+
+def finished_nodes(snapshot: Snapshot) -> Tuple[str, ...]:
+    """The nodes whose launcher of the job waits in torchrun's exit barrier: their ranks have finished."""
+    return tuple(dict.fromkeys(p.node for p in snapshot.processes[:4096] if not p.of and in_exit_barrier(p)))
+
+
+def held_state(p: JobProcess) -> str:
+    """"stopped" or "traced" for a process that cannot run until someone resumes it (SIGSTOP, job control, a
+    tracer's stop), from the node's reading of its hold or its state letter; "" otherwise."""
+    if p.hold is not None:  # the node's reading, which knows a passing stop of hangscope's own tool for what it is
+        return p.hold.kind if p.hold.held and p.hold.kind in ("stopped", "traced") else ""
+    return "stopped" if p.state == "T" else ""
+
+
+# The flags that decide which rendezvous a launcher joins: a node started with another value meets no one (torchrun's
+# --rdzv-* and --nnodes, the static launcher's --master-addr and --master-port); spelled with - or _
+_RENDEZVOUS_KEYS = ("--rdzv-id", "--rdzv-endpoint", "--rdzv-backend", "--nnodes", "--master-addr", "--master-port")
+
+
+def _rendezvous_flags(p: JobProcess) -> Dict[str, str]:
+    from app.analysis.launch import flags
+
+    got = {k.replace("_", "-"): v for k, v in flags(p.cmdline[:256]).items()}
+    return {k: got.get(k, "(not given)")[:100] for k in _RENDEZVOUS_KEYS}
+
+
+def odd_launchers(procs: Sequence[JobProcess]) -> List[Tuple[JobProcess, Tuple[Tuple[str, str, str], ...]]]:
+    """Launchers of one kind whose rendezvous flags differ from what the others (at least two, two thirds or
+    more) agree on: each with (flag, its value, theirs)."""
+    out: List[Tuple[JobProcess, Tuple[Tuple[str, str, str], ...]]] = []
+    by_kind: Dict[str, List[JobProcess]] = defaultdict(list)
+    for p in procs[:4096]:
+        if p.role == "launcher":
+            by_kind[p.kind].append(p)
+    for group in by_kind.values():
+        if len(group) < 3:
+            continue
+        seen = [_rendezvous_flags(p) for p in group]
+        majority: Dict[str, str] = {}
+        for key in _RENDEZVOUS_KEYS:
+            value, n = Counter(f[key] for f in seen).most_common(1)[0]
+            if n >= 2 and n * 3 >= len(group) * 2 and "***" not in value:
+                majority[key] = value
+        for p, f in zip(group, seen):
+            diff = tuple((k, f[k], v) for k, v in majority.items() if f[k] != v and "***" not in f[k])
+            if diff:
+                out.append((p, diff))
+    return out
+
+
+def one_rendezvous(snapshot: Snapshot) -> Snapshot:
+    """Launchers (with no rank yet) that differ from the job's others only by their rendezvous flags are that
+    job's, not jobs of their own: their rendezvous endpoint, which names a job, is the very mistake."""
+    if snapshot.ranks or not snapshot.processes:
+        return snapshot
+    launchers = [p for p in snapshot.processes[:4096] if p.role == "launcher"]
+    if len({p.job for p in launchers}) < 2:
+        return snapshot
+    jobs = Counter(p.job for p in launchers)
+    odd = {(p.node, p.pid) for p, _ in odd_launchers(launchers)}
+    usual = Counter(p.job for p in launchers if (p.node, p.pid) not in odd).most_common(1)
+    if not odd or not usual or any(jobs[p.job] > len(odd) for p in launchers if (p.node, p.pid) in odd):
+        return snapshot
+    job = usual[0][0]
+    return replace(snapshot, processes=tuple(replace(p, job=job) if (p.node, p.pid) in odd else p
+                                             for p in snapshot.processes))
 
 
 def no_data(snapshot: Snapshot) -> Fact:

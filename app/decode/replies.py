@@ -13,7 +13,7 @@ import dataclasses
 import re
 from sys import intern
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from app.errors import hint_for
 from app.model import (CgroupCpu, ErrorInfo, ErrorOutput, Frame, GpuUse, JobProcess, Local, LoopInfo, NodeInfo, PipeReader,
@@ -335,6 +335,23 @@ def launcher_job(p: JobProcess) -> tuple[str, str]:
         local = endpoint.startswith(_LOOPBACK)
         return endpoint + (f" on {p.node}" if local else ""), "the launcher's command line (rendezvous endpoint)"
     return f"{p.kind} pid {p.pid} on {p.node}", "launcher process"
+
+
+def process_jobs(procs: Sequence[JobProcess], ranks: Sequence[RankSnapshot]) -> list[tuple[str, str]]:
+    """Each process's job and why: the job of the ranks it serves; a launcher with none, the job of the launchers
+    that share its rendezvous and still serve ranks (torchrun's agent whose ranks have ended waits in its exit
+    barrier: the same job, not a second one), else its own command line's (launcher_job)."""
+    jobs = {(r.node, r.pid): (r.job, r.job_evidence) for r in ranks}
+    served = [next((jobs[(p.node, pid)] for pid in p.of if (p.node, pid) in jobs), None) for p in procs]
+    by_rendezvous = {launcher_job(p)[0]: job for p, job in zip(procs, served)
+                     if p.role == "launcher" and job is not None and job[0]}
+    out = []
+    for p, job in zip(procs, served):
+        if job is None or not job[0]:
+            job = launcher_job(p) if p.role == "launcher" else ("", "")
+            job = by_rendezvous.get(job[0], job)
+        out.append(job)
+    return out
 
 
 def with_job(r: RankSnapshot) -> RankSnapshot:

@@ -806,15 +806,9 @@ class Session:
 
     def _processes(self, ranks: Sequence[RankSnapshot]) -> tuple[JobProcess, ...]:
         """The jobs' other processes, each with the job of the ranks it serves (its command line's otherwise)."""
-        jobs = {(r.node, r.pid): (r.job, r.job_evidence) for r in ranks}
-        out = []
-        for n in self._nodes:
-            for p in n.processes.values():
-                job = next((jobs[(p.node, pid)] for pid in p.of if (p.node, pid) in jobs), None)
-                if job is None or not job[0]:
-                    job = replies.launcher_job(p) if p.role == "launcher" else ("", "")
-                out.append(dataclasses.replace(p, job=job[0], job_evidence=job[1]))
-        return tuple(out)
+        procs = [p for n in self._nodes for p in n.processes.values()]
+        return tuple(dataclasses.replace(p, job=job, job_evidence=evidence)
+                     for p, (job, evidence) in zip(procs, replies.process_jobs(procs, ranks)))
 
     def _build(self, taken_at: float, duration: float, *, interrupted: bool) -> Snapshot:
         ranks = self._ranks()

@@ -82,3 +82,20 @@ def test_the_skew_line_says_how_far_apart_the_dumps_started_and_flags_a_large_on
     assert "large" not in line
     assert "large" in skew_line(Snapshot(taken_at=0.0, ranks=ranks, dump_skew=LARGE_SKEW + 0.5))
     assert skew_line(Snapshot(taken_at=0.0, ranks=ranks[:1])) == ""
+
+
+def test_a_launcher_whose_ranks_have_ended_stays_in_the_job_of_its_rendezvous() -> None:
+    from app.decode.replies import process_jobs
+
+    def launcher(node: str, pid: int, of: tuple, endpoint: str = "10.9.0.3:7000") -> JobProcess:
+        return JobProcess(node=node, pid=pid, start_time=1, role="launcher", kind="torchrun", of=of,
+                          cmdline=("torchrun", f"--rdzv_endpoint={endpoint}", "fit.py"))
+
+    ranks = (rank(50, 4, 40, node="n2", job="10.9.0.3:7123"),)
+    procs = [launcher("n1", 40, ()), launcher("n2", 40, (50,)), launcher("n3", 41, ()),
+             launcher("n4", 42, (), endpoint="10.9.0.8:7000")]
+    jobs = [job for job, _ in process_jobs(procs, ranks)]
+    # the agents in their exit barrier (no rank left) are the job of the one that still serves a rank; another
+    # rendezvous stays a job of its own
+    assert jobs == ["10.9.0.3:7123", "10.9.0.3:7123", "10.9.0.3:7123", "10.9.0.8:7000"]
+    assert [job for job, _ in process_jobs(procs, ())] == ["10.9.0.3:7000"] * 3 + ["10.9.0.8:7000"]

@@ -70,7 +70,8 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
             "gpu_fault": "GPU fault", "nccl_ras": "NCCL RAS", "native_call": "native call does not return",
             "gil_held": "holds the GIL in native code", "pipe_write": "blocked writing to a full pipe",
             "still_running": "still moving", "node_failed": "node not inspected", "thread_count": "thread count",
-            "launch_incomplete": "node ranks without a launcher"}.get(k, k.replace("_", " "))
+            "launch_incomplete": "node ranks without a launcher", "launcher_held": "launcher stopped",
+            "rendezvous_differs": "other rendezvous flags"}.get(k, k.replace("_", " "))
 
 
 def _past(e: "StackEvidence") -> str:

@@ -24,7 +24,7 @@ from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_nodes
 from app.analysis.frames import clean, group_arg, named
 from app.analysis.graph import WaitGraph
-from app.analysis.health import StateEvidence
+from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
@@ -84,7 +84,8 @@ def _wait_sentence(c: Culprit, total: int) -> str:
 
 # Facts that say where a rank is (its stack, its iteration, its sequence numbers), not what it waits for: the
 # culprit's own wait adds that
-_POSITIONAL = ("minority_stack", "different_collective", "iteration_split", "collective_lag", "still_running")
+_POSITIONAL = ("minority_stack", "different_collective", "iteration_split", "collective_lag", "still_running",
+               "unfinished")
 
 
 def _positional(f: Fact) -> bool:
@@ -158,7 +159,8 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if step:
             return step
     root = graph.vertex(graph.root[0]) if graph.root and not graph.deadlock else None
-    if root is not None and root.kind == "process" and root.pid is not None:  # a child the culprit waits on
+    if root is not None and root.kind == "process" and root.pid is not None and best.kind != "rendezvous_differs":
+        # a child the culprit waits on, a launcher that cannot run (one started with other flags runs well)
         node = clean(root.nodes[0], 60) if root.nodes else "its node"
         if root.state == "stopped":
             return f"`kill -CONT {root.pid}` on {node} resumes it; hangscope left it as it was"
@@ -194,6 +196,10 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     "does not show the freezer's cgroup)")
         return clean((todo + (" resumes it" if k == "stopped" and todo else "")) if todo else
                      "resume it (SIGCONT, or thaw its cgroup)", 300) + "; hangscope left it as it was"
+    if k == "missing_ranks" and best.culprit and isinstance(e, MissingEvidence) and e.no_launcher:
+        gone = fold_nodes(e.no_launcher)
+        return (f"find why the launcher on {gone} exited: its output or log (a worker that fails at every start uses "
+                "up --max-restarts), and `dmesg` there for the OOM killer; then restart the job")
     if k == "exited" or (k == "missing_ranks" and best.culprit):
         return f"find why {who} exited: its log, and `dmesg` on its node for the OOM killer; then restart the job"
     if k == "uninterruptible":
@@ -280,6 +286,19 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                 f"`cat /proc/{pid}/stack` shows the kernel side")
     if k == "launch_differs":
         return "start every rank with the same training flags"
+    if k == "launcher_held":
+        proc = getattr(e, "launcher", None)
+        if proc is not None and getattr(e, "how", "") == "traced":
+            return (f"detach the tracer from pid {proc.pid} on {clean(proc.node, 60)} (quit the debugger) to resume "
+                    "it; hangscope left it as it was")
+        if proc is not None:
+            return f"`kill -CONT {proc.pid}` on {clean(proc.node, 60)} resumes it; hangscope left it as it was"
+    if k == "rendezvous_differs":
+        proc = getattr(e, "launcher", None)
+        if proc is not None:
+            return (f"restart the launcher on {clean(proc.node, 60)} with the job's rendezvous flags (those of the "
+                    "other nodes' launchers; the scheduler's or the launch script's line for that node is where it "
+                    "differs)")
     if k == "launch_incomplete":
         return "start the missing node's launcher (same rendezvous, its --node-rank), or find why it exited"
     if k == "outside_peer":

@@ -246,6 +246,43 @@ def launchers_text(f: Fact) -> Text:
             "reach the rendezvous endpoint")
 
 
+def launcher_held_text(f: Fact) -> Text:
+    from app.analysis.fold import fold_nodes
+    from app.analysis.processes import HeldLauncherEvidence
+
+    e = f.data
+    assert isinstance(e, HeldLauncherEvidence)
+    p = e.launcher
+    how = "stopped (SIGSTOP or job control)" if e.how == "stopped" else "stopped by a tracer"
+    at = f" at {clean(e.rendezvous, 80)}" if e.rendezvous else ""
+    nodes = sorted({q.node for q in e.waiting})
+    waiting = (f"; {len(e.waiting)} launcher{'s' if len(e.waiting) != 1 else ''} on {fold_nodes(nodes)} wait in the "
+               f"rendezvous{at} for it" if e.waiting else "")
+    title = f"the launcher on {p.node} ({p.kind} pid {p.pid}) is {how} while its job has no rank yet{waiting}"
+    detail = (f"job {e.job or 'unidentified'}: a rendezvous round (torchrun's agents, meeting through the job's "
+              "store) completes only when every node's launcher takes part; a stopped one does not, so no rank "
+              "starts on any node. hangscope left it as it was")
+    return (clean(title, 400), clean(detail, 400),
+            f"the kernel reports the launcher {e.how} (state {'T' if e.how == 'stopped' else 't'}), and no rank "
+            "of its job exists yet")
+
+
+def rendezvous_text(f: Fact) -> Text:
+    from app.analysis.processes import RendezvousEvidence
+
+    e = f.data
+    assert isinstance(e, RendezvousEvidence)
+    p = e.launcher
+    flags = ", ".join(f"{k} {clean(mine, 60)} where the others have {clean(theirs, 60)}" for k, mine, theirs in e.diff[:3])
+    title = (f"the launcher on {p.node} ({p.kind} pid {p.pid}) was started with {flags}: it waits in a rendezvous "
+             f"of its own, and the {e.others} other launchers wait for a node that never joins theirs")
+    detail = (f"job {e.job or 'unidentified'}: a launcher joins the rendezvous its flags name (--rdzv-endpoint, "
+              "--rdzv-id, --rdzv-backend, --nnodes; --master-addr and --master-port for a static one); one started "
+              "with another value meets no one, and no rank starts anywhere")
+    return (clean(title, 400), clean(detail, 400),
+            "the launchers' own command lines differ in the flags that name their rendezvous")
+
+
 def no_data_text(f: Fact) -> Text:
     from app.analysis.processes import NoDataEvidence
 

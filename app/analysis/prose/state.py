@@ -180,6 +180,20 @@ def missing_text(f: Fact) -> Text:
                 "nodes hold fewer rank processes than the slots given for them in the hosts input.",
                 "the expected count comes from the hosts input, not from the job")
     label = missing_label(e)
+    if e.case == "finished":
+        nodes = fold_nodes(e.finished)
+        barrier = (f"their launchers on {nodes} wait in torchrun's exit barrier, which an agent enters once its "
+                   "ranks have all ended well, for the rest of the job to finish too")
+        if f.kind == "unfinished":
+            who = who_short(f.who)
+            one = len(f.who.keys) == 1
+            return (f"{who} {'has' if one else 'have'} not finished while {label} of {e.world} "
+                    f"{'has' if e.count == 1 else 'have'} (their launchers on {nodes} wait for "
+                    f"{'it' if one else 'them'} in torchrun's exit barrier)",
+                    f"{label} ended well: {barrier}. What {who} {'does' if one else 'do'} is what the job waits for",
+                    "the launchers' own stacks put them in the exit barrier")
+        return (f"{label} have finished (WORLD_SIZE={e.world})", f"{barrier}.",
+                "the launchers' own stacks put them in the exit barrier")
     title = f"{label} not found (WORLD_SIZE={e.world})"
     if e.case == "failed":
         detail = f"{fold_nodes(e.failed)} could not be inspected; the missing ranks are probably there"
@@ -195,6 +209,12 @@ def missing_text(f: Fact) -> Text:
                   "a rank that exited (crashed, killed, OOM) leaves the others waiting for it forever")
         if e.short_of:
             detail += f"; nodes with fewer ranks than the others: {short_of_text(e)}"
+        if e.no_launcher:
+            gone = fold_nodes(e.no_launcher)
+            title += (f": {gone} {'runs' if len(e.no_launcher) == 1 else 'run'} neither them nor a launcher of the job, "
+                      "while the other nodes' launchers run: its launcher has exited too")
+            detail += (f"; no launcher of the job runs on {gone}: a launcher that has used up its restarts (a worker "
+                       "that fails at every start), was killed, or failed itself takes its ranks with it")
         reason = "every node answered and the rank is not among the processes"
     if e.addr:
         detail += f" (job {clean(e.addr, 80)}:{e.port})"
