@@ -17,6 +17,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, ranks_who
 from app.model import RankSnapshot, rank_key
+from workers.redact import redact_argv
 
 _CMDLINE = attrgetter("cmdline")
 _PER_RANK = re.compile(r"^-*(local[-_]?rank|node[-_]?rank|rank|group[-_]?rank|local[-_]?world[-_]?size|"
@@ -66,7 +67,9 @@ def launch_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
         by_cmdline.setdefault(cmdline, []).append(r)
     if len(by_cmdline) < 2:
         return []
-    parsed = {c: flags(c) for c in by_cmdline if c}
+    # read through the pattern net first: a value it knows for a secret (`--password X`, a token) becomes `***`,
+    # which no comparison shows (a snapshot file may hold a command line as it was typed)
+    parsed = {c: flags(redact_argv(c)) for c in by_cmdline if c}
     if len(parsed) < 2:
         return []
     total = sum(len(by_cmdline[c]) for c in parsed)

@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
+import io
+import os
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence, TextIO
+from typing import BinaryIO, List, Optional, Sequence, TextIO
 
 from app.cli.run import WriteError, write_private
-from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
+from app.inputs.files import InputFileError, open_input, stdin_problem
 from app.errors import InputError
 from app.model import CollectOptions, Snapshot, rank_key
 from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_json_parts
@@ -271,6 +273,24 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     return EXIT_OK
 
 
+def _read_snapshot(stream: BinaryIO, path: str) -> bytes:
+    """At most MAX_SNAPSHOT_BYTES + 1 bytes of a snapshot, held once; refused at its first chunk when that does not
+    begin a JSON object (a file of zeros or of another format costs one read, not a gigabyte)."""
+    out = io.BytesIO()
+    begun = False
+    while out.tell() <= MAX_SNAPSHOT_BYTES:
+        chunk = stream.read(min(1 << 20, MAX_SNAPSHOT_BYTES + 1 - out.tell()))
+        if not chunk:
+            break
+        if not begun:
+            head = chunk.lstrip()
+            if head and head[:1] != b"{":
+                raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
+            begun = bool(head)
+        out.write(chunk)
+    return out.getvalue()
+
+
 def load_snapshot(path: str) -> Snapshot:
     """Read a snapshot file ('-': stdin); every way it can be wrong is an InputError naming the file, and a
     file that is not a regular file (a FIFO, a device, a directory) is refused before it is opened."""
@@ -279,16 +299,17 @@ def load_snapshot(path: str) -> Snapshot:
             problem = stdin_problem()
             if problem or sys.stdin is None:
                 raise InputError(f"--load -: {problem or 'stdin is closed'}")
-            data = read_bounded(sys.stdin.buffer, MAX_SNAPSHOT_BYTES)
+            data = _read_snapshot(sys.stdin.buffer, path)
         else:
             with open_input(path, what="snapshot", stdin_ok=True) as f:  # bounded: a 100 GB file must not fill the memory
-                data = read_bounded(f, MAX_SNAPSHOT_BYTES)
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_SNAPSHOT_BYTES:  # known before a byte is read (a sparse file of 8 GB reads as zeros)
+                    raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
+                data = _read_snapshot(f, path)
     except InputFileError as exc:
         raise InputError(f"--load {exc.path}: {exc.reason}") from None
     except OSError as exc:
         raise InputError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
-    if data.lstrip()[:1] not in (b"{", b""):
-        raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
     if len(data) > MAX_SNAPSHOT_BYTES:
         raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
     try:

@@ -213,6 +213,14 @@ def _freeze(value: Any) -> Any:
 T = typing.TypeVar("T")
 
 
+# Integers a process or a count cannot be below, by field name wherever it occurs: a process id is positive (a pid
+# of 0 or -5 would name no process, or in a command hangscope suggests, a process group); counts and sizes are
+# not negative. Other integers (a rank, a time, a delta) are only bounded to 64 bits.
+AT_LEAST = {"pid": 1, "tid": 1, "num_threads": 0, "ppid": 0, "tracer_pid": 0,
+             "world_size": 0, "local_world_size": 0, "rss": 0, "fds_total": 0, "send_q": 0, "recv_q": 0,
+             "bytes_acked": 0, "bytes_received": 0, "retransmits": 0, "slots": 0, "ranks_found": 0}
+
+
 def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None) -> T:
     """Build a dataclass from to_dict()'s output; unknown keys (from newer versions) are ignored.
 
@@ -234,7 +242,10 @@ def from_dict(cls: typing.Type[T], data: dict, *, _frames: Optional[dict] = None
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
             try:
-                kwargs[f.name] = _convert(hints[f.name], data[f.name], frames)
+                value = kwargs[f.name] = _convert(hints[f.name], data[f.name], frames)
+                low = AT_LEAST.get(f.name)
+                if low is not None and value.__class__ is int and value < low:
+                    raise _Invalid(f"{value} is out of range (at least {low})")
             except _Invalid as exc:
                 exc.path.insert(0, f.name)
                 raise
@@ -331,19 +342,34 @@ def dumps_lines(doc: Any, levels: int = 3) -> str:
     return "".join(_parts(doc, levels))
 
 
+# Characters JSON leaves raw with ensure_ascii=False that a terminal or an editor acts on: DEL and the C1 controls
+# (U+009B is an 8-bit CSI), the line separators and the bidirectional controls. They occur only inside strings,
+# where \uXXXX is the same value: a file `cat` shows is inert (C0 controls JSON escapes itself).
+_ACTIVE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: "re.Match[str]") -> str:
+    return "\\u%04x" % ord(m.group())
+
+
+def inert(text: str) -> str:
+    """JSON text with the characters of _ACTIVE written as \\uXXXX escapes (the same JSON value)."""
+    return _ACTIVE.sub(_escape, text) if _ACTIVE.search(text) else text
+
+
 def _parts(value: Any, levels: int, depth: int = 0) -> Iterator[str]:
     """dumps_lines's text, a piece at a time (below `levels`, a whole entry a piece)."""
     if value.__class__ is _Model:
         value = to_dict(value.value) if depth >= levels else _one_level(value.value)
     if depth >= levels or not isinstance(value, (dict, list)) or not value:
-        yield _ONE_LINE.encode(value)
+        yield inert(_ONE_LINE.encode(value))
         return
     pad = "\n" + " " * (depth + 1)
     if isinstance(value, dict):
         yield "{"
         for i, (key, item) in enumerate(value.items()):
-            yield ("," if i else "") + pad + (_ONE_LINE.encode(key) if isinstance(key, str)
-                                               else f'"{_ONE_LINE.encode(key)}"') + ": "
+            yield ("," if i else "") + pad + inert(_ONE_LINE.encode(key) if isinstance(key, str)
+                                                     else f'"{_ONE_LINE.encode(key)}"') + ": "
             yield from _parts(item, levels, depth + 1)
     else:
         yield "["

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from app import __version__
 from app.model import Snapshot
-from app.model.codec import snapshot_json_bytes, to_dict
+from app.model.codec import inert, snapshot_json_bytes, to_dict
 from app.report.facts import gather
 from app.report.flame import collapsed, speedscope
 from app.report.html_report import render_html
@@ -110,10 +110,10 @@ def build_bundle(snapshot: Snapshot, analysis: Optional["Analysis"], *, history:
     files[SNAPSHOT] = snapshot_json_bytes(redacted, analysis_doc, sharing=SHARING)
     with_stacks = [r for r in redacted.ranks if r.threads]
     flame = red.whole_tree(speedscope(redacted, with_stacks, f"hangscope {__version__}"))
-    files[SPEEDSCOPE] = json.dumps(flame, ensure_ascii=False).encode()
+    files[SPEEDSCOPE] = inert(json.dumps(flame, ensure_ascii=False)).encode()
     files[COLLAPSED] = red.whole(collapsed(with_stacks)).encode()
     if tests_doc is not None:
-        files[TESTS] = json.dumps(tests_doc, indent=1, ensure_ascii=False).encode()
+        files[TESTS] = inert(json.dumps(tests_doc, indent=1, ensure_ascii=False)).encode()
 
     created = time.time() if now is None else now
     manifest = _manifest(redacted, created, files, red, skipped, history, tests_doc is not None)
@@ -134,7 +134,7 @@ def _manifest(snapshot: Snapshot, created: float, files: Mapping[str, bytes], re
     if dict(red.counts) != before:
         doc["redactions"]["by_rule"] = red.summary()
         doc["redactions"]["total"] = sum(red.counts.values())
-    return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+    return (inert(json.dumps(doc, indent=1, ensure_ascii=False)) + "\n").encode()
 
 
 def _tests_doc(tests: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Literal, Tuple, Union
 
 from app import model
 from app.model import SCHEMA_NAME, SCHEMA_VERSION, Snapshot
+from app.model.codec import AT_LEAST
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # The analysis section, described at its top level only: it is a record of conclusions, not input data.
@@ -97,6 +98,9 @@ def _define(cls: type, defs: Dict[str, Any], docs: Dict[Tuple[str, str], str]) -
         required: List[str] = []
         for f in dataclasses.fields(cls):
             prop = _type_schema(hints[f.name], defs, docs)
+            low = AT_LEAST.get(f.name)
+            if low is not None and prop.get("type") in ("integer", ["integer", "null"]):
+                prop = {**prop, "minimum": low}
             doc = docs.get((name, f.name))
             if doc:
                 prop = {**prop, "description": doc}

@@ -50,10 +50,13 @@ _KEPT = frozenset({
     "function", "module", "variables", "counters",  # code
     "node", "job", "master_addr", "address", "hostname", "peer_names",  # the job's identifiers
     "kind", "role", "state", "code", "phase", "found_by", "launcher", "status", "via", "format", "smi",
-    "xid_source", "stopped_by", "freezer", "freezer_state", "source", "version", "hangscope_version",
+    "xid_source", "stopped_by", "freezer", "freezer_state", "source", "hangscope_version",
     "gpu_evidence", "blocked_in", "syscall", "wchan", "top", "errors", "uuid", "bus_id", "hash",
-    "NodeStatus.name", "ToolInfo.name", "GpuUse.name", "GpuHealth.name",
+    "NodeStatus.name", "ToolInfo.name",
 })
+# Not kept, though they read like vocabulary: a tool's version line, a GPU's model name and a freezer's cgroup are
+# text a node (or a crafted snapshot file) writes, judged word by word like any other (`NVIDIA H100 80GB HBM3`,
+# `py-spy 0.4.3` stay; a token put in them does not)
 _PLAIN = frozenset({int, float, bool})
 # What the decode shares between the ranks on the same stack (app/decode/replies.py interns them): judged once
 # each (Sharer._once) rather than once per rank; a thread's frames tuple is shared the same way.

@@ -18,6 +18,7 @@ from app.analysis.processes import skew_line, tree_lines
 from app.analysis.prose.graph import graph_lines
 from app.analysis.prose.graph import shown as shown_graphs
 from app.model import CollectOptions, Snapshot
+from app.printable import clean
 from app.report.facts import Facts, frame_line, main_frames
 from app.report.manifest import iso
 from app.report.markup import VALUE, md, md_block, md_cell, md_code, md_code_cell, md_sentence, strip
@@ -151,7 +152,7 @@ def _culprit(facts: Facts) -> List[str]:
         return out + ["No stack was collected from it.", ""]
     out.append(f"Stack of {md(r.label)} on {md(r.node)} (pid {r.pid}, state {md(r.state or '?')}), "
                "innermost frame first:")
-    out += ["", md_block("\n".join(frame_line(f) for f in main_frames(r)) or "(no frames)"), ""]
+    out += ["", md_block("\n".join(one_line(frame_line(f)) for f in main_frames(r)) or "(no frames)"), ""]
     if facts.diff is not None:
         out += _diff(facts.diff)
     return out
@@ -187,7 +188,8 @@ def _classes(analysis: "Analysis", red: Sharer, facts: Facts) -> List[str]:
     stacks = []
     for c in analysis.classes[:MAX_CLASSES]:
         stacks.append(f"Class {c.index + 1}: {md(red.text(c.label), 400)}\n\n"
-                      + md_block(red.text("\n".join(f"{f.function} ({f.location})" for f in reversed(c.frames)))))
+                      + md_block(red.text("\n".join(one_line(f"{f.function} ({f.location})")
+                                                    for f in reversed(c.frames)))))
     return out + _details("Stacks of every class (innermost frame first)", "\n\n".join(stacks)) + [""]
 
 
@@ -201,11 +203,17 @@ def _tree_text(tree: "StackTree", red: Sharer) -> str:
         if node.frame is not None:
             f = node.frame
             end = f"   <- {tree.label(node)}" if node.ends else ""
-            lines.append(f"{node.count:>6}  {'  ' * depth}{f.function} ({f.location}){end}")
+            lines.append(one_line(f"{node.count:>6}  {'  ' * depth}{f.function} ({f.location}){end}"))
         todo.extend((child, depth + (node.frame is not None)) for child in reversed(node.children))
     if len(lines) >= TREE_LINES:
         lines.append(f"... cut at {TREE_LINES} lines; report.html has the whole tree")
     return red.text("\n".join(lines))
+
+
+def one_line(text: str) -> str:
+    """A line of a code block made of remote names: a newline or other control character in a function's or a
+    file's name is shown (␊), never a line of its own (a line that would read as hangscope's or as Markdown)."""
+    return clean(text, None)
 
 
 def _details(summary: str, body: str) -> List[str]:

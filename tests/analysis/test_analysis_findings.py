@@ -117,7 +117,8 @@ def test_a_rank_missing_from_world_size_on_healthy_nodes() -> None:
     assert top.kind == "missing_ranks" and top.confidence == "high" and top.culprit
     assert top.title == "rank 6 not found (WORLD_SIZE=8)"
     assert "exited" in top.detail and "node02: 3 of 4" in top.detail  # LOCAL_WORLD_SIZE unknown: slots
-    assert a.verdict == ("Rank 6 not found (WORLD_SIZE=8). Next: find why rank 6 exited: its log, and `dmesg` on its "
+    assert a.verdict == ("Rank 6 not found (WORLD_SIZE=8); the other 7 ranks wait for it in `all_reduce`. "
+                         "Next: find why rank 6 exited: its log, and `dmesg` on its "
                          "node for the OOM killer; then restart the job.")
 
 

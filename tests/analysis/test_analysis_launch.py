@@ -72,3 +72,11 @@ def test_a_slow_node_launched_with_other_flags_says_the_flags_are_why() -> None:
     assert "likely reason; launch every node with the same flags" in said.detail
     assert (said.kind, said.confidence, said.ranks) == ("slow_node", "high", node04)
     assert before_graph([slow], ()) == [slow]
+
+def test_a_secret_a_command_line_holds_as_typed_is_never_a_difference_shown() -> None:
+    """A snapshot file (or a node without the node's redaction) may hold a command line as it was typed: the flags
+    are read through the pattern net, so `--password VALUE` on one rank is `***` there and no difference at all."""
+    typed = (*TRAIN, "--password", "Kestrel-Umber-Quartz-417", "--hub-token=hf_q8ZtV2mWn4LpR7sK1xYcB6dF3gH9jA0e")
+    findings = analyze(snapshot(launched({5: typed}))).findings
+    assert not [f for f in findings if f.kind == "launch_differs"]
+    assert not any("Kestrel" in f.title + f.detail or "hf_q8Z" in f.title + f.detail for f in findings)

@@ -456,7 +456,8 @@ def test_summaries_say_it_in_plain_words() -> None:
     texts = {name: " ".join(summary_text(load(name)[0], analysed(name), width=120).split()) for name in SCENARIOS}
     assert texts["skip"].startswith("hangscope: Rank 2 is 1 iteration ahead (step=4 vs 3)")
     assert "iterations: step=3: ranks 0-1,3; step=4: rank 2" in texts["skip"]
-    assert texts["die"].startswith("hangscope: Rank 3 not found (WORLD_SIZE=4).")
+    assert texts["die"].startswith("hangscope: Rank 3 not found (WORLD_SIZE=4); the other 3 ranks wait for it in "
+                                      "`all_reduce`.")
     assert texts["netcut"].startswith("hangscope: Every stalled socket involves node02")
     assert texts["healthy"].startswith("hangscope: The job is progressing")
     assert "Progress over samples: 4 ranks stuck for up to" in texts["skip"]

@@ -307,6 +307,18 @@ def test_dev_zero_as_snapshot_is_refused_at_its_first_bytes(tmp_path: Path) -> N
     assert "Traceback" not in res.stderr and elapsed <= MARGIN
 
 
+def test_a_snapshot_file_larger_than_the_bound_is_refused_before_a_byte_is_read(tmp_path: Path) -> None:
+    """A sparse 8 GiB file (or any file past the bound) is refused by its size, under the memory limit: reading it
+    to the bound first took ~2 GB."""
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(8 << 30)
+    res, elapsed = hangscope("--load", str(big), "--print", limit_memory=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert f"bad input: {big} is larger than 1024 MiB: not a hangscope snapshot" in res.stderr
+    assert "Traceback" not in res.stderr and elapsed <= MARGIN
+
+
 @pytest.mark.parametrize("text, expect", [
     ("[" * 100_000 + "]" * 100_000, " is not a hangscope snapshot (not JSON: it does not start with an object)"),
     ('{"schema": "hangscope.snapshot", "snapshot": ' + '{"a": ' * 100_000 + "1" + "}" * 100_001,
@@ -327,6 +339,10 @@ def test_deeply_nested_json_is_bad_input_not_a_traceback(tmp_path, text, expect)
     ("world_size", [4], "snapshot.ranks[1].world_size: expected an integer, got an array"),
     ("collected", 1, "snapshot.ranks[1].collected: expected true or false, got 1"),
     ("threads", {}, "snapshot.ranks[1].threads: expected an array, got an object"),
+    # a process id names a process only when positive; a count is never negative
+    ("pid", -5, "snapshot.ranks[1].pid: -5 is out of range (at least 1)"),
+    ("pid", 0, "snapshot.ranks[1].pid: 0 is out of range (at least 1)"),
+    ("num_threads", -1, "snapshot.ranks[1].num_threads: -1 is out of range (at least 0)"),
 ])
 def test_a_field_of_the_wrong_type_is_refused_naming_where(tmp_path, field, value, expect) -> None:
     f = tmp_path / "snap.json"
@@ -361,7 +377,8 @@ def test_the_loader_accepts_what_the_published_schema_accepts_and_refuses_what_i
     good = json.loads(f.read_text())
     jsonschema.validate(good, schema)
     snapshot_from_json(json.dumps(good))
-    for field, value in [("pid", "abc"), ("world_size", [4]), ("collected", 1), ("threads", {})]:
+    for field, value in [("pid", "abc"), ("world_size", [4]), ("collected", 1), ("threads", {}), ("pid", 0),
+                         ("num_threads", -1)]:
         bad = json.loads(f.read_text())
         bad["snapshot"]["ranks"][1][field] = value
         with pytest.raises(jsonschema.ValidationError):

@@ -117,7 +117,8 @@ def test_die_names_the_rank_that_is_gone(die: Case) -> None:
     assert first["title"] == "rank 3 not found (WORLD_SIZE=4)"
     assert first["nodes"] == die.ranks[3].node == "node02"
     assert "node02: 1 of 2" in first["detail"], "the node short of a rank is named"
-    assert flat(d.stdout).startswith("hangscope: Rank 3 not found (WORLD_SIZE=4)."), d.stdout
+    assert flat(d.stdout).startswith("hangscope: Rank 3 not found (WORLD_SIZE=4); the other 3 ranks wait for "
+                                       "it in `all_reduce`."), d.stdout
     assert [c["numbers"] for c in d.analysis["classes"]] == [[0, 1, 2]]
     assert d.analysis["classes"][0]["collective"] == "all_reduce"
 

@@ -12,7 +12,7 @@ import pytest
 
 from analysis_snapshots import ALL_REDUCE, rank, snapshot
 from app.analysis import analyze
-from app.model.codec import dumps_lines, snapshot_from_json, snapshot_to_json
+from app.model.codec import dumps_lines, inert, snapshot_from_json, snapshot_to_json
 
 ODD: list[Any] = [
     {}, [], "text", 1.5, None, {"a": []}, [[], {}],
@@ -26,7 +26,7 @@ ODD: list[Any] = [
 def test_every_level_reads_back_as_the_same_value_and_all_levels_are_indent_1(doc: Any) -> None:
     for levels in range(5):
         assert json.dumps(json.loads(dumps_lines(doc, levels))) == json.dumps(doc)
-    assert dumps_lines(doc, 99) == json.dumps(doc, indent=1, ensure_ascii=False)
+    assert dumps_lines(doc, 99) == inert(json.dumps(doc, indent=1, ensure_ascii=False))
 
 
 def test_a_snapshot_file_has_one_rank_a_line_and_loads_back_equal() -> None:
@@ -140,3 +140,15 @@ def test_the_bytes_do_not_depend_on_where_the_pieces_are_cut(size: int) -> None:
     snap = snapshot([rank(r, f"nöde{r // 4 + 1:02d}", ALL_REDUCE) for r in range(8)])
     doc = analyze(snap).to_dict()
     assert snapshot_json_bytes(snap, doc) == snapshot_to_json(snap, doc).encode()
+
+
+def test_characters_a_terminal_acts_on_are_written_as_escapes_the_same_value() -> None:
+    """A snapshot file is shared and `cat`: DEL, the C1 controls (U+009B is an 8-bit CSI), the line separators and
+    the bidirectional controls a node's names may hold are written as \\uXXXX escapes, which read back the same;
+    other text stays as it is (ensure_ascii=False)."""
+    name = "w\x9b2J\x7fx\u202egnp.exe\u2028y\u2066z é 漢"
+    snap = snapshot([dataclasses.replace(rank(r, "node01", ALL_REDUCE), cmdline=("python", name)) for r in range(2)])
+    text = snapshot_to_json(snap)
+    assert not any(c in text for c in "\x9b\x7f\u202e\u2028\u2066")
+    assert "\\u009b2J\\u007fx\\u202egnp.exe\\u2028y\\u2066z é 漢" in text
+    assert snapshot_from_json(text)[0].ranks[0].cmdline == ("python", name)

@@ -258,3 +258,42 @@ def test_what_ranks_share_is_judged_once_and_counted_at_every_use() -> None:
     # the counts a bundle reports are those of judging every rank, whether its frames are shared or not
     assert shared.summary() == copied.summary() == {rule: 40 * n for rule, n in for_one.items()}
     assert RANDOM not in json.dumps(dataclasses.asdict(out)) and "Walnut" not in json.dumps(dataclasses.asdict(out))
+
+
+def test_a_tool_version_and_a_gpu_name_are_judged_like_any_node_text() -> None:
+    """A node (or a crafted snapshot file) writes its tools' version lines and its GPUs' names: they read like
+    vocabulary and stay when they are (`py-spy 0.4.3`, `NVIDIA H100 80GB HBM3`), but a token put in them does not."""
+    from app.model import GpuHealth, GpuUse, NodeGpuEvidence, NodeInfo, NodeStatus, ToolInfo
+
+    token, word = "ghp_Q3mZ8vK1xT6wN0cR5yB2hL9pD4sF7jA1eG0u", "qzvkxmtrbwplnhgdjcfsaeyuioqzvkxm"
+    node = NodeStatus("gpu-n3", state="done", info=NodeInfo(tools=(
+        ToolInfo("py-spy", "/usr/local/bin/py-spy", "py-spy 0.4.3"),
+        ToolInfo("gdb", "/usr/bin/gdb", f"gdb token={token}"))),
+        gpu=NodeGpuEvidence(gpus=(GpuHealth(index=0, name="NVIDIA H100 80GB HBM3"),
+                                  GpuHealth(index=1, name=f"NVIDIA H100 {word}"))))
+    r = dataclasses.replace(_rank(40, 0, "x"), node="gpu-n3",
+                            gpus=(GpuUse(0, "GPU-8c1d", "NVIDIA A100-SXM4-80GB"), GpuUse(1, "GPU-9e2f", f"A100 {word}")))
+    shared = Sharer().snapshot(Snapshot(taken_at=1.0, nodes=(node,), ranks=(r,)))
+    text = repr(shared)
+    assert token not in text and word not in text
+    tools = shared.nodes[0].info.tools
+    assert tools[0].version == "py-spy 0.4.3" and HIDDEN.search(tools[1].version)
+    gpu = shared.nodes[0].gpu
+    assert gpu is not None and gpu.gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert shared.ranks[0].gpus[0].name == "NVIDIA A100-SXM4-80GB"
+
+
+def test_a_name_with_newlines_is_one_line_of_summary_md() -> None:
+    """A function or file name holding a newline (remote text) is shown with ␊ in summary.md's stacks: never a
+    line of its own that reads as hangscope's or as a Markdown heading."""
+    forged = "load\nhangscope: FORGED all ranks healthy\n# FAKE-HEADING"
+    frames = (Frame(forged, "/srv/job/\n# FAKE.py", 12), Frame("main", "/srv/job/run.py", 40))
+    ranks = tuple(dataclasses.replace(_rank(50 + i, i, "x"), threads=(ThreadStack(
+        50 + i, "MainThread", frames=frames if i == 1 else frames[1:], state="S", is_main=True),)) for i in range(4))
+    snap = Snapshot(taken_at=1.0, ranks=ranks)
+    with redirect_stderr(io.StringIO()):
+        bundle = build_bundle(snap, analyze(snap))
+    md = bundle.files["summary.md"].decode()
+    assert not [line for line in md.splitlines() if "FORGED" in line and line.lstrip().startswith("hangscope:")]
+    assert not [line for line in md.splitlines() if line.startswith("# FAKE")]
+    assert "␊" in md

@@ -29,7 +29,7 @@ from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import call_site, callers, ddp_next, exiting
-from app.analysis.prose.state import resume_command
+from app.analysis.prose.state import resume_command, thaw_command
 from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
@@ -101,6 +101,13 @@ def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "") -> str:
     for, prose.threads.p2p_clause)."""
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
         return _wait_sentence(c, total)
+    if c.fact.kind == "missing_ranks" and c.fact.who.missing and c.others is not None and total:
+        # where the ranks that are here wait for the missing ones (their one class: the place they stopped at)
+        them = "it" if c.fact.who.numbers and len(c.fact.who.numbers) == 1 else "them"
+        d = c.others
+        at = f"in `{d.collective}`" if d.collective else class_where(d)
+        if d.size == total:
+            return f"{title}; the other {count_phrase(total)} wait for {them} {at}"
     if p2p and c.fact.kind in ("minority_stack", "different_collective"):
         return f"{title}; {p2p}"
     e = c.fact.data
@@ -191,7 +198,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         return "detach the tracer (quit the debugger) to resume it; hangscope left it as it was"
     if k in ("stopped", "frozen") and isinstance(e, StateEvidence):
         todo = resume_command(e)
-        if k == "frozen" and not any(r.hold is not None and r.hold.thaw for r in e.ranks):
+        if k == "frozen" and not any(thaw_command(r.hold) for r in e.ranks):
             todo = (f"thaw its cgroup from the host (`cat /proc/{pid}/cgroup` there names it; the node's own view "
                     "does not show the freezer's cgroup)")
         return clean((todo + (" resumes it" if k == "stopped" and todo else "")) if todo else

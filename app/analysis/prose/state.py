@@ -3,7 +3,8 @@ state; ranks not found; nodes not inspected; dumps that failed; thread counts; s
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+import re
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from app.analysis.facts import Fact
 from app.analysis.fold import MAX_PARTS, count_phrase, describe, fold_nodes, short
@@ -11,7 +12,7 @@ from app.analysis.frames import clean
 from app.analysis.health import DumpEvidence, JobsEvidence, MissingEvidence, NodeEvidence, StateEvidence
 from app.analysis.health import ThreadCountEvidence, _span
 from app.analysis.prose.words import who_label, who_short
-from app.model import RankSnapshot
+from app.model import ProcessHold, RankSnapshot
 
 Text = Tuple[str, str, str]
 
@@ -33,10 +34,35 @@ def on_each(held: Sequence[RankSnapshot], what: Callable[[RankSnapshot], str]) -
     return ", ".join(parts) + (", ..." if len(held) > 4 else "")
 
 
+# A command hangscope suggests is its own, never text from a node or a snapshot file taken as it came: the freezer's
+# control file is the one value of the node's in it, and only a plain absolute path (no shell syntax, spaces, `..`
+# or quotes) is put in; the value written is the one its kind of file takes
+# (a component a shared snapshot hid, `<str len=25 #3fa9c1e2>`, stays one: hangscope's own placeholder)
+_COMPONENT = r"(?:[A-Za-z0-9._@:+,=-]{1,255}|<(?:str|bytes|text) len=\d{1,9} #[0-9a-f]{8}>|\*\*\*)"
+_CONTROL = re.compile(r"echo (?P<value>0|THAWED) > (?P<path>(?:/" + _COMPONENT + r"){1,32}/"
+                      r"(?P<file>cgroup\.freeze|freezer\.state))")
+_UNPAUSE = re.compile(r"(?:docker|podman) unpause [0-9a-f]{1,64}")
+
+
+def thaw_command(hold: Optional[ProcessHold]) -> str:
+    """`echo 0 > /sys/fs/cgroup/.../cgroup.freeze` for a frozen rank, rebuilt from the control file the node named
+    (its thaw), or "" when that is not a plain path to a freezer's control file."""
+    m = _CONTROL.fullmatch(hold.thaw) if hold is not None and hold.thaw else None
+    if m is None or "/../" in m.group("path") or "/./" in m.group("path"):
+        return ""
+    value = "0" if m.group("file") == "cgroup.freeze" else "THAWED"
+    return f"echo {value} > {m.group('path')}" if value == m.group("value") else ""
+
+
+def unpause_command(hold: Optional[ProcessHold]) -> str:
+    """`docker unpause ID` for a rank in a container the node recognised, when it has that shape; else ""."""
+    return hold.container if hold is not None and _UNPAUSE.fullmatch(hold.container) else ""
+
+
 def resume_command(e: StateEvidence) -> str:
     """What resumes a held rank, as a command on its node ("" when nothing does)."""
     if e.kind == "frozen":
-        return on_each(e.ranks, lambda r: r.hold.thaw if r.hold and r.hold.thaw else "thaw its cgroup")
+        return on_each(e.ranks, lambda r: thaw_command(r.hold) or f"cat /proc/{r.pid}/cgroup")
     if e.kind == "stopped":
         if e.traced and len(e.traced) == len(e.ranks):
             return ""
@@ -76,9 +102,11 @@ def state_text(f: Fact) -> Text:
                     + "), which only the cgroup freezer puts a task in")
         where = (f"{first.freezer} cgroup {clean(first.cgroup, 200)}" if n == 1 or
                  len({(r.node, r.hold.cgroup) for r in held if r.hold}) == 1 else "their cgroups")
-        container = first.container if n == 1 and first.container else ""
-        return (f"{short(held)} {verb} frozen by the cgroup freezer ({where}){_others(held, e.total)}; thaw with "
-                f"{resume_command(e)}" + (f" (or `{clean(container, 100)}`)" if container else ""),
+        container = unpause_command(first) if n == 1 else ""
+        thaw = (f"thaw with {resume_command(e)}" if all(thaw_command(r.hold) for r in held) else
+                f"thaw its cgroup: {resume_command(e)} names it")
+        return (f"{short(held)} {verb} frozen by the cgroup freezer ({where}){_others(held, e.total)}; {thaw}"
+                + (f" (or `{clean(container, 100)}`)" if container else ""),
                 detail, f"the node's {first.freezer} freezer reports the cgroup {first.freezer_state or 'FROZEN'}")
     if e.kind == "stopped":
         traced = e.traced
