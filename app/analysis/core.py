@@ -27,7 +27,7 @@ from app.analysis.graph import Builder, WaitGraph
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_facts, locals_missing_fact, split_iterations
-from app.analysis.launch import launch_facts
+from app.analysis.launch import launch_facts, store_facts
 from app.analysis.locks import lock_facts
 from app.analysis.native import native_facts
 from app.analysis.network import address_map, network_findings
@@ -255,6 +255,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     facts += lock_facts(ranks, odd, rank_facts.enters_with)
     facts += native_facts(ranks, odd)
     facts += launch_facts(ranks)
+    facts += store_facts(ranks)
     collective_of = {c.index: c.collective for c in classes}
     for split in splits:
         facts.extend(iteration_facts(split, by_key, collective_of.get(split.class_index)))

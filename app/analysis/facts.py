@@ -43,6 +43,7 @@ FactKind = Literal[
     "minority_stack",  # a small class of ranks is somewhere else than a dominant one
     "iteration_split",  # same place, different loop iteration
     "launch_differs",  # a few ranks run with other command-line flags than the rest
+    "store_differs",  # every rank retries connecting to a store elsewhere than its launcher's (MASTER_ADDR/PORT)
     "launch_incomplete",  # the launchers' own flags name a node (rank) whose launcher is not running
     "rendezvous_differs",  # a launcher started with other rendezvous flags than the job's others
     "collective_lag",  # the Flight Recorder shows ranks that issued fewer collectives in a group
@@ -99,6 +100,7 @@ KINDS: Dict[str, KindInfo] = {
     "minority_stack": _K(3, "stacks", "StackEvidence", one_sample=True),
     "iteration_split": _K(3, "iteration", "IterationEvidence", one_sample=True),
     "launch_differs": _K(3, "launch", "LaunchEvidence", moving=True),
+    "store_differs": _K(2, "store", "StoreEvidence"),
     "launch_incomplete": _K(2, "rendezvous", "LaunchersEvidence"),
     "rendezvous_differs": _K(2, "rendezvous", "RendezvousEvidence"),
     "collective_lag": _K(2, "flight", "FlightEvidence", one_sample=True),

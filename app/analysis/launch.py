@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, ranks_who
 from app.model import RankSnapshot, rank_key
@@ -99,3 +99,63 @@ def launch_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
         out.append(Fact("launch_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)),
                         "medium" if few else "low", LaunchEvidence(diff, total, few), culprit=few))
     return out
+
+
+# torch.distributed's client of the job's store: init_process_group's env:// rendezvous (and a TCPStore made by the
+# job) connect to host:port here, retrying with a sleep between tries while nothing accepts
+_STORE_CONNECT = (("_create_c10d_store", "torch/distributed/rendezvous.py"),)
+
+
+@dataclass(frozen=True)
+class StoreEvidence(Evidence):
+    """Ranks that try to reach the job's store at another address than the one their launcher gave them (MASTER_ADDR
+    and MASTER_PORT in their environment as it started them), retrying: nothing listens where they connect."""
+
+    connect: str  # host:port the ranks connect to (the call's own arguments)
+    given: str  # MASTER_ADDR:MASTER_PORT of their environment
+    total: int  # ranks of the job
+
+
+def _store_connect(r: RankSnapshot) -> Optional[Tuple[str, str, bool]]:
+    """(host, port, retrying) of a rank whose main thread is creating its store client, from that call's arguments;
+    retrying: it sleeps between connection attempts (nothing accepted the last one)."""
+    t = r.main_thread
+    if t is None:
+        return None
+    for f in t.frames[:64]:
+        if f.native or not any(f.function.endswith(name) and f.filename.replace("\\", "/").endswith(path)
+                               for name, path in _STORE_CONNECT):
+            continue
+        host = next((loc.repr for loc in f.locals if loc.name == "hostname"), "")
+        port = next((loc.repr for loc in f.locals if loc.name == "port"), "")
+        retrying = t.waits is not None and t.waits.family == "sleep"
+        return host.strip("'\"")[:100], port[:10], retrying
+    return None
+
+
+def store_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
+    """Every rank stuck connecting to a store at another port (or host) than its launcher's: the job set its own
+    MASTER_PORT/MASTER_ADDR (or passed them to init_process_group) where the launcher's store is elsewhere."""
+    if not ranks or len(ranks) > 1 << 17:
+        return []
+    seen: Dict[Tuple[str, str], List[RankSnapshot]] = {}
+    given: Counter = Counter()
+    retrying = False
+    for r in ranks:
+        hit = _store_connect(r)
+        if hit is None or not hit[1].isdigit() or r.master_port is None or not r.master_addr:
+            return []  # a rank elsewhere, or without the launcher's address: not this class
+        host, port, sleeps = hit
+        retrying = retrying or sleeps
+        if any(sock.state == "ESTABLISHED" and sock.peer.rsplit(":", 1)[-1] == port for sock in r.sockets):
+            return []  # connected to it: something listens there
+        if int(port) == r.master_port and host.lower() in (r.master_addr.lower(), ""):
+            return []  # the launcher's own store: whatever keeps it from answering is another class
+        seen.setdefault((host, port), []).append(r)
+        given[f"{r.master_addr}:{r.master_port}"] += 1
+    if len(seen) != 1 or len(given) != 1 or not retrying:  # one address, and a rank seen between its attempts
+        return []
+    (host, port), members = next(iter(seen.items()))
+    ordered = sorted(members, key=rank_key)
+    return [Fact("store_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)), "high",
+                 StoreEvidence(f"{host}:{port}", given.most_common(1)[0][0], len(ranks)))]

@@ -122,3 +122,30 @@ def test_a_group_creation_waiting_on_a_stopped_store_host_names_that_process() -
                    if r.rank is not None and r.rank < 2 else r for r in ranks)
     assert "kill -CONT" not in analyze(Snapshot(taken_at=1.0, ranks=ranks2),
                                        history=[Snapshot(taken_at=0.0, ranks=ranks2)]).verdict
+
+
+def _connecting(port: str, given: int, sleeping: bool = True) -> Tuple[RankSnapshot, ...]:
+    from app.model import Local
+
+    rdzv = "/opt/py/lib/python3.12/site-packages/torch/distributed/rendezvous.py"
+    frames = (Frame("_create_c10d_store", rdzv, 190, locals=(Local("hostname", '"gpu-a07"', True),
+                                                               Local("port", port, True))),
+              Frame("_env_rendezvous_handler", rdzv, 280), Frame("init_process_group", C10D, 1892),
+              Frame("setup", "/home/u/pretrain.py", 30))
+    sleep = KernelWait(syscall="clock_nanosleep", family="sleep", timeout=4.0)
+    return tuple(replace(worker("gpu-a07" if i < 4 else "gpu-b02", 100 + i, i, frames,
+                                sleep if sleeping and i % 2 == 0 else None),
+                         world_size=8, master_addr="gpu-a07", master_port=given) for i in range(8))
+
+
+def test_ranks_retrying_a_store_at_another_port_than_their_launchers_name_both_addresses() -> None:
+    ranks = _connecting("6000", 41000)
+    a = analyze(Snapshot(taken_at=1.0, ranks=ranks), history=[Snapshot(taken_at=0.0, ranks=ranks)])
+    assert a.verdict.startswith("All 8 ranks retry connecting to the job's store at gpu-a07:6000 in "
+                                "`init_process_group`, where nothing accepts: their launcher's store is at "
+                                "gpu-a07:41000"), a.verdict
+    assert "do not set MASTER_PORT or MASTER_ADDR in the script" in a.verdict
+    # the launcher's own port, or no rank seen between attempts: not this class
+    for same in (_connecting("41000", 41000), _connecting("6000", 41000, sleeping=False)):
+        found = analyze(Snapshot(taken_at=1.0, ranks=same), history=[Snapshot(taken_at=0.0, ranks=same)]).findings
+        assert all(f.kind != "store_differs" for f in found)

@@ -17,7 +17,7 @@ from app.analysis.frames import clean
 from app.analysis.prose.gpu import gpu_text, ras_text
 from app.analysis.prose.iterations import iteration_text, no_locals_text
 from app.analysis.prose.jobs import flight_text, launch_text, launcher_held_text, launchers_text, network_text
-from app.analysis.prose.jobs import no_data_text, rendezvous_text
+from app.analysis.prose.jobs import no_data_text, rendezvous_text, store_text
 from app.analysis.prose.jobs import outside_text
 from app.analysis.prose.progress import progress_text, slow_text
 from app.analysis.prose.stacks import identical_text, stack_text
@@ -39,7 +39,7 @@ RENDERERS: Dict[str, Callable[[Fact], Text]] = {
     "different_collective": stack_text, "minority_stack": stack_text,
     "iteration_split": iteration_text, "no_locals": no_locals_text,
     "launch_differs": launch_text, "launch_incomplete": launchers_text, "launchers_only": launchers_text,
-    "launcher_held": launcher_held_text, "rendezvous_differs": rendezvous_text,
+    "launcher_held": launcher_held_text, "rendezvous_differs": rendezvous_text, "store_differs": store_text,
     "collective_lag": flight_text,
     "missing_ranks": missing_text, "unfinished": missing_text, "node_failed": node_text, "outside_peer": outside_text,
     "network_stall": network_text, "thread_count": thread_count_text, "dump_failed": dump_text,

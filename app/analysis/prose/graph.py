@@ -71,7 +71,7 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
             "gil_held": "holds the GIL in native code", "pipe_write": "blocked writing to a full pipe",
             "still_running": "still moving", "node_failed": "node not inspected", "thread_count": "thread count",
             "launch_incomplete": "node ranks without a launcher", "launcher_held": "launcher stopped",
-            "rendezvous_differs": "other rendezvous flags"}.get(k, k.replace("_", " "))
+            "rendezvous_differs": "other rendezvous flags", "store_differs": "connects to another store"}.get(k, k.replace("_", " "))
 
 
 def _past(e: "StackEvidence") -> str:

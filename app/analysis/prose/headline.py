@@ -300,6 +300,11 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     "it; hangscope left it as it was")
         if proc is not None:
             return f"`kill -CONT {proc.pid}` on {clean(proc.node, 60)} resumes it; hangscope left it as it was"
+    if k == "store_differs":
+        given = getattr(e, "given", "")
+        return (f"let the ranks use the address their launcher gives them ({clean(given, 120)}): do not set "
+                "MASTER_PORT or MASTER_ADDR in the script or its config under the launcher, or pass "
+                "init_method='env://' with the environment as it is")
     if k == "rendezvous_differs":
         proc = getattr(e, "launcher", None)
         if proc is not None:

@@ -40,6 +40,25 @@ def launch_text(f: Fact) -> Text:
             "many ranks differ: the launch may set some flags per node on purpose")
 
 
+def store_text(f: Fact) -> Text:
+    from app.analysis.launch import StoreEvidence
+
+    e = f.data
+    assert isinstance(e, StoreEvidence)
+    n = len(f.who.keys)
+    who = f"all {n} ranks" if n == e.total and n > 1 else who_label(f.who)
+    title = (f"{who} retry connecting to the job's store at {clean(e.connect, 120)} in `init_process_group`, where "
+             f"nothing accepts: their launcher's store is at {clean(e.given, 120)} (MASTER_ADDR:MASTER_PORT in the "
+             "environment it started them with)")
+    detail = ("the call's own arguments name the address it connects to; it sleeps between attempts, so none was "
+              "accepted. Something in the job set another MASTER_PORT or MASTER_ADDR (os.environ before "
+              "init_process_group, a config value, an init_method URL) than the launcher's; under torchrun the ranks "
+              "are clients of its agent's store, and no process serves the other address: they retry until the "
+              "timeout")
+    return (clean(title, 400), detail,
+            "every rank waits to connect to one address, and it is not the one their environment gives")
+
+
 def outside_text(f: Fact) -> Text:
     from app.analysis.fold import fold_ints, fold_nodes
     from app.analysis.peers import MAX_PEERS, OutsideEvidence
