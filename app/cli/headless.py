@@ -273,6 +273,9 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     return EXIT_OK
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _read_snapshot(stream: BinaryIO, path: str) -> bytes:
     """At most MAX_SNAPSHOT_BYTES + 1 bytes of a snapshot, held once; refused at its first chunk when that does not
     begin a JSON object (a file of zeros or of another format costs one read, not a gigabyte)."""
@@ -283,6 +286,8 @@ def _read_snapshot(stream: BinaryIO, path: str) -> bytes:
         if not chunk:
             break
         if not begun:
+            if not out.tell() and chunk.startswith(_BOM):  # an editor's byte-order mark: JSON readers may skip it
+                chunk = chunk[len(_BOM):]
             head = chunk.lstrip()
             if head and head[:1] != b"{":
                 raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")

@@ -196,6 +196,15 @@ def _snapshot_file(path: Path, world) -> None:
                                               ranks=ranks)))
 
 
+def test_a_snapshot_an_editor_saved_with_a_byte_order_mark_loads(tmp_path) -> None:
+    f = tmp_path / "snap.json"
+    _snapshot_file(f, 2)
+    f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+    res, _ = hangscope("--load", str(f), "--print", timeout=60)
+    assert res.returncode in (0, 1), res.stderr
+    assert "bad input" not in res.stderr and "Traceback" not in res.stderr
+
+
 def test_load_with_world_size_1e12_is_bounded_with_a_clear_finding(tmp_path) -> None:
     f = tmp_path / "snap.json"
     _snapshot_file(f, 10 ** 12)
