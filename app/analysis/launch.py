@@ -114,6 +114,7 @@ class StoreEvidence(Evidence):
     connect: str  # host:port the ranks connect to (the call's own arguments)
     given: str  # MASTER_ADDR:MASTER_PORT of their environment
     total: int  # ranks of the job
+    retrying: bool = False  # a rank was seen asleep between two connection attempts
 
 
 def _store_connect(r: RankSnapshot) -> Optional[Tuple[str, str, bool]]:
@@ -153,9 +154,12 @@ def store_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
             return []  # the launcher's own store: whatever keeps it from answering is another class
         seen.setdefault((host, port), []).append(r)
         given[f"{r.master_addr}:{r.master_port}"] += 1
-    if len(seen) != 1 or len(given) != 1 or not retrying:  # one address, and a rank seen between its attempts
+    if len(seen) != 1 or len(given) != 1:
         return []
     (host, port), members = next(iter(seen.items()))
     ordered = sorted(members, key=rank_key)
-    return [Fact("store_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)), "high",
-                 StoreEvidence(f"{host}:{port}", given.most_common(1)[0][0], len(ranks)))]
+    # no rank holds a connection to that address (each attempt's socket is closed before the next); a rank seen
+    # asleep between two attempts makes it sure (a sample can also catch a thread restarting its sleep)
+    return [Fact("store_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)),
+                 "high" if retrying else "medium", StoreEvidence(f"{host}:{port}", given.most_common(1)[0][0],
+                                                                 len(ranks), retrying))]

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Tuple
 
 from app.analysis import analyze
-from app.model import Frame, JobProcess, NodeStatus, RankSnapshot, Snapshot, ThreadStack
+from app.model import Frame, JobProcess, NodeStatus, RankSnapshot, Snapshot, TcpSocket, ThreadStack
 from app.model.kwait import KernelWait, OtherEnd, WaitFd
 
 ELASTIC = "/opt/py/lib/python3.12/site-packages/torch/distributed/elastic/"
@@ -145,7 +145,14 @@ def test_ranks_retrying_a_store_at_another_port_than_their_launchers_name_both_a
                                 "`init_process_group`, where nothing accepts: their launcher's store is at "
                                 "gpu-a07:41000"), a.verdict
     assert "do not set MASTER_PORT or MASTER_ADDR in the script" in a.verdict
-    # the launcher's own port, or no rank seen between attempts: not this class
-    for same in (_connecting("41000", 41000), _connecting("6000", 41000, sleeping=False)):
+    assert a.findings[0].confidence == "high"
+    # no rank seen asleep between two attempts (a sample that caught them restarting the sleep): said, less sure
+    unsure = _connecting("6000", 41000, sleeping=False)
+    found = analyze(Snapshot(taken_at=1.0, ranks=unsure), history=[Snapshot(taken_at=0.0, ranks=unsure)]).findings
+    assert found[0].kind == "store_differs" and found[0].confidence == "medium"
+    # the launcher's own port, or a rank connected to the other address (something listens there): not this class
+    connected = tuple(replace(r, sockets=(TcpSocket("10.1.0.7:51000", "10.1.0.9:6000", "ESTABLISHED"),))
+                      if r.rank == 3 else r for r in _connecting("6000", 41000))
+    for same in (_connecting("41000", 41000), connected):
         found = analyze(Snapshot(taken_at=1.0, ranks=same), history=[Snapshot(taken_at=0.0, ranks=same)]).findings
         assert all(f.kind != "store_differs" for f in found)

@@ -50,8 +50,8 @@ def store_text(f: Fact) -> Text:
     title = (f"{who} retry connecting to the job's store at {clean(e.connect, 120)} in `init_process_group`, where "
              f"nothing accepts: their launcher's store is at {clean(e.given, 120)} (MASTER_ADDR:MASTER_PORT in the "
              "environment it started them with)")
-    detail = ("the call's own arguments name the address it connects to; it sleeps between attempts, so none was "
-              "accepted. Something in the job set another MASTER_PORT or MASTER_ADDR (os.environ before "
+    detail = ("the call's own arguments name the address it connects to, and no rank holds a connection there"
+              + ("; a rank sleeps between attempts, so none was accepted" if e.retrying else "") + ". Something in the job set another MASTER_PORT or MASTER_ADDR (os.environ before "
               "init_process_group, a config value, an init_method URL) than the launcher's; under torchrun the ranks "
               "are clients of its agent's store, and no process serves the other address: they retry until the "
               "timeout")
