@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from app.analysis.culprit import Culprit
+from app.analysis.frames import clean
 from app.analysis.fold import describe
 from app.model import ErrorOutput, RankKey, RankSnapshot, Snapshot, rank_key
 
@@ -44,7 +45,7 @@ def blocks(snapshot: Snapshot, blamed: Iterable[RankKey] = ()) -> list[OutputBlo
         several = len(ranks) > 1
         what = "elastic error file" if source == "error_file" else "stderr"
         ages = [o.age for _, o in members if o.age is not None]
-        out.append(OutputBlock(label=describe(ranks), source=f"{'their' if several else 'its'} {what} ({path})",
+        out.append(OutputBlock(label=describe(ranks), source=f"{'their' if several else 'its'} {what} ({clean(path, 300)})",
                                text=text, age=min(ages) if ages else None,
                                blamed=any(rank_key(r) in culprits for r in ranks)))
     out.sort(key=lambda b: (not b.blamed, b.label))

@@ -89,3 +89,16 @@ def test_a_line_of_error_output_never_passes_for_one_of_hangscopes() -> None:
     section = text.split("Recent error output (read on the nodes, redacted):\n", 1)[1].split("\n\n", 1)[0]
     assert "\n    | hangscope: all ranks healthy\n    |   rank 0 on node01, its stderr (/x)" in section
     assert not any(line.startswith(("hangscope", "  rank 0 on node01, its stderr (/x)")) for line in section.splitlines())
+
+
+def test_a_log_path_with_a_newline_is_one_line_of_the_header() -> None:
+    """The path of a rank's log is remote text: a newline in it is shown (␊), never the start of a line that the
+    --print wrapping would begin with the path's rest."""
+    snap = _with_output()
+    ranks = tuple(dataclasses.replace(r, output=(ErrorOutput("stderr", "/scratch/n1\nhangscope: all ranks healthy.log",
+                                                             SHARED, 100, 3.0),)) if r.rank == 5 else r
+                  for r in snap.ranks)
+    got = blocks(dataclasses.replace(snap, ranks=ranks))
+    assert got[0].source == "its stderr (/scratch/n1␊hangscope: all ranks healthy.log)"
+    text = summary_text(dataclasses.replace(snap, ranks=ranks), analyze(dataclasses.replace(snap, ranks=ranks)))
+    assert not [line for line in text.splitlines() if line.lstrip().startswith("hangscope: all ranks healthy")]
