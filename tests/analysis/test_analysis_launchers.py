@@ -114,7 +114,11 @@ def test_a_group_creation_waiting_on_a_stopped_store_host_names_that_process() -
                          making if i < 2 else trains, waits if i < 2 else None) for i in range(8))
     ranks = tuple(replace(r, world_size=8) for r in ranks)
     a = analyze(Snapshot(taken_at=1.0, ranks=ranks), history=[Snapshot(taken_at=0.0, ranks=ranks)])
+    # ranks 0-1 wait the same way on the same stopped process: one sentence for both, the others wait for them
+    assert a.verdict.startswith("Ranks 0-1 (pids 100, 101 on gpu-a07) are each blocked in `new_group` at "
+                                "`build_groups` (pretrain.py:88)"), a.verdict
     assert "its peer is pid 310" in a.verdict and "stopped" in a.verdict, a.verdict
+    assert "the other 6 ranks wait for them in `all_reduce`" in a.verdict, a.verdict
     assert "`kill -CONT 310` on gpu-a07" in a.verdict
     # the same call whose socket's other end runs: a collective of the group, as before
     running = replace(store, others=(replace(stopped, state="S"),))

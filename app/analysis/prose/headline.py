@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from app.analysis.blocking import ThreadWait
 from app.analysis.culprit import Culprit
@@ -21,7 +21,7 @@ from app.analysis.flight import FlightEvidence
 from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
-from app.analysis.fold import count_phrase, fold_nodes
+from app.analysis.fold import count_phrase, fold_ints, fold_nodes
 from app.analysis.frames import clean, group_arg, named
 from app.analysis.graph import WaitGraph
 from app.analysis.health import MissingEvidence, StateEvidence
@@ -38,7 +38,7 @@ from app.analysis.release import Link
 from app.analysis.sites import frame_site, native_site
 from app.analysis.suspects import WaitEvidence, informative
 from app.analysis.tree import StackClass
-from app.model import Frame
+from app.model import Frame, RankSnapshot
 
 
 def _others(c: Culprit, total: int) -> str:
@@ -73,13 +73,51 @@ def device_wait(frames: Sequence[Frame]) -> Optional[str]:
     return native
 
 
-def _wait_sentence(c: Culprit, total: int) -> str:
+def _wait_sentence(c: Culprit, total: int, alike: Sequence[RankSnapshot] = ()) -> str:
     r = c.rank
     assert r is not None
+    if alike and r.rank is not None and all(a.rank is not None for a in alike):
+        # ranks blocked the same way on the same party: one sentence for them all
+        held = sorted([r, *alike], key=lambda x: x.rank or 0)
+        nodes = fold_nodes(sorted({x.node for x in held}))
+        head = (f"ranks {fold_ints([x.rank for x in held if x.rank is not None])} (pids "
+                f"{', '.join(str(x.pid) for x in held[:4])}{', ...' if len(held) > 4 else ''} on {clean(nodes, 60)}) "
+                f"are each {chain_text(c.links, r)}")
+        n = total - len(held)
+        d = c.others
+        if d is None or n <= 0:
+            return head
+        at = f"in `{d.collective}`" if d.collective else class_where(d)
+        return f"{head}; the other {count_phrase(n)} wait for them {at}"
     who = f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
     head = f"{who} (pid {r.pid} on {clean(r.node, 60)}) is {chain_text(c.links, r)}"
     others = _others(c, total)
     return f"{head}; {others}" if others else head
+
+
+def alike_blocked(c: Culprit, facts: Sequence[Fact]) -> List[RankSnapshot]:
+    """The other ranks a blocked culprit's sentence stands for: blocked as surely, in the same operation at the same
+    line, on the same party at the end of their chain (two ranks of a node waiting on one stopped process)."""
+    if c.fact.kind != "blocked" or not c.links or c.rank is None:
+        return []
+
+    def key(links: Sequence[Link]) -> Tuple[Any, ...]:
+        w = links[0].wait
+        end = links[-1].release.parties[0] if links[-1].release.parties else None
+        return (w.operation, w.frame.filename if w.frame else "", w.frame.line if w.frame else 0,
+                (end.kind, end.node, end.pid, end.state) if end is not None else None)
+
+    mine = key(c.links)
+    if mine[3] is None:
+        return []
+    out = []
+    for f in facts[:4096]:
+        e = f.data
+        if f.kind == "blocked" and f.strength == c.fact.strength and isinstance(e, WaitEvidence) and e.links \
+                and e.rank is not c.rank and (e.rank.node, e.rank.pid) != (c.rank.node, c.rank.pid) \
+                and key(e.links) == mine:
+            out.append(e.rank)
+    return out
 
 
 # Facts that say where a rank is (its stack, its iteration, its sequence numbers), not what it waits for: the
@@ -95,12 +133,12 @@ def _positional(f: Fact) -> bool:
                                      f.data.what == "counts")
 
 
-def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "") -> str:
+def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "", alike: Sequence[RankSnapshot] = ()) -> str:
     """The verdict's sentence for a culprit: its chain of waits, or the root fact's sentence (`title`) with the
     thread's wait added when it names one the sentence does not (`p2p`: what its unmatched send or recv waits
     for, prose.threads.p2p_clause)."""
     if c.fact.kind == "blocked" and c.rank is not None and c.links:
-        return _wait_sentence(c, total)
+        return _wait_sentence(c, total, alike)
     if c.fact.kind == "missing_ranks" and c.fact.who.missing and c.others is not None and total:
         # where the ranks that are here wait for the missing ones (their one class: the place they stopped at)
         them = "it" if c.fact.who.numbers and len(c.fact.who.numbers) == 1 else "them"
@@ -566,7 +604,7 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
     # a stack fact about one rank that is in an unmatched send or recv: what that call waits for
     p2p = next((p2p_clause(f) for f in facts if f.kind == "p2p_wait" and len(f.who.keys) == 1
                 and c.ranks[:1] == f.who.keys), "")
-    sentence = culprit_sentence(c, top_finding.title, total, p2p)
+    sentence = culprit_sentence(c, top_finding.title, total, p2p, alike_blocked(c, facts))
     # a command line (a code span with arguments), not a name; spans paired from the start, so that the text
     # between two names (`a` inside `b`) is never read as one
     command = next((m for m in re.finditer(r"`[^`]*`", next_text) if " " in m.group()), None)
