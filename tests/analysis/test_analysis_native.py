@@ -131,9 +131,12 @@ def test_the_process_holding_the_full_pipes_read_end_is_named_with_what_it_does(
             in top.detail)
     stopped = _piped([{"pid": 4242, "comm": "tee", "state": "T", "ppid": 1, "cmdline": ["tee", "log\x1b[2J"]}])
     top = analyze(snapshot(stopped)).findings[0]
-    assert "pid 4242 `tee log\u241b[2J`, which holds its read end, does not read" in top.title  # ESC shown, inert
-    assert "\x1b" not in top.title + top.detail
+    # every reader stopped (a `| tee` stopped with Ctrl-Z): the title says so, and resuming it is the next step
+    assert "pid 4242 `tee log\u241b[2J`, which holds its read end, is stopped: it does not read" in top.title
+    assert "\x1b" not in top.title + top.detail  # ESC shown, inert
     assert "is stopped" in top.detail
+    verdict = analyze(snapshot(stopped)).verdict
+    assert "Next: `kill -CONT 4242` on node01 resumes the pipe's reader" in verdict, verdict
 
 
 def test_a_pipe_with_no_reader_or_the_rank_itself_as_reader_says_so() -> None:

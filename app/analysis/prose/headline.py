@@ -30,7 +30,7 @@ from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import call_site, callers, ddp_next, exiting
 from app.analysis.prose.state import resume_command, thaw_command
-from app.analysis.prose.threads import p2p_clause, thread_label, thread_where, waits_back_for
+from app.analysis.prose.threads import p2p_clause, readers_stopped, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -373,6 +373,11 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     "read, or on the path where it is gone call `queue.cancel_join_thread()` (what was not sent is "
                     "lost) so that the process can exit; the queue's feeder is joined at exit until everything put "
                     "is written")
+        rank = getattr(e, "rank", None)
+        stopped = readers_stopped(rank) if rank is not None else ()
+        if stopped and rank is not None:
+            return (f"`kill -CONT {' '.join(map(str, stopped[:4]))}` on {clean(rank.node, 60)} resumes the pipe's "
+                    "reader (`fg` in the shell that stopped it); hangscope left it as it was")
         return "make the pipe's reader read (or send the rank's output to a file)"
     if k in ("gpu_fault", "nccl_ras"):
         return "see the GPU evidence below: the node's kernel log (`dmesg -T | grep -i xid`) and nvidia-smi"

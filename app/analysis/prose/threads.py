@@ -163,6 +163,15 @@ def pipe_reader(r: RankSnapshot) -> Tuple[str, str]:
     return clean(short, 200), detail
 
 
+def readers_stopped(r: RankSnapshot) -> Tuple[int, ...]:
+    """The pids of a full pipe's readers when every one is stopped (state T: SIGSTOP, Ctrl-Z of a `| tee`), else
+    (): resuming them is what drains the pipe."""
+    readers = r.hold.pipe_readers if r.hold is not None else ()
+    if readers and all(p.state == "T" and p.pid != r.pid for p in readers):
+        return tuple(p.pid for p in readers)
+    return ()
+
+
 READER_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep (D)",
                  "Z": "a zombie", "R": "running"}
 
@@ -252,8 +261,8 @@ def native_text(f: Fact) -> Text:
     waiting = _held_up_by(r, t)
     title = (f"{who}'s {waiting}{thread_label(t)}"
              f"{', which' if waiting else ''} is blocked writing to a full pipe{at}: "
-             + (f"{reader}, which holds its read end, does not read" if reader else
-                "the process reading the other end has stopped reading"))
+             + (f"{reader}, which holds its read end, {'is stopped: it ' if readers_stopped(r) else ''}does not read"
+                if reader else "the process reading the other end has stopped reading"))
     detail = (f"{who} on {node}: its {thread_label(t)} sleeps in `{clean(t.syscall, 40)}` with the kernel "
               f"in {clean(t.wchan, 60)}: the pipe's buffer is full and nothing drains it"
               f"{' (from ' + named(frame) + _line_text(frame) + ')' if frame is not None else ''}. " + (reader_detail or
