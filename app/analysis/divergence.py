@@ -24,6 +24,13 @@ iteration (whatever they wait in cannot finish without it): those are then no [h
 
 A class asleep in autograd's backward with no collective frame below waits in DDP's gradient all_reduce (its Reducer
 runs it from the C++ engine); against a class in another collective, the two never match (`other_collective`).
+
+A class in a collective at an earlier line of one function than the others, in the same iteration of a loop around
+both (every value the same), is in a call the others ran and left: the collective completed for them (a broadcast's
+tree, a ring), so it waits there for a member that never joined (`passed`). With another minority class to be that
+member it is held, no culprit of its own; alone, the collectives speak. Not for a send or recv (its one peer need
+not run that line). Where one of a loop's values is the same on both sides and another differs, the one that
+differs counts something else than iterations (samples, tokens): the same iteration of that loop.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ Case = Literal[
     "it_in_collective",  # it waits in a collective for the others, which are elsewhere
     "no_collective",  # no collective recognised on either side
     "backward",  # no collective; the others are in autograd's backward (DDP's all_reduce), it is not
+    # in a collective at an earlier line of the iteration the others are in (the same values): they passed it, so it
+    # waits for a rank that has not joined it (a tree or ring lets the other members finish): another class's
+    "passed",
     "many",  # several more small classes, summed up
 ]
 SizeCase = Literal["tie", "small", "similar"]
@@ -119,7 +129,8 @@ def stack_facts(classes: Sequence[StackClass],
     if len(classes) < 2:
         return []
     dominant = classes[0]
-    out = [_versus(c, dominant, ranks) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
+    # with another minority class to be the member a collective waits for, a class in one the others passed is held
+    out = [_versus(c, dominant, ranks, others=len(classes) > 2) for c in classes[1:MAX_CLASS_FINDINGS + 1]]
     # Two minority classes that part only at a line of the same function of the job's code (ranks 4-5 at
     # `send.wait()`, rank 6 at `recv.wait()` of one exchange) are one minority at one place of the program: the
     # line does not single either out against the other, so neither is [high] on its stacks alone
@@ -298,6 +309,11 @@ def _within(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKe
     for (j, held), a, b in zip(around, _values(c.ranks, c.frames, k, around, ranks),
                                _values(d.ranks, d.frames, k, around, ranks)):
         values = dict(b)
+        if any(values.get(n) == v for n, v in a):
+            # one of the loop's values is the same on both sides, another differs: the one that differs counts
+            # something else than iterations (samples, tokens: `seen += len(batch)`), so this loop's iteration is
+            # the same; an outer loop's may still differ
+            continue
         for n, v in a:
             w = values.get(n)
             if w is not None and w != v:
@@ -309,6 +325,38 @@ def _within(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKe
                     return None
                 return LoopParting(held, frame, reading, held, frame, n, v, w, delta, within=True)
     return None
+
+
+def _passed(c: StackClass, d: StackClass, k: int, ranks: Optional[Mapping[RankKey, RankSnapshot]]
+            ) -> Optional[LoopParting]:
+    """This class in a collective at an earlier line of one function of the job's than the others, inside a loop
+    around both whose values are the same on both sides: the others ran that line in this very iteration and went
+    on, so the collective completed for them; this class waits in it for a member that never joined (a broadcast's
+    or a ring's missing link). None when that is not so, or not known (no loop values read)."""
+    if ranks is None or c.collective is None or c.collective in ("send", "recv", "send/recv") or k == 0 \
+            or k >= len(c.frames) or k >= len(d.frames) or not d.ranks:
+        return None  # a send or recv waits for its one peer, which need not run the same line
+    mine, theirs = c.frames[k], d.frames[k]
+    if (mine.function, mine.filename) != (theirs.function, theirs.filename) or mine.line >= theirs.line \
+            or is_library(mine):
+        return None
+    around, own = _around(d, k, mine.line, ranks.get(d.ranks[0]))
+    if not around:
+        return None
+    compared: Optional[Tuple[LoopInfo, Frame, Tuple[str, str]]] = None
+    for (j, held), a, b in zip(around, _values(c.ranks, c.frames, k, around, ranks),
+                               _values(d.ranks, d.frames, k, around, ranks)):
+        values = dict(b)
+        same = [(n, v) for n, v in a if values.get(n) == v]
+        if not a or len(same) != len(a) or len(a) != len(values):
+            return None  # a value differs, or is not known on one side: not this reading
+        frame = own[j]
+        if frame is not None:
+            compared = (held, frame, same[-1])
+    if compared is None:
+        return None
+    held, at, (name, value) = compared
+    return LoopParting(held, at, "left", held, at, name, value, value, 0, within=True)
 
 
 def common_prefix(a: StackClass, b: StackClass) -> int:
@@ -328,11 +376,20 @@ def _size(c: StackClass, d: StackClass) -> Tuple[SizeCase, Confidence]:
     return "similar", "medium"
 
 
-def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]] = None) -> Fact:
+def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]] = None,
+            others: bool = False) -> Fact:
     k = common_prefix(c, d)
     size, conf = _size(c, d)
     who = ranks_who(c.ranks, c.numbers)
     backward = d.collective is None and in_backward(d.frames)
+    passed = _passed(c, d, k, ranks) if others else None
+    if passed is not None:
+        # the others passed its collective in this iteration: it waits there for a member that never joined, which
+        # another minority class is the lead for; not a culprit of its own
+        return Fact("minority_stack", who, "low",
+                    StackEvidence(c, d, k, "passed", size, passed.loop, passed.frame, backward,
+                                  mine_backward=_ddp_gradients(c, ranks), past=passed),
+                    culprit=False, class_index=c.index)
     past = loop_parting(c, d, k, ranks)
     if past is not None and size != "tie":
         kind: FactKind = "different_collective" if c.collective and d.collective and c.collective != d.collective \

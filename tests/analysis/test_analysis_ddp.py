@@ -114,3 +114,42 @@ def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> 
     text, _ = verdict(*[(r, function if r == 2 else in_backward(3)) for r in range(8)])
     assert text.startswith("Rank 2 is in `all_reduce` on the process group `ctx.group` inside autograd's backward, "
                            "called from `Copy.backward` (fit.py:22) while 7 others are in autograd's backward")
+
+
+DDP = f"{TORCH}/nn/parallel/distributed.py"
+FORWARD = (f"DistributedDataParallel._distributed_broadcast_coalesced ({DDP}:2363)",
+           f"DistributedDataParallel._sync_buffers ({DDP}:2425)", f"DistributedDataParallel.forward ({DDP}:1886)",
+           f"Module._call_impl ({TORCH}/nn/modules/module.py:1789)")
+EVAL_REDUCE = (f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+               f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "mean_of (/home/alice/fit.py:12)",
+               "validate (/home/alice/fit.py:20)")
+
+
+def test_a_rank_in_a_collective_the_others_passed_in_the_same_iteration_is_held_by_the_rank_elsewhere() -> None:
+    """Rank 2 sits in DDP's forward broadcast at line 34 of iteration 3, which the others ran and left (they are in
+    the backward at line 40 of the same iteration): the broadcast completed for them (a tree lets them), so rank 2
+    waits in it for a member that never joined, rank 6, which is in validation's all_reduce. Rank 6 is named."""
+    text, a = verdict(*[(r, job_stack(FORWARD, 34, 3) if r == 2 else job_stack(EVAL_REDUCE, 46, 3) if r == 6
+                         else in_backward(3)) for r in range(8)])
+    assert text.startswith("Rank 6 is in `all_reduce`"), text
+    assert "rank 2" not in text.split("Next:")[0].lower(), text
+    held = next(f for f in a.findings if f.kind == "minority_stack" and "rank 2" in f.title)  # type: ignore[attr-defined]
+    assert held.confidence == "low" and not held.culprit
+    assert "which 6 others passed in the same iteration of `for step in range(steps)` (step=3 on both sides)" \
+        in held.title
+
+
+def test_a_counter_that_differs_while_the_loops_own_count_is_equal_is_not_another_iteration() -> None:
+    """`seen += len(batch)` differs between ranks with batches of other sizes while `step` is the same: the same
+    iteration, never "32 iterations ahead"."""
+    def counted(line: int, seen: int) -> Frame:
+        return Frame("fit", "/home/alice/fit.py", line, loops=(LoopInfo("for", 30, 50, "for x in loader:", ("x",),
+                                                                         ("step", "seen")),),
+                     iteration=(("step", "3"), ("seen", str(seen))))
+
+    def path(inner: Tuple[str, ...], line: int, seen: int) -> Tuple[Frame, ...]:
+        return stack(*inner) + (counted(line, seen), frame("<module> (/home/alice/fit.py:80)"))
+
+    text, _ = verdict(*[(r, path(EVAL_REDUCE, 46, 128) if r == 5 else path(BACKWARD, 40, 96)) for r in range(8)])
+    assert text.startswith("Rank 5 is in `all_reduce`"), text
+    assert "iterations ahead" not in text and "seen=128 vs 96" not in text, text

@@ -63,6 +63,9 @@ def _why(e: StackEvidence) -> str:
     if e.case == "backward":
         return ("the others are in autograd's backward, where DDP's gradient all_reduce waits for every rank; the "
                 "smallest groups are the usual suspects")
+    if e.case == "passed":
+        return (f"the others ran {who}'s line in the same iteration and went on: the collective completed for them, "
+                f"so {who} {'waits' if c.size == 1 else 'wait'} in it for a member that never joined it")
     return "no collective recognised; the smallest groups are the usual suspects"
 
 
@@ -122,6 +125,11 @@ def stack_text(f: Fact) -> Text:
     elif e.case == "backward":
         title = (f"{who} {verb} {where(c)} while {others} {'is' if d.size == 1 else 'are'} in autograd's "
                  f"backward {where(d)}, where DDP all_reduces the gradients")
+    elif e.case == "passed" and e.past is not None:
+        title = (f"{who} {_in_collective(c, e.mine_backward, c.size)}, which {others} passed in the same iteration "
+                 f"of `{_header(e.past.around)}` ({_values(e.past)} on both sides): "
+                 f"{'it waits' if c.size == 1 else 'they wait'} there for a member that has not joined "
+                 "(a broadcast's tree or a ring lets the others finish), held by the ranks elsewhere")
     elif e.case == "other_collective" and (e.mine_backward or e.theirs_backward):
         title = (f"{who} {_in_collective(c, e.mine_backward, c.size)} while {others} "
                  f"{_in_collective(d, e.theirs_backward, d.size, waits=True)}: two different collectives, which never "
