@@ -163,6 +163,14 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Fact]:
         short_of: Tuple[Tuple[str, int, int], ...] = ()
         done = finished_nodes(snapshot)
         if done:
+            # a node short of ranks is explained by the barrier when its launcher waits in it, or still runs the
+            # node's other ranks (an agent tears down its node's workers when one fails); a short node with neither
+            # lost its ranks otherwise
+            serving = {p.node for p in snapshot.processes[:4096] if p.role == "launcher" and p.of}
+            if not all(n in done or n in serving
+                       for n, _, _ in _short_nodes(snapshot, ranks.node, per_node, typical=True)):
+                done = ()
+        if done:
             # their launchers wait in torchrun's exit barrier: the ranks they ran have ended well, and it is the
             # ranks still here that the job waits for
             case: MissingCase = "finished"

@@ -160,3 +160,18 @@ def test_ranks_retrying_a_store_at_another_port_than_their_launchers_name_both_a
     for same in (_connecting("41000", 41000), connected):
         found = analyze(Snapshot(taken_at=1.0, ranks=same), history=[Snapshot(taken_at=0.0, ranks=same)]).findings
         assert all(f.kind != "store_differs" for f in found)
+
+
+def test_ranks_missing_from_a_node_whose_launcher_is_gone_are_not_read_as_finished() -> None:
+    """Agents in the exit barrier explain the ranks of their own nodes only: a node short of ranks whose launcher
+    is neither in the barrier nor still running ranks lost them otherwise, and that stays the lead."""
+    spin = (Frame("Thread.join", "/opt/py/lib/python3.12/threading.py", 1147),
+            Frame("_shutdown", "/opt/py/lib/python3.12/threading.py", 1590))
+    left = worker("gpu-b02", 420, 5, spin)
+    nodes = tuple(NodeStatus(n, state="done") for n in ("gpu-a07", "gpu-b02", "gpu-c11"))
+    snap = Snapshot(taken_at=1.0, ranks=(left,), nodes=nodes,
+                    processes=(agent("gpu-a07", 310, where="barrier"), agent("gpu-b02", 411, of=(420,))))
+    a = analyze(snap, history=[snap])
+    missing = next(f for f in a.findings if f.kind == "missing_ranks")
+    assert missing.culprit and "have finished" not in missing.title, missing.title
+    assert not [f for f in a.findings if f.kind == "unfinished"]

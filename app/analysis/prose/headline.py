@@ -145,7 +145,8 @@ def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "", alike: S
         d = c.others
         at = f"in `{d.collective}`" if d.collective else class_where(d)
         if d.size == total:
-            return f"{title}; the other {count_phrase(total)} wait for {them} {at}"
+            rest = "the other rank waits" if total == 1 else f"the other {count_phrase(total)} wait"
+            return f"{title}; {rest} for {them} {at}"
     if p2p and c.fact.kind in ("minority_stack", "different_collective"):
         return f"{title}; {p2p}"
     e = c.fact.data
