@@ -361,3 +361,28 @@ def test_the_others_in_backward_are_named_as_ddp_all_reduce() -> None:
                          "`train_epoch` (train.py:41), where DDP all_reduces the gradients")
     assert "DDP's gradient all_reduce waits for every rank" in odd.reason and "no collective" not in odd.reason
     assert odd.confidence == "medium"
+
+
+def test_a_rank_that_left_a_counted_loop_left_it_by_a_decision_of_its_own() -> None:
+    """Out of a loop over a count (`for epoch in range(n)`), not over data: no batch ran out; the rank left it by a
+    break or return of its own (an early stop on its own loss), and that decision is what to make common. Out of a
+    loop over data, uneven inputs stay the next step."""
+    import dataclasses
+
+    from analysis_snapshots import in_step
+    from app.model import LoopInfo
+
+    epochs = LoopInfo("for", 50, 60, "for epoch in range(cfg.epochs):", ("epoch",))
+
+    def counted(frames: tuple) -> tuple:
+        return tuple(dataclasses.replace(f, loops=(epochs,), iteration=(("epoch", "2"),)) if f.function == "train"
+                     else f for f in frames)
+
+    ranks = [rank(r, "node01", counted(in_step(BARRIER if r == 1 else ALL_REDUCE_FRAMES, 7)), world=4)
+             for r in range(4)]
+    text = analyze(snapshot(ranks)).verdict
+    assert text.startswith("Rank 1 has left the loop `for epoch in range(cfg.epochs)`"), text
+    assert "Next: find the `break` or `return` by which rank 1 left that loop early" in text
+    assert "same number of batches" not in text
+    data = [rank(r, "node01", in_step(BARRIER if r == 3 else ALL_REDUCE_FRAMES, 7), world=4) for r in range(4)]
+    assert "Next: give every rank the same number of batches" in analyze(snapshot(data)).verdict

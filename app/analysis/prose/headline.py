@@ -187,6 +187,15 @@ def unknown_wait(w: ThreadWait) -> str:
             "is not known")
 
 
+_COUNTED = re.compile(r"^\s*(?:for\s+[\w, ()]+\s+in\s+(?:range|itertools\.count|count)\s*\(|while\b)")
+
+
+def counted_loop(header: str) -> bool:
+    """A loop over a count or a condition (`for epoch in range(n)`, `while step < total`), not over data (a loader,
+    a list of batches): a rank leaves it only by a decision of its own, never because its data ran out."""
+    return bool(_COUNTED.match(header or ""))
+
+
 def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
     # the recorder's own "why" (a collective of another group, a GPU that has not started it) says more than the
@@ -291,6 +300,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                 "rank, its data or the clock)")
     if k in ("minority_stack", "different_collective"):
         if getattr(e, "case", "") == "left_loop":
+            loop = getattr(e, "loop", None)
+            if loop is not None and counted_loop(loop.header):
+                # a loop over a count (epochs, steps), not over data: the rank left it by a decision of its own
+                return (f"find the `break` or `return` by which {who} left that loop early (an early stop on its "
+                        "own loss, a step or time budget, an error handled): decide it on every rank together "
+                        "(all_reduce the flag or the metric it rests on) so that all leave at once")
             return ("give every rank the same number of batches (DistributedSampler(drop_last=True), equal "
                     "shards) or let DDP's join() cover the ranks that finish first")
         past = getattr(e, "past", None)
