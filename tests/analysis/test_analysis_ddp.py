@@ -153,3 +153,15 @@ def test_a_counter_that_differs_while_the_loops_own_count_is_equal_is_not_anothe
     text, _ = verdict(*[(r, path(EVAL_REDUCE, 46, 128) if r == 5 else path(BACKWARD, 40, 96)) for r in range(8)])
     assert text.startswith("Rank 5 is in `all_reduce`"), text
     assert "iterations ahead" not in text and "seen=128 vs 96" not in text, text
+
+
+def test_a_rank_in_ddps_forward_where_the_others_gather_skipped_their_call() -> None:
+    """The others gather the epoch's metrics (a collective of the job's), one rank is in the next forward's buffer
+    broadcast: it skipped that call (an error caught around a metric), which is what to find."""
+    gather = job_stack((f"all_gather_object ({TORCH}/distributed/distributed_c10d.py:3513)",
+                        f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "report (/home/alice/fit.py:25)"), 47, 3)
+    text, _ = verdict(*[(r, job_stack(FORWARD, 34, 4) if r == 4 else gather) for r in range(8)])
+    assert text.startswith("Rank 4 is 1 iteration ahead of 7 others in `for step in range(steps)`"), text
+    assert "rank 4 is in DDP's forward at fit.py:34, in its broadcast of the buffers from rank 0" in text, text
+    assert "Next: find why rank 4 skipped `all_gather` (fit.py:25), which the others are in, and went on into the " \
+        "next forward" in text, text

@@ -22,13 +22,13 @@ from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_ints, fold_nodes
-from app.analysis.frames import clean, group_arg, named
+from app.analysis.frames import clean, ddp_forward, group_arg, named
 from app.analysis.graph import WaitGraph
 from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
-from app.analysis.prose.stacks import call_site, callers, ddp_next, exiting
+from app.analysis.prose.stacks import call_site, caller, callers, ddp_next, exiting, location
 from app.analysis.prose.state import resume_command, thaw_command
 from app.analysis.prose.threads import p2p_clause, readers_stopped, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
@@ -326,6 +326,16 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if isinstance(e, StackEvidence) and (e.mine_backward or e.theirs_backward) and (
                 e.case == "other_collective" or (e.case == "other_iteration" and past is not None and past.within)):
             return ddp_next(e, who)
+        ahead = e.case == "other_iteration" and past is not None and past.within and (past.delta or 0) > 0 \
+            if isinstance(e, StackEvidence) else False
+        if isinstance(e, StackEvidence) and (e.case == "other_collective" or ahead) and e.theirs.collective \
+                and ddp_forward(e.mine.frames) and e.mine.collective == "broadcast":
+            # DDP's forward against a collective of the job's: it went on into the next forward past that call
+            their_call = caller(e.theirs)
+            at = f" ({location(their_call)})" if their_call is not None else ""
+            return (f"find why {who} skipped `{clean(e.theirs.collective, 40)}`{at}, which the others are in, and went "
+                    "on into the next forward: an exception caught around it (a metric that fails on the rank's own "
+                    "data), a condition on the rank's own values; every rank must make that call, or none")
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")

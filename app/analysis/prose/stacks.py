@@ -130,7 +130,8 @@ def stack_text(f: Fact) -> Text:
                  f"of `{_header(e.past.around)}` ({_values(e.past)} on both sides): "
                  f"{'it waits' if c.size == 1 else 'they wait'} there for a member that has not joined "
                  "(a broadcast's tree or a ring lets the others finish), held by the ranks elsewhere")
-    elif e.case == "other_collective" and (e.mine_backward or e.theirs_backward):
+    elif e.case == "other_collective" and (e.mine_backward or e.theirs_backward or
+                                           any(ddp_forward(x.frames) and x.collective == "broadcast" for x in (c, d))):
         title = (f"{who} {_in_collective(c, e.mine_backward, c.size)} while {others} "
                  f"{_in_collective(d, e.theirs_backward, d.size, waits=True)}: two different collectives, which never "
                  "match")
