@@ -333,9 +333,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             # DDP's forward against a collective of the job's: it went on into the next forward past that call
             their_call = caller(e.theirs)
             at = f" ({location(their_call)})" if their_call is not None else ""
-            return (f"find why {who} skipped `{clean(e.theirs.collective, 40)}`{at}, which the others are in, and went "
-                    "on into the next forward: an exception caught around it (a metric that fails on the rank's own "
-                    "data), a condition on the rank's own values; every rank must make that call, or none")
+            my_call = caller(e.mine)
+            here = f" at {location(my_call)}" if my_call is not None else ""
+            return (f"find why {who} runs the DDP-wrapped model's forward{here} where the others call "
+                    f"`{clean(e.theirs.collective, 40)}`{at}: a branch only it takes (a forward through the wrapped "
+                    "model on some ranks only), or that call skipped on it (an exception caught around a metric that "
+                    "fails on its own data, a condition on its own values); every rank must make the same calls")
         if k == "different_collective":
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
