@@ -165,3 +165,16 @@ def test_a_rank_in_ddps_forward_where_the_others_gather_skipped_their_call() -> 
     assert "rank 4 is in DDP's forward at fit.py:34, in its broadcast of the buffers from rank 0" in text, text
     assert "Next: find why rank 4 runs the DDP-wrapped model's forward at fit.py:34 where the others call " \
         "`all_gather` (fit.py:25)" in text, text
+
+
+def test_two_collectives_of_the_jobs_own_code_are_named_with_their_call_sites_in_the_next_step() -> None:
+    """Rank 0 reduces a metric from the validation it alone runs, the others wait in a barrier after it: the next
+    step names both calls where they are made, and how such a pair comes about."""
+    reduce = job_stack(EVAL_REDUCE, 46, 3)
+    barrier = job_stack((f"barrier ({TORCH}/distributed/distributed_c10d.py:4100)",
+                         f"wrapper ({TORCH}/distributed/c10d_logger.py:83)"), 48, 3)
+    text, _ = verdict(*[(r, reduce if r == 0 else barrier) for r in range(8)])
+    assert text.startswith("Rank 0 is in `all_reduce`"), text
+    assert ("Next: make every rank issue the same collectives in one order: rank 0 calls `all_reduce` from `mean_of` "
+            "(fit.py:12) where the others call `barrier` from `fit` (fit.py:48): one of them runs in code only some "
+            "ranks reach") in text, text

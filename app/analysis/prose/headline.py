@@ -340,6 +340,17 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     "model on some ranks only), or that call skipped on it (an exception caught around a metric that "
                     "fails on its own data, a condition on its own values); every rank must make the same calls")
         if k == "different_collective":
+            my_call, their_call = (caller(e.mine), caller(e.theirs)) if isinstance(e, StackEvidence) else (None, None)
+            if isinstance(e, StackEvidence) and my_call is not None and their_call is not None \
+                    and e.mine.collective and e.theirs.collective:
+                # both calls are the job's: name them, and the two ways such a pair comes about
+                calls = "calls" if len(best.who.keys) == 1 else "call"
+                return (f"make every rank issue the same collectives in one order: {who} {calls} "
+                        f"`{clean(e.mine.collective, 40)}` from {named(my_call)} where the others call "
+                        f"`{clean(e.theirs.collective, 40)}` from {named(their_call)}: one of them runs in code only "
+                        "some ranks reach (a block run by one rank alone: evaluation, logging, a checkpoint), or was "
+                        "skipped on the others (an exception caught, an early `continue`); run each on every rank of "
+                        "its group, or on none")
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
         if isinstance(e, StackEvidence) and e.case == "same_collective":
