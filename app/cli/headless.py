@@ -6,15 +6,14 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import io
 import os
 import sys
 import threading
 import time
-from typing import BinaryIO, List, Optional, Sequence, TextIO
+from typing import Callable, List, Optional, Sequence, TextIO
 
 from app.cli.run import WriteError, write_private
-from app.inputs.files import InputFileError, open_input, stdin_problem
+from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
 from app.errors import InputError
 from app.model import CollectOptions, Snapshot, rank_key
 from app.model.codec import SnapshotFormatError, snapshot_from_json, snapshot_json_parts
@@ -273,27 +272,16 @@ def show_loaded(path: str, *, export: Optional[str] = None, force: bool = False,
     return EXIT_OK
 
 
-_BOM = b"\xef\xbb\xbf"
+_BOM = b"\xef\xbb\xbf"  # an editor's byte-order mark: JSON readers may skip it
 
 
-def _read_snapshot(stream: BinaryIO, path: str) -> bytes:
-    """At most MAX_SNAPSHOT_BYTES + 1 bytes of a snapshot, held once; refused at its first chunk when that does not
-    begin a JSON object (a file of zeros or of another format costs one read, not a gigabyte)."""
-    out = io.BytesIO()
-    begun = False
-    while out.tell() <= MAX_SNAPSHOT_BYTES:
-        chunk = stream.read(min(1 << 20, MAX_SNAPSHOT_BYTES + 1 - out.tell()))
-        if not chunk:
-            break
-        if not begun:
-            if not out.tell() and chunk.startswith(_BOM):  # an editor's byte-order mark: JSON readers may skip it
-                chunk = chunk[len(_BOM):]
-            head = chunk.lstrip()
-            if head and head[:1] != b"{":
-                raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
-            begun = bool(head)
-        out.write(chunk)
-    return out.getvalue()
+def _object_start(path: str) -> Callable[[bytes], None]:
+    """read_bounded's check of a snapshot's first bytes: a JSON object (after a byte-order mark), else refused."""
+    def check(head: bytes) -> None:
+        body = head[len(_BOM):].lstrip() if head.startswith(_BOM) else head
+        if body and body[:1] != b"{":
+            raise InputError(f"{path} is not a hangscope snapshot (not JSON: it does not start with an object)")
+    return check
 
 
 def load_snapshot(path: str) -> Snapshot:
@@ -304,19 +292,21 @@ def load_snapshot(path: str) -> Snapshot:
             problem = stdin_problem()
             if problem or sys.stdin is None:
                 raise InputError(f"--load -: {problem or 'stdin is closed'}")
-            data = _read_snapshot(sys.stdin.buffer, path)
+            data = read_bounded(sys.stdin.buffer, MAX_SNAPSHOT_BYTES, _object_start(path))
         else:
             with open_input(path, what="snapshot", stdin_ok=True) as f:  # bounded: a 100 GB file must not fill the memory
                 size = os.fstat(f.fileno()).st_size
                 if size > MAX_SNAPSHOT_BYTES:  # known before a byte is read (a sparse file of 8 GB reads as zeros)
                     raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
-                data = _read_snapshot(f, path)
+                data = read_bounded(f, MAX_SNAPSHOT_BYTES, _object_start(path))
     except InputFileError as exc:
         raise InputError(f"--load {exc.path}: {exc.reason}") from None
     except OSError as exc:
         raise InputError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
     if len(data) > MAX_SNAPSHOT_BYTES:
         raise InputError(f"{path} is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB: not a hangscope snapshot")
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -8,9 +8,10 @@ O_NONBLOCK, in case the path changed in between. `-` (stdin) is the caller's bus
 
 from __future__ import annotations
 
+import io
 import os
 import stat
-from typing import BinaryIO, Optional
+from typing import BinaryIO, Callable, Optional
 
 from app.errors import InputError
 from app.inputs.fs import kind, os_reason, system_tree
@@ -68,17 +69,22 @@ def open_input(path: str, *, what: str = "", max_bytes: Optional[int] = None, st
         raise
 
 
-def read_bounded(stream: BinaryIO, limit: int) -> bytes:
-    """At most limit + 1 bytes (one more than allowed, so the caller can tell "too large" from "just fits")."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = stream.read(min(1 << 20, limit + 1 - size))
+def read_bounded(stream: BinaryIO, limit: int, start: Optional[Callable[[bytes], None]] = None) -> bytes:
+    """At most limit + 1 bytes (one more than allowed, so the caller can tell "too large" from "just fits"), held
+    once. `start` sees the first bytes that are not blank, once, and may raise to refuse the input there: a file
+    of zeros or of another format costs one read, not `limit` bytes."""
+    out = io.BytesIO()
+    while out.tell() <= limit:
+        chunk = stream.read(min(1 << 20, limit + 1 - out.tell()))
         if not chunk:
             break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+        if start is not None:
+            head = chunk.lstrip()
+            if head:
+                start(head)
+                start = None
+        out.write(chunk)
+    return out.getvalue()  # the buffer itself, not a copy
 
 
 def stdin_problem() -> Optional[str]:
