@@ -43,18 +43,27 @@ from app.model import Frame, RankSnapshot
 
 def _others(c: Culprit, total: int) -> str:
     """`the other 7 ranks wait for it in `all_reduce``."""
-    d = c.others
-    n = total - len(c.who.keys)
+    return others_wait(c.others, total - len(c.who.keys), "it" if len(c.who.keys) <= 1 else "them")
+
+
+def others_wait(d: Optional[StackClass], n: int, them: str) -> str:
+    """Where the rest of the job (`n` ranks, class `d`) waits for the culprit (`them`): `the other 7 ranks wait for
+    them in `all_reduce``; "" when that is not known."""
     if d is None or n <= 0:
         return ""
-    them = "it" if len(c.who.keys) <= 1 else "them"
+    rest = "the other rank waits" if n == 1 else f"the other {count_phrase(n)} wait"
     device = None if d.collective else device_wait(d.frames)
     if device is not None:
         at = class_where(d).replace("in ", "at ", 1)
-        return (f"the other {count_phrase(n)} wait for {them} in `{device}` {at}: the host waits for its GPU, "
-                f"where the collective it queued waits for {them}")
+        return (f"{rest} for {them} in `{device}` {at}: the host waits for its GPU, where the collective it queued "
+                f"waits for {them}")
     at = f"in `{d.collective}`" if d.collective else class_where(d)
-    return f"the other {count_phrase(n)} wait for {them} {at}"
+    return f"{rest} for {them} {at}"
+
+
+def _resume(pids: str, node: str, what: str = "it") -> str:
+    """The next step for a process stopped by a signal: the command that resumes it, where."""
+    return f"`kill -CONT {pids}` on {node} resumes {what}; hangscope left it as it was"
 
 
 def device_wait(frames: Sequence[Frame]) -> Optional[str]:
@@ -83,12 +92,8 @@ def _wait_sentence(c: Culprit, total: int, alike: Sequence[RankSnapshot] = ()) -
         head = (f"ranks {fold_ints([x.rank for x in held if x.rank is not None])} (pids "
                 f"{', '.join(str(x.pid) for x in held[:4])}{', ...' if len(held) > 4 else ''} on {clean(nodes, 60)}) "
                 f"are each {chain_text(c.links, r)}")
-        n = total - len(held)
-        d = c.others
-        if d is None or n <= 0:
-            return head
-        at = f"in `{d.collective}`" if d.collective else class_where(d)
-        return f"{head}; the other {count_phrase(n)} wait for them {at}"
+        others = others_wait(c.others, total - len(held), "them")
+        return f"{head}; {others}" if others else head
     who = f"rank {r.rank}" if r.rank is not None else f"pid {r.pid}"
     head = f"{who} (pid {r.pid} on {clean(r.node, 60)}) is {chain_text(c.links, r)}"
     others = _others(c, total)
@@ -141,12 +146,9 @@ def culprit_sentence(c: Culprit, title: str, total: int, p2p: str = "", alike: S
         return _wait_sentence(c, total, alike)
     if c.fact.kind == "missing_ranks" and c.fact.who.missing and c.others is not None and total:
         # where the ranks that are here wait for the missing ones (their one class: the place they stopped at)
-        them = "it" if c.fact.who.numbers and len(c.fact.who.numbers) == 1 else "them"
-        d = c.others
-        at = f"in `{d.collective}`" if d.collective else class_where(d)
-        if d.size == total:
-            rest = "the other rank waits" if total == 1 else f"the other {count_phrase(total)} wait"
-            return f"{title}; {rest} for {them} {at}"
+        if c.others.size == total:
+            them = "it" if c.fact.who.numbers and len(c.fact.who.numbers) == 1 else "them"
+            return f"{title}; {others_wait(c.others, total, them)}"
     if p2p and c.fact.kind in ("minority_stack", "different_collective"):
         return f"{title}; {p2p}"
     e = c.fact.data
@@ -218,7 +220,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         # a child the culprit waits on, a launcher that cannot run (one started with other flags runs well)
         node = clean(root.nodes[0], 60) if root.nodes else "its node"
         if root.state == "stopped":
-            return f"`kill -CONT {root.pid}` on {node} resumes it; hangscope left it as it was"
+            return _resume(str(root.pid), node)
         return f"see what it does: `py-spy dump --pid {root.pid}` on {node}"
     k = best.kind
     e = best.data
@@ -377,7 +379,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             return (f"detach the tracer from pid {proc.pid} on {clean(proc.node, 60)} (quit the debugger) to resume "
                     "it; hangscope left it as it was")
         if proc is not None:
-            return f"`kill -CONT {proc.pid}` on {clean(proc.node, 60)} resumes it; hangscope left it as it was"
+            return _resume(str(proc.pid), clean(proc.node, 60))
     if k == "store_differs":
         given = getattr(e, "given", "")
         return (f"let the ranks use the address their launcher gives them ({clean(given, 120)}): do not set "
@@ -416,8 +418,8 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         rank = getattr(e, "rank", None)
         stopped = readers_stopped(rank) if rank is not None else ()
         if stopped and rank is not None:
-            return (f"`kill -CONT {' '.join(map(str, stopped[:4]))}` on {clean(rank.node, 60)} resumes the pipe's "
-                    "reader (`fg` in the shell that stopped it); hangscope left it as it was")
+            return _resume(" ".join(map(str, stopped[:4])), clean(rank.node, 60),
+                           "the pipe's reader (`fg` in the shell that stopped it)")
         return "make the pipe's reader read (or send the rank's output to a file)"
     if k in ("gpu_fault", "nccl_ras"):
         return "see the GPU evidence below: the node's kernel log (`dmesg -T | grep -i xid`) and nvidia-smi"
@@ -528,7 +530,7 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
                 "hanging")
     if first is not None and first.kind == "process" and first.pid is not None:
         if first.state == "stopped":
-            return f"`kill -CONT {first.pid}` on {node} resumes it; hangscope left it as it was"
+            return _resume(str(first.pid), node)
         if first.state == "zombie":
             return (f"pid {first.pid} has exited{' (' + clean(first.exit, 60) + ')' if first.exit else ''}: find why "
                     "(its log, `dmesg` for the OOM killer) and let the waiting code notice a dead child")
