@@ -162,13 +162,13 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Fact]:
         conf: Confidence
         short_of: Tuple[Tuple[str, int, int], ...] = ()
         done = finished_nodes(snapshot)
-        if done:
+        short = _short_nodes(snapshot, ranks.node, per_node, typical=True) if done else None
+        if done and short is not None:
             # a node short of ranks is explained by the barrier when its launcher waits in it, or still runs the
             # node's other ranks (an agent tears down its node's workers when one fails); a short node with neither
             # lost its ranks otherwise
             serving = {p.node for p in snapshot.processes[:4096] if p.role == "launcher" and p.of}
-            if not all(n in done or n in serving
-                       for n, _, _ in _short_nodes(snapshot, ranks.node, per_node, typical=True)):
+            if not all(n in done or n in serving for n, _, _ in short):
                 done = ()
         if done:
             # their launchers wait in torchrun's exit barrier: the ranks they ran have ended well, and it is the
@@ -181,7 +181,7 @@ def missing_ranks(snapshot: Snapshot, by_job: Dict[JobId, Facts]) -> List[Fact]:
         elif per_node and world > per_node * len(inspected):
             case, conf, culprit = "hosts_short", "low", False
         else:
-            short_of = _short_nodes(snapshot, ranks.node, per_node, typical=True)
+            short_of = short if short is not None else _short_nodes(snapshot, ranks.node, per_node, typical=True)
             case, conf, culprit = "exited", "high", True
             launched = {p.node for p in snapshot.processes[:4096] if p.role == "launcher"}
             if len(launched) >= 2:
