@@ -65,6 +65,23 @@ def server(args):
     return conn
 
 
+def unix_server(args):
+    """A unix stream server at args[0] that never accepts (a listener stopped or busy elsewhere)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(args[0])
+    srv.listen(4)
+    ready()
+    time.sleep(86400)
+
+
+def unix_send(args):
+    """Connects to the unix socket at args[0] and sends until the send blocks (nobody reads)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(args[0])
+    ready()
+    conn.sendall(b"x" * (64 << 20))
+
+
 def recv_from(args):
     """recv on a TCP connection to args[0] (host:port); with "--timeout" the socket has a timeout: Python polls."""
     host, port = args[0].rsplit(":", 1)
@@ -248,7 +265,7 @@ def sigwait(args):
 
 
 if __name__ == "__main__":
-    {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server,
+    {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server, "unix_server": unix_server, "unix_send": unix_send,
      "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "both_read": both_read, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed, "poll_file": poll_file,
      "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
      "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])

@@ -139,6 +139,20 @@ def test_a_connection_the_server_never_accepted_names_the_listener() -> None:
             assert any("accept queue" in n for n in fd.notes)
 
 
+def test_a_unix_connection_the_server_never_accepted_names_the_listener(tmp_path: Path) -> None:
+    """A client's send blocks on a full unix socket whose server has not accepted it: the other end has no file
+    yet (no inode, no holder); the listener whose pending connections hold it is the one that can read."""
+    path = str(tmp_path / "agent.sock")
+    with target("unix_server", path) as srv:
+        in_call(srv.pid, ["clock_nanosleep", "nanosleep"])
+        with target("unix_send", path) as t:
+            raw, w = waits(t.pid, ["sendto", "sendmsg", "write"])
+            (fd,) = w.fds
+            assert (fd.kind, fd.proto, fd.access) == ("socket", "unix", "write"), raw
+            assert [(o.role, o.pid) for o in fd.others] == [("listener", srv.pid)], raw
+            assert fd.peer == path and any("accept queue" in n for n in fd.notes), raw
+
+
 def test_recv_from_a_host_that_is_not_local_gives_only_the_peer_address() -> None:
     with target("udp") as t:
         _, w = waits(t.pid, ["recvfrom", "read", "recvmsg"])

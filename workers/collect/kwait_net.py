@@ -7,7 +7,8 @@ when it is in the same table, or the listener of the peer's port when the connec
 queue (its other end has no file, and no inode, until accept) or is being set up (SYN_SENT). A peer on this node
 but in another network namespace (a container) is not found. UDP: endpoints only (/proc/PID/net/udp{,6}).
 Unix: sock_diag gives the socket's path and its peer's inode (in the worker's namespace), /proc/PID/net/unix the
-path only (elsewhere).
+path only (elsewhere); a connection the server has not accepted yet has a peer without an inode, and its other end
+is the listener whose pending connections hold it (sock_diag's dump of the listeners).
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def endpoint(cache: Dict[str, Any], index: fdindex.FdIndex, pid: int, inode: int
         if not others:
             unix.setdefault("notes", []).append("no process holds the peer socket:[%d]%s" % (
                 peer, "" if complete else " among the processes read"))
+    elif peer == 0 and unix.get("state") in ("ESTABLISHED", "SYN_SENT"):
+        # connected, and its other end has no inode: a socket the listener has not accepted yet (it has no file
+        # until accept), as a TCP connection in the accept queue. The listener lists it among its pending ones.
+        listener = _unix_listener_of(inode)
+        if listener is not None:
+            ino, name = listener
+            if name:
+                unix["peer"] = name
+            unix["others"], unix["complete"] = fdindex.ends(index, "socket:[%d]" % ino, (0, 1, 2), "listener", pid)
+            unix.setdefault("notes", []).append(
+                "the connection waits in the listener's accept queue: the listener has not accepted it")
     return unix
 
 
@@ -173,15 +185,7 @@ def _diag(inode: int, show: int) -> Optional[Tuple[int, int, Dict[int, bytes]]]:
     _family, stype, state, _pad, ino = struct.unpack_from("=BBBBI", data, 16)
     if kind != 20 or ino != inode & 0xFFFFFFFF:
         return None  # NLMSG_ERROR
-    attrs: Dict[int, bytes] = {}
-    off, end = 32, min(length, len(data))
-    while off + 4 <= end:
-        alen, akind = struct.unpack_from("=HH", data, off)
-        if alen < 4:
-            break
-        attrs[akind] = data[off + 4:off + alen]
-        off += (alen + 3) & ~3
-    return stype, state, attrs
+    return stype, state, _attrs(data, 32, min(length, len(data)))
 
 
 def _unix_diag(inode: int) -> Optional[Dict[str, Any]]:
@@ -201,6 +205,55 @@ def _unix_diag(inode: int) -> Optional[Dict[str, Any]]:
         if named is not None and 0 in named[2]:
             out["peer"] = _unix_name(named[2][0])
     return out
+
+
+MAX_DUMP_BYTES = 8 << 20  # the listening unix sockets of a namespace: a few KB; more is not read
+
+
+def _unix_listener_of(inode: int) -> Optional[Tuple[int, str]]:
+    """(inode, name) of the listening unix socket whose accept queue holds the connection from socket `inode`
+    (sock_diag's dump of the listeners with their pending connections, UNIX_DIAG_ICONS: the inode of each
+    connecting socket); None when no listener has it, or the dump is refused."""
+    req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 1 << 10, 0, 1 | 8,  # LISTEN; SHOW_NAME | SHOW_ICONS
+                      0xFFFFFFFF, 0xFFFFFFFF)
+    want = struct.pack("=I", inode & 0xFFFFFFFF)
+    read = 0
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4) as nl:
+            nl.settimeout(1.0)
+            nl.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req)  # REQUEST | DUMP
+            while read < MAX_DUMP_BYTES:
+                data = nl.recv(1 << 16)
+                if not data:
+                    return None
+                read += len(data)
+                off = 0
+                while off + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, off)
+                    if length < 16 or kind in (2, 3):  # NLMSG_ERROR, NLMSG_DONE
+                        return None
+                    if kind == 20 and length >= 32:
+                        ino = struct.unpack_from("=I", data, off + 20)[0]
+                        attrs = _attrs(data, off + 32, min(off + length, len(data)))
+                        icons = attrs.get(3, b"")  # UNIX_DIAG_ICONS: u32 inodes
+                        if any(icons[i:i + 4] == want for i in range(0, len(icons) - 3, 4)):
+                            return ino, _unix_name(attrs[0]) if 0 in attrs else ""
+                    off += (length + 3) & ~3
+    except OSError:
+        return None
+    return None
+
+
+def _attrs(data: bytes, off: int, end: int) -> Dict[int, bytes]:
+    """A netlink message's attributes from off to end: {type: value}."""
+    attrs = {}  # type: Dict[int, bytes]
+    while off + 4 <= end:
+        alen, akind = struct.unpack_from("=HH", data, off)
+        if alen < 4:
+            break
+        attrs[akind] = data[off + 4:off + alen]
+        off += (alen + 3) & ~3
+    return attrs
 
 
 def _unix_name(raw: bytes) -> str:
