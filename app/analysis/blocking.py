@@ -187,7 +187,8 @@ def call_site(f: Frame, syscall: str) -> Optional[Tuple[Site, Call]]:
                 rep = _receiver_repr(f, c.receiver)
                 if rep is not None and not re.search(site.receiver, rep):
                     continue
-                if rep is None and not _receiver_name_fits(c.receiver, site):
+                if rep is None and not _receiver_name_fits(c.receiver, site) and \
+                        not (site.kernel_confirms and syscall in site.syscalls):
                     continue
             found = (site, c)
             break

@@ -1,7 +1,8 @@
 """Who waits for whom inside one process: threads blocked entering a `with` block whose lock another thread holds.
 
 The worker reads, from each frame's source, the `with` blocks around its current line (Frame.withs): a frame
-whose line is a `with X:` header and that is blocked there waits to acquire X; a frame inside the body of
+whose line is a `with X:` header and that is blocked there (in futex, where the kernel says: a lock's acquire
+sleeps there, an `open()` in the header does not) waits to acquire X; a frame inside the body of
 `with X:` holds X. Within one rank, thread A waiting for X and thread B holding X (the same expression in the
 same file) is an edge A -> B; a cycle of edges is a deadlock. What the holder itself waits on (its innermost
 frame) says why it does not let go. A thread inside `with cond:` that is in `cond.wait()` has released it.
@@ -58,6 +59,10 @@ def waiting(t: ThreadStack) -> Optional[Wait]:
         entering = [w for w in f.withs if w.entering]
         if entering:
             inner = frames[:i]
+            if not inner and t.syscall and t.syscall != "futex":
+                # a C call in the header itself (`with open(fifo) as f:`, `with socket.create_connection(...)`)
+                # waits in its own system call: only a lock's acquire sleeps in futex
+                return None
             # above the `with` line only the lock's own entry code (threading.py), or nothing (a C lock)
             if all(g.function in _ENTER_FUNCTIONS and g.filename.endswith("threading.py") for g in inner):
                 w = entering[-1]

@@ -11,8 +11,9 @@ write) shows its innermost Python frame at the line that made the call. What the
   A futex wait under a library's frame, or in a process with no other Python thread, is left out: torch's CPU
   ops wait for their thread pool with the GIL held, a moment of every running job.
 - a native call that does not return: the innermost Python frame is the job's own code (not a library's
-  wait, not a `with` header), and the thread sleeps in a call that waits for nothing a Python API gives
-  (pause, a futex of C code, a signal wait, a child).
+  wait, not a `with` header, not a line whose call the wait-site table names: `self._lock.acquire()` sleeps in
+  futex too, and is a lock's wait, said by the waits), and the thread sleeps in a call that waits for nothing a
+  Python API gives (pause, a futex of C code, a signal wait, a child).
 - a write to a full pipe: the thread sleeps in write() with the kernel in pipe_write: the process reading
   the pipe's other end has stopped reading (a log shipper, `| tee`, a parent that never drains stdout); the
   node names that reader, from the processes holding the pipe's read end (ProcessHold.pipe_readers).
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, List, Optional, Sequence, Tuple
 
+from app.analysis.blocking import call_site
 from app.analysis.facts import Confidence, Evidence, Fact, ranks_who
 from app.analysis.fold import RankKey
 from app.analysis.frames import collective_of, is_library
@@ -106,7 +108,7 @@ def native_call(r: RankSnapshot, odd: Collection[RankKey]) -> Optional[Fact]:
     if t is None or t.owns_gil or not _asleep(t) or t.syscall not in WAIT_FOREVER or t.enters_with:
         return None
     f = _innermost_python(t)
-    if f is None or is_library(f) or collective_of(f) is not None:
+    if f is None or is_library(f) or collective_of(f) is not None or call_site(f, t.syscall) is not None:
         return None
     return _fact("native_call", r, t, f, odd)
 

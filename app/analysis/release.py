@@ -3,7 +3,8 @@
 Each wait site names a rule (sites.Release); this module follows it over what the snapshot holds:
 
 - holder: the thread of the same process inside a `with` block of the same lock (locks.held), which can be the
-  waiter itself lower on its own stack (a self-deadlock: a non-reentrant lock taken twice);
+  waiter itself lower on its own stack (a self-deadlock: a non-reentrant lock taken twice); for a lock taken
+  with acquire(), else the thread whose code in view calls release() on that object (a hand-off, "releaser");
 - notifier / producer / consumer: the other threads of the process that run Python (none: nobody can);
 - joined: the joined thread, matched by the Thread object's address in both stacks;
 - worker: the executor's or pool's workers (threads in concurrent.futures' `_worker` running a call, or child
@@ -25,7 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
-from app.analysis.blocking import Motion, ThreadWait, importing, innermost_own, line_text, thread_wait
+from app.analysis.blocking import MAX_LINE, Motion, ThreadWait, importing, innermost_own, line_text, thread_wait
 from app.analysis.frames import group_arg, is_library
 from app.analysis.locks import LockKey, held
 from app.model import Frame, JobProcess, KernelWait, OtherEnd, RankSnapshot, ThreadStack
@@ -239,7 +240,37 @@ def _holder(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         owner = _self_address(f)
         parties += [_thread_party(ctx, t, "holder") for t in ctx.rank.threads
                     if t.tid != thread.tid and owner and _holds_by_call(t, owner)]
+    if not parties and wait.site is not None and wait.site.operation.endswith(".acquire") and wait.caller is not None:
+        # taken with acquire(), given back by another thread's explicit release() (a lock used as a hand-off
+        # between threads: "released by the writer when it is done"): the thread whose code in view releases
+        # that very object is the one that would
+        obj = wait.detail("object")
+        parties += [_thread_party(ctx, t, "releaser") for t in ctx.rank.threads
+                    if t.tid != thread.tid and releasing_frame(t, obj, wait.caller) is not None]
     return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
+
+
+_RELEASE_CALL = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)\s*\.\s*release\s*\(")
+
+
+def releasing_frame(t: ThreadStack, obj: str, at: Frame) -> Optional[Tuple[Frame, int]]:
+    """(frame, line) of a thread's Python frame whose source in view calls `obj.release()` on the object the
+    frame `at` acquires: `self._lock` only where both frames' `self` is the same object, a bare name only in the
+    same file. None when the thread's frames do not."""
+    if not obj:
+        return None
+    owner = _self_address(at) if obj.startswith("self.") else ""
+    if obj.startswith("self.") and not owner:
+        return None
+    for g in t.frames:
+        if g.native or not g.source or (owner and _self_address(g) != owner) or \
+                (not owner and g.filename != at.filename):
+            continue
+        for n, text in g.source:
+            code = text.split("#", 1)[0]
+            if any(m.group(1).replace(" ", "") == obj for m in _RELEASE_CALL.finditer(code[:MAX_LINE])):
+                return g, n
+    return None
 
 
 def _other_threads(thread: ThreadStack, ctx: Context, role: str, non_daemon: bool = False) -> Release:
@@ -640,7 +671,7 @@ class Link:
     release: Release
 
 
-_CERTAIN_ROLES = ("holder", "joined", "writer", "reader", "lock_holder", "child", "peer", "listener", "cycle",
+_CERTAIN_ROLES = ("holder", "releaser", "joined", "writer", "reader", "lock_holder", "child", "peer", "listener", "cycle",
                   "person", "loop", "importer")
 
 

@@ -111,6 +111,9 @@ class Site:
     # a call that waits for several things in turn (subprocess.run: the child's output to end, then its exit): the
     # innermost specific site below it says which one the thread is in; the operation stays the call the job made
     phased: bool = False
+    # CALL_SITES: the system call alone confirms the call whatever its receiver is called (its name need not look
+    # like the site's kind when its type is not in the locals): the thread must sleep in one of `syscalls`
+    kernel_confirms: bool = False
 
 
 def _site(files: Tuple[str, ...], functions: str, operation: str, resource: Resource, release: Release, reason: str,
@@ -330,8 +333,11 @@ CALL_SITES: Tuple[Site, ...] = (
     _site((), "input", "input()", "terminal", "writer",
           "reads a line from standard input: waits until someone types one or writes it", module="",
           syscalls=("read", "select", "pselect6", "poll")),
+    # `.acquire()` with no Python frame above it asleep in futex is a C lock's or semaphore's acquire
+    # (threading.Lock/RLock, multiprocessing's SemLock), whatever the job called it (`self._turn`, `slot`)
     _site((), "acquire", "Lock.acquire", "lock", "holder", "waits for a lock another thread holds",
-          receiver=r"lock|Lock|Semaphore|RLock|Condition", syscalls=("futex",), timeout="timeout"),
+          receiver=r"lock|Lock|Semaphore|RLock|Condition", syscalls=("futex",), timeout="timeout",
+          kernel_confirms=True),
     _site((), "flock", "fcntl.flock", "file_lock", "lock_holder",
           "waits for a lock on a file that another process holds", module="fcntl", syscalls=("flock",)),
     # lockf() is fcntl(F_SETLKW) underneath: a POSIX record lock, held per process (and dropped when it closes any

@@ -7,7 +7,7 @@ from __future__ import annotations
 from analysis_snapshots import ALL_REDUCE, rank, snapshot
 from app.analysis import analyze
 from app.analysis.locks import held, waiting
-from app.model import Frame, ThreadStack, WithInfo
+from app.model import Frame, Local, ThreadStack, WithInfo
 
 F = "/job/train.py"
 T = "/usr/lib/python3.11/threading.py"
@@ -88,3 +88,59 @@ def test_ranks_with_no_with_blocks_cost_no_holds_reading() -> None:
     # the common case at scale: no waiting thread, so nothing else is read (and nothing is found)
     assert [f for f in analyze(snapshot(job_with((thread(1, "MainThread", Frame("x", F, 1), main=True),)))).findings
             if f.kind == "lock_wait"] == []
+
+
+# A lock used as a hand-off between threads: taken with acquire() by one, given back by another's release() (no
+# `with` block to read). Other names, files and lines than any recorded job.
+E = "/srv/exporter/export.py"
+OWNER = "<Exporter at 0x7f00c0de1000>"
+
+
+def _exporter_frame(fn: str, line: int, source: tuple, owner: str = OWNER) -> Frame:
+    return Frame(fn, E, line, locals=(Local("self", owner, arg=True),), source=source)
+
+
+def _acquiring() -> ThreadStack:
+    at = _exporter_frame("Exporter.push", 212, ((211, "    def push(self, batch):"),
+                                                (212, "        self._turn.acquire()  # one batch in flight"),
+                                                (213, "        self.pending = batch")))
+    return ThreadStack(tid=1, name="MainThread", frames=(at, Frame("train_step", F, 77)), state="S", is_main=True,
+                       syscall="futex", wchan="futex_wait_queue")
+
+
+def _flusher(owner: str = OWNER) -> ThreadStack:
+    at = _exporter_frame("Exporter._drain", 240, ((239, "        try:"),
+                                                  (240, "            reply = self.conn.recv(4)"),
+                                                  (241, "        finally:"),
+                                                  (242, "            self._turn.release()  # the next batch may go")),
+                         owner)
+    return ThreadStack(tid=2, name="drain", frames=(at, Frame("run", T, 982)), state="S",
+                       syscall="recvfrom", wchan="unix_stream_read_generic")
+
+
+def test_a_lock_taken_with_acquire_is_given_back_by_the_thread_whose_code_releases_that_object() -> None:
+    a = analyze(snapshot(job_with((_acquiring(), _flusher()))))
+    top = a.findings[0]
+    assert top.kind != "native_call", top.title  # the line names its wait: a lock's, not unknown C code
+    assert "blocked in `Lock.acquire`" in top.title and "waiting for the lock `self._turn`" in top.title, top.title
+    assert ("which its thread `drain` gives back (`self._turn.release()` in `Exporter._drain`, export.py:242); "
+            "that one is blocked in `socket.recv`") in top.title, top.title
+    assert not any(f.kind == "native_call" for f in a.findings)
+
+
+def test_a_release_of_another_object_of_the_same_name_does_not_make_its_thread_the_releaser() -> None:
+    a = analyze(snapshot(job_with((_acquiring(), _flusher(owner="<Exporter at 0x7f00c0de2000>")))))
+    top = a.findings[0]
+    assert "gives back" not in top.title and "drain" not in top.title, top.title
+    assert "no thread is inside a block of that lock" in top.title, top.title
+
+
+def test_a_with_header_whose_own_call_waits_in_another_system_call_is_not_a_lock() -> None:
+    """`with open(path) as f:` blocked in openat (a FIFO nobody reads) waits in the open, not for a lock; the same
+    header asleep in futex, or with nothing read from the kernel, stays a lock's wait."""
+    header = Frame("write_state", F, 88, withs=(WithInfo(88, 90, "with open(path, 'wb') as f:", ("open(path, 'wb')",),
+                                                         True),),
+                   source=((88, "        with open(path, 'wb') as f:"),))
+    assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S", syscall="openat")) is None
+    assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S", syscall="futex")) is not None
+    assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S")) is not None

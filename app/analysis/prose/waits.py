@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 
+from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 from app.analysis.blocking import FIFO_OPEN, ThreadWait
 from app.analysis.facts import Fact
-from app.analysis.frames import clean, group_arg, library_file, named
-from app.analysis.release import Link, Party, Release, alike
+from app.analysis.frames import clean, group_arg, library_file, location, named
+from app.analysis.release import Link, Party, Release, alike, releasing_frame
 from app.analysis.suspects import WaitEvidence
 from app.model import RankSnapshot
 
@@ -20,6 +21,17 @@ Text = Tuple[str, str, str]
 def _q(text: str, limit: int = 80) -> str:
     """Remote text inside backquotes, printable and bounded."""
     return f"`{clean(text, limit).replace('`', chr(39))}`"
+
+
+def _released_at(p: Party, w: ThreadWait, rank: Optional[RankSnapshot]) -> str:
+    """` (`self._lock.release()` in `Checkpointer._write` (train.py:156))`: where the releasing thread's code gives
+    the lock back (release.releasing_frame), when its stack is at hand."""
+    t = next((t for t in rank.threads if t.tid == p.tid), None) if rank is not None and rank.pid == p.pid else None
+    found = releasing_frame(t, w.detail("object"), w.caller) if t is not None and w.caller is not None else None
+    if found is None:
+        return ""
+    f, n = found
+    return f" ({_q(w.detail('object') + '.release()', 60)} in `{clean(f.function, 80)}`, {location(replace(f, line=n))})"
 
 
 def where(w: ThreadWait) -> str:
@@ -407,6 +419,8 @@ def release(link: Link, rank: Optional[RankSnapshot]) -> str:
         if first.same:
             return (", which it already holds itself lower on its own stack: a non-reentrant lock taken twice by "
                     "the same thread can never be released")
+        if first.role == "releaser":
+            return f", which {who} gives back{_released_at(first, w, rank)}"
         return f", which {who} holds"
     if w.release == "joined":
         return f": {who}"
