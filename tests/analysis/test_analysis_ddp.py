@@ -106,6 +106,19 @@ def test_a_rank_in_a_collective_an_iteration_behind_holds_the_others_in_the_next
     assert held and all(f.confidence != "high" for f in held)
 
 
+def test_a_rank_many_iterations_behind_at_a_collective_is_told_to_compare_where_the_counts_started() -> None:
+    """Six iterations apart at a collective the others passed: no condition in one iteration leaves a rank that far
+    behind; the counts went apart (a resume from another step on that rank) or the call is skipped every time."""
+    clip = job_stack((f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+                      f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "clip_norm (/home/alice/fit.py:20)"), 44, 3)
+    text, _ = verdict(*[(r, clip if r == 2 else in_backward(9)) for r in range(8)])
+    assert text.startswith("Rank 2 is 6 iterations behind 7 others in `for step in range(steps)` (fit.py:30) (step=3 "
+                           "vs 9): rank 2 is in `all_reduce` called from `clip_norm` (fit.py:20)"), text
+    assert ("Next: 6 iterations apart is more than one call skipped once: find where the `step` of rank 2 went apart "
+            "from the others': a start of its own (a resume that loaded an older checkpoint or step on rank 2") in text
+    assert "find the condition under which rank 2 calls" not in text
+
+
 def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:
     function = (stack(f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
                       f"wrapper ({TORCH}/distributed/c10d_logger.py:83)")

@@ -319,6 +319,16 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     f"{who} left the loop (give every rank the same number of batches, or DDP's join()); an earlier "
                     "one, or ranks that move between samples, mean a straggler behind the others")
         if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
+                and e.mine.collective and past.delta is not None and past.delta < -1:
+            # more than one iteration apart at a collective: one call skipped in one iteration would leave one; the
+            # counters went apart over many (a resume from another step on these ranks), or it is skipped every time
+            return (f"{-past.delta} iterations apart is more than one call skipped once: find where the "
+                    f"`{clean(past.name, 40)}` of {who} went apart from the others': a start of its own (a resume "
+                    f"that loaded an older checkpoint or step on {who}: compare the step each rank resumed from, in its log or "
+                    f"its checkpoint files), or a condition under which the others skip {call_site(e.mine)} in "
+                    "every iteration; make every rank resume from the same step (agree on it before the loop: the "
+                    "minimum over the ranks, or rank 0's, broadcast)")
+        if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
                 and e.mine.collective and past.delta is not None and past.delta < 0:
             return (f"find the condition under which {who} {'calls' if len(best.who.keys) == 1 else 'call'} "
                     f"{call_site(e.mine)} in {clean(past.name, 40)}={clean(past.mine, 40)}, "
