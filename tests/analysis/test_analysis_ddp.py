@@ -119,6 +119,20 @@ def test_a_rank_many_iterations_behind_at_a_collective_is_told_to_compare_where_
     assert "find the condition under which rank 2 calls" not in text
 
 
+def test_a_library_call_behind_its_own_decorators_is_named_by_its_function_and_package() -> None:
+    """A library API wrapped in the library's decorators (closures: its logger, a compatibility check) is the call
+    the job made, not the decorator's `wrapper`; a bare function name says its package."""
+    lib = "/usr/lib/python3/dist-packages/shardio"
+    gather = job_stack((f"all_gather ({TORCH}/distributed/distributed_c10d.py:4287)",
+                        f"wrapper ({TORCH}/distributed/c10d_logger.py:83)",
+                        f"exchange_plans ({lib}/plan.py:51)", f"write_all ({lib}/writer.py:120)",
+                        f"_compat.<locals>.inner ({lib}/util.py:33)",
+                        f"_timed.<locals>.decorator.<locals>.wrapper ({lib}/metrics.py:90)"), 45, 3)
+    text, _ = verdict(*[(r, gather if r == 5 else in_backward(4)) for r in range(8)])
+    assert "rank 5 is in `all_gather` inside `write_all` of shardio at fit.py:45" in text, text
+    assert "wrapper`" not in text.split("Next:")[0]
+
+
 def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:
     function = (stack(f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
                       f"wrapper ({TORCH}/distributed/c10d_logger.py:83)")

@@ -3,6 +3,8 @@ rank at one place."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional, Sequence, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
@@ -177,10 +179,19 @@ def _entry(c: StackClass, mine: Frame) -> Optional[Frame]:
     frames = c.frames  # outermost first
     for i, f in enumerate(frames):
         if f is mine and i + 1 < len(frames):
-            nxt = frames[i + 1]
+            # a library's decorator around its API (a closure: `_dcp_method_logger.<locals>...wrapper`, `inner_func`)
+            # is not the call the job made: the first function below such wrappers is
+            j = i + 1
+            while j + 1 < len(frames) and is_library(frames[j]) and _CLOSURE in frames[j].function:
+                j += 1
+            nxt = frames[j]
             wrapper = nxt.filename.replace("\\", "/").endswith(_C10D_LAYER)
             return nxt if is_library(nxt) and not wrapper and path_collective(frames)[1] is not nxt else None
     return None
+
+
+_CLOSURE = ".<locals>."
+_PACKAGE = re.compile(r"/(?:site|dist)-packages/((?:[A-Za-z_][A-Za-z_0-9]*/){1,4})[A-Za-z_0-9]+\.py$")
 
 
 # torch.distributed's own layer around a collective (its logging wrapper, the collective's module): not an API the
@@ -191,7 +202,10 @@ _C10D_LAYER = ("torch/distributed/c10d_logger.py", "torch/distributed/distribute
 def named_call(f: Frame) -> str:
     """A library call by its name only (`ZeroRedundancyOptimizer.consolidate_state_dict`): where the job called it
     from is said beside it."""
-    return f"`{clean(f.function, 80)}`"
+    m = _PACKAGE.search(f.filename.replace("\\", "/")) if "." not in f.function else None
+    # a bare function (`save`) says its package: many libraries have one of that name
+    of = f" of {clean(m.group(1).rstrip('/').replace('/', '.'), 60)}" if m else ""
+    return f"`{clean(f.function, 80)}`{of}"
 
 
 # the outermost frames of a main program (a script, `python -m`, a thread's bootstrap): a main thread whose stack
