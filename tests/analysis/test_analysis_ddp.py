@@ -133,6 +133,33 @@ def test_a_library_call_behind_its_own_decorators_is_named_by_its_function_and_p
     assert "wrapper`" not in text.split("Next:")[0]
 
 
+def _under(condition: str, line: int, step: int) -> Frame:
+    """The training loop's frame at `line`, inside `if <condition>:` two lines above (the source the node read)."""
+    return Frame("fit", "/home/alice/fit.py", line, loops=(LOOP,), iteration=(("step", str(step)),),
+                 source=((line - 3, "        loss = step_once(batch)"), (line - 2, f"        if {condition}:"),
+                         (line - 1, "            # keep a copy of the averaged weights"),
+                         (line, "            export_average(model)"), (line + 1, "        opt.zero_grad()")))
+
+
+def _export_stack(condition: str, step: int) -> Tuple[Frame, ...]:
+    return stack(f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+                 f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "export_average (/home/alice/fit.py:12)") + \
+        (_under(condition, 44, step), frame("<module> (/home/alice/fit.py:80)"))
+
+
+def test_a_collective_under_a_condition_on_the_ranks_identity_names_that_condition() -> None:
+    """A block run by the ranks a test on their identity selects (`args.local_rank == 0 and ...`) calls a
+    collective the others never call: the next step names the `if` the node's source shows."""
+    text, _ = verdict(*[(r, _export_stack("args.local_rank == 0 and step % 50 == 0", 8) if r == 0
+                         else in_backward(9)) for r in range(8)])
+    assert ("Next: rank 0 calls `all_reduce` from `export_average` (fit.py:12) inside `if args.local_rank == 0 and "
+            "step % 50 == 0:` (fit.py:42), a block run only by the ranks that condition selects: the others never "
+            "call it.") in text, text
+    # a condition on the rank's own values, not on who it is: the reading stays the open one
+    text, _ = verdict(*[(r, _export_stack("loss.item() > limit", 8) if r == 0 else in_backward(9)) for r in range(8)])
+    assert "inside `if" not in text and "Next: find the condition under which rank 0 calls `all_reduce`" in text, text
+
+
 def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:
     function = (stack(f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
                       f"wrapper ({TORCH}/distributed/c10d_logger.py:83)")

@@ -28,7 +28,7 @@ from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
-from app.analysis.prose.stacks import call_site, caller, callers, ddp_next, exiting, location
+from app.analysis.prose.stacks import call_site, caller, callers, ddp_next, exiting, location, rank_branch
 from app.analysis.prose.state import resume_command, thaw_command
 from app.analysis.prose.threads import p2p_clause, readers_stopped, thread_label, thread_where, waits_back_for
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
@@ -328,6 +328,15 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     f"its checkpoint files), or a condition under which the others skip {call_site(e.mine)} in "
                     "every iteration; make every rank resume from the same step (agree on it before the loop: the "
                     "minimum over the ranks, or rank 0's, broadcast)")
+        branch = rank_branch(e.mine) if isinstance(e, StackEvidence) and e.mine.collective else None
+        if branch is not None and isinstance(e, StackEvidence) and e.case in ("other_iteration", "other_collective"):
+            f, n, test = branch
+            only = "it alone needs" if len(best.who.keys) == 1 else "they alone need"
+            return (f"{who} {'calls' if len(best.who.keys) == 1 else 'call'} {call_site(e.mine)} inside "
+                    f"`if {clean(test, 80)}:` ({location(replace(f, line=n))}), a block run only by the ranks that "
+                    f"condition selects: the others never call it. Call the collective on every rank of its group (and use "
+                    f"its result where {only} it: gather on every rank, save on one), or give it a group "
+                    "of those ranks only")
         if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
                 and e.mine.collective and past.delta is not None and past.delta < 0:
             return (f"find the condition under which {who} {'calls' if len(best.who.keys) == 1 else 'call'} "

@@ -410,6 +410,40 @@ def ddp_next(e: StackEvidence, who: str) -> str:
             "backward, under a branch only some ranks take (`if rank == 0:`, a condition on the rank's own values)")
 
 
+# A condition on who the rank is (`if rank == 0:`, `if self.is_main:`, `if dist.get_rank() == 0:`): only the ranks
+# it selects run the block, so a collective inside it is one the others never call
+_RANK_TEST = re.compile(r"\b(?:\w*rank\w*|is_main\w*|is_master\w*|\w*main_process\w*|is_chief|is_leader)\b", re.I)
+_IF = re.compile(r"(?:el)?if\s+(.{1,200}?):\s*(?:#.*)?$")
+
+
+def rank_branch(c: StackClass) -> Optional[Tuple[Frame, int, str]]:
+    """(frame, line, condition) of the `if` on the rank's identity that the job's code in view places the class's
+    path under: from the innermost job frame outward, the nearest enclosing `if`/`elif` (a line above the frame's
+    line, indented less, with only deeper lines between) of the source the node read; None when none is in view."""
+    for f in reversed(c.frames):
+        if is_library(f) or not f.source:
+            continue
+        lines = dict(f.source)
+        here = lines.get(f.line)
+        if here is None:
+            continue
+        indent = len(here) - len(here.lstrip())
+        for n in range(f.line - 1, min(lines) - 1, -1):
+            text = lines.get(n, "")
+            if not text.strip() or text.lstrip().startswith("#"):
+                continue
+            lead = len(text) - len(text.lstrip())
+            if lead >= indent:
+                continue
+            m = _IF.match(text.strip())
+            if m is None:
+                break  # the block is a loop, a `with`, a `def` or an `else:`: not a condition in view
+            if _RANK_TEST.search(m.group(1)):
+                return f, n, m.group(1).strip()
+            indent = lead  # a condition on something else: look further out
+    return None
+
+
 def call_site(c: StackClass) -> str:
     """How a class came to its collective: "`broadcast` inside `ZeroRedundancyOptimizer.consolidate_state_dict` at
     train.py:178" (the library call the job made), "`all_reduce` from `clip_global_norm` (train.py:294)"."""
