@@ -149,6 +149,23 @@ def test_a_pipe_with_no_reader_or_the_rank_itself_as_reader_says_so() -> None:
     assert itself.findings[0].title.endswith(": rank 1 itself, which holds its read end, does not read")
 
 
+def test_a_child_reading_the_full_pipe_that_is_itself_blocked_writing_its_output_is_a_two_way_pipe() -> None:
+    """The rank feeds a filter child (`zstd -c`) through its stdin while the child's stdout, piped back to the rank,
+    is full: the child does not read because its own output is not read."""
+    ranks = _piped([{"pid": 5150, "comm": "zstd", "state": "S", "ppid": ranks_pid(1), "wchan": "anon_pipe_write",
+                     "cmdline": ["zstd", "-q", "-c"], "fd": 0}])
+    a = analyze(snapshot(ranks))
+    assert a.findings[0].title.endswith("pid 5150 `zstd -q -c` (its child), which holds its read end, does not read: "
+                                        "it is itself blocked writing to a full pipe (its own output is not read)")
+    assert ("Next: its child waits for its output to be read while the rank waits for it to read its input" in
+            a.verdict and "`communicate()`" in a.verdict), a.verdict
+    # a reader that is not the rank's child, blocked writing elsewhere: said, but no Popen reading
+    other = analyze(snapshot(_piped([{"pid": 5151, "comm": "logger", "state": "S", "ppid": 1,
+                                      "wchan": "pipe_write", "cmdline": ["logger", "-t", "job"], "fd": 0}])))
+    assert other.findings[0].title.endswith("it is itself blocked writing to a full pipe (its own output is not read)")
+    assert "communicate()" not in other.verdict and "make the pipe's reader read" in other.verdict
+
+
 def ranks_pid(number: int) -> int:
     return next(r.pid for r in job_with() if r.rank == number)
 

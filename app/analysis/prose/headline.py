@@ -30,7 +30,8 @@ from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import call_site, caller, callers, ddp_next, exiting, location, rank_branch
 from app.analysis.prose.state import resume_command, thaw_command
-from app.analysis.prose.threads import p2p_clause, readers_stopped, thread_label, thread_where, waits_back_for
+from app.analysis.prose.threads import (p2p_clause, readers_stopped, readers_writing, thread_label, thread_where,
+                                       waits_back_for)
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -439,6 +440,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if stopped and rank is not None:
             return _resume(" ".join(map(str, stopped[:4])), clean(rank.node, 60),
                            "the pipe's reader (`fg` in the shell that stopped it)")
+        writing = readers_writing(rank) if rank is not None else ()
+        if writing and rank is not None and rank.hold is not None and all(p.ppid == rank.pid for p in rank.hold.pipe_readers):
+            return ("its child waits for its output to be read while the rank waits for it to read its input: when "
+                    "that output is the rank's to read (Popen with stdin and stdout piped), each waits for the other; "
+                    "read the child's output while feeding it (`communicate()`, or a thread that reads), or send its "
+                    "output to a file")
         return "make the pipe's reader read (or send the rank's output to a file)"
     if k in ("gpu_fault", "nccl_ras"):
         return "see the GPU evidence below: the node's kernel log (`dmesg -T | grep -i xid`) and nvidia-smi"

@@ -163,6 +163,16 @@ def pipe_reader(r: RankSnapshot) -> Tuple[str, str]:
     return clean(short, 200), detail
 
 
+def readers_writing(r: RankSnapshot) -> Tuple[int, ...]:
+    """The pids of a full pipe's readers when every one is itself asleep writing to a full pipe (wchan pipe_write):
+    it does not read because its own output is not read; when that reader is the rank's child, its output pipe is
+    most often the rank's to read (Popen with stdin and stdout piped, fed in full before its output is read)."""
+    readers = r.hold.pipe_readers if r.hold is not None else ()
+    if readers and all(p.state == "S" and "pipe_write" in p.wchan and p.pid != r.pid for p in readers):
+        return tuple(p.pid for p in readers)
+    return ()
+
+
 def readers_stopped(r: RankSnapshot) -> Tuple[int, ...]:
     """The pids of a full pipe's readers when every one is stopped (state T: SIGSTOP, Ctrl-Z of a `| tee`), else
     (): resuming them is what drains the pipe."""
@@ -262,6 +272,8 @@ def native_text(f: Fact) -> Text:
     title = (f"{who}'s {waiting}{thread_label(t)}"
              f"{', which' if waiting else ''} is blocked writing to a full pipe{at}: "
              + (f"{reader}, which holds its read end, {'is stopped: it ' if readers_stopped(r) else ''}does not read"
+                + (": it is itself blocked writing to a full pipe (its own output is not read)"
+                   if readers_writing(r) else "")
                 if reader else "the process reading the other end has stopped reading"))
     detail = (f"{who} on {node}: its {thread_label(t)} sleeps in `{clean(t.syscall, 40)}` with the kernel "
               f"in {clean(t.wchan, 60)}: the pipe's buffer is full and nothing drains it"
