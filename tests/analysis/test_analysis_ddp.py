@@ -155,9 +155,15 @@ def test_a_collective_under_a_condition_on_the_ranks_identity_names_that_conditi
     assert ("Next: rank 0 calls `all_reduce` from `export_average` (fit.py:12) inside `if args.local_rank == 0 and "
             "step % 50 == 0:` (fit.py:42), a block run only by the ranks that condition selects: the others never "
             "call it.") in text, text
-    # a condition on the rank's own values, not on who it is: the reading stays the open one
-    text, _ = verdict(*[(r, _export_stack("loss.item() > limit", 8) if r == 0 else in_backward(9)) for r in range(8)])
-    assert "inside `if" not in text and "Next: find the condition under which rank 0 calls `all_reduce`" in text, text
+    text, _ = verdict(*[(r, _export_stack("dist.get_rank() in writers", 8) if r == 0 else in_backward(9))
+                        for r in range(8)])
+    assert "inside `if dist.get_rank() in writers:` (fit.py:42)" in text, text
+    # a condition on the rank's own values, or on what every rank shares (a count of ranks), not on who it is: the
+    # reading stays the open one
+    for condition in ("loss.item() > limit", "num_ranks > 1 and step % 50 == 0", "self.rank is not None"):
+        text, _ = verdict(*[(r, _export_stack(condition, 8) if r == 0 else in_backward(9)) for r in range(8)])
+        assert "inside `if" not in text and "Next: find the condition under which rank 0 calls `all_reduce`" in text, \
+            (condition, text)
 
 
 def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:

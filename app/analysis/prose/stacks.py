@@ -411,8 +411,11 @@ def ddp_next(e: StackEvidence, who: str) -> str:
 
 
 # A condition on who the rank is (`if rank == 0:`, `if self.is_main:`, `if dist.get_rank() == 0:`): only the ranks
-# it selects run the block, so a collective inside it is one the others never call
-_RANK_TEST = re.compile(r"\b(?:\w*rank\w*|is_main\w*|is_master\w*|\w*main_process\w*|is_chief|is_leader)\b", re.I)
+# it selects run the block, so a collective inside it is one the others never call. A count of ranks (`num_ranks`,
+# `world_size`) or a test for a missing value is the same on every rank: not one.
+_RANK_TEST = re.compile(r"\b(?:\w+_)?rank\b|\bget_rank\s*\(|\bis_(?:main|master|chief|leader|rank_zero)\w*|"
+                        r"\b\w*main_process\b", re.I)
+_NOT_IDENTITY = re.compile(r"\bis\s+(?:not\s+)?None\b")
 _IF = re.compile(r"(?:el)?if\s+(.{1,200}?):\s*(?:#.*)?$")
 
 
@@ -438,7 +441,7 @@ def rank_branch(c: StackClass) -> Optional[Tuple[Frame, int, str]]:
             m = _IF.match(text.strip())
             if m is None:
                 break  # the block is a loop, a `with`, a `def` or an `else:`: not a condition in view
-            if _RANK_TEST.search(m.group(1)):
+            if _RANK_TEST.search(m.group(1)) and not _NOT_IDENTITY.search(m.group(1)):
                 return f, n, m.group(1).strip()
             indent = lead  # a condition on something else: look further out
     return None
