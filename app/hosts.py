@@ -40,7 +40,7 @@ from typing import BinaryIO, Callable, Iterator, Literal, NoReturn
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from app.errors import HostsError
-from app.inputs.files import InputFileError, open_input, stdin_problem
+from app.inputs.files import InputFileError, open_input, read_bounded, stdin_problem
 
 DEFAULT_MAX_HOSTS = 10000
 # Hosts input is read bounded: `hangscope /dev/zero` or `yes node1 | hangscope -` must end in a message, not
@@ -227,16 +227,7 @@ def read_hosts(path: str, *, stdin: BinaryIO | None = None, max_hosts: int | Non
 
 def _read_bounded(stream: BinaryIO) -> bytes:
     """At most MAX_INPUT_BYTES + 1 bytes, or MAX_LINES + 1 lines: enough for parse_hosts to refuse the input."""
-    chunks: list[bytes] = []
-    size = lines = 0
-    while size <= MAX_INPUT_BYTES and lines <= MAX_LINES:
-        chunk = stream.read(min(1 << 20, MAX_INPUT_BYTES + 1 - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        lines += chunk.count(b"\n")
-    return b"".join(chunks)
+    return read_bounded(stream, MAX_INPUT_BYTES, max_lines=MAX_LINES)
 
 
 def parse_nodelist(arg: str, source: str = "-w", *, max_hosts: int | None = DEFAULT_MAX_HOSTS) -> HostList:

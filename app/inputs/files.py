@@ -69,12 +69,15 @@ def open_input(path: str, *, what: str = "", max_bytes: Optional[int] = None, st
         raise
 
 
-def read_bounded(stream: BinaryIO, limit: int, start: Optional[Callable[[bytes], None]] = None) -> bytes:
+def read_bounded(stream: BinaryIO, limit: int, start: Optional[Callable[[bytes], None]] = None,
+                 max_lines: Optional[int] = None) -> bytes:
     """At most limit + 1 bytes (one more than allowed, so the caller can tell "too large" from "just fits"), held
-    once. `start` sees the first bytes that are not blank, once, and may raise to refuse the input there: a file
-    of zeros or of another format costs one read, not `limit` bytes."""
+    once; with max_lines, reading also stops once more than that many lines are in (a text input refused by its
+    line count need not be read to its byte limit). `start` sees the first bytes that are not blank, once, and may
+    raise to refuse the input there: a file of zeros or of another format costs one read, not `limit` bytes."""
     out = io.BytesIO()
-    while out.tell() <= limit:
+    lines = 0
+    while out.tell() <= limit and (max_lines is None or lines <= max_lines):
         chunk = stream.read(min(1 << 20, limit + 1 - out.tell()))
         if not chunk:
             break
@@ -83,6 +86,8 @@ def read_bounded(stream: BinaryIO, limit: int, start: Optional[Callable[[bytes],
             if head:
                 start(head)
                 start = None
+        if max_lines is not None:
+            lines += chunk.count(b"\n")
         out.write(chunk)
     return out.getvalue()  # the buffer itself, not a copy
 
