@@ -159,11 +159,17 @@ def test_a_collective_under_a_condition_on_the_ranks_identity_names_that_conditi
                         for r in range(8)])
     assert "inside `if dist.get_rank() in writers:` (fit.py:42)" in text, text
     # a condition on the rank's own values, or on what every rank shares (a count of ranks), not on who it is: the
-    # reading stays the open one
+    # condition in view is named as the one to decide the same on every rank
     for condition in ("loss.item() > limit", "num_ranks > 1 and step % 50 == 0", "self.rank is not None"):
         text, _ = verdict(*[(r, _export_stack(condition, 8) if r == 0 else in_backward(9)) for r in range(8)])
-        assert "inside `if" not in text and "Next: find the condition under which rank 0 calls `all_reduce`" in text, \
-            (condition, text)
+        assert "inside `if" not in text, (condition, text)
+        assert (f"Next: rank 0 calls `all_reduce` from `export_average` (fit.py:12) in step=8 under `if {condition}:` "
+                "(fit.py:42), which the others passed without calling it: that condition, or one further out, rests "
+                "on the rank's own values") in text, (condition, text)
+    # a script's main guard is no condition: every rank runs under it
+    text, _ = verdict(*[(r, _export_stack('__name__ == "__main__"', 8) if r == 0 else in_backward(9))
+                        for r in range(8)])
+    assert "under `if" not in text and "Next: find the condition under which rank 0 calls `all_reduce`" in text, text
 
 
 def test_a_collective_inside_the_backward_on_a_group_of_its_own_says_which() -> None:

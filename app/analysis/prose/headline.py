@@ -28,7 +28,8 @@ from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
 from app.analysis.prose.graph import display_names, short
 from app.analysis.prose.graph import evidence as edge_evidence
-from app.analysis.prose.stacks import call_site, caller, callers, ddp_next, exiting, location, rank_branch
+from app.analysis.prose.stacks import (call_site, caller, callers, ddp_next, exiting, location, rank_branch,
+                                      under_if)
 from app.analysis.prose.state import resume_command, thaw_command
 from app.analysis.prose.threads import (p2p_clause, readers_stopped, readers_writing, thread_label, thread_where,
                                        waits_back_for)
@@ -340,6 +341,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     "of those ranks only")
         if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
                 and e.mine.collective and past.delta is not None and past.delta < 0:
+            cond = under_if(e.mine)
+            if cond:
+                # the condition in view: the one to decide the same on every rank
+                return (f"{who} {'calls' if len(best.who.keys) == 1 else 'call'} {call_site(e.mine)} in "
+                        f"{clean(past.name, 40)}={clean(past.mine, 40)}{cond}, which the others passed without "
+                        "calling it: that condition, or one further out, rests on the rank's own values (its data, a "
+                        "count of its own, a metric); decide it the same on every rank (all_reduce the value or the "
+                        "flag first)")
             return (f"find the condition under which {who} {'calls' if len(best.who.keys) == 1 else 'call'} "
                     f"{call_site(e.mine)} in {clean(past.name, 40)}={clean(past.mine, 40)}, "
                     "which the others passed without calling it: a condition on the rank's own values (a norm over "
@@ -368,11 +377,11 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                 # both calls are the job's: name them, and the two ways such a pair comes about
                 calls = "calls" if len(best.who.keys) == 1 else "call"
                 return (f"make every rank issue the same collectives in one order: {who} {calls} "
-                        f"`{clean(e.mine.collective, 40)}` from {named(my_call)} where the others call "
-                        f"`{clean(e.theirs.collective, 40)}` from {named(their_call)}: one of them runs in code only "
-                        "some ranks reach (a block run by one rank alone: evaluation, logging, a checkpoint), or was "
-                        "skipped on the others (an exception caught, an early `continue`); run each on every rank of "
-                        "its group, or on none")
+                        f"`{clean(e.mine.collective, 40)}` from {named(my_call)}{under_if(e.mine)} where the others "
+                        f"call `{clean(e.theirs.collective, 40)}` from {named(their_call)}{under_if(e.theirs)}: one "
+                        "of them runs in code only some ranks reach (a block run by one rank alone: evaluation, "
+                        "logging, a checkpoint), or was skipped on the others (an exception caught, an early "
+                        "`continue`); run each on every rank of its group, or on none")
             return (f"make every rank issue the same collectives in one order: find where {who} calls one the others "
                     "do not (or where they call one it skipped)")
         if isinstance(e, StackEvidence) and e.case == "same_collective":

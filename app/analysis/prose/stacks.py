@@ -4,8 +4,9 @@ rank at one place."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from typing import Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence
 from app.analysis.facts import Fact
@@ -415,14 +416,17 @@ def ddp_next(e: StackEvidence, who: str) -> str:
 # `world_size`) or a test for a missing value is the same on every rank: not one.
 _RANK_TEST = re.compile(r"\b(?:\w+_)?rank\b|\bget_rank\s*\(|\bis_(?:main|master|chief|leader|rank_zero)\w*|"
                         r"\b\w*main_process\b", re.I)
+# a script's main guard: every rank runs what is under it
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]""")
 _NOT_IDENTITY = re.compile(r"\bis\s+(?:not\s+)?None\b")
 _IF = re.compile(r"(?:el)?if\s+(.{1,200}?):\s*(?:#.*)?$")
 
 
-def rank_branch(c: StackClass) -> Optional[Tuple[Frame, int, str]]:
-    """(frame, line, condition) of the `if` on the rank's identity that the job's code in view places the class's
-    path under: from the innermost job frame outward, the nearest enclosing `if`/`elif` (a line above the frame's
-    line, indented less, with only deeper lines between) of the source the node read; None when none is in view."""
+def _enclosing_ifs(c: StackClass) -> Iterator[Tuple[Frame, int, str]]:
+    """(frame, line, condition) of each `if`/`elif` the job's code in view places the class's path under, innermost
+    first: in each job frame (innermost outward), an enclosing `if` is a line above the frame's line, indented less,
+    with only deeper lines between, of the source the node read; a loop, a `with`, a `def` or an `else:` ends the
+    search in that frame."""
     for f in reversed(c.frames):
         if is_library(f) or not f.source:
             continue
@@ -440,11 +444,25 @@ def rank_branch(c: StackClass) -> Optional[Tuple[Frame, int, str]]:
                 continue
             m = _IF.match(text.strip())
             if m is None:
-                break  # the block is a loop, a `with`, a `def` or an `else:`: not a condition in view
-            if _RANK_TEST.search(m.group(1)) and not _NOT_IDENTITY.search(m.group(1)):
-                return f, n, m.group(1).strip()
-            indent = lead  # a condition on something else: look further out
-    return None
+                break
+            if not _MAIN_GUARD.fullmatch(m.group(1).strip()):
+                yield f, n, m.group(1).strip()
+            indent = lead
+
+
+def rank_branch(c: StackClass) -> Optional[Tuple[Frame, int, str]]:
+    """The enclosing `if` in view that tests who the rank is (_RANK_TEST), or None."""
+    return next(((f, n, test) for f, n, test in _enclosing_ifs(c)
+                 if _RANK_TEST.search(test) and not _NOT_IDENTITY.search(test)), None)
+
+
+def under_if(c: StackClass) -> str:
+    """` under `if tokens >= next_save:` (train.py:251)`: the nearest enclosing `if` in view, "" when none."""
+    found = next(_enclosing_ifs(c), None)
+    if found is None:
+        return ""
+    f, n, test = found
+    return f" under `if {clean(test, 100)}:` ({location(replace(f, line=n))})"
 
 
 def call_site(c: StackClass) -> str:
