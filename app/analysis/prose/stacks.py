@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-
 from typing import Iterator, Optional, Sequence, Tuple
 
 from app.analysis.divergence import IdenticalEvidence, StackEvidence

@@ -4,7 +4,6 @@ and the middle of the headline. Every remote string (names, command lines, paths
 from __future__ import annotations
 
 import re
-
 from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
