@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional, Tuple
 
 import pytest
 
@@ -125,35 +126,67 @@ def test_iptables_in_a_node_cuts_only_that_node(cluster: Cluster) -> None:
 # system call on a busy machine takes longer): the wait for nothing to be left is bounded by this, and a timeout says
 # what was still there. What the teardown does itself (its files, lock and links) is checked at once.
 KERNEL_REAP_S = 30.0
+Member = Tuple[int, str]  # (pid, start time in clock ticks): one process, whatever pid numbers are reused later
 
 
-def _gone(rid: str, workdir: Path, pidns: set[str], what: str) -> None:
+def _start_time(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _members(pidns: set[str]) -> set[Member]:
+    """The processes in these PID namespaces now, by pid and start time. Taken while the cluster is up: once a
+    namespace is freed its inode number is reused (a cluster built at the same time by another test can get it), so
+    "in that namespace" read after the teardown can name another cluster's processes."""
+    found: set[Member] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") in pidns:
+                    started = _start_time(int(entry.name))
+                    if started is not None:
+                        found.add((int(entry.name), started))
+            except OSError:
+                continue
+    return found
+
+
+def _describe(pid: int) -> str:
+    """`pid 123 (sshd, state S, parent 1)`: what a leftover is, for the failure message."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            head, rest = f.read().rsplit(b")", 1)
+        fields = rest.split()
+        return f"pid {pid} ({head.split(b'(', 1)[1].decode(errors='replace')}, state {fields[0].decode()}, " \
+               f"parent {fields[1].decode()})"
+    except (OSError, IndexError):
+        return f"pid {pid}"
+
+
+def _gone(rid: str, workdir: Path, members: set[Member], what: str) -> None:
     """Wait until nothing of the cluster is left; at the deadline, fail naming what still is."""
     left: list[str] = []
 
     def nothing() -> bool:
-        left[:] = _leftovers(rid, workdir, pidns)
+        left[:] = _leftovers(rid, workdir, members)
         return not left
 
     try:
         wait_until(nothing, KERNEL_REAP_S, what)
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}; still there: {left[:8]}") from None
+        raise AssertionError(f"{exc}; still there: {[_describe(int(x[4:])) if x.startswith('pid ') else x for x in left[:8]]}") from None
 
 
-def _leftovers(rid: str, workdir: Path, pidns: set[str]) -> list[str]:
+def _leftovers(rid: str, workdir: Path, members: set[Member]) -> list[str]:
     found = [n for n in sweep.list_netns() + sweep.list_links() if sweep.rid_of(n) == rid]
     if workdir.exists():
         found.append(str(workdir))
     if (sweep.LOCK_DIR / f"{rid}.lock").exists():
         found.append(f"lock {rid}")
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry.name}/ns/pid") in pidns:
-                    found.append(f"pid {entry.name}")
-            except OSError:
-                continue
+    found += [f"pid {pid}" for pid, started in sorted(members) if _start_time(pid) == started]
     return found
 
 
@@ -163,13 +196,14 @@ def test_up_and_down_leaves_nothing_behind_and_spares_other_clusters(cluster: Cl
         assert extra.subnet != cluster.subnet and extra.bridge != cluster.bridge
         # an orphaned daemon inside a node: it must die with the node
         extra["node02"].run("setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
-        pidns = {os.readlink(f"/proc/{n.init_pid}/ns/pid") for n in extra.nodes}
+        members = _members({os.readlink(f"/proc/{n.init_pid}/ns/pid") for n in extra.nodes})
+        assert len(members) >= 2 * 2, members  # each node's init and sshd at least, and the orphan
         res = run_login(extra.ssh_argv("node01", "hostname"), extra, timeout=30)
         assert res.stdout == "node01\n"
     finally:
         extra.close()
     assert not [x for x in _leftovers(extra.rid, extra.workdir, set()) if not x.startswith("pid ")]  # files, links
-    _gone(extra.rid, extra.workdir, pidns, "the extra cluster to vanish")
+    _gone(extra.rid, extra.workdir, members, "the extra cluster to vanish")
     # the session cluster was not touched
     assert run_login(cluster.ssh_argv("node01", "true"), cluster, timeout=30).returncode == 0
 
@@ -226,7 +260,8 @@ def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_suppo
                             text=True)
     try:
         rid, workdir, *pidns = proc.stdout.readline().split()  # type: ignore[union-attr]
-        assert _leftovers(rid, Path(workdir), set(pidns))  # it is up
+        members = _members(set(pidns))
+        assert members and _leftovers(rid, Path(workdir), members)  # it is up
         proc.terminate()
         assert proc.wait(timeout=30) == -signal.SIGTERM
     finally:
@@ -240,7 +275,7 @@ def test_sigterm_to_the_test_process_still_tears_its_clusters_down(cluster_suppo
     # not by the moment the process's exit is seen): within KERNEL_REAP_S, as in
     # test_up_and_down_leaves_nothing_behind_and_spares_other_clusters
     assert not [x for x in _leftovers(rid, Path(workdir), set()) if not x.startswith("pid ")]
-    _gone(rid, Path(workdir), set(pidns), "the cluster its SIGTERM handler tore down to vanish")
+    _gone(rid, Path(workdir), members, "the cluster its SIGTERM handler tore down to vanish")
 
 
 @pytest.mark.torch
