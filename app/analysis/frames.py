@@ -70,6 +70,15 @@ _PY_COLLECTIVES = {
     "send": "send", "isend": "send", "send_object_list": "send",
     "recv": "recv", "irecv": "recv", "recv_object_list": "recv", "batch_isend_irecv": "send/recv",
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
+    # torch 2.13's single-tensor forms (FSDP2 calls reduce_scatter_single in its post-backward)
+    "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+    "all_gather_single_coalesced": "all_gather", "reduce_scatter_single_coalesced": "reduce_scatter",
+    # functional collectives (torch.distributed._functional_collectives: DTensor's redistribution, FSDP2's state
+    # dicts, tensor parallel): issued async, the thread waits for the result in `wait_tensor`, which a stack shows
+    # under the API that needed it (`DTensor.redistribute`); the collective itself is in that API's name only
+    "wait_tensor": "wait_tensor", "all_gather_tensor": "all_gather", "all_gather_tensor_autograd": "all_gather",
+    "reduce_scatter_tensor_autograd": "reduce_scatter", "all_to_all_single_autograd": "all_to_all",
+    "all_gather_single_autograd": "all_gather", "reduce_scatter_single_autograd": "reduce_scatter",
     "reduce": "reduce", "gather": "gather", "gather_object": "gather",
     "scatter": "scatter", "scatter_object_list": "scatter",
     # creating a group is collective too: every rank of the world calls it, in the same order; the default group

@@ -205,6 +205,45 @@ def test_a_rank_in_a_collective_the_others_passed_in_the_same_iteration_is_held_
         in held.title
 
 
+FSDP = f"{TORCH}/distributed/fsdp/_fully_shard"
+REDUCE_SCATTER = (f"reduce_scatter_single ({TORCH}/distributed/distributed_c10d.py:4943)",
+                  f"wrapper ({TORCH}/distributed/c10d_logger.py:83)",
+                  f"DefaultReduceScatter.__call__ ({FSDP}/_fsdp_collectives.py:184)",
+                  f"foreach_reduce ({FSDP}/_fsdp_collectives.py:619)",
+                  f"FSDPParamGroup.post_backward ({FSDP}/_fsdp_param_group.py:688)") + BACKWARD
+GRAD_SYNC = (f"all_reduce ({TORCH}/distributed/distributed_c10d.py:3252)",
+             f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "sync_seq_grads (/home/alice/fit.py:16)")
+DISPATCH = (f"all_to_all_single ({TORCH}/distributed/distributed_c10d.py:5140)",
+            f"wrapper ({TORCH}/distributed/c10d_logger.py:83)", "Router.forward (/home/alice/fit.py:8)")
+DTENSOR_WAIT = (f"wait_tensor ({TORCH}/distributed/_functional_collectives.py:142)",
+                f"AsyncCollectiveTensor.wait ({TORCH}/distributed/_functional_collectives.py:1122)",
+                f"redistribute_local_tensor ({TORCH}/distributed/tensor/_redistribute.py:1766)",
+                f"DTensor.redistribute ({TORCH}/distributed/tensor/_api.py:731)")
+
+
+def test_functional_and_single_tensor_collectives_are_collectives() -> None:
+    """DTensor's redistribution waits in the functional collectives' `wait_tensor`; FSDP2 reduce-scatters its
+    gradients with `reduce_scatter_single` from its post-backward: both are collectives, not unknown native waits
+    nor DDP's gradient all_reduce."""
+    text, _ = verdict(*[(r, job_stack(DTENSOR_WAIT, 44, 3) if r == 0 else in_backward(4)) for r in range(8)])
+    assert "Rank 0 is" in text and "`wait_tensor`" in text and "mechanism is not known" not in text, text
+    text, _ = verdict(*[(r, job_stack(REDUCE_SCATTER, 40, 3) if r in (0, 2, 4) else job_stack(GRAD_SYNC, 47, 3))
+                        for r in range(8)])
+    assert "ranks 0,2,4 call `reduce_scatter` from `fit` (fit.py:40)" in text and "DDP" not in text, text
+
+
+def test_ranks_each_held_in_a_collective_the_others_passed_are_said_without_a_culprit() -> None:
+    """Three groups of ranks in three collectives of one iteration (another process group each: a data-parallel
+    reduce-scatter, an expert dispatch, a sequence-parallel gradient sync), each line one the largest group ran and
+    left: no class is the odd one out; the next step says how to find the rank whose place differs from its
+    group's, not a culprit."""
+    text, a = verdict(*[(r, job_stack(DISPATCH, 36, 5) if r == 2 else job_stack(REDUCE_SCATTER, 40, 5)
+                         if r in (0, 4, 6) else job_stack(GRAD_SYNC, 47, 5)) for r in range(8)])
+    assert "for a member that has not joined" in text and "Next: no rank is the odd one out" in text, text
+    assert "get_process_group_ranks" in text and "Likely lead" not in text, text
+    assert not any(f.culprit and f.confidence != "low" for f in a.findings)
+
+
 def test_a_counter_that_differs_while_the_loops_own_count_is_equal_is_not_another_iteration() -> None:
     """`seen += len(batch)` differs between ranks with batches of other sizes while `step` is the same: the same
     iteration, never "32 iterations ahead"."""

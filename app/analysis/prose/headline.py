@@ -671,6 +671,14 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
     return f"`py-spy dump --native --locals --pid {r.pid}` and `cat /proc/{r.pid}/stack` on {node} show more"
 
 
+HELD_ACROSS_GROUPS = (
+    "no rank is the odd one out: the ranks wait in different collectives that others passed, as when each process "
+    "group's collective waits for a member that is in another group's (tensor, pipeline, expert or sharding groups "
+    "beside the data-parallel one); list the members of each group (`torch.distributed.get_process_group_ranks("
+    "group)`, or the mesh's) and find the rank whose place differs from its group's: the one that skipped, or added, "
+    "one group's collective")
+
+
 def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Finding],
             slow: Sequence[Finding], total: int, next_text: str, facts: Sequence[Fact] = ()) -> str:
     """The one plain sentence the summary starts with."""
@@ -682,6 +690,10 @@ def verdict(c: Optional[Culprit], top: Optional[Fact], top_finding: Optional[Fin
     if not top.culprit or c is None:
         if top.kind == "dump_failed":
             return f"No culprit found, and the picture is incomplete: {top_finding.title}."
+        if isinstance(top.data, StackEvidence) and top.data.case == "passed":
+            # every odd class is held in a collective the others passed: with several process groups, each group's
+            # collective waits for a member that is in another group's, and no class is the odd one out
+            return f"{title}. Next: {HELD_ACROSS_GROUPS}."
         return f"{title}."
     # a stack fact about one rank that is in an unmatched send or recv: what that call waits for
     p2p = next((p2p_clause(f) for f in facts if f.kind == "p2p_wait" and len(f.who.keys) == 1
