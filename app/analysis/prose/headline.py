@@ -227,6 +227,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
     k = best.kind
     e = best.data
     who = who_short(c.who) if c is not None else who_short(best.who)
+    calls = "calls" if len(best.who.keys) == 1 else "call"  # the verb after `who`
     key = c.who.keys[0] if c is not None and len(c.who.keys) == 1 else None
     at = f" on {clean(key[0], 60)}" if key else ""
     pid = str(key[1]) if key else "PID"
@@ -334,7 +335,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
         if branch is not None and isinstance(e, StackEvidence) and e.case in ("other_iteration", "other_collective"):
             f, n, test = branch
             only = "it alone needs" if len(best.who.keys) == 1 else "they alone need"
-            return (f"{who} {'calls' if len(best.who.keys) == 1 else 'call'} {call_site(e.mine)} inside "
+            return (f"{who} {calls} {call_site(e.mine)} inside "
                     f"`if {clean(test, 80)}:` ({location(replace(f, line=n))}), a block run only by the ranks that "
                     f"condition selects: the others never call it. Call the collective on every rank of its group (and use "
                     f"its result where {only} it: gather on every rank, save on one), or give it a group "
@@ -344,12 +345,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             cond = under_if(e.mine)
             if cond:
                 # the condition in view: the one to decide the same on every rank
-                return (f"{who} {'calls' if len(best.who.keys) == 1 else 'call'} {call_site(e.mine)} in "
+                return (f"{who} {calls} {call_site(e.mine)} in "
                         f"{clean(past.name, 40)}={clean(past.mine, 40)}{cond}, which the others passed without "
                         "calling it: that condition, or one further out, rests on the rank's own values (its data, a "
                         "count of its own, a metric); decide it the same on every rank (all_reduce the value or the "
                         "flag first)")
-            return (f"find the condition under which {who} {'calls' if len(best.who.keys) == 1 else 'call'} "
+            return (f"find the condition under which {who} {calls} "
                     f"{call_site(e.mine)} in {clean(past.name, 40)}={clean(past.mine, 40)}, "
                     "which the others passed without calling it: a condition on the rank's own values (a norm over "
                     "a threshold, a NaN check, a count); decide it the same on every rank (all_reduce the value or "
@@ -375,7 +376,6 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             if isinstance(e, StackEvidence) and my_call is not None and their_call is not None \
                     and e.mine.collective and e.theirs.collective:
                 # both calls are the job's: name them, and the two ways such a pair comes about
-                calls = "calls" if len(best.who.keys) == 1 else "call"
                 return (f"make every rank issue the same collectives in one order: {who} {calls} "
                         f"`{clean(e.mine.collective, 40)}` from {named(my_call)}{under_if(e.mine)} where the others "
                         f"call `{clean(e.theirs.collective, 40)}` from {named(their_call)}{under_if(e.theirs)}: one "
@@ -388,7 +388,6 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
             site = callers(e)[0]
             from_ = f" from {named(site)}" if site is not None else ""
             exit_ = " (an exit handler: what made its main program end is in its error output)" if exiting(e.mine) else ""
-            calls = "calls" if len(best.who.keys) == 1 else "call"
             return (f"find why {who} {calls} `{clean(e.mine.collective or '', 40)}`{from_}{exit_} where the others "
                     "call it from elsewhere: every member of a process group must issue that group's collectives in "
                     "one order (no collective in an atexit handler or an error path that only some ranks take)")
