@@ -3,7 +3,7 @@ call that does not return, a write to a full pipe, point-to-point calls."""
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 from app.analysis.facts import Fact
 from app.analysis.fold import fold_nodes, short_keys
@@ -163,23 +163,25 @@ def pipe_reader(r: RankSnapshot) -> Tuple[str, str]:
     return clean(short, 200), detail
 
 
+def _readers_all(r: RankSnapshot, held: Callable[[PipeReader], bool]) -> Tuple[int, ...]:
+    """The pids of a full pipe's readers (other than the rank) when every one is held as `held` says, else ()."""
+    readers = r.hold.pipe_readers if r.hold is not None else ()
+    if readers and all(held(p) and p.pid != r.pid for p in readers):
+        return tuple(p.pid for p in readers)
+    return ()
+
+
 def readers_writing(r: RankSnapshot) -> Tuple[int, ...]:
     """The pids of a full pipe's readers when every one is itself asleep writing to a full pipe (wchan pipe_write):
     it does not read because its own output is not read; when that reader is the rank's child, its output pipe is
     most often the rank's to read (Popen with stdin and stdout piped, fed in full before its output is read)."""
-    readers = r.hold.pipe_readers if r.hold is not None else ()
-    if readers and all(p.state == "S" and "pipe_write" in p.wchan and p.pid != r.pid for p in readers):
-        return tuple(p.pid for p in readers)
-    return ()
+    return _readers_all(r, lambda p: p.state == "S" and "pipe_write" in p.wchan)
 
 
 def readers_stopped(r: RankSnapshot) -> Tuple[int, ...]:
     """The pids of a full pipe's readers when every one is stopped (state T: SIGSTOP, Ctrl-Z of a `| tee`), else
     (): resuming them is what drains the pipe."""
-    readers = r.hold.pipe_readers if r.hold is not None else ()
-    if readers and all(p.state == "T" and p.pid != r.pid for p in readers):
-        return tuple(p.pid for p in readers)
-    return ()
+    return _readers_all(r, lambda p: p.state == "T")
 
 
 READER_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep (D)",
