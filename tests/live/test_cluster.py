@@ -129,12 +129,19 @@ KERNEL_REAP_S = 30.0
 Member = Tuple[int, str]  # (pid, start time in clock ticks): one process, whatever pid numbers are reused later
 
 
-def _start_time(pid: int) -> Optional[str]:
+def _stat(pid: int) -> Optional[Tuple[str, list[str]]]:
+    """(command, the fields after it) of /proc/PID/stat, None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
+            head, rest = f.read().rsplit(b")", 1)
+    except (OSError, ValueError):
         return None
+    return head.split(b"(", 1)[-1].decode(errors="replace"), rest.decode(errors="replace").split()
+
+
+def _start_time(pid: int) -> Optional[str]:
+    stat = _stat(pid)
+    return stat[1][19] if stat is not None and len(stat[1]) > 19 else None
 
 
 def _members(pidns: set[str]) -> set[Member]:
@@ -156,14 +163,10 @@ def _members(pidns: set[str]) -> set[Member]:
 
 def _describe(pid: int) -> str:
     """`pid 123 (sshd, state S, parent 1)`: what a leftover is, for the failure message."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            head, rest = f.read().rsplit(b")", 1)
-        fields = rest.split()
-        return f"pid {pid} ({head.split(b'(', 1)[1].decode(errors='replace')}, state {fields[0].decode()}, " \
-               f"parent {fields[1].decode()})"
-    except (OSError, IndexError):
+    stat = _stat(pid)
+    if stat is None or len(stat[1]) < 2:
         return f"pid {pid}"
+    return f"pid {pid} ({stat[0]}, state {stat[1][0]}, parent {stat[1][1]})"
 
 
 def _gone(rid: str, workdir: Path, members: set[Member], what: str) -> None:
