@@ -183,7 +183,10 @@ def test_a_cpu_throttled_node_is_named_slow(oss_cluster: Cluster, job: Job, tmp_
         for pid in pids:
             cap.add(pid)
         time.sleep(2)  # the cap is felt at once; a few periods make it visible in the throttling counters
-        stdout, snap, analysis = hangscope(oss_cluster, tmp_path, "--samples", "3")
+        # at 10% of a CPU a step of the slow node's ranks takes seconds (Lightning's longer than nanoGPT's), and the
+        # whole job moves at its pace: samples 1 s apart (the default) can all fall inside one step, and a job that
+        # moved nothing between them is rightly not called progressing. The samples span more than a step.
+        stdout, snap, analysis = hangscope(oss_cluster, tmp_path, "--samples", "3", "--interval", "3")
         print(f"\n{job.scenario}, {SLOW} capped to 10% of a CPU:\n{stdout}")
         limited = [r for r in snap.ranks if r.node == SLOW]
         assert all(r.counters.cgroup is not None and r.counters.cgroup.quota_us == cap.quota for r in limited), \
