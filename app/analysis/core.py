@@ -350,7 +350,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     lead_fact = top if top is not None and top in facts_out else lead(facts_out)
     lead_finding = findings[facts_out.index(lead_fact)] if lead_fact is not None else None
     graph = name_graph(result.graph, result.facts, classes, keys_by, len(ranks))
-    next_text = next_step(culprit, lead_fact, graph) if lead_fact is not None and lead_fact.culprit else ""
+    next_text = next_step(culprit, lead_fact, graph, classes) if lead_fact is not None and lead_fact.culprit else ""
     slow_found = [x for x, f in zip(findings, facts_out) if f.kind == "slow_node"]
     text = verdict(culprit, lead_fact, lead_finding, slow_found, len(ranks), next_text, facts_out)
     headline = graph_headline(culprit, graph, result.facts, classes, lead_finding.title if lead_finding else "",

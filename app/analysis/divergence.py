@@ -43,6 +43,7 @@ from app.analysis.coordinates import meaningful
 from app.analysis.facts import Confidence, Evidence, Fact, FactKind, ranks_who
 from app.analysis.fold import RankKey
 from app.analysis.frames import frame_id, in_backward, is_library
+from app.analysis.p2p import P2P, class_call
 from app.analysis.tree import StackClass
 from app.model import Frame, LoopInfo, RankSnapshot
 
@@ -159,9 +160,12 @@ def _behind(f: Fact) -> bool:
 
 def _sibling(c: StackClass, minority: Sequence[StackClass]) -> bool:
     """Whether another minority class stands in the same function of the job's code as c, at another line (the
-    first frame where their paths part: same function and file), neither in a collective."""
+    first frame where their paths part: same function and file), neither in a collective (but a send or recv)."""
     for o in minority:
-        if o is c or o.collective is not None or c.collective is not None:
+        # a send and a receive of one exchange are at one place too (`send.wait()`, `recv.wait()`); two collectives
+        # at two lines are two calls
+        if o is c or (o.collective is not None and o.collective not in P2P) \
+                or (c.collective is not None and c.collective not in P2P):
             continue
         k = common_prefix(c, o)
         if k < len(c.frames) and k < len(o.frames):
@@ -378,6 +382,17 @@ def _size(c: StackClass, d: StackClass) -> Tuple[SizeCase, Confidence]:
 
 def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]] = None,
             others: bool = False) -> Fact:
+    f = _versus_read(c, d, ranks, others)
+    if f.strength == "high" and c.collective in P2P and _peer_unknown(c, ranks):
+        # a send or receive waits for its one peer, not for the others: whether it is the call too many or its
+        # peer skipped the matching one is for the peer's place to say (p2p.py's edges, where its arguments name
+        # it), never for its stacks alone
+        return dataclasses.replace(f, strength="medium")
+    return f
+
+
+def _versus_read(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]],
+                 others: bool) -> Fact:
     k = common_prefix(c, d)
     size, conf = _size(c, d)
     who = ranks_who(c.ranks, c.numbers)
@@ -428,6 +443,11 @@ def _versus(c: StackClass, d: StackClass, ranks: Optional[Mapping[RankKey, RankS
     case: Case = "backward" if backward and not in_backward(c.frames) else "no_collective"
     return Fact("minority_stack", who, "medium" if conf == "high" else conf,
                 StackEvidence(c, d, k, case, size, theirs_backward=backward), class_index=c.index)
+
+
+def _peer_unknown(c: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]]) -> bool:
+    call = class_call(c, ranks)
+    return call is None or call.peer is None
 
 
 def _ddp_gradients(c: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]]) -> bool:

@@ -6,6 +6,7 @@ Frames and every string in them are remote text: `clean` makes them printable be
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Literal, Optional, Sequence, Tuple
 
@@ -69,6 +70,8 @@ _PY_COLLECTIVES = {
     "barrier": "barrier", "_store_based_barrier": "barrier", "monitored_barrier": "monitored_barrier",
     "send": "send", "isend": "send", "send_object_list": "send",
     "recv": "recv", "irecv": "recv", "recv_object_list": "recv", "batch_isend_irecv": "send/recv",
+    # torch.distributed.pipelining's schedules wait for a stage's batched sends and receives here
+    "_wait_batch_p2p": "send/recv",
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
     # torch 2.13's single-tensor forms (FSDP2 calls reduce_scatter_single in its post-backward)
     "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
@@ -155,12 +158,85 @@ def group_arg(f: Optional[Frame]) -> str:
 
 def path_collective(frames: Sequence[Frame]) -> Tuple[Optional[str], Optional[Frame]]:
     """The collective a path waits in and its frame: the outermost one, which is the call the user made
-    (barrier() runs an all_reduce inside some backends; the user wrote barrier)."""
+    (barrier() runs an all_reduce inside some backends; the user wrote barrier); else the operation whose
+    asynchronous handle its innermost Python frame waits on (handle_wait), with that frame."""
     for frame in frames:  # outermost first
         name = collective_of(frame)
         if name is not None:
             return name, frame
+    inner = next((f for f in reversed(frames) if not f.native), None)
+    if inner is not None:
+        found = handle_wait(inner)
+        if found is not None:
+            return found.op, inner
     return None, None
+
+
+@dataclass(frozen=True)
+class HandleWait:
+    """A thread waiting on the handle of an asynchronous torch.distributed operation (`req.wait()` on the c10d
+    Work that `isend`, `irecv`, `batch_isend_irecv` or a collective with `async_op=True` returned): it waits in
+    that operation, though its stack shows no torch.distributed frame (the handle's wait is C++)."""
+
+    op: str  # as _PY_COLLECTIVES names it: "send", "recv", "send/recv", "all_reduce", ...
+    receiver: str  # the handle's expression: `req`, `self._pending[0]`
+    maker: str  # the text of the line that made it, stripped ("" when made on the waiting line itself)
+    maker_line: int  # its line number
+
+
+# `h.wait()`, `self.work.wait(timeout)`, `dist.isend(t, 1).wait()`: the receiver, then `.wait(`
+_WAIT_CALL = re.compile(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?|\))\s*\.\s*wait\s*\(")
+_WORK = re.compile(r"(?:^|[<\s.\[(])Work\b")  # a local's repr: `<torch._C._distributed_c10d.Work at 0x..>`, a list
+_CALL_NAME = re.compile(r"\b([A-Za-z_]\w*)\s*(?=\(|,|\))")
+_ASYNC_ONLY = frozenset({"isend", "irecv", "batch_isend_irecv"})  # return a handle whatever their arguments
+_DEF = re.compile(r"\s*(?:async\s+)?def\s")
+MAX_MAKER_LINES = 12  # how far above the wait the call that made the handle is looked for (a frame's source)
+
+
+def handle_wait(frame: Frame) -> Optional[HandleWait]:
+    """The asynchronous operation a frame's current line waits on, when the line is a `.wait()` on a c10d Work
+    handle and the call that made it is on that line or above it in the same function (within the source the
+    node sent). The handle is known as one by its local's repr (a Work), or, without locals, by the call that
+    made it: isend, irecv and batch_isend_irecv always return one, a collective only with `async_op=True`."""
+    if frame.native or not frame.source:
+        return None
+    return _handle_wait(frame.line, frame.source, tuple((x.name, x.repr) for x in frame.locals))
+
+
+@lru_cache(maxsize=4096)
+def _handle_wait(line: int, source: Tuple[Tuple[int, str], ...],
+                 local_reprs: Tuple[Tuple[str, str], ...]) -> Optional[HandleWait]:
+    lines = dict(source)
+    text = lines.get(line, "").split("#", 1)[0]
+    m = _WAIT_CALL.search(text)
+    if m is None:
+        return None
+    receiver = m.group(1)
+    head = receiver.split(".", 1)[0].split("[", 1)[0]
+    is_work = any(name == head and _WORK.search(value) for name, value in local_reprs)
+    here = text[:m.start()] if receiver == ")" else ""
+    candidates = [(line, here)] if here else []
+    for n in range(line - 1, max(line - MAX_MAKER_LINES, 0) - 1, -1):
+        above = lines.get(n)
+        if above is None:
+            break
+        candidates.append((n, above.split("#", 1)[0]))
+        if _DEF.match(above):
+            break  # the function's own start: nothing above made this handle
+    made = []
+    for n, code in candidates:
+        names = [x for x in _CALL_NAME.findall(code) if x in _PY_COLLECTIVES]
+        if not names:
+            continue
+        ops = {_PY_COLLECTIVES[x] for x in names}
+        if not (is_work or "async_op" in code or any(x in _ASYNC_ONLY for x in names)):
+            continue
+        op = "send/recv" if ops >= {"send", "recv"} or "send/recv" in ops else sorted(ops)[0]
+        made.append(HandleWait(op, "" if receiver == ")" else receiver, "" if n == line else code.strip(), n))
+    # the line that names the handle (`send = dist.isend(...)`, `for req in dist.batch_isend_irecv(ops):`) made it;
+    # else the nearest such call above
+    bound = re.compile(rf"(?:^|[\s,(])(?:for\s+)?{re.escape(head)}\s*(?:=(?!=)|\bin\b)") if head else None
+    return next((h for h in made if bound is not None and bound.search(h.maker)), made[0] if made else None)
 
 
 # Autograd's entry points: a rank of a DDP job waits in them for its gradient all_reduce (the Reducer runs it

@@ -10,6 +10,7 @@ from app.analysis.facts import KINDS, Fact
 from app.analysis.fold import RankKey, count_phrase, describe_keys
 from app.analysis.frames import clean
 from app.analysis.graph import SMALL_JOB, Edge, Vertex, WaitGraph
+from app.analysis.p2p import P2PEvidence
 from app.analysis.prose.threads import thread_label, thread_where
 from app.analysis.prose.waits import operation
 from app.analysis.prose.words import where as class_where
@@ -64,6 +65,8 @@ def evidence(f: Fact, classes: Sequence[StackClass]) -> str:
         return clean(operation(e.wait), 100)
     if k == "p2p_wait":
         call = getattr(e, "call", None)
+        if call is None and isinstance(e, P2PEvidence) and e.tags:
+            return "send/recv tags differ"
         return call.text() if call is not None else "send/recv deadlock"
     return {"missing_ranks": "not found", "outside_peer": "connections to addresses no inspected node has",
             "network_stall": "sockets stall", "slow_node": "slow node", "launch_differs": "other launch flags",

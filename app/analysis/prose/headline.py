@@ -22,7 +22,9 @@ from app.analysis.facts import Fact
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_ints, fold_nodes
-from app.analysis.frames import clean, ddp_forward, group_arg, named
+from app.analysis.facts import ranks_who
+from app.analysis.frames import clean, ddp_forward, group_arg, handle_wait, named
+from app.analysis.p2p import P2P, P2PEvidence, class_call
 from app.analysis.graph import WaitGraph
 from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
@@ -200,8 +202,44 @@ def counted_loop(header: str) -> bool:
     return bool(_COUNTED.match(header or ""))
 
 
-def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
-    """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on)."""
+def _p2p_next(e: StackEvidence, who: str, pid: str, at: str, classes: Sequence[StackClass]) -> str:
+    """A minority in a send or receive against the others' collective: it waits for its one peer, not for them.
+    Which rank that is (when its arguments say), what completes it, and the ranks outside the others' collective
+    that could be that peer (one that skipped its side of the exchange went on to another call)."""
+    call = class_call(e.mine)
+    if call is None:
+        return ""
+    op, peer, argument, frame = call.op, call.peer, call.argument, call.frame
+    found = handle_wait(frame)
+    made = (f", made by `{clean(found.maker, 80)}` ({location(replace(frame, line=found.maker_line))})"
+            if found is not None and found.maker else "")
+    other = "send" if op == "recv" else "recv"
+    step = f"{who} waits in a {op} for one peer" + (f" ({clean(argument, 60)})" if argument else "")
+    step += f"{made}, not for the others: it completes when that rank posts the matching {other}. "
+    if peer is None:
+        step += (f"The peer's number is not in the stack: read it (a local: `py-spy dump --locals --pid {pid}`{at}; "
+                 "a global or an attribute: log it). ")
+    outside = [x for x in classes if x is not e.mine and x is not e.theirs][:3]
+    if outside:
+        listed = "; ".join(f"{who_short(ranks_who(x.ranks, x.numbers))} {_in_call(x)}" for x in outside)
+        step += (f"Outside the others' `{clean(e.theirs.collective or '', 40)}`: {listed}. If the peer is there, it "
+                 f"skipped its side of the exchange (a branch that returned before it) and went on; ")
+    else:
+        step += "If the peer is among the others, it skipped its side of the exchange and went on; "
+    return clean(step + "run both sides of each send/recv under the same condition", 600)
+
+
+def _in_call(x: StackClass) -> str:
+    """`in `all_to_all` from `MoE.forward` (train.py:149)`, else where the class is."""
+    site = caller(x) if x.collective else None
+    if x.collective and site is not None:
+        return f"in `{clean(x.collective, 40)}` from {named(site)}"
+    return class_where(x)
+
+
+def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Sequence[StackClass] = ()) -> str:
+    """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on);
+    `classes`: the stack classes, for the ranks a minority's own wait may be waiting for."""
     # the recorder's own "why" (a collective of another group, a GPU that has not started it) says more than the
     # host thread's wait, which is the same on every rank there
     says_why = isinstance(best.data, FlightEvidence) and (best.data.stage != "issued" or bool(best.data.elsewhere))
@@ -244,6 +282,14 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                 "the program: find the branch one of them took that the other did not (a condition that differs "
                 "between ranks: a NaN or overflow check, uneven data, an early `continue`), and make every rank run "
                 "the same sequence of sends, recvs and collectives")
+    if k == "p2p_wait" and isinstance(e, P2PEvidence) and e.tags:
+        odd = [x for x in e.tags if x.key in best.who.keys] or list(e.tags)
+        x = odd[0]
+        written = f"`{clean(x.tag_text, 40)}`" if x.tag_text and x.tag_text != x.tag else "its tag"
+        return clean(f"compute each pair's tag the same way on both sides: {who}'s {written} is {x.tag}"
+                     + (f" where the others' is {e.usual}" if e.usual and e.usual != x.tag else "")
+                     + " (a count kept per rank that went apart: a resume from another step, a step skipped on some "
+                     "ranks); derive it from what every rank agrees on, or leave the tag out", 400)
     if graph.deadlock or k == "p2p_wait":
         return ("make each send meet its recv: order the pairs by rank (the lower rank sends first) or post them "
                 "together with batch_isend_irecv")
@@ -371,6 +417,10 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph) -> str:
                     f"`{clean(e.theirs.collective, 40)}`{at}: a branch only it takes (a forward through the wrapped "
                     "model on some ranks only), or that call skipped on it (an exception caught around a metric that "
                     "fails on its own data, a condition on its own values); every rank must make the same calls")
+        if isinstance(e, StackEvidence) and e.case == "other_collective" and e.mine.collective in P2P:
+            step = _p2p_next(e, who, pid, at, classes)
+            if step:
+                return step
         if k == "different_collective":
             my_call, their_call = (caller(e.mine), caller(e.theirs)) if isinstance(e, StackEvidence) else (None, None)
             if isinstance(e, StackEvidence) and my_call is not None and their_call is not None \

@@ -3,7 +3,7 @@ call that does not return, a write to a full pipe, point-to-point calls."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 from app.analysis.facts import Fact
 from app.analysis.fold import fold_nodes, short_keys
@@ -304,6 +304,8 @@ def p2p_text(f: Fact) -> Text:
                 "; ".join(parts) + ". Neither call can complete: every send needs the peer's matching recv. Make the "
                 "pairs match (one side sends while the other receives: order them by rank, or use batch_isend_irecv)",
                 "a cycle of ranks each blocked in send/recv towards the next, read from the calls' arguments")
+    if e.tags:
+        return _tags_text(f, e)
     c = e.call
     assert c is not None and e.peer_class is not None
     pc = e.peer_class
@@ -315,6 +317,26 @@ def p2p_text(f: Fact) -> Text:
             "comes next (a send or recv one of them skipped, or a collective issued between them)",
             "the call's own argument names the peer, and the peer's stack shows it elsewhere; which of the two took "
             "the wrong path is not known")
+
+
+def _tags_text(f: Fact, e: Any) -> Text:
+    """Pairs of sends and receives that name each other and wait, their tags different."""
+    pairs = list(zip(e.tags[0::2], e.tags[1::2]))
+    odd = {k for k in f.who.keys}
+
+    def side(c: Any) -> str:
+        written = f" (tag={clean(c.tag_text, 40)})" if c.tag_text and c.tag_text != c.tag else ""
+        return f"rank {c.rank}'s {c.op} {'to' if c.op == 'send' else 'from'} rank {c.peer} carries tag {c.tag}{written}"
+
+    a, b = pairs[0]
+    lead, other = (a, b) if a.key in odd else (b, a)
+    title = clean(f"{side(lead)} where {side(other).replace(' carries ', ' expects ')}: a send meets only a recv of "
+                  "the same tag, so neither completes", 300)
+    usual = (f"; most waiting calls carry tag {clean(e.usual, 20)}" if e.usual else "")
+    detail = clean("; ".join(f"{side(x)}, {side(y)}" for x, y in pairs[:4]) + usual + ". Each pair names each "
+                   "other and runs in opposite directions, so only the tag keeps them apart: the tag is computed from "
+                   "each rank's own values, and those went apart", 500)
+    return (title, detail, "the calls' own arguments: the peers match, the tags do not")
 
 
 def p2p_clause(f: Fact) -> str:
