@@ -229,6 +229,23 @@ def _p2p_next(e: StackEvidence, who: str, pid: str, at: str, classes: Sequence[S
     return clean(step + "run both sides of each send/recv under the same condition", 600)
 
 
+def _ahead_next(e: StackEvidence, who: str, name: str, mine: str, theirs: str, delta: int) -> str:
+    """A minority in a collective of a later iteration of the loop the others are in, they in one of theirs: it
+    left their iteration without the collective they wait in (one iteration), or its count went apart (more)."""
+    var = f"`{clean(name, 40)}`"
+    if delta > 1:
+        return (f"{delta} iterations ahead is more than one step skipped once: find where the {var} of {who} went "
+                f"apart from the others': a start of its own (a resume that loaded a newer checkpoint or step on {who}: "
+                "compare the step each rank resumed from, in its log or its checkpoint files), or a condition under "
+                f"which {who} skips {call_site(e.theirs)} in every iteration; make every rank resume from the same "
+                "step (agree on it before the loop: the minimum over the ranks, or rank 0's, broadcast)")
+    return (f"{who} went on to {clean(name, 40)}={clean(mine, 40)} without {call_site(e.theirs)}{under_if(e.theirs)}, "
+            f"which the others wait in at {clean(name, 40)}={clean(theirs, 40)}: {who} left that iteration early, by a "
+            "`continue` or a condition that skipped the rest of the step on its own values (a loss spike, a NaN or "
+            "inf check, an overflow, an empty batch); decide it on every rank together (all_reduce the flag first), "
+            "or run the same collectives on the path that skips")
+
+
 def _in_call(x: StackClass) -> str:
     """`in `all_to_all` from `MoE.forward` (train.py:149)`, else where the class is."""
     site = caller(x) if x.collective else None
@@ -417,6 +434,9 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
                     f"`{clean(e.theirs.collective, 40)}`{at}: a branch only it takes (a forward through the wrapped "
                     "model on some ranks only), or that call skipped on it (an exception caught around a metric that "
                     "fails on its own data, a condition on its own values); every rank must make the same calls")
+        if isinstance(e, StackEvidence) and e.case == "other_iteration" and past is not None and past.within \
+                and e.mine.collective and e.theirs.collective and past.delta is not None and past.delta > 0:
+            return _ahead_next(e, who, past.name, past.mine, past.theirs, past.delta)
         if isinstance(e, StackEvidence) and e.case == "other_collective" and e.mine.collective in P2P:
             step = _p2p_next(e, who, pid, at, classes)
             if step:
