@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Deque, List, Optional
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Footer, RichLog, Static
@@ -227,10 +227,26 @@ class WatchApp(App[int]):
         if self.opener is not None:
             await self.opener(snapshot)
             return
-        # as `hangscope --load SNAPSHOT` runs: this app steps aside (its repaints held) while the watch samples on
-        with self.suspend(), self.batch_update():
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "app", "--load", snapshot)
-            await proc.wait()
+        # as `hangscope --load SNAPSHOT` runs: this app steps aside (its repaints held) while the watch samples on;
+        # the other program has the terminal, so what it said is gone when this one comes back: a failure is said
+        # here, with the command that shows why
+        again = f"`hangscope --load {snapshot}`"
+        try:
+            with self.suspend(), self.batch_update():
+                proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "app", "--load", snapshot)
+                code = await proc.wait()
+        except SuspendNotSupported:
+            self._cannot_open(f"this terminal cannot be handed to another program; open it with {again}")
+            return
+        except OSError as exc:
+            self._cannot_open(f"{clean(exc, 200)}; open it with {again}")
+            return
+        if code != 0:
+            self._cannot_open(f"the viewer exited with status {code}; {again} says why")
+
+    def _cannot_open(self, why: str) -> None:
+        self._say(Text(clean(f"could not open the capture: {why}", 2000), style="bold #ffaf00"))
+        self.notify(clean(f"could not open the capture: {why}", 400), severity="warning", timeout=10)
 
     async def action_quit_watch(self) -> None:
         """Quit: a capture in flight is cancelled (what arrived is dropped), the hooks killed, the workers closed."""

@@ -113,3 +113,23 @@ async def test_ctrl_c_quits_the_watch_screen_as_q_does(tmp_path: Path) -> None:
         await pilot.press("ctrl+c")
         await until(pilot, lambda: session.closed, "the watch to close its workers", 10)
     assert app.return_code == 0 and session.closed
+
+
+async def test_a_capture_that_cannot_be_opened_here_says_why_and_how(tmp_path: Path) -> None:
+    """Enter opens a capture by handing the terminal to `hangscope --load`; where the terminal cannot be handed over
+    (Textual's headless driver, as some terminals), or the viewer fails, the watch says so with the command to run,
+    instead of coming back as if nothing had been asked."""
+    session = FakeSession(moving=4)
+    out = OutDir(str(tmp_path / "out"), 5)
+    out.prepare()
+    options = WatchOptions(every=0.5, stall=1.5, slow=0.5, keep=5, out=str(tmp_path / "out"))
+    app = WatchApp(lambda on_event: Watcher(session, options, CollectOptions(locals=True), out, on_event))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.watcher is not None and len(app.watcher.captures) == 1, "a capture", 60)
+        capture = app.watcher.captures[0]
+        await pilot.press("c")
+        await pilot.press("enter")
+        await until(pilot, lambda: any("could not open the capture" in x for x in app.said), "the failure said")
+        said = "\n".join(app.said)
+        assert f"open it with `hangscope --load {capture.path}/snapshot.json`" in said, said
+        await pilot.press("q")
