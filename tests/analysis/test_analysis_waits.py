@@ -99,7 +99,9 @@ def test_two_ranks_receiving_from_each_other_are_deadlocked() -> None:
     assert {e.evidence for e in g.edges if e.kind == "p2p" and e.waiter != "job"} == {"recv(src=1)", "recv(src=0)"}
     top = a.findings[0]
     assert top.kind == "p2p_wait" and top.confidence == "high" and "deadlocked" in a.verdict
-    assert "batch_isend_irecv" in g.next
+    # each receiving from the other: no send waits to be matched, so no order of the pairs helps (test_analysis_
+    # pipeline_cycles.py); the sides disagree on the messages between them
+    assert "derive the messages between them from the same values" in g.next and "order the pairs" not in g.next
 
 
 def test_a_rank_that_waits_for_the_root_is_not_the_headline_nor_high() -> None:

@@ -254,6 +254,11 @@ def _in_call(x: StackClass) -> str:
     return class_where(x)
 
 
+# Lead facts whose own next step says more than a deadlock's ordering advice when the graph also holds a cycle (a
+# rank that left the loop waits in a barrier its pipeline peer's recv will never join: the loop's exit is the cause)
+_OWN_NEXT = ("minority_stack", "different_collective", "iteration_split")
+
+
 def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Sequence[StackClass] = ()) -> str:
     """What to run or change next, for the root's kind of evidence (and, for a wait, for what it waits on);
     `classes`: the stack classes, for the ranks a minority's own wait may be waiting for."""
@@ -307,7 +312,13 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
                      + (f" where the others' is {e.usual}" if e.usual and e.usual != x.tag else "")
                      + " (a count kept per rank that went apart: a resume from another step, a step skipped on some "
                      "ranks); derive it from what every rank agrees on, or leave the tag out", 400)
-    if graph.deadlock or k == "p2p_wait":
+    ring = e.ring if k == "p2p_wait" and isinstance(e, P2PEvidence) else ()
+    if ring and all(x.op == "recv" for x in ring):
+        return ("make both sides derive the messages between them from the same values: the number of microbatches "
+                "(from one source, not each rank's own batch), one schedule on every stage, a send for every message "
+                "the peer expects (an empty or masked microbatch still sends its zeros); compare what each of "
+                f"{who_short(best.who)} counts with `py-spy dump --locals`")
+    if k == "p2p_wait" or (graph.deadlock and k not in _OWN_NEXT):
         return ("make each send meet its recv: order the pairs by rank (the lower rank sends first) or post them "
                 "together with batch_isend_irecv")
     if k == "stopped" and isinstance(e, StateEvidence) and e.traced and len(e.traced) == len(e.ranks):
@@ -371,7 +382,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
             loop = getattr(e, "loop", None)
             if loop is not None and counted_loop(loop.header):
                 # a loop over a count (epochs, steps), not over data: the rank left it by a decision of its own
-                return (f"find the `break` or `return` by which {who} left that loop early (an early stop on its "
+                return (f"find the `break` or `return` by which {who_short(best.who)} left that loop early (an early stop on its "
                         "own loss, a step or time budget, an error handled): decide it on every rank together "
                         "(all_reduce the flag or the metric it rests on) so that all leave at once")
             return ("give every rank the same number of batches (DistributedSampler(drop_last=True), equal "

@@ -286,6 +286,14 @@ def native_text(f: Fact) -> Text:
     return title, detail, _single_reason(e.odd, "the thread sleeps in write() on a pipe whose buffer is full")
 
 
+# Ranks each blocked receiving from the next: no send is waiting to be matched, so no ordering of the pairs helps;
+# each has no more to send to the other where the other expects one more
+RECV_CYCLE = ("Each waits for a message the other is not going to send: they disagree on what passes between them "
+              "(how many messages: a microbatch count each side derives on its own; in which order: a pipeline "
+              "schedule that differs between stages, forwards against backwards; or a message skipped on one side, "
+              "for an empty or masked microbatch)")
+
+
 def p2p_text(f: Fact) -> Text:
     from app.analysis.p2p import P2PCall, P2PEvidence
     from app.analysis.prose.words import where
@@ -298,8 +306,13 @@ def p2p_text(f: Fact) -> Text:
 
     if e.ring:
         ring = e.ring
-        parts = [f"{who(c)} waits in {named(c.frame)} for rank {c.peer} ({clean(c.argument, 40)})" for c in ring]
+        parts = [f"{who(c)} waits in {c.op} ({named(c.frame)}) for rank {c.peer} ({clean(c.argument, 40)})"
+                 for c in ring]
         names = " and ".join(who(c) for c in ring)
+        if all(c.op == "recv" for c in ring):
+            return (clean(f"{names} are deadlocked in point-to-point calls: each waits to receive from the other", 300),
+                    "; ".join(parts) + ". " + RECV_CYCLE, "a cycle of ranks each blocked in recv from the next, read "
+                    "from the calls' arguments")
         return (clean(f"{names} are deadlocked in point-to-point calls: each waits for the other", 300),
                 "; ".join(parts) + ". Neither call can complete: every send needs the peer's matching recv. Make the "
                 "pairs match (one side sends while the other receives: order them by rank, or use batch_isend_irecv)",
