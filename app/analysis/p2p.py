@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, ranks_who
 from app.analysis.fold import RankKey
-from app.analysis.frames import bare_name, handle_wait
+from app.analysis.frames import bare_name, handle_wait, is_library
 from app.analysis.tree import StackClass
 from app.model import Frame, RankSnapshot
 
@@ -57,6 +57,8 @@ class P2PCall:
     frame: Frame  # the torch.distributed frame of the call (of a handle's wait: the frame waiting on it)
     tag: str = ""  # the message tag's value, when readable (a send meets only a recv of the same tag)
     tag_text: str = ""  # ... as the call writes it (`global_step`)
+    loop: str = ""  # the innermost loop of the job's code around the call, with its value: "`for i in range(n)` (i=3)"
+    outer: Tuple[Tuple[str, str], ...] = ()  # the outermost loop coordinate of its stack (("step", "6"),)
 
     def text(self) -> str:
         return f"{self.op}({self.argument})" if self.argument else self.op
@@ -229,7 +231,8 @@ def _handle_call(frames: Sequence[Frame], rank: Optional[int] = None, world: Opt
     if value is None and not keyword.startswith("group_"):
         computed = rank_expression(expr, rank, world)
         value = str(computed) if computed is not None else None
-    argument = f"{keyword}={expr}" if value is None or value == expr else f"{keyword}={expr}={value}"
+    argument = f"{keyword}={expr}" if value is None or value == expr else \
+        f"{keyword}={value}" if expr == keyword else f"{keyword}={expr}={value}"
     if value is None or keyword.startswith("group_"):
         return CallRead(op, None, argument, frame, tag, tag_expr)  # not readable, or a group's rank: no edge
     return CallRead(op, int(value), argument, frame, tag, tag_expr)
@@ -259,8 +262,29 @@ def p2p_calls(ranks: Sequence[RankSnapshot], classes: Sequence[StackClass],
             continue
         call = _call(r)
         if call is not None:
-            out.append(P2PCall(k, r.rank, call.op, call.peer, call.argument, call.frame, call.tag, call.tag_text))
+            loop, outer = _loops(r)
+            out.append(P2PCall(k, r.rank, call.op, call.peer, call.argument, call.frame, call.tag, call.tag_text,
+                               loop, outer))
     return out
+
+
+def _loops(r: RankSnapshot) -> Tuple[str, Tuple[Tuple[str, str], ...]]:
+    """Where in its loops a rank's call stands: the innermost loop of the job's code (header and value) and the
+    outermost frame's loop coordinate, for telling two ranks of one exchange apart (one in its backwards, the other
+    still in its forwards; one a step ahead)."""
+    t = r.main_thread
+    # a loop over the handles being waited on (`for w in works: w.wait()`) says nothing of where the rank is
+    frames = [f for f in (t.frames if t is not None else ()) if not is_library(f) and f.loops
+              and handle_wait(f) is None]
+    if not frames:
+        return "", ()
+    inner = frames[0]
+    loop = inner.loops[-1]
+    names = loop.variables + loop.counters
+    values = ", ".join(f"{n}={v}" for n, v in inner.iteration if n in names)
+    text = f"`{loop.header.rstrip(':').strip()}` ({inner.location}{'; ' + values if values else ''})"
+    outer = next((f.iteration for f in reversed(frames) if f.iteration), ())
+    return text, outer
 
 
 def matched(a: P2PCall, b: Optional[P2PCall]) -> bool:

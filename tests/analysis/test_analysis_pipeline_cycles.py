@@ -21,10 +21,10 @@ def body(line: int, it: int = 9) -> Frame:
     return Frame("Stage.run", "/opt/pp/stage.py", line, loops=(LOOP,), iteration=(("it", str(it)),))
 
 
-def p2p(op: str, peer: int, line: int = 66) -> Tuple[Frame, ...]:
+def p2p(op: str, peer: int, line: int = 66, it: int = 9) -> Tuple[Frame, ...]:
     arg = "src" if op == "recv" else "dst"
     call = Frame(op, C10D, 2100, locals=(Local("tensor", "<Tensor at 0x7f01>", True), Local(arg, str(peer), True)))
-    return (call, frame("Stage.exchange (/opt/pp/stage.py:30)"), body(line), frame("<module> (/opt/pp/stage.py:99)"))
+    return (call, frame("Stage.exchange (/opt/pp/stage.py:30)"), body(line, it), frame("<module> (/opt/pp/stage.py:99)"))
 
 
 def reduce_in_loop(line: int = 75) -> Tuple[Frame, ...]:
@@ -59,3 +59,17 @@ def test_a_rank_that_left_the_loop_keeps_its_own_next_step_beside_a_cycle() -> N
     text = verdict({0: p2p("recv", 2), 2: p2p("recv", 4), 4: p2p("recv", 6), 6: barrier})
     assert text.startswith("Rank 6 has left the loop `for it in range(cfg.iters)` (stage.py:60)"), text
     assert "Next: find the `break` or `return` by which rank 6 left that loop early" in text, text
+
+
+def test_a_receive_cycle_says_where_each_side_stands_and_which_went_on() -> None:
+    # rank 6 finished iteration 9 and waits for iteration 10's first message; rank 2 still waits for one of 9's
+    text = verdict({2: p2p("recv", 6, it=9), 6: p2p("recv", 2, line=62, it=10)})
+    assert "Rank 2 and rank 6 are deadlocked in point-to-point calls: each waits to receive from the other; rank 6 " \
+        "is at it=10, rank 2 still at it=9." in text
+    assert "Next: rank 6 left it=9 without sending rank 2 all it expects there (one message skipped), or the others " \
+        "expect one more; make both sides derive the messages between them" in text
+    a = analyze(snapshot([rank(r, f"node0{r // 2 + 1}", {2: p2p("recv", 6, it=9), 6: p2p("recv", 2, line=62, it=10)}
+                               .get(r, reduce_in_loop()), world=8) for r in range(8)], locals=True))
+    detail = a.findings[0].detail
+    assert "rank 2 waits in recv (`recv` (distributed_c10d.py:2100)) for rank 6 (src=6), in `for it in " \
+        "range(cfg.iters)` (stage.py:66; it=9)" in detail, detail

@@ -33,7 +33,7 @@ from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import (call_site, caller, callers, ddp_next, exiting, location, rank_branch,
                                       under_if)
 from app.analysis.prose.state import resume_command, thaw_command
-from app.analysis.prose.threads import (p2p_clause, readers_stopped, readers_writing, thread_label, thread_where,
+from app.analysis.prose.threads import (p2p_clause, ring_order, readers_stopped, readers_writing, thread_label, thread_where,
                                        waits_back_for)
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
@@ -314,7 +314,16 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
                      "ranks); derive it from what every rank agrees on, or leave the tag out", 400)
     ring = e.ring if k == "p2p_wait" and isinstance(e, P2PEvidence) else ()
     if ring and all(x.op == "recv" for x in ring):
-        return ("make both sides derive the messages between them from the same values: the number of microbatches "
+        order = ring_order(ring)
+        skipped = ""
+        if order is not None:
+            name, ranked = order
+            (first, _), rest = ranked[0], ranked[1:]
+            skipped = (f"rank {first.rank} left {clean(name, 30)}={clean(rest[-1][1], 20)} without sending "
+                     f"{', '.join(f'rank {c.rank}' for c, _ in rest)} all {'it expects' if len(rest) == 1 else 'they expect'}"
+                     " there (one message skipped), or the others expect one more; ")
+        return (skipped +
+                "make both sides derive the messages between them from the same values: the number of microbatches "
                 "(from one source, not each rank's own batch), one schedule on every stage, a send for every message "
                 "the peer expects (an empty or masked microbatch still sends its zeros); compare what each of "
                 f"{who_short(best.who)} counts with `py-spy dump --locals`")

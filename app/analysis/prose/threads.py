@@ -3,7 +3,7 @@ call that does not return, a write to a full pipe, point-to-point calls."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from app.analysis.facts import Fact
 from app.analysis.fold import fold_nodes, short_keys
@@ -294,6 +294,28 @@ RECV_CYCLE = ("Each waits for a message the other is not going to send: they dis
               "for an empty or masked microbatch)")
 
 
+def ring_order(ring: Sequence[Any]) -> Optional[Tuple[str, List[Tuple[Any, str]]]]:
+    """The ranks of a receive cycle by their outermost loop's value, highest first, when they stand in different
+    iterations of it (the first variable whose integer values differ): (name, [(call, value), ...])."""
+    values = [dict(c.outer) for c in ring]
+    for name in (n for n, _ in ring[0].outer):
+        got = [v.get(name) for v in values]
+        if any(x is None or not x.lstrip("-").isdigit() for x in got) or len(set(got)) < 2:
+            continue
+        return name, sorted(zip(ring, got), key=lambda cv: -int(cv[1]))  # type: ignore[arg-type]
+    return None
+
+
+def ahead_in_ring(ring: Sequence[Any]) -> str:
+    """"rank 7 is at step=6, rank 5 still at step=5", or ""."""
+    found = ring_order(ring)
+    if found is None:
+        return ""
+    name, order = found
+    behind = ", ".join(f"rank {c.rank} still at {clean(name, 30)}={clean(v, 20)}" for c, v in order[1:])
+    return f"rank {order[0][0].rank} is at {clean(name, 30)}={clean(order[0][1], 20)}, {behind}"
+
+
 def p2p_text(f: Fact) -> Text:
     from app.analysis.p2p import P2PCall, P2PEvidence
     from app.analysis.prose.words import where
@@ -310,9 +332,12 @@ def p2p_text(f: Fact) -> Text:
                  for c in ring]
         names = " and ".join(who(c) for c in ring)
         if all(c.op == "recv" for c in ring):
-            return (clean(f"{names} are deadlocked in point-to-point calls: each waits to receive from the other", 300),
-                    "; ".join(parts) + ". " + RECV_CYCLE, "a cycle of ranks each blocked in recv from the next, read "
-                    "from the calls' arguments")
+            parts = [p + (f", in {clean(c.loop, 120)}" if c.loop else "") for p, c in zip(parts, ring)]
+            ahead = ahead_in_ring(ring)
+            title = f"{names} are deadlocked in point-to-point calls: each waits to receive from the other" + (
+                f"; {ahead}" if ahead else "")
+            return (clean(title, 300), "; ".join(parts) + ". " + RECV_CYCLE,
+                    "a cycle of ranks each blocked in recv from the next, read from the calls' arguments")
         return (clean(f"{names} are deadlocked in point-to-point calls: each waits for the other", 300),
                 "; ".join(parts) + ". Neither call can complete: every send needs the peer's matching recv. Make the "
                 "pairs match (one side sends while the other receives: order them by rank, or use batch_isend_irecv)",
