@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from app.analysis.blocking import Motion, innermost_own
 from app.analysis.calibrate import before_graph, calibrate
@@ -27,7 +27,7 @@ from app.analysis.graph import Builder, WaitGraph
 from app.analysis.health import dump_failures, failed_nodes, jobs, missing_ranks, process_states
 from app.analysis.health import several_jobs, thread_counts
 from app.analysis.iterations import IterationSplit, iteration_facts, locals_missing_fact, split_iterations
-from app.analysis.launch import launch_facts, store_facts
+from app.analysis.launch import launch_facts, split_store_facts, store_facts
 from app.analysis.locks import lock_facts
 from app.analysis.native import native_facts
 from app.analysis.network import address_map, network_findings
@@ -188,7 +188,8 @@ def _analyze_jobs(snapshot: Snapshot, history: Sequence[Snapshot], options: Anal
                   keys: Sequence[str]) -> Analysis:
     started = time.perf_counter()
     whole = _analyze_one(snapshot, history, options)  # the picture of the node: classes and tree over every rank
-    per_job = [(key, _analyze_one(only_job(snapshot, key), [only_job(h, key) for h in history], options))
+    context = whole_of(snapshot)
+    per_job = [(key, _analyze_one(only_job(snapshot, key), [only_job(h, key) for h in history], options, context))
                for key in keys]
     progressing = [(k, a) for k, a in per_job if a.findings and a.findings[0].kind == "progressing"]
     # the job with the strongest lead first
@@ -232,9 +233,36 @@ def _job_label(snapshot: Snapshot, key: str) -> str:
     return f"{clean(key or 'unidentified', 120)} ({describe(ranks)})"
 
 
-def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions) -> Analysis:
+@dataclass(frozen=True)
+class Whole:
+    """What the whole snapshot says that one job's analysis needs when it holds several jobs: every inspected
+    node's addresses (a job's ranks talk to the nodes of another job's ranks too), and who listens on which node's
+    port (ranks that joined another job's store)."""
+
+    addresses: FrozenSet[str]
+    nodes_of: Mapping[str, str]  # address -> node
+    listeners: Mapping[Tuple[str, int], str]  # (node, port) -> who listens there, said
+
+
+def whole_of(snapshot: Snapshot) -> Whole:
+    from app.analysis.network import address_map
+
+    addresses = {s.local_host for r in snapshot.ranks for s in r.sockets} | {n.address for n in snapshot.nodes
+                                                                              if n.address}
+    listeners: Dict[Tuple[str, int], str] = {}
+    for r in snapshot.ranks:
+        for s in r.sockets:
+            port = s.local.rsplit(":", 1)[-1]
+            if s.state == "LISTEN" and port.isdigit():
+                what = f"rank {r.rank} of job {clean(r.job, 80)}" if r.rank is not None and r.job else "a rank"
+                listeners.setdefault((r.node, int(port)), f"pid {r.pid} on {clean(r.node, 60)} ({what})")
+    return Whole(frozenset(addresses), address_map(snapshot), listeners)
+
+
+def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions,
+                 whole: Optional[Whole] = None) -> Analysis:
     """Facts (each detector's), then the wait graph built from them, one calibration, the culprit, and last the
-    sentences (app/analysis/prose)."""
+    sentences (app/analysis/prose). `whole`: the whole snapshot's addresses and listeners, for one job of several."""
     started = time.perf_counter()
     ranks = snapshot.ranks
     rank_facts = columns(ranks)  # the one read of every rank (columns.py)
@@ -256,6 +284,8 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     facts += native_facts(ranks, odd)
     facts += launch_facts(ranks)
     facts += store_facts(ranks)
+    if whole is not None:  # ranks of one job in another's store: only a snapshot of several jobs can show it
+        facts += split_store_facts(ranks, whole.nodes_of, whole.listeners)
     collective_of = {c.index: c.collective for c in classes}
     for split in splits:
         facts.extend(iteration_facts(split, by_key, collective_of.get(split.class_index)))
@@ -270,7 +300,7 @@ def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: Analy
     facts += missing
     # Ranks not found while every node answered, and the ranks that are here talk to addresses no inspected node
     # has: the missing ranks are there (a hosts list that leaves out a node of the job).
-    peers = outside_peers(snapshot)
+    peers = outside_peers(snapshot, whole.addresses if whole is not None else frozenset())
     unexplained = [f for f in missing if f.kind == "missing_ranks" and not f.culprit and f.who.missing]
     failed_any = any(n.state in ("failed", "partial") for n in snapshot.nodes)
     gap = None

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, ranks_who
 from app.model import RankSnapshot, rank_key
@@ -115,6 +115,9 @@ class StoreEvidence(Evidence):
     given: str  # MASTER_ADDR:MASTER_PORT of their environment
     total: int  # ranks of the job
     retrying: bool = False  # a rank was seen asleep between two connection attempts
+    # some ranks are connected to another store than the one their job's other ranks use (split_store_facts)
+    connected: bool = False
+    holder: str = ""  # who listens where they are connected, when a process of the snapshot does ("pid 98 on node04 ...")
 
 
 def _store_connect(r: RankSnapshot) -> Optional[Tuple[str, str, bool]]:
@@ -163,3 +166,47 @@ def store_facts(ranks: Sequence[RankSnapshot]) -> List[Fact]:
     return [Fact("store_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)),
                  "high" if retrying else "medium", StoreEvidence(f"{host}:{port}", given.most_common(1)[0][0],
                                                                  len(ranks), retrying))]
+
+
+# the frames of a rank still joining its process group: init_process_group's rendezvous and the group's creation
+_JOINING = frozenset({"init_process_group", "_new_process_group_helper", "_create_c10d_store", "_env_rendezvous_handler",
+                      "rendezvous", "_store_based_barrier"})
+Listeners = Mapping[Tuple[str, int], str]  # (node, port) -> who listens there, said ("pid 98 on node04 (...)")
+
+
+def _joining(r: RankSnapshot) -> bool:
+    t = r.main_thread
+    return t is not None and any(not f.native and f.function.rsplit(".", 1)[-1] in _JOINING
+                                 and "torch/distributed/" in f.filename.replace("\\", "/") for f in t.frames[:64])
+
+
+def split_store_facts(ranks: Sequence[RankSnapshot], nodes_of: Mapping[str, str], listeners: Listeners) -> List[Fact]:
+    """Ranks still joining their process group that hold no connection to their job's store (the port their
+    environment gives, to which the job's other ranks are connected) but one to another address, all the same:
+    they rendezvous in another store (MASTER_ADDR/MASTER_PORT changed inside the process: an env file it reads, a
+    config, an init_method; a store left by an earlier run answers there), and the others wait for them.
+    `nodes_of`: address -> node, `listeners`: who listens on a node's port (the whole snapshot's)."""
+    if len(ranks) < 2 or len(ranks) > 1 << 17:
+        return []
+    inside, outside = [], []
+    for r in ranks:
+        if r.master_port is None:
+            return []
+        live = [x for x in r.sockets if x.state == "ESTABLISHED"]
+        if any(x.peer.rsplit(":", 1)[-1] == str(r.master_port) for x in live):
+            inside.append(r)
+        elif _joining(r) and live:
+            outside.append(r)
+    if not inside or not outside or len(outside) >= len(inside):
+        return []
+    common = Counter(x.peer for r in outside for x in r.sockets if x.state == "ESTABLISHED").most_common(1)
+    if not common or common[0][1] < len(outside):
+        return []  # not one address that every such rank holds
+    where = common[0][0]
+    host, _, port = where.rpartition(":")
+    holder = listeners.get((nodes_of.get(host.strip("[]"), ""), int(port))) if port.isdigit() else None
+    given = Counter(f"{r.master_addr}:{r.master_port}" for r in inside).most_common(1)[0][0]
+    ordered = sorted(outside, key=rank_key)
+    return [Fact("store_differs", ranks_who(tuple(map(rank_key, ordered)), tuple(r.rank for r in ordered)),
+                 "high" if holder else "medium",
+                 StoreEvidence(where, given, len(ranks), connected=True, holder=holder or ""))]

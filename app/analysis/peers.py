@@ -10,7 +10,7 @@ rank talks to once (a metrics or data server) is not the job's: it takes two con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Set, Tuple
 
 from app.analysis.facts import Evidence, Fact, Who
 from app.analysis.fold import RankKey
@@ -45,9 +45,10 @@ def _known_addresses(snapshot: Snapshot) -> Set[str]:
     return known
 
 
-def outside_peers(snapshot: Snapshot) -> List[OutsidePeer]:
-    """Addresses that inspected ranks talk to and that belong to no inspected node, the job's own first."""
-    known = _known_addresses(snapshot)
+def outside_peers(snapshot: Snapshot, also: AbstractSet[str] = frozenset()) -> List[OutsidePeer]:
+    """Addresses that inspected ranks talk to and that belong to no inspected node, the job's own first. `also`:
+    addresses of inspected nodes beyond this snapshot's ranks (one job's analysis: the other jobs' ranks' nodes)."""
+    known = _known_addresses(snapshot) | set(also)
     masters = {r.master_addr for r in snapshot.ranks if r.master_addr}
     talking: Dict[str, Dict[RankKey, int]] = {}
     numbers: Dict[str, Set[int]] = {}

@@ -500,6 +500,12 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
             return _resume(str(proc.pid), clean(proc.node, 60))
     if k == "store_differs":
         given = getattr(e, "given", "")
+        if getattr(e, "connected", False):
+            holder = getattr(e, "holder", "")
+            return (f"find what sets another MASTER_ADDR/MASTER_PORT in {who}'s processes (an env file they read, a "
+                    f"config, an init_method) and give them the job's ({clean(given, 120)})"
+                    + (f"; {clean(holder, 160)} serves the store they joined: if it is a leftover of an earlier run, "
+                       "end it" if holder else ""))
         return (f"let the ranks use the address their launcher gives them ({clean(given, 120)}): do not set "
                 "MASTER_PORT or MASTER_ADDR in the script or its config under the launcher, or pass "
                 "init_method='env://' with the environment as it is")

@@ -47,6 +47,18 @@ def store_text(f: Fact) -> Text:
     assert isinstance(e, StoreEvidence)
     n = len(f.who.keys)
     who = f"all {n} ranks" if n == e.total and n > 1 else who_label(f.who)
+    if e.connected:
+        by = f", where {clean(e.holder, 160)} listens" if e.holder else ""
+        title = (f"{who} joined the store at {clean(e.connect, 120)}{by}, not their job's at {clean(e.given, 120)} "
+                 f"where the other {e.total - n} ranks are: {'it waits' if n == 1 else 'they wait'} in "
+                 "`init_process_group` for peers that never come there, and the others wait for "
+                 f"{'it' if n == 1 else 'them'}")
+        detail = ("their environment as started gives the job's store, and every other rank is connected there; these "
+                  "hold a connection to another address instead: something in the process set another MASTER_ADDR or "
+                  "MASTER_PORT (an env file it reads, a config value, an init_method URL)"
+                  + (f", and {clean(e.holder, 160)} answers there: a store left by an earlier run, or another job's"
+                     if e.holder else ""))
+        return (clean(title, 400), detail, "the ranks' own connections: one address for the job, another for these")
     title = (f"{who} retry connecting to the job's store at {clean(e.connect, 120)} in `init_process_group`, where "
              f"nothing accepts: their launcher's store is at {clean(e.given, 120)} (MASTER_ADDR:MASTER_PORT in the "
              "environment it started them with)")
