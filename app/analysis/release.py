@@ -47,6 +47,7 @@ NoneReason = Literal[
     "loop_unread",  # an idle asyncio loop, no timer, no other Python thread; what it watches was not read
     "loop_untied",  # ... watching only its own wake-up socket; other Python threads, none holding the loop
     "loop_untied_unread",  # ... what it watches not read; other Python threads, none holding the loop
+    "shared_lock",  # no thread holds it, and its futex is shared between processes (a named semaphore, shared memory)
 ]
 MAX_PARTIES = 6
 MAX_CHAIN = 6
@@ -247,7 +248,16 @@ def _holder(wait: ThreadWait, thread: ThreadStack, ctx: Context) -> Release:
         obj = wait.detail("object")
         parties += [_thread_party(ctx, t, "releaser") for t in ctx.rank.threads
                     if t.tid != thread.tid and releasing_frame(t, obj, wait.caller) is not None]
+    if not parties and shared_futex(thread):
+        # the futex lies in memory other processes map: the holder may be one of them, or one that has ended
+        return Release(none="shared_lock")
     return Release(tuple(parties[:MAX_PARTIES]), "" if parties else "no_holder")
+
+
+def shared_futex(thread: ThreadStack) -> str:
+    """The file a thread's futex lies in when the node read it as shared between processes ("" otherwise)."""
+    w = thread.waits
+    return w.path if w is not None and w.family == "futex" and w.path else ""
 
 
 _RELEASE_CALL = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)\s*\.\s*release\s*\(")

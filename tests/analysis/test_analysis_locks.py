@@ -144,3 +144,23 @@ def test_a_with_header_whose_own_call_waits_in_another_system_call_is_not_a_lock
     assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S", syscall="openat")) is None
     assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S", syscall="futex")) is not None
     assert waiting(ThreadStack(tid=5, name="saver", frames=(header,), state="S")) is not None
+
+
+def test_a_lock_whose_futex_other_processes_share_names_the_file_and_who_to_look_for() -> None:
+    """A semaphore shared between processes (the node read its futex as not private, in a file under /dev/shm): no
+    thread of the rank holds it, and the holder is another process, or one that ended holding it; the next step
+    says how to find who maps it and what to do when nobody does."""
+    from app.model import KernelWait
+
+    shared = ThreadStack(tid=1, name="MainThread", frames=_acquiring().frames, state="S", is_main=True,
+                         syscall="futex", wchan="futex_do_wait",
+                         waits=KernelWait(syscall="futex", family="futex", address="0x7f33aa000000",
+                                          path="/dev/shm/sem.batch-turn",
+                                          notes=("a futex shared between processes (not private to this one), in "
+                                                 "/dev/shm/sem.batch-turn",)))
+    text = analyze(snapshot(job_with((shared,)))).verdict
+    assert "waiting for the lock `self._turn`; no thread of this process holds it, and it is shared between " \
+        "processes" in text, text
+    assert "Next: find who maps /dev/shm/sem.batch-turn (`grep -l /dev/shm/sem.batch-turn /proc/[0-9]*/maps` on " \
+        "node01)" in text, text
+    assert "remove it (`rm /dev/shm/sem.batch-turn`) and restart" in text

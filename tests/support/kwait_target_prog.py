@@ -264,8 +264,21 @@ def sigwait(args):
     signal.sigwait(wanted)
 
 
+def shared_semaphore(args):
+    """Acquires a multiprocessing semaphore at 0 (a POSIX named semaphore: a futex in /dev/shm shared between
+    processes) that nobody posts; a threading.Lock in a second thread waits on a private futex beside it."""
+    import multiprocessing
+    sem = multiprocessing.Semaphore(0)
+    lock = threading.Lock()
+    lock.acquire()
+    waiter = threading.Thread(target=lock.acquire, daemon=True)
+    waiter.start()
+    ready(waiter.native_id)
+    sem.acquire()
+
+
 if __name__ == "__main__":
     {"pipe": pipe_from_sleeper, "fifo": fifo_nobody, "stdin": stdin_child, "pty": pty_read, "server": server, "unix_server": unix_server, "unix_send": unix_send,
      "recv": recv_from, "udp": udp_remote, "unix": unix_pair, "both_read": both_read, "asyncio": asyncio_read, "wait": wait_child, "wait_fed": wait_fed, "poll_file": poll_file,
      "wait_any": wait_any, "holder": lock_holder, "waiter": lock_waiter, "spin": spin,
-     "sigwait": sigwait}[sys.argv[1]](sys.argv[2:])
+     "sigwait": sigwait, "shared_semaphore": shared_semaphore}[sys.argv[1]](sys.argv[2:])

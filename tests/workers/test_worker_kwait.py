@@ -460,3 +460,16 @@ def test_polled_paths_look_up_absolute_names_only_and_skip_what_is_not_a_name_th
     assert [(o["pid"], o["role"]) for o in watched[0]["others"]] == [(writer.pid, "writer")]
     assert watched[1]["others"] == [] and watched[1]["complete"] is True
     assert "watched" not in threads[1]["waits"] and action is not None and "2 paths" in action
+
+
+def test_a_futex_shared_between_processes_names_the_file_it_lies_in_and_a_private_one_reads_nothing() -> None:
+    """A multiprocessing semaphore is a POSIX named semaphore: its futex lies in /dev/shm and is not private to the
+    process (a holder may be another process, or one that ended holding it); a threading.Lock's is private, and
+    costs no read at all."""
+    with target("shared_semaphore") as t:
+        lock_tid = int(t.ready[1])
+        raw, decoded = waits(t.pid, ["futex"])
+        assert decoded.family == "futex" and decoded.path.startswith("/dev/shm/sem."), raw
+        assert any("shared between processes" in n for n in decoded.notes), raw
+        private, _ = waits(t.pid, ["futex"], tid=lock_tid)
+        assert "path" not in private and not private.get("notes"), private

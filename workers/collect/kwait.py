@@ -9,7 +9,9 @@ From the call's arguments (/proc/PID/task/TID/syscall, already read by workers/c
 - wait4, waitid: the pid waited for and the children (a zombie's exit status or signal: /proc/PID/stat);
 - flock, fcntl(F_SETLKW / F_OFD_SETLKW): the file, the lock asked for and its holders (/proc/locks);
 - open, openat, openat2 (a FIFO's open waits for its other end): the path, read from memory;
-- futex: the address (and "no timeout" when it has none); nanosleep, clock_nanosleep: the time asked for.
+- futex: the address (and "no timeout" when it has none); one shared between processes (no FUTEX_PRIVATE_FLAG: a
+  named or process-shared semaphore) also the file it lies in, from /proc/PID/maps; nanosleep, clock_nanosleep:
+  the time asked for.
 The other end of a pipe or FIFO (its writers for a reader, its readers for a writer), of a local TCP or unix
 connection (workers/collect/kwait_net.py) and of a lock (workers/collect/kwait_procs.py, with the children) comes
 from one shared scan of /proc/*/fd per request (workers/collect/fdindex.py).
@@ -66,6 +68,7 @@ _RESTARTED = (("poll_schedule_timeout", "poll"), ("do_sys_poll", "poll"), ("fute
 
 _F_SETLKW, _F_OFD_SETLKW = 7, 38
 _FUTEX_WAITS = (0, 6, 9, 11, 13)  # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
+_FUTEX_PRIVATE = 128  # FUTEX_PRIVATE_FLAG: a futex of this process alone (every pthread and Python lock)
 _AT_FDCWD = -100
 _POLL_READ, _POLL_WRITE = 0x1 | 0x2 | 0x40 | 0x80, 0x4 | 0x100 | 0x200
 _EPOLL_READ, _EPOLL_WRITE = 0x1 | 0x2 | 0x40 | 0x80, 0x4 | 0x100 | 0x200
@@ -191,10 +194,17 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
                 args = [int(a, 16) for a in raw[1:7]]
             except ValueError:
                 continue
-            if family == "futex":  # the common case costs nothing: no read at all
+            if family == "futex":  # the common case (a private futex) costs nothing: no read at all
                 t["waits"] = _futex(name, args)
+                if not args[1] & _FUTEX_PRIVATE and name == "futex":
+                    # shared between processes (a named or pshared semaphore, a lock in shared memory): which file
+                    # holds it, from the process's mappings, read only where its memory may be read
+                    if ctx is None:
+                        ctx = Reader(cache, pid, process)
+                    _shared_futex(ctx, args[0], t["waits"])
+                    waiting += 1
                 if restarted:
-                    t["waits"]["notes"] = [_RESUMED]
+                    t["waits"]["notes"] = [_RESUMED] + t["waits"].get("notes", [])
                 continue
             if ctx is None:
                 ctx = Reader(cache, pid, process)
@@ -240,6 +250,30 @@ def _futex(name: str, args: List[int]) -> Dict[str, Any]:
         if args[3] == 0:
             out["timeout"] = -1.0  # no timeout: it waits until woken (the time itself is in memory: not read)
     return out
+
+
+def _shared_futex(ctx: Reader, addr: int, out: Dict[str, Any]) -> None:
+    """The file a shared futex lies in (/dev/shm/sem.NAME for a POSIX named semaphore), into out["path"]; a note
+    either way. The mappings are read as memory is: not of a process something holds (Reader.read's rule)."""
+    if ctx.refusal is None:
+        ctx.refusal = pyglobals.memory_refusal(ctx.pid, ctx._process, other_ns=False)
+    if ctx.refusal:
+        out["notes"] = ["a futex shared between processes; its mappings not read: %s" % ctx.refusal]
+        return
+    key = "maps %d" % ctx.pid
+    maps = ctx.cache.get(key)
+    if maps is None:
+        try:
+            maps = probe.read_maps(ctx.pid)
+        except (OSError, ValueError):
+            maps = []
+        ctx.cache[key] = maps
+    inside = next((m for m in maps if m[0] <= addr < m[1]), None)
+    path = inside[5][:MAX_PATH] if inside is not None else ""
+    if path:
+        out["path"] = path
+    out["notes"] = ["a futex shared between processes (not private to this one)" +
+                    (", in %s" % path if path else ", in anonymous shared memory")]
 
 
 def _wait(ctx: Reader, name: str, family: str, args: List[int], d_state: bool) -> Dict[str, Any]:

@@ -38,7 +38,7 @@ from app.analysis.prose.threads import (p2p_clause, ring_order, readers_stopped,
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
-from app.analysis.release import Link
+from app.analysis.release import Link, shared_futex
 from app.analysis.sites import frame_site, native_site
 from app.analysis.suspects import WaitEvidence, informative
 from app.analysis.tree import StackClass
@@ -746,6 +746,19 @@ def _wait_next(links: Sequence[Link], c: Culprit) -> str:
             return ("nothing is left to release it: find the thread or process that should have (its exception in "
                     "the rank's error output?), and give the wait a timeout")
         return "see why the thread (or process) that should release it does not; give the wait a timeout"
+    if res == "lock" and rel.none == "shared_lock":
+        held_by = next((t for t in r.threads if t.tid == last.who.tid), None) if last.who.pid == r.pid else None
+        path = shared_futex(held_by) if held_by is not None else ""
+        name = path.split(" (deleted)")[0]
+        if name and "(deleted)" not in path:
+            return clean(f"find who maps {name} (`grep -l {name} /proc/[0-9]*/maps` on {node}): a process holding it "
+                         "that does not give it back, or, if only the waiters map it, nobody left to: a holder that "
+                         f"ended (killed while holding it) leaves it taken; remove it (`rm {name}`) and restart the "
+                         "processes that use it", 500)
+        return clean("find the other processes that use this lock (its shared memory"
+                     + (f", {path}," if path else "") + " is mapped by them: `grep` their /proc/PID/maps): one holds "
+                     "it, or one that ended while holding it left it taken, and then nothing can give it back: "
+                     "recreate it and restart the processes that use it", 500)
     if res == "lock":
         return "see why the thread holding the lock does not release it; do not hold a lock while waiting"
     if res in ("child",):

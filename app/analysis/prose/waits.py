@@ -314,6 +314,10 @@ _NONE = {
     "no_child": "no child process of it was found",
     "inherited": "its child has exited, yet the pipe stays open: a process the child started holds its write end",
     "no_holder_process": "no process was found holding it",
+    "shared_lock": "no thread of this process holds it, and it is shared between processes (its futex lies in a "
+                   "file other processes can map: a multiprocessing or POSIX named semaphore, a lock in shared "
+                   "memory): another process holds it, or one that ended while holding it, and then nothing can give "
+                   "it back",
     "forked_held": "no thread of that process holds it: it was forked while a thread of its parent held the lock "
                    "(a fork copies a held lock, never the thread that would release it), or the lock was taken with "
                    "acquire() and never released",
