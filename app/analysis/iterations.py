@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from app.analysis.coordinates import meaningful
 from app.analysis.facts import Confidence, Evidence, Fact, Who, ranks_who
 from app.analysis.fold import RankKey, label_parts
-from app.analysis.frames import clean
+from app.analysis.frames import clean, is_library
 from app.analysis.tree import Grouping, StackClass
 from app.model import Frame, LoopInfo, RankSnapshot
 
@@ -82,7 +82,10 @@ def split_iterations(grouping: Grouping) -> Tuple[IterationSplit, ...]:
     out = []
     for c, groups, at in zip(grouping.classes, grouping.groups, grouping.at):
         lead = groups[0]
-        positions = [j for j, i in enumerate(lead.kept) if lead.frames[i].loops or lead.frames[i].iteration]
+        # the job's own loops: a library's loop counts its own attempts (a lock file polled, a connection retried,
+        # a queue re-read), which differ between ranks waiting at one place of the job's code
+        positions = [j for j, i in enumerate(lead.kept) if (lead.frames[i].loops or lead.frames[i].iteration)
+                     and not is_library(lead.frames[i])]
         if not positions:
             continue
         # Iteration values are read from the members' paths (ThreadStack.path), once per distinct path, not

@@ -550,7 +550,12 @@ def _other_end(wait: ThreadWait, thread: Optional[ThreadStack], ctx: Context, ru
     if kw is None:
         return Release(none="not_read")
     parties: List[Party] = []
-    for o in kw.others[:MAX_PARTIES * 2]:
+    others = kw.others
+    if rule == "lock_holder" and not others and kw.watched:
+        # a lock file polled (filelock: a try with LOCK_NB, a sleep, again): the process holding that file open
+        # holds the lock (a waiter opens it only for each try)
+        others = tuple(replace(o, role="holder") for f in kw.watched for o in f.others if not o.own)
+    for o in others[:MAX_PARTIES * 2]:
         if o.own and o.role in ("writer", "reader", "peer") and rule != "children":
             # the thread's own process holds the other end (a socketpair, a pipe to itself): its other threads
             parties.append(Party("process", ctx.rank.node, o.pid, None, ctx.rank.rank, _name(o), role=o.role,

@@ -303,7 +303,10 @@ FRAME_SITES: Tuple[Site, ...] = (
     _site(("torch/utils/data/_utils/pin_memory.py",), "_pin_memory_loop", "DataLoader pin-memory thread",
           "process_queue", "worker", "waits for batches from the DataLoader's worker processes", generic=True),
     # --- lock files (these poll: a sleep in a loop)
-    _site(("filelock/_api.py", "filelock/_unix.py"), "BaseFileLock.acquire acquire", "filelock acquire",
+    # filelock 3.x kept its lock in _api.py; later versions in _core/ (the polling loop in LockAcquisition)
+    _site(("filelock/_api.py", "filelock/_unix.py", "filelock/_core/_lock.py", "filelock/_core/_acquire.py"),
+          "BaseFileLock.acquire acquire LockAcquisition._poll_until_acquired _poll_until_acquired "
+          "LockAcquisition._acquire_level _acquire_level", "filelock acquire",
           "file_lock", "lock_holder", "polls for a lock file that another process holds", timeout="timeout"),
     _site(("portalocker/portalocker.py", "portalocker/utils.py"), "lock Lock.acquire acquire", "portalocker lock",
           "file_lock", "lock_holder", "waits for a file lock that another process holds", timeout="timeout"),
