@@ -199,9 +199,13 @@ def annotate(cache: Dict[str, Any], pid: int, threads: List[Dict[str, Any]],
                 if not args[1] & _FUTEX_PRIVATE and name == "futex":
                     # shared between processes (a named or pshared semaphore, a lock in shared memory): which file
                     # holds it, from the process's mappings, read only where its memory may be read
-                    if ctx is None:
-                        ctx = Reader(cache, pid, process)
-                    _shared_futex(ctx, args[0], t["waits"])
+                    try:
+                        if ctx is None:
+                            ctx = Reader(cache, pid, process)
+                        _shared_futex(ctx, args[0], t["waits"])
+                    except Exception as exc:  # never lose the dump over one thread's call: say what failed
+                        t["waits"]["notes"] = ["a futex shared between processes; not read: %s: %s"
+                                               % (type(exc).__name__, str(exc)[:200])]
                     waiting += 1
                 if restarted:
                     t["waits"]["notes"] = [_RESUMED] + t["waits"].get("notes", [])
