@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
 import threading
-from typing import Awaitable, Iterable, Iterator, List, NoReturn, Optional, Sequence, Union
+from typing import Awaitable, Callable, Iterable, List, NoReturn, Optional, Sequence, Union
 
 from app.errors import InputError
 from app.inputs.paths import WriteError, write_file
@@ -53,19 +52,21 @@ def _abort() -> NoReturn:
     os._exit(EXIT_INTERRUPTED)
 
 
-@contextlib.contextmanager
-def _abort_on_interrupt(armed: bool) -> Iterator[None]:
-    """While `after` runs outside the loop: once a first Ctrl+C has cancelled the collection, the next one aborts
-    at once (exit 130, "aborted"), as it would inside the loop; without one, Ctrl+C stays a KeyboardInterrupt."""
-    if not armed or threading.current_thread() is not threading.main_thread():
-        yield
+def _arm_abort(remove_loop_handler: Callable[[], object]) -> None:
+    """Once a first Ctrl+C has cancelled the collection, every later one aborts at once (exit 130, "aborted"),
+    wherever it lands: this takes the loop's handler away and puts the abort in its place with SIGINT blocked
+    between the two, so a Ctrl+C that arrives in between waits for the abort instead of meeting Python's default
+    handler (a KeyboardInterrupt, "interrupted", after closing whatever the finish awaits). It stays installed to
+    the process's end. Main thread only (signal handlers are the main thread's)."""
+    if threading.current_thread() is not threading.main_thread():
+        remove_loop_handler()
         return
-
-    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: _abort())
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        remove_loop_handler()
+        signal.signal(signal.SIGINT, lambda _signum, _frame: _abort())
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Optional[Sequence[Awaitable]] = None) -> object:
@@ -98,6 +99,8 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
         try:
             if on:
                 loop.add_signal_handler(signal.SIGINT, handler)
+            elif interrupts:  # outside the loop from here on, a next Ctrl+C still aborts at once
+                _arm_abort(lambda: loop.remove_signal_handler(signal.SIGINT))
             else:
                 loop.remove_signal_handler(signal.SIGINT)
         except (NotImplementedError, RuntimeError):
@@ -118,8 +121,7 @@ def run_interruptible(coro_factory, on_first_interrupt, after=None, finish: Opti
         finally:
             listen(False)
         if after is not None:
-            with _abort_on_interrupt(bool(interrupts)):
-                result = after(result)
+            result = after(result)  # after a first Ctrl+C the abort is armed (listen): a next one ends it at once
         return result
     finally:
         try:

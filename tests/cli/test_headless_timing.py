@@ -182,3 +182,42 @@ def test_started_with_sigint_ignored_a_ctrl_c_is_not_for_it_and_stays_ignored():
     assert proc.returncode == 0, err
     assert out.split("\n")[:2] == ["reporting whole", "still ignored"], (out, err)
     assert "cancel" not in out + err, (out, err)
+
+
+_LATE = r'''
+import asyncio, os, signal, sys, time
+from app.cli.run import run_interruptible
+
+async def main():
+    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl+C: cancels the collection
+    await asyncio.sleep(0.2)
+    return "partial"
+
+def report(result):
+    print("reporting", flush=True)
+    return 0
+
+run_interruptible(main, lambda: print("cancelled", flush=True), after=report)
+print("returned", flush=True)
+os.kill(os.getpid(), signal.SIGINT)  # a second one after the summary, on the way out (where the loop let go of it)
+time.sleep(5)
+print("survived", flush=True)
+'''
+
+
+def test_after_a_first_ctrl_c_a_second_one_aborts_wherever_it_lands():
+    """Once a first Ctrl+C has cancelled the collection, every later one aborts at once (130, "aborted"), also
+    where no event loop listens any more (the summary written, the command on its way out): Python's default
+    handler never takes it back as a KeyboardInterrupt ("interrupted" after the closing is awaited: a loaded
+    machine's second Ctrl+C landed between the loop's handler and the abort's)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _LATE], cwd=repo, capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert proc.returncode == 130, (proc.stdout, proc.stderr)
+    assert proc.stdout.split() == ["cancelled", "reporting", "returned"], proc.stdout
+    assert "aborted" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
