@@ -189,7 +189,7 @@ _WAIT_CALL = re.compile(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?|\))\s*\.\s*wait\s*\(")
 _WORK = re.compile(r"(?:^|[<\s.\[(])Work\b")  # a local's repr: `<torch._C._distributed_c10d.Work at 0x..>`, a list
 _CALL_NAME = re.compile(r"\b([A-Za-z_]\w*)\s*(?=\(|,|\))")
 _ASYNC_ONLY = frozenset({"isend", "irecv", "batch_isend_irecv"})  # return a handle whatever their arguments
-_DEF = re.compile(r"\s*(?:async\s+)?def\s")
+DEF_LINE = re.compile(r"\s*(?:async\s+)?def\s")  # a function's own start: what is above it is not its code
 MAX_MAKER_LINES = 12  # how far above the wait the call that made the handle is looked for (a frame's source)
 
 
@@ -221,7 +221,7 @@ def _handle_wait(line: int, source: Tuple[Tuple[int, str], ...],
         if above is None:
             break
         candidates.append((n, above.split("#", 1)[0]))
-        if _DEF.match(above):
+        if DEF_LINE.match(above):
             break  # the function's own start: nothing above made this handle
     made = []
     for n, code in candidates:

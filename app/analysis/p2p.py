@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from app.analysis.facts import Evidence, Fact, ranks_who
 from app.analysis.fold import RankKey
-from app.analysis.frames import bare_name, handle_wait, is_library
+from app.analysis.frames import DEF_LINE, bare_name, handle_wait, is_library
 from app.analysis.tree import StackClass
 from app.model import Frame, RankSnapshot
 
@@ -211,9 +211,8 @@ def _handle_call(frames: Sequence[Frame], rank: Optional[int] = None, world: Opt
             else:
                 op = "send" if name in ("isend", "send") else "recv"
             position, keywords = _MAKERS[name]
-            peer = next((a.split("=", 1)[1].strip() for a in args for kw in keywords
-                         if re.match(rf"{kw}\s*=(?!=)", a)), None)
-            keyword = next((kw for a in args for kw in keywords if re.match(rf"{kw}\s*=(?!=)", a)), keywords[0])
+            keyword, peer = next(((kw, a.split("=", 1)[1].strip()) for a in args for kw in keywords
+                                  if re.match(rf"{kw}\s*=(?!=)", a)), (keywords[0], None))
             if peer is None and len(args) > position and "=" not in args[position]:
                 peer = args[position]
             tag = next((a.split("=", 1)[1].strip() for a in args if re.match(r"tag\s*=(?!=)", a)), None)
@@ -221,7 +220,7 @@ def _handle_call(frames: Sequence[Frame], rank: Optional[int] = None, world: Opt
                 tag = args[_TAG_AT[name]]
             if peer:
                 made.append((op, keyword, peer, tag or ""))
-        if n < found.maker_line and _DEF_LINE.match(code):
+        if n < found.maker_line and DEF_LINE.match(code):
             break
     if not made:
         return CallRead("send" if found.op == "send" else "recv", None, "", frame)
@@ -244,8 +243,6 @@ def _local_int(expr: str, frame: Frame) -> Optional[str]:
         return expr
     return next((x.repr.strip() for x in frame.locals if x.name == expr and _INT.fullmatch(x.repr.strip())), None)
 
-
-_DEF_LINE = re.compile(r"\s*(?:async\s+)?def\s")
 
 
 def p2p_calls(ranks: Sequence[RankSnapshot], classes: Sequence[StackClass],
