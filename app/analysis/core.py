@@ -33,7 +33,7 @@ from app.analysis.native import native_facts
 from app.analysis.network import address_map, network_findings
 from app.analysis.options import AnalysisOptions
 from app.analysis.p2p import p2p_calls, p2p_facts
-from app.analysis.peers import outside_peer_findings, outside_peers
+from app.analysis.peers import known_addresses, outside_peer_findings, outside_peers
 from app.analysis.processes import launchers_without_ranks, no_data, one_rendezvous
 from app.analysis.progress import RankProgress, ddp_backward_wait, held_back, progress_facts, slow_nodes, track
 from app.analysis.prose import render
@@ -247,8 +247,6 @@ class Whole:
 def whole_of(snapshot: Snapshot) -> Whole:
     from app.analysis.network import address_map
 
-    addresses = {s.local_host for r in snapshot.ranks for s in r.sockets} | {n.address for n in snapshot.nodes
-                                                                              if n.address}
     listeners: Dict[Tuple[str, int], str] = {}
     for r in snapshot.ranks:
         for s in r.sockets:
@@ -256,7 +254,7 @@ def whole_of(snapshot: Snapshot) -> Whole:
             if s.state == "LISTEN" and port.isdigit():
                 what = f"rank {r.rank} of job {clean(r.job, 80)}" if r.rank is not None and r.job else "a rank"
                 listeners.setdefault((r.node, int(port)), f"pid {r.pid} on {clean(r.node, 60)} ({what})")
-    return Whole(frozenset(addresses), address_map(snapshot), listeners)
+    return Whole(frozenset(known_addresses(snapshot)), address_map(snapshot), listeners)
 
 
 def _analyze_one(snapshot: Snapshot, history: Sequence[Snapshot], options: AnalysisOptions,

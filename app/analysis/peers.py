@@ -37,7 +37,8 @@ class OutsidePeer:
         return name
 
 
-def _known_addresses(snapshot: Snapshot) -> Set[str]:
+def known_addresses(snapshot: Snapshot) -> Set[str]:
+    """The addresses of the inspected nodes: their own, and every local address their ranks' sockets have."""
     known = {n.address for n in snapshot.nodes if n.address}
     for r in snapshot.ranks:
         for s in r.sockets:
@@ -48,7 +49,7 @@ def _known_addresses(snapshot: Snapshot) -> Set[str]:
 def outside_peers(snapshot: Snapshot, also: AbstractSet[str] = frozenset()) -> List[OutsidePeer]:
     """Addresses that inspected ranks talk to and that belong to no inspected node, the job's own first. `also`:
     addresses of inspected nodes beyond this snapshot's ranks (one job's analysis: the other jobs' ranks' nodes)."""
-    known = _known_addresses(snapshot) | set(also)
+    known = known_addresses(snapshot) | set(also)
     masters = {r.master_addr for r in snapshot.ranks if r.master_addr}
     talking: Dict[str, Dict[RankKey, int]] = {}
     numbers: Dict[str, Set[int]] = {}
