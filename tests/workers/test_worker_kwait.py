@@ -468,8 +468,20 @@ def test_a_futex_shared_between_processes_names_the_file_it_lies_in_and_a_privat
     costs no read at all."""
     with target("shared_semaphore") as t:
         lock_tid = int(t.ready[1])
-        raw, decoded = waits(t.pid, ["futex"])
+        # the main thread may first sleep a moment in a private futex (the GIL's hand-over to the other thread): the
+        # read that counts is the one taken once it sleeps in the semaphore's (the futex call's own flag says which)
+        wait_until(lambda: _shared_call(t.pid), 20, "the main thread to sleep in the semaphore's futex", interval=0.01)
+        raw, decoded = waits(t.pid, ["futex"])  # it stays there: nobody posts the semaphore
         assert decoded.family == "futex" and decoded.path.startswith("/dev/shm/sem."), raw
         assert any("shared between processes" in n for n in decoded.notes), raw
         private, _ = waits(t.pid, ["futex"], tid=lock_tid)
         assert "path" not in private and not private.get("notes"), private
+
+
+def _shared_call(pid: int) -> bool:
+    """The main thread sleeps in a futex call whose op, as /proc shows its arguments now, is not FUTEX_PRIVATE
+    (flag 128)."""
+    t = procfs.thread(pid, pid)
+    raw = str(t.get("syscall_raw") or "").split() if t is not None else []
+    return t is not None and t["state"] == "S" and t["syscall"] == "futex" and len(raw) > 2 \
+        and not int(raw[2], 16) & 128
