@@ -117,13 +117,18 @@ class Reader:
                 self._stat = []
         return self._stat
 
+    def why_not(self) -> str:
+        """Why the process's memory (and its mappings) must not be read, "" when they may: decided on the first
+        ask, as workers/collect/pyglobals.py decides."""
+        if self.refusal is None:
+            self.refusal = pyglobals.memory_refusal(self.pid, self._process, other_ns=False)
+        return self.refusal
+
     def read(self, addr: int, size: int) -> Optional[bytes]:
         """size bytes of the process's memory at addr; None when refused or unreadable (see the module doc)."""
         if not addr:
             return None
-        if self.refusal is None:  # decided on the first read, as workers/collect/pyglobals.py decides
-            self.refusal = pyglobals.memory_refusal(self.pid, self._process, other_ns=False)
-        if self.refusal or self.d_state:
+        if self.why_not() or self.d_state:
             self.refused = True
             return None
         if self._mem is None:
@@ -259,10 +264,9 @@ def _futex(name: str, args: List[int]) -> Dict[str, Any]:
 def _shared_futex(ctx: Reader, addr: int, out: Dict[str, Any]) -> None:
     """The file a shared futex lies in (/dev/shm/sem.NAME for a POSIX named semaphore), into out["path"]; a note
     either way. The mappings are read as memory is: not of a process something holds (Reader.read's rule)."""
-    if ctx.refusal is None:
-        ctx.refusal = pyglobals.memory_refusal(ctx.pid, ctx._process, other_ns=False)
-    if ctx.refusal:
-        out["notes"] = ["a futex shared between processes; its mappings not read: %s" % ctx.refusal]
+    refusal = ctx.why_not()
+    if refusal:
+        out["notes"] = ["a futex shared between processes; its mappings not read: %s" % refusal]
         return
     key = "maps %d" % ctx.pid
     maps = ctx.cache.get(key)
