@@ -64,7 +64,8 @@ class P2PCall:
         return f"{self.op}({self.argument})" if self.argument else self.op
 
 
-def _call(r: RankSnapshot) -> Optional[CallRead]:
+def rank_call(r: RankSnapshot) -> Optional[CallRead]:
+    """The send or receive a rank's main thread waits in, read with its own number and the world's size."""
     t = r.main_thread
     return frames_call(t.frames, r.rank, r.world_size) if t is not None else None
 
@@ -75,7 +76,7 @@ def class_call(c: StackClass, ranks: Optional[Mapping[RankKey, RankSnapshot]] = 
     as `(rank + 1) % world` is that rank's), else its path's: op, peer, argument, frame."""
     r = ranks.get(c.ranks[0]) if ranks is not None and c.ranks else None
     if r is not None:
-        return _call(r)
+        return rank_call(r)
     return frames_call(tuple(reversed(c.frames)))
 
 
@@ -257,7 +258,7 @@ def p2p_calls(ranks: Sequence[RankSnapshot], classes: Sequence[StackClass],
         r = lookup.get(k)
         if r is None:
             continue
-        call = _call(r)
+        call = rank_call(r)
         if call is not None:
             loop, outer = _loops(r)
             out.append(P2PCall(k, r.rank, call.op, call.peer, call.argument, call.frame, call.tag, call.tag_text,

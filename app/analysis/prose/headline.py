@@ -18,13 +18,12 @@ from app.analysis.blocking import ThreadWait
 from app.analysis.culprit import Culprit
 from app.analysis.divergence import StackEvidence
 from app.analysis.flight import FlightEvidence
-from app.analysis.facts import Fact
+from app.analysis.facts import Fact, ranks_who
 from app.analysis.findings import Finding
 from app.analysis.gpu_evidence import RasEvidence
 from app.analysis.fold import count_phrase, fold_ints, fold_nodes
-from app.analysis.facts import ranks_who
 from app.analysis.frames import clean, ddp_forward, group_arg, handle_wait, named
-from app.analysis.p2p import P2P, P2PEvidence, class_call
+from app.analysis.p2p import P2P, P2PEvidence, class_call, rank_call
 from app.analysis.graph import WaitGraph
 from app.analysis.health import MissingEvidence, StateEvidence
 from app.analysis.locks import LockEvidence
@@ -33,8 +32,8 @@ from app.analysis.prose.graph import evidence as edge_evidence
 from app.analysis.prose.stacks import (call_site, caller, callers, ddp_next, exiting, location, rank_branch,
                                       under_if)
 from app.analysis.prose.state import resume_command, thaw_command
-from app.analysis.prose.threads import (p2p_clause, ring_order, readers_stopped, readers_writing, thread_label, thread_where,
-                                       waits_back_for)
+from app.analysis.prose.threads import (p2p_clause, readers_stopped, readers_writing, ring_order, thread_label,
+                                       thread_where, waits_back_for)
 from app.analysis.prose.waits import chain_text, duration, long_sleep, signals, thread_died, where
 from app.analysis.prose.words import where as class_where
 from app.analysis.prose.words import who_short
@@ -202,11 +201,13 @@ def counted_loop(header: str) -> bool:
     return bool(_COUNTED.match(header or ""))
 
 
-def _p2p_next(e: StackEvidence, who: str, pid: str, at: str, classes: Sequence[StackClass]) -> str:
+def _p2p_next(e: StackEvidence, who: str, pid: str, at: str, classes: Sequence[StackClass],
+              rank: Optional[RankSnapshot]) -> str:
     """A minority in a send or receive against the others' collective: it waits for its one peer, not for them.
-    Which rank that is (when its arguments say), what completes it, and the ranks outside the others' collective
+    Which rank that is (when its arguments say: read as the culprit's own, `rank`, so that a peer written over its
+    number is known here as in the wait graph), what completes it, and the ranks outside the others' collective
     that could be that peer (one that skipped its side of the exchange went on to another call)."""
-    call = class_call(e.mine)
+    call = rank_call(rank) if rank is not None else class_call(e.mine)
     if call is None:
         return ""
     op, peer, argument, frame = call.op, call.peer, call.argument, call.frame
@@ -458,7 +459,7 @@ def next_step(c: Optional[Culprit], best: Fact, graph: WaitGraph, classes: Seque
                 and e.mine.collective and e.theirs.collective and past.delta is not None and past.delta > 0:
             return _ahead_next(e, who, past.name, past.mine, past.theirs, past.delta)
         if isinstance(e, StackEvidence) and e.case == "other_collective" and e.mine.collective in P2P:
-            step = _p2p_next(e, who, pid, at, classes)
+            step = _p2p_next(e, who, pid, at, classes, c.rank if c is not None else None)
             if step:
                 return step
         if k == "different_collective":
